@@ -109,7 +109,9 @@ class ExportedPolicy:
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise PolicyFileError(f"{path}: field 'meta' is not JSON ({exc})") from exc
         if meta.get("format") != FORMAT:
-            raise PolicyFileError(f"{path}: field 'format' is {meta.get('format')!r}, not {FORMAT!r}")
+            raise PolicyFileError(
+                f"{path}: field 'format' is {meta.get('format')!r}, not {FORMAT!r}"
+            )
         if meta.get("format_version") != FORMAT_VERSION:
             raise PolicyFileError(
                 f"{path}: field 'format_version' is {meta.get('format_version')!r}; "
@@ -149,7 +151,8 @@ class ExportedPolicy:
             width = w.shape[1]
         if width != len(self.actions):
             raise PolicyFileError(
-                f"field 'actions': {len(self.actions)} actions but the last layer has {width} outputs"
+                f"field 'actions': {len(self.actions)} actions but the last layer has "
+                f"{width} outputs"
             )
         if any(a < 0 or a > self.feature_spec.max_depth for a in self.actions):
             raise PolicyFileError(

@@ -27,6 +27,7 @@ The observation holds only what a server can know online:
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -67,10 +68,23 @@ class FeatureSpec:
     batch_scale: float = 1024.0
     waiting_scale: float = 4096.0
     switch_scale: float = 1000.0
+    #: Batch sizes a decision is computed for. The observation's batch features
+    #: use the largest grid value <= the batch size, so the controller can send
+    #: one decision per grid value and the server picks by its actual batch size.
+    batch_grid: tuple[int, ...] = (
+        1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024,
+    )
 
     def to_dict(self) -> dict:
         """JSON-friendly copy, stored in exported policies."""
-        return asdict(self)
+        data = asdict(self)
+        data["batch_grid"] = list(self.batch_grid)
+        return data
+
+    def grid_floor(self, batch_size: int) -> int:
+        """The largest grid batch size <= ``batch_size`` (the smallest if none)."""
+        index = bisect.bisect_right(self.batch_grid, batch_size) - 1
+        return self.batch_grid[max(index, 0)]
 
     @classmethod
     def from_dict(cls, data: dict) -> FeatureSpec:
@@ -78,6 +92,9 @@ class FeatureSpec:
         unknown = set(data) - set(cls.__dataclass_fields__)
         if unknown:
             raise ValueError(f"unknown feature-spec fields: {sorted(unknown)}")
+        data = dict(data)
+        if "batch_grid" in data:
+            data["batch_grid"] = tuple(int(b) for b in data["batch_grid"])
         spec = cls(**data)
         if spec.version != FEATURE_VERSION:
             raise ValueError(
@@ -156,6 +173,8 @@ class FeatureBuilder:
         # Latency regression on x = [1, b, d, d*b, kv] (b = batch/64, kv = tokens/1e5).
         self._xtx = np.zeros((5, 5))
         self._xty = np.zeros(5)
+        self._theta: list[float] | None = None
+        self._depths = np.arange(self.spec.max_depth + 1, dtype=float)[None, :]
         self._latency_ms_ema: float | None = None
         self._batch_size = 0
         self._batch_ema: float | None = None
@@ -219,6 +238,7 @@ class FeatureBuilder:
             self._xty *= forget
             self._xtx += np.outer(x, x)
             self._xty += x * latency_ms
+            self._theta = None
             if self._latency_ms_ema is None:
                 self._latency_ms_ema = latency_ms
             else:
@@ -246,88 +266,133 @@ class FeatureBuilder:
 
     def accept_rates(self) -> np.ndarray:
         """Conditional acceptance rate per draft position (1..max_depth)."""
-        spec = self.spec
-        rates = np.empty(spec.max_depth)
-        prior = spec.accept_prior_first
-        strength = spec.accept_prior_strength
-        for k in range(spec.max_depth):
-            prior = (self._successes[k] + strength * prior) / (self._trials[k] + strength)
-            rates[k] = prior
+        return np.array(self._accept_rates())
+
+    def _accept_rates(self) -> list[float]:
+        # Each position's prior is the estimate of the position before it.
+        prior = self.spec.accept_prior_first
+        strength = self.spec.accept_prior_strength
+        rates = []
+        for trials, successes in zip(self._trials.tolist(), self._successes.tolist(), strict=True):
+            prior = (successes + strength * prior) / (trials + strength)
+            rates.append(prior)
         return rates
 
-    def latency_predictions_s(self, batch_size: int, kv_tokens: int) -> np.ndarray:
-        """Predicted step latency (s) of every depth 0..max_depth at this load."""
-        spec = self.spec
-        base_ms = self._latency_ms_ema if self._latency_ms_ema is not None else 10.0
-        # Prior: the observed level for depth 0, a fixed fraction of it per draft step.
-        prior = np.array([base_ms, 0.0, spec.draft_step_prior_fraction * base_ms, 0.0, 0.0])
-        ridge = spec.latency_ridge * np.eye(5)
-        theta = np.linalg.solve(self._xtx + ridge, self._xty + ridge @ prior)
-        depths = np.arange(spec.max_depth + 1)
-        b = max(batch_size, 1) / 64.0
-        kv = kv_tokens / 1e5
-        design = np.stack(
-            [np.ones_like(depths, float), np.full(depths.shape, b), depths, depths * b,
-             np.full(depths.shape, kv)],
-            axis=1,
-        )
-        predicted = design @ theta
-        # Physically a deeper draft never costs less; keep the prediction sane.
-        floor = max(0.05 * base_ms, 1e-3)
-        predicted = np.maximum.accumulate(np.maximum(predicted, floor))
-        return predicted / 1e3
+    def _expected_accepted(self, rates: list[float]) -> np.ndarray:
+        expected, reach, total = [0.0], 1.0, 0.0
+        for rate in rates:
+            reach *= rate
+            total += reach
+            expected.append(total)
+        return np.array(expected)
 
-    def observation(self) -> Observation:
-        """The observation after all records fed so far."""
-        spec = self.spec
-        depth = spec.max_depth
-        rates = self.accept_rates()
-        expected = np.concatenate([[0.0], np.cumsum(np.cumprod(rates))])
-        latency = self.latency_predictions_s(self._batch_size, self._kv_used_tokens)
-        goodput = (1.0 + expected) / latency
-        relative_goodput = np.clip(np.log(goodput[1:] / goodput[0]), -3.0, 3.0) / 3.0
-        relative_latency = np.clip(np.log(latency[1:] / latency[0]), 0.0, 3.0) / 3.0
-        confidence = np.log1p(self._trials) / math.log1p(1e4)
-        latency_ms = self._latency_ms_ema or 0.0
-        throughput = self._throughput_ema or 0.0
-        head = [
-            math.log1p(self._batch_size) / math.log1p(spec.batch_scale),
-            math.log1p(self._waiting) / math.log1p(spec.waiting_scale),
-            self._kv_use,
-            max(-1.0, min(1.0, self._batch_trend * 10.0)),
-            self._prefill_share,
-            self._steps_used / depth,
-            self._last_decision / depth,
-            math.log1p(self._steps_since_switch) / math.log1p(spec.switch_scale),
-            min(1.0, math.log1p(self._steps_since_acceptance) / math.log1p(spec.switch_scale)),
-        ]
-        vector = np.concatenate(
-            [
-                head,
-                rates,
-                np.minimum(confidence, 1.0),
-                [math.log1p(latency_ms) / math.log1p(1000.0)],
-                relative_latency,
-                relative_goodput,
-                [math.log1p(throughput) / math.log1p(1e6)],
-            ]
-        ).astype(np.float32)
+    def latency_predictions_s(self, batch_sizes: np.ndarray | int) -> np.ndarray:
+        """Predicted step latency (s) of every depth 0..max_depth at each batch size.
+
+        Returns shape ``(len(batch_sizes), max_depth + 1)`` (or ``(max_depth + 1,)``
+        for a scalar), at the latest KV use.
+        """
+        scalar = np.ndim(batch_sizes) == 0
+        b = np.maximum(np.atleast_1d(batch_sizes).astype(float), 1.0)[:, None] / 64.0
+        t0, tb, td, tdb, tkv = self._latency_theta()
+        d = self._depths
+        predicted = (t0 + tkv * (self._kv_used_tokens / 1e5)) + tb * b + (td + tdb * b) * d
+        # Physically a deeper draft never costs less; keep the prediction sane.
+        base_ms = self._latency_ms_ema if self._latency_ms_ema is not None else 10.0
+        floor = max(0.05 * base_ms, 1e-3)
+        predicted = np.maximum.accumulate(np.maximum(predicted, floor), axis=1) * 1e-3
+        return predicted[0] if scalar else predicted
+
+    def _latency_theta(self) -> list[float]:
+        if self._theta is None:
+            spec = self.spec
+            base_ms = self._latency_ms_ema if self._latency_ms_ema is not None else 10.0
+            # Prior: the observed level at depth 0, a fixed fraction of it per draft step.
+            prior = np.array([base_ms, 0.0, spec.draft_step_prior_fraction * base_ms, 0.0, 0.0])
+            ridge = spec.latency_ridge
+            self._theta = np.linalg.solve(
+                self._xtx + ridge * np.eye(5), self._xty + ridge * prior
+            ).tolist()
+        return self._theta
+
+    def observation(self, batch_size: int | None = None) -> Observation:
+        """The observation after all records fed so far.
+
+        Args:
+            batch_size: size of the batch the decision is for, when known (the
+                server knows it when it asks); defaults to the latest decode
+                step's. The vector uses its grid floor (see ``batch_grid``).
+        """
+        if batch_size is None:
+            batch_size = self._batch_size
+        rates = self._accept_rates()
+        expected = self._expected_accepted(rates)
+        quantised = self.spec.grid_floor(batch_size)
+        latency = self.latency_predictions_s(np.array([quantised, batch_size]))
+        vector = self._vectors(np.array([quantised]), rates, expected, latency[:1])[0]
         new_records = tuple(self._new_records)
         self._new_records.clear()
         return Observation(
             vector=vector,
-            batch_size=self._batch_size,
+            batch_size=int(batch_size),
             waiting_requests=self._waiting,
             kv_use=self._kv_use,
             steps_used=self._steps_used,
             last_decision=self._last_decision,
             steps_since_switch=self._steps_since_switch,
-            accept_rate=rates,
+            accept_rate=np.array(rates),
             expected_accepted=expected,
-            latency_pred_s=latency,
+            latency_pred_s=latency[1],
             kv_used_tokens=self._kv_used_tokens,
             new_records=new_records,
         )
+
+    def observation_grid(self) -> np.ndarray:
+        """Observation vectors for every ``batch_grid`` batch size, shape (grid, size).
+
+        Row i equals ``observation(batch_grid[i]).vector``; the controller
+        evaluates the policy on all rows and sends one decision per grid value.
+        """
+        grid = np.asarray(self.spec.batch_grid)
+        rates = self._accept_rates()
+        expected = self._expected_accepted(rates)
+        self._new_records.clear()
+        return self._vectors(grid, rates, expected, self.latency_predictions_s(grid))
+
+    def _vectors(self, batch_sizes: np.ndarray, rates: list[float], expected: np.ndarray,
+                 latency: np.ndarray) -> np.ndarray:
+        spec = self.spec
+        depth = spec.max_depth
+        n = len(batch_sizes)
+        goodput = (1.0 + expected)[None, :] / latency
+        relative_goodput = np.clip(np.log(goodput[:, 1:] / goodput[:, :1]), -3.0, 3.0) / 3.0
+        relative_latency = np.clip(np.log(latency[:, 1:] / latency[:, :1]), 0.0, 3.0) / 3.0
+        confidence = np.minimum(np.log1p(self._trials) / math.log1p(1e4), 1.0)
+        latency_ms = self._latency_ms_ema or 0.0
+        throughput = self._throughput_ema or 0.0
+        shared = np.concatenate([
+            [
+                math.log1p(self._waiting) / math.log1p(spec.waiting_scale),
+                self._kv_use,
+                max(-1.0, min(1.0, self._batch_trend * 10.0)),
+                self._prefill_share,
+                self._steps_used / depth,
+                self._last_decision / depth,
+                math.log1p(self._steps_since_switch) / math.log1p(spec.switch_scale),
+                min(1.0, math.log1p(self._steps_since_acceptance) / math.log1p(spec.switch_scale)),
+            ],
+            rates,
+            confidence,
+            [math.log1p(latency_ms) / math.log1p(1000.0)],
+        ])
+        out = np.empty((n, spec.size), dtype=np.float32)
+        out[:, 0] = np.log1p(batch_sizes) / math.log1p(spec.batch_scale)
+        out[:, 1:1 + len(shared)] = shared
+        tail = 1 + len(shared)
+        out[:, tail:tail + depth] = relative_latency
+        out[:, tail + depth:tail + 2 * depth] = relative_goodput
+        out[:, tail + 2 * depth] = math.log1p(throughput) / math.log1p(1e6)
+        return out
 
     @staticmethod
     def _regressors(batch_size: int, steps: int, kv_tokens: int) -> np.ndarray:

@@ -1,0 +1,295 @@
+"""Speculation policies: observation in, speculation steps out.
+
+Every policy implements :class:`Policy`: ``reset(sim)`` before an episode and
+``act(obs) -> steps`` before every decode step, where ``obs`` is an
+:class:`env.features.Observation` built from the (lagged) telemetry and the
+batch size of the step being decided. Names, as used on the command line and in
+``results.json``:
+
+=====================  ===================================================================
+``no_spec``            never speculate
+``static_<d>``         always depth ``d`` (``static_3`` is EAGLE-3's usual chain of 3)
+``table``              static per-batch-size table (vLLM V1 "dynamic SD" style)
+``sglang_adaptive``    SGLang 0.5.23 ``--speculative-adaptive``: EMA of accepted drafts per
+                       batch-size bucket, re-decided every few verify steps, hysteresis
+``goodput_greedy``     online acceptance estimate + the cost model: the depth maximising
+                       expected tokens per second (TurboSpec-like)
+``oracle``             hindsight: knows every request's true acceptance, picks the
+                       per-step best (not achievable online; an upper reference)
+``ppo``                an exported PPO policy (see :mod:`controller.policy_file`)
+=====================  ===================================================================
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from env.features import Observation
+
+#: vLLM V1's documented EAGLE-3 example: [[min_batch, max_batch, steps], ...].
+VLLM_EAGLE3_TABLE: tuple[tuple[int, int, int], ...] = (
+    (1, 16, 5), (17, 32, 4), (33, 64, 3), (65, 128, 1), (129, 512, 0),
+)
+
+#: SGLang 0.5.23's default ``--speculative-adaptive-config`` buckets.
+SGLANG_DEFAULT_BUCKETS: dict[int, tuple[int, ...]] = {
+    1: (1, 3, 5, 7), 8: (0, 1, 3), 32: (0, 1), 64: (0,),
+}
+
+
+class Policy(ABC):
+    """Chooses the speculation steps (0 = none) of each decode step."""
+
+    name: str = "policy"
+
+    def reset(self, sim=None) -> None:  # noqa: B027 - optional hook
+        """Forget per-episode state. ``sim`` is given for hindsight policies only."""
+
+    @abstractmethod
+    def act(self, obs: Observation) -> int:
+        """Steps for the decode step described by ``obs``."""
+
+
+class StaticPolicy(Policy):
+    """Always the same depth (0 = no speculation)."""
+
+    def __init__(self, steps: int) -> None:
+        if steps < 0:
+            raise ValueError(f"steps must be >= 0, got {steps}")
+        self.steps = steps
+        self.name = "no_spec" if steps == 0 else f"static_{steps}"
+
+    def act(self, obs: Observation) -> int:
+        return self.steps
+
+
+class StaticTablePolicy(Policy):
+    """Depth by batch size from a fixed table (vLLM V1 ``num_speculative_tokens_per_batch_size``).
+
+    Batch sizes outside every row get 0.
+    """
+
+    name = "table"
+
+    def __init__(self, table: Sequence[Sequence[int]] = VLLM_EAGLE3_TABLE,
+                 max_depth: int | None = None) -> None:
+        rows = sorted((int(lo), int(hi), int(k)) for lo, hi, k in table)
+        for lo, hi, k in rows:
+            if lo > hi or k < 0:
+                raise ValueError(f"bad table row [{lo}, {hi}, {k}]")
+        self._lows = [lo for lo, _, _ in rows]
+        self._rows = [(hi, k if max_depth is None else min(k, max_depth)) for _, hi, k in rows]
+
+    def act(self, obs: Observation) -> int:
+        i = bisect.bisect_right(self._lows, obs.batch_size) - 1
+        if i < 0:
+            return 0
+        hi, steps = self._rows[i]
+        return steps if obs.batch_size <= hi else 0
+
+
+@dataclass
+class _AdaptiveSlot:
+    """One batch-size bucket of SGLang's adaptive rule."""
+
+    candidates: tuple[int, ...]
+    current: int
+    ema: float
+    batches: int = 0
+
+
+class SGLangAdaptivePolicy(Policy):
+    """SGLang 0.5.23's ``--speculative-adaptive`` rule, written from its description.
+
+    Per batch-size bucket (the largest configured bucket <= batch size): an EMA
+    (``alpha``) of the mean accepted drafts per request, updated after every
+    verify while speculating; after ``warmup`` verifies, every ``interval``
+    verifies the depth moves to the candidate nearest ``EMA + 1``: down one
+    candidate while the EMA is at most ``prev - 0.5 + down_hysteresis`` (0.5 when
+    the lower candidate is 0), otherwise up while it exceeds
+    ``current - 0.5 + up_hysteresis``. From steps=0 it probes the next candidate
+    up (there is no acceptance to measure). It sees each verify result as the
+    server does: through ``obs.new_records``.
+    """
+
+    name = "sglang_adaptive"
+
+    def __init__(self, buckets: dict[int, Sequence[int]] | None = None, initial_steps: int = 7,
+                 alpha: float = 0.2, interval: int = 5, warmup: int = 10,
+                 down_hysteresis: float = -0.25, up_hysteresis: float = 0.0,
+                 max_depth: int | None = None) -> None:
+        buckets = buckets or SGLANG_DEFAULT_BUCKETS
+        self._bounds = sorted(int(b) for b in buckets)
+        self._candidates = {
+            int(b): tuple(sorted({c if max_depth is None else min(c, max_depth) for c in cands}))
+            for b, cands in buckets.items()
+        }
+        self.initial_steps = initial_steps
+        self.alpha = alpha
+        self.interval = interval
+        self.warmup = warmup
+        self.down_hysteresis = down_hysteresis
+        self.up_hysteresis = up_hysteresis
+        self.reset()
+
+    def reset(self, sim=None) -> None:
+        self._slots = {}
+        for bound in self._bounds:
+            cands = self._candidates[bound]
+            current = self.initial_steps if self.initial_steps in cands else cands[len(cands) // 2]
+            self._slots[bound] = _AdaptiveSlot(cands, current, float(current - 1))
+
+    def _slot(self, batch_size: int) -> _AdaptiveSlot:
+        i = bisect.bisect_right(self._bounds, batch_size) - 1
+        return self._slots[self._bounds[max(i, 0)]]
+
+    def act(self, obs: Observation) -> int:
+        for record in obs.new_records:
+            if record.is_decode:
+                self._on_verify(record.accepted_drafts, record.batch_size)
+        return self._slot(obs.batch_size).current
+
+    def _on_verify(self, accepted: np.ndarray, batch_size: int) -> None:
+        slot = self._slot(batch_size)
+        if slot.current > 0 and accepted.size:
+            slot.ema = (1 - self.alpha) * slot.ema + self.alpha * float(accepted.mean())
+        slot.batches += 1
+        if slot.batches <= self.warmup or (slot.batches - self.warmup) % self.interval:
+            return
+        cands = slot.candidates
+        idx = cands.index(slot.current)
+        if slot.current == 0:
+            idx = min(idx + 1, len(cands) - 1)
+            if cands[idx] > 0 and slot.ema < 0:
+                slot.ema = float(cands[idx] - 1)
+            slot.current = cands[idx]
+            return
+        old = idx
+        while idx > 0:
+            prev = cands[idx - 1]
+            threshold = (0.5 if prev == 0 else prev - 0.5) + self.down_hysteresis
+            if slot.ema <= threshold:
+                idx -= 1
+            else:
+                break
+        if idx == old:
+            while idx < len(cands) - 1 and slot.ema > cands[idx] - 0.5 + self.up_hysteresis:
+                idx += 1
+        slot.current = cands[idx]
+
+
+class GoodputGreedyPolicy(Policy):
+    """Maximise expected tokens per second of the next step under the cost model.
+
+    Expected accepted drafts per request at depth d come from the observation's
+    online acceptance estimate; step latency from the cost profile at the
+    decided batch size and the reported KV use (TurboSpec/SmartSpec-style).
+    """
+
+    name = "goodput_greedy"
+
+    def __init__(self, profile, max_depth: int, skip_zero_step_draft_extend: bool = False) -> None:
+        self.profile = profile
+        self.max_depth = max_depth
+        self.skip_zero = skip_zero_step_draft_extend
+
+    def act(self, obs: Observation) -> int:
+        batch = max(obs.batch_size, 1)
+        best, best_rate = 0, -math.inf
+        for depth in range(self.max_depth + 1):
+            latency = self.profile.step_latency_s(
+                batch, depth, obs.kv_used_tokens, 0,
+                draft_extend=bool(depth) or not self.skip_zero,
+            )
+            rate = batch * (1.0 + obs.expected_accepted[depth]) / latency
+            if rate > best_rate:
+                best, best_rate = depth, rate
+        return best
+
+
+class OraclePolicy(Policy):
+    """Hindsight per-step best: true acceptance of every running request, true cost.
+
+    Not realisable online (it reads the simulator's acceptance tables); it is the
+    reference that ``oracle_fraction`` is measured against.
+    """
+
+    name = "oracle"
+
+    def __init__(self, profile, max_depth: int) -> None:
+        self.profile = profile
+        self.max_depth = max_depth
+        self._sim = None
+
+    def reset(self, sim=None) -> None:
+        if sim is None:
+            raise ValueError("the oracle needs the simulator (reset(sim))")
+        self._sim = sim
+
+    def act(self, obs: Observation) -> int:
+        sim = self._sim
+        cfg = sim.config
+        n = sim.batch_size
+        remaining = sim.remaining_tokens()
+        best, best_rate = 0, -math.inf
+        for depth in range(self.max_depth + 1):
+            tokens = np.minimum(sim.true_accepted(depth) + 1, remaining).sum() if depth else n
+            latency = self.profile.step_latency_s(
+                n, depth, sim.kv_used, 0,
+                draft_extend=bool(depth) or not cfg.skip_zero_step_draft_extend,
+            )
+            rate = tokens / latency
+            if rate > best_rate:
+                best, best_rate = depth, rate
+        return best
+
+
+class ExportedPolicyAdapter(Policy):
+    """An exported (numpy) PPO policy, acting on ``obs.vector``."""
+
+    def __init__(self, exported, name: str = "ppo") -> None:
+        self.exported = exported
+        self.name = name
+
+    def act(self, obs: Observation) -> int:
+        return int(self.exported.act(obs.vector))
+
+
+def make_policy(name: str, *, profile=None, max_depth: int = 7, policy_path: str | None = None,
+                skip_zero_step_draft_extend: bool = False) -> Policy:
+    """Build a policy from its command-line name (see the module docstring)."""
+    if name == "no_spec":
+        return StaticPolicy(0)
+    if name.startswith("static_"):
+        try:
+            steps = int(name.removeprefix("static_"))
+        except ValueError:
+            raise ValueError(f"policy {name!r}: expected static_<depth>, e.g. static_3") from None
+        if not 0 <= steps <= max_depth:
+            raise ValueError(f"policy {name!r}: depth must lie in 0..{max_depth}")
+        return StaticPolicy(steps)
+    if name == "table":
+        return StaticTablePolicy(max_depth=max_depth)
+    if name == "sglang_adaptive":
+        return SGLangAdaptivePolicy(max_depth=max_depth, initial_steps=max_depth)
+    if name in ("goodput_greedy", "oracle") and profile is None:
+        raise ValueError(f"policy {name!r} needs a cost profile")
+    if name == "goodput_greedy":
+        return GoodputGreedyPolicy(profile, max_depth, skip_zero_step_draft_extend)
+    if name == "oracle":
+        return OraclePolicy(profile, max_depth)
+    if name == "ppo":
+        from controller.default_policy import default_policy_path
+        from controller.policy_file import ExportedPolicy
+
+        return ExportedPolicyAdapter(ExportedPolicy.load(policy_path or default_policy_path()))
+    raise ValueError(
+        f"unknown policy {name!r}; choose from no_spec, static_<d>, table, sglang_adaptive, "
+        "goodput_greedy, oracle, ppo"
+    )

@@ -1,0 +1,216 @@
+"""Running a policy against the simulator, the way a real server would see it.
+
+:class:`DecisionLoop` couples a :class:`~env.simulator.Simulator` with the
+feature module under the feedback lag of overlap scheduling: the decision for
+step M sees telemetry of steps <= M - ``feedback_lag`` only. It also does the
+episode's time accounting (a fixed horizon, the step that crosses it prorated),
+which both the gymnasium environment's reward and the reported throughput use,
+so the two can never disagree. :func:`rollout` runs a whole episode.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from env.features import FeatureBuilder, FeatureSpec, Observation
+from env.schema import StepRecord
+from env.simulator import Simulator
+
+
+class Policy(Protocol):
+    """Observation in, speculation steps out (see :mod:`agents.policies`)."""
+
+    name: str
+
+    def reset(self, sim: Simulator | None = None) -> None: ...
+
+    def act(self, obs: Observation) -> int: ...
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What one decision led to, within the horizon.
+
+    ``tokens`` counts every output token committed between this decision and
+    the next (prefill steps' first tokens included); ``elapsed_s`` the
+    simulated time that took; both prorated for the step crossing the horizon.
+    ``slo_violating_tokens`` counts tokens of requests whose per-token latency
+    in the decode step exceeded the TPOT SLO.
+    """
+
+    record: StepRecord
+    tokens: float
+    elapsed_s: float
+    slo_violating_tokens: float
+    truncated: bool
+    terminated: bool
+
+
+class DecisionLoop:
+    """Decision-by-decision driver of a simulator (used by the env and by rollouts).
+
+    Args:
+        sim: the simulator (reset by :meth:`reset`).
+        feature_spec: layout of the observation.
+        feedback_lag: a decision for step M sees records of steps <= M - lag.
+        horizon_s: episode length in simulated seconds (None: run until done).
+        slo_tpot_s: per-token latency target for the SLO accounting (None: off).
+    """
+
+    def __init__(self, sim: Simulator, feature_spec: FeatureSpec | None = None,
+                 feedback_lag: int = 2, horizon_s: float | None = None,
+                 slo_tpot_s: float | None = None) -> None:
+        if feedback_lag < 1:
+            raise ValueError("feedback_lag must be >= 1 (a step's own result is never known)")
+        self.sim = sim
+        self.features = FeatureBuilder(feature_spec)
+        self.feedback_lag = feedback_lag
+        self.horizon_s = horizon_s
+        self.slo_tpot_s = slo_tpot_s
+        self._pending: deque[StepRecord] = deque()
+
+    @property
+    def end_s(self) -> float:
+        """Simulated time at which the episode ends."""
+        return float("inf") if self.horizon_s is None else self.horizon_s
+
+    def reset(self, seed: int | None = None) -> Observation | None:
+        """Start an episode; returns the first observation (None if nothing to do)."""
+        self.sim.reset(seed)
+        self.features.reset()
+        self._pending.clear()
+        self.tokens = 0.0
+        self.elapsed_s = 0.0
+        self.slo_violating_tokens = 0.0
+        self.decisions = 0
+        self.steps_chosen = np.zeros(self.sim.config.max_depth + 1, dtype=np.int64)
+        tokens0 = self.sim.output_tokens_total
+        self._queue(self.sim.advance())
+        tokens, elapsed, _ = self._clip_to_horizon(0.0, self.sim.time_s,
+                                                   self.sim.output_tokens_total - tokens0)
+        self.tokens += tokens
+        self.elapsed_s += elapsed
+        return None if self.finished else self._observe()
+
+    @property
+    def finished(self) -> bool:
+        """True when the horizon is reached or the simulator has nothing left."""
+        return self.sim.time_s >= self.end_s or self.sim.done
+
+    def step(self, depth: int) -> tuple[Observation | None, StepOutcome]:
+        """Run the due decode step at ``depth``, then everything up to the next one."""
+        sim = self.sim
+        t0, tokens0 = sim.time_s, sim.output_tokens_total
+        record = sim.decode(depth)
+        self.decisions += 1
+        self.steps_chosen[record.steps_used] += 1
+        self.features.note_decision(record.steps_used)
+        violating = self._slo_violations(record)
+        self._queue([record])
+        if sim.time_s < self.end_s:
+            self._queue(sim.advance())
+        tokens, elapsed, fraction = self._clip_to_horizon(t0, sim.time_s,
+                                                         sim.output_tokens_total - tokens0)
+        violating *= fraction
+        self.tokens += tokens
+        self.elapsed_s += elapsed
+        self.slo_violating_tokens += violating
+        truncated = sim.time_s >= self.end_s
+        terminated = sim.done and not truncated
+        obs = None if (truncated or terminated) else self._observe()
+        return obs, StepOutcome(record, tokens, elapsed, violating, truncated, terminated)
+
+    @property
+    def throughput_tok_s(self) -> float:
+        """Output tokens per second of simulated time over the episode so far."""
+        return self.tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    # -- internals --------------------------------------------------------------
+
+    def _clip_to_horizon(self, t0: float, t1: float, tokens: int) -> tuple[float, float, float]:
+        end = self.end_s
+        if t1 <= end or t1 <= t0:
+            return float(tokens), t1 - t0, 1.0
+        fraction = max(0.0, end - t0) / (t1 - t0)
+        return tokens * fraction, max(0.0, end - t0), fraction
+
+    def _slo_violations(self, record: StepRecord) -> float:
+        if self.slo_tpot_s is None:
+            return 0.0
+        per_request_tokens = (
+            record.accepted_drafts.astype(np.int64) + 1
+            if record.accepted_drafts.size
+            else np.ones(record.batch_size, dtype=np.int64)
+        )
+        slow = record.step_latency_s / per_request_tokens > self.slo_tpot_s
+        return float(per_request_tokens[slow].sum())
+
+    def _queue(self, records: list[StepRecord]) -> None:
+        self._pending.extend(records)
+
+    def _observe(self) -> Observation:
+        # The next decode step gets index sim.step_index; it may see steps <= index - lag.
+        visible_up_to = self.sim.step_index - self.feedback_lag
+        pending = self._pending
+        while pending and pending[0].step_index <= visible_up_to:
+            self.features.update(pending.popleft())
+        return self.features.observation(self.sim.batch_size)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """Outcome of one policy on one workload."""
+
+    policy: str
+    throughput_tok_s: float
+    mean_tpot_ms: float
+    mean_e2e_s: float
+    mean_ttft_s: float
+    output_tokens: float
+    elapsed_s: float
+    finished_requests: int
+    decisions: int
+    steps_chosen: list[int]
+    slo_goodput_tok_s: float | None = None
+
+    def as_dict(self) -> dict:
+        """JSON-friendly form."""
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def rollout(loop: DecisionLoop, policy: Policy, seed: int | None = None) -> RunResult:
+    """Run ``policy`` for one episode of ``loop`` and summarise it."""
+    obs = loop.reset(seed)
+    policy.reset(loop.sim)
+    while obs is not None:
+        obs, _ = loop.step(policy.act(obs))
+    return summarise(loop, policy.name)
+
+
+def summarise(loop: DecisionLoop, name: str) -> RunResult:
+    """Metrics of the episode ``loop`` just ran."""
+    stats = loop.sim.stats()
+    tpot = stats.tpot_s
+    e2e = stats.e2e_s
+    started = ~np.isnan(stats.first_token_s)
+    ttft = stats.first_token_s[started] - stats.arrival_s[started]
+    slo = None
+    if loop.slo_tpot_s is not None and loop.elapsed_s > 0:
+        slo = (loop.tokens - loop.slo_violating_tokens) / loop.elapsed_s
+    return RunResult(
+        policy=name,
+        throughput_tok_s=loop.throughput_tok_s,
+        mean_tpot_ms=float(tpot.mean() * 1e3) if tpot.size else float("nan"),
+        mean_e2e_s=float(e2e.mean()) if e2e.size else float("nan"),
+        mean_ttft_s=float(ttft.mean()) if ttft.size else float("nan"),
+        output_tokens=loop.tokens,
+        elapsed_s=loop.elapsed_s,
+        finished_requests=int(stats.finished.sum()),
+        decisions=loop.decisions,
+        steps_chosen=loop.steps_chosen.tolist(),
+        slo_goodput_tok_s=slo,
+    )

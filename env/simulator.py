@@ -1,0 +1,557 @@
+"""A continuous-batching simulator of an SGLang server running EAGLE chain speculation.
+
+One call to :meth:`Simulator.decode` is one decode scheduler step; prefill steps
+and idle gaps between arrivals are simulated by :meth:`Simulator.advance`. The
+model follows SGLang's default scheduler:
+
+* **Admission.** Requests wait in a FIFO queue. A prefill (extend) step admits
+  requests from its head while the running-request limit, the chunked-prefill
+  token budget and the KV capacity allow; a prompt longer than the budget is
+  prefilled in chunks over several steps. Prefill steps take priority over
+  decode steps and do not decode (no mixed chunks). The prefill step that
+  finishes a prompt emits the request's first output token.
+* **Decode.** Every decoding request verifies ``depth`` draft tokens; with
+  ``A[p]`` the drafts its acceptance table accepts at position ``p`` (see
+  :mod:`env.acceptance`), it commits ``min(A[p], depth) + 1`` tokens, never more
+  than it still has to produce.
+* **KV cache.** A request holds ``prompt + generated`` slots; a decode step
+  reserves ``depth + 1`` slots per request while it runs. If that does not fit,
+  the most recently admitted requests are retracted (their slots freed, put
+  back at the head of the queue, re-prefilled with their output so far later),
+  as SGLang does. KV use never exceeds the capacity.
+* **steps = 0.** By default the draft model's extend still runs (its cost is
+  paid). With ``skip_zero_step_draft_extend`` it is skipped, and the first
+  speculative step after a zero-step interval drafts from stale state: its
+  accepted drafts are scaled by ``cold_recovery_accept_fraction``.
+* **Time.** Each step lasts ``profile.step_latency_s(...)``; time only moves
+  forward, and jumps to the next arrival when the server is idle.
+
+Workloads are open-loop (:class:`env.workloads.Workload`: arrivals from a trace)
+or closed-loop (:class:`env.workloads.ClosedLoop`: C clients, each sending its
+next request when the previous one finishes).
+
+The hot path works on numpy arrays of the running batch only; per-request
+Python work happens only when requests arrive, are admitted or finish.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from env.schema import StepRecord
+
+_EMPTY_I8 = np.zeros(0, dtype=np.int8)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Server limits and speculation settings of the simulated SGLang server."""
+
+    max_running_requests: int = 256
+    kv_capacity_tokens: int = 500_000
+    chunked_prefill_tokens: int = 8192
+    max_depth: int = 7
+    skip_zero_step_draft_extend: bool = False
+    cold_recovery_accept_fraction: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.max_running_requests < 1:
+            raise ValueError("max_running_requests must be >= 1")
+        if self.chunked_prefill_tokens < 1:
+            raise ValueError("chunked_prefill_tokens must be >= 1")
+        if self.kv_capacity_tokens < 2:
+            raise ValueError("kv_capacity_tokens must be >= 2")
+        if not 0.0 <= self.cold_recovery_accept_fraction <= 1.0:
+            raise ValueError("cold_recovery_accept_fraction must lie in [0, 1]")
+
+    @classmethod
+    def from_profile(cls, profile, **overrides) -> SchedulerConfig:
+        """Server limits from a cost profile's ``server`` section, with overrides."""
+        limits = {
+            "max_running_requests": profile.server.max_running_requests,
+            "kv_capacity_tokens": profile.server.kv_capacity_tokens,
+            "chunked_prefill_tokens": profile.server.chunked_prefill_tokens,
+        }
+        limits.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**limits)
+
+
+@dataclass(frozen=True)
+class RequestStats:
+    """Per-request outcome of a run (NaN where a request did not get that far)."""
+
+    arrival_s: np.ndarray
+    first_token_s: np.ndarray
+    finish_s: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+
+    @property
+    def finished(self) -> np.ndarray:
+        """Mask of the requests that finished."""
+        return ~np.isnan(self.finish_s)
+
+    @property
+    def tpot_s(self) -> np.ndarray:
+        """Time per output token after the first, for finished requests."""
+        done = self.finished & (self.output_tokens > 1)
+        return (self.finish_s[done] - self.first_token_s[done]) / (self.output_tokens[done] - 1)
+
+    @property
+    def e2e_s(self) -> np.ndarray:
+        """End-to-end latency of finished requests."""
+        done = self.finished
+        return self.finish_s[done] - self.arrival_s[done]
+
+
+class _RequestTable:
+    """Growable columnar store of requests.
+
+    Entries ``[0, size)`` have arrived; entries ``[size, drawn)`` are drawn ahead
+    (lengths and acceptance) for a closed loop to hand out without per-request work.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.size = 0
+        self.drawn = 0
+        self.arrival = np.zeros(capacity)
+        self.prompt = np.zeros(capacity, dtype=np.int64)
+        self.output = np.zeros(capacity, dtype=np.int64)
+        self.acc_base = np.zeros(capacity, dtype=np.int64)
+        self.generated = np.zeros(capacity, dtype=np.int64)
+        self.first_token = np.full(capacity, np.nan)
+        self.finish = np.full(capacity, np.nan)
+        self.client = np.full(capacity, -1, dtype=np.int64)
+        self.acc_values = np.zeros(0, dtype=np.int8)
+        self._acc_size = 0
+
+    def draw_ahead(self, prompt, output, acc_offsets, acc_values) -> None:
+        """Add requests that have not arrived yet."""
+        n = len(prompt)
+        need = self.drawn + n
+        if need > len(self.arrival):
+            self._grow(max(need, 2 * len(self.arrival)))
+        sl = slice(self.drawn, need)
+        self.prompt[sl] = prompt
+        self.output[sl] = output
+        self.acc_base[sl] = self._acc_size + np.asarray(acc_offsets[:-1])
+        end = self._acc_size + len(acc_values)
+        if end > len(self.acc_values):  # amortised doubling, not a copy per append
+            grown = np.zeros(max(end, 2 * len(self.acc_values)), dtype=np.int8)
+            grown[: self._acc_size] = self.acc_values[: self._acc_size]
+            self.acc_values = grown
+        self.acc_values[self._acc_size:end] = acc_values
+        self._acc_size = end
+        self.drawn = need
+
+    def arrive(self, arrival, client=None) -> None:
+        """The next ``len(arrival)`` drawn requests arrive."""
+        sl = slice(self.size, self.size + len(arrival))
+        self.arrival[sl] = arrival
+        if client is not None:
+            self.client[sl] = client
+        self.size = sl.stop
+
+    def _grow(self, capacity: int) -> None:
+        for name, fill in (
+            ("arrival", 0.0), ("prompt", 0), ("output", 0), ("acc_base", 0), ("generated", 0),
+            ("first_token", np.nan), ("finish", np.nan), ("client", -1),
+        ):
+            old = getattr(self, name)
+            new = np.full(capacity, fill, dtype=old.dtype)
+            new[: len(old)] = old
+            setattr(self, name, new)
+
+
+class Simulator:
+    """Simulated SGLang server: call :meth:`advance`, then :meth:`decode`, until :attr:`done`.
+
+    Args:
+        profile: cost profile (``step_latency_s(batch, depth, kv, prefill, draft_extend)``).
+        acceptance: acceptance model (``draw(output_tokens, request_class, rng)``).
+        workload: an open-loop :class:`~env.workloads.Workload` or a
+            :class:`~env.workloads.ClosedLoop`.
+        config: server limits; defaults to the profile's.
+        seed: seeds acceptance draws and closed-loop lengths.
+        server: server name reported in the step records.
+    """
+
+    _CHUNK = 512  # closed-loop requests drawn at a time
+
+    def __init__(self, profile, acceptance, workload, config: SchedulerConfig | None = None,
+                 seed: int = 0, server: str = "sim") -> None:
+        self.profile = profile
+        self.acceptance = acceptance
+        self.workload = workload
+        self.config = config or SchedulerConfig.from_profile(profile)
+        if acceptance.max_depth < self.config.max_depth:
+            raise ValueError(
+                f"acceptance model max_depth {acceptance.max_depth} < simulator max_depth "
+                f"{self.config.max_depth}"
+            )
+        self.server = server
+        self.seed = seed
+        self._closed_loop = hasattr(workload, "concurrency")
+        self.reset()
+
+    # -- lifecycle -------------------------------------------------------------
+
+    def reset(self, seed: int | None = None) -> None:
+        """Start over with an empty server at time 0."""
+        if seed is not None:
+            self.seed = seed
+        self.rng = np.random.default_rng(self.seed)
+        cap = self.config.max_running_requests
+        self.time_s = 0.0
+        self.step_index = 0
+        self.kv_used = 0
+        self.output_tokens_total = 0
+        self.retractions = 0
+        # Running decode batch, in admission order (oldest first).
+        self._run_rid = np.zeros(cap, dtype=np.int64)
+        # pos: index of the request's next acceptance entry in requests.acc_values
+        # (its table base + tokens generated); rem: tokens it still has to produce.
+        self._run_pos = np.zeros(cap, dtype=np.int64)
+        self._run_rem = np.zeros(cap, dtype=np.int64)
+        self._n_run = 0
+        # Request being prefilled in chunks: [rid, prompt tokens still to prefill].
+        self._chunked: list[int] | None = None
+        self._retracted: deque[int] = deque()
+        self._queue_head = 0  # requests [queue_head, n_arrived) wait in FIFO order
+        self._n_arrived = 0
+        self._stale_draft = False
+        self._pending_decode = False
+        if self._closed_loop:
+            self._init_closed_loop()
+        else:
+            self._init_open_loop()
+
+    def _init_open_loop(self) -> None:
+        wl = self.workload
+        n = len(wl)
+        self.requests = _RequestTable(max(n, 1))
+        self._check_fits(wl.prompt_tokens, wl.output_tokens)
+        if n:
+            table = self.acceptance.draw(wl.output_tokens, wl.request_class, self.rng)
+            self.requests.draw_ahead(wl.prompt_tokens, wl.output_tokens,
+                                     table.offsets, table.values)
+            self.requests.arrive(wl.arrival_s)
+
+    def _init_closed_loop(self) -> None:
+        wl = self.workload
+        self.requests = _RequestTable(max(2 * wl.concurrency, self._CHUNK))
+        self._client_sent = np.zeros(wl.concurrency, dtype=np.int64)
+        self._spawn(np.arange(wl.concurrency), at_s=0.0)
+
+    def _check_fits(self, prompt: np.ndarray, output: np.ndarray) -> None:
+        """Every request must fit the KV cache alone, or the run could never finish."""
+        need = np.asarray(prompt) + np.asarray(output) + self.config.max_depth + 1
+        too_big = np.flatnonzero(need > self.config.kv_capacity_tokens)
+        if too_big.size:
+            i = int(too_big[0])
+            raise ValueError(
+                f"request {i} needs {int(need[i])} KV slots (prompt {int(prompt[i])} + output "
+                f"{int(output[i])} + speculation) but the KV capacity is "
+                f"{self.config.kv_capacity_tokens}; {too_big.size} such request(s)"
+            )
+
+    # -- closed-loop request generation -----------------------------------------
+
+    def _spawn(self, clients: np.ndarray, at_s: float) -> None:
+        """New requests from ``clients``, arriving at ``at_s``."""
+        wl = self.workload
+        if wl.requests_per_client is not None:
+            clients = clients[self._client_sent[clients] < wl.requests_per_client]
+        n = len(clients)
+        if n == 0:
+            return
+        self._client_sent[clients] += 1
+        requests = self.requests
+        while requests.drawn < requests.size + n:
+            k = max(self._CHUNK, n)
+            prompt, output = wl.sample_lengths(self.rng, k)
+            self._check_fits(prompt, output)
+            table = self.acceptance.draw(np.asarray(output), None, self.rng)
+            requests.draw_ahead(prompt, output, table.offsets, table.values)
+        requests.arrive(np.full(n, at_s), client=clients)
+        self._n_arrived = requests.size
+
+    # -- queries -----------------------------------------------------------------
+
+    @property
+    def done(self) -> bool:
+        """True once every request has finished and no more will come."""
+        if self._n_run or self._chunked is not None or self._retracted:
+            return False
+        return self._queue_head >= self.requests.size
+
+    @property
+    def running_requests(self) -> int:
+        """Requests admitted: decoding plus the one being prefilled in chunks."""
+        return self._n_run + (self._chunked is not None)
+
+    @property
+    def waiting_requests(self) -> int:
+        """Requests that arrived and wait for admission."""
+        return self._n_arrived - self._queue_head + len(self._retracted)
+
+    @property
+    def batch_size(self) -> int:
+        """Requests in the next decode batch."""
+        return self._n_run
+
+    def remaining_tokens(self) -> np.ndarray:
+        """Output tokens each running request still has to produce (for the oracle)."""
+        n = self._n_run
+        return self._run_rem[:n].copy()
+
+    def true_accepted(self, depth: int) -> np.ndarray:
+        """Drafts each running request would accept at ``depth`` next step (for the oracle)."""
+        n = self._n_run
+        acc = self.requests.acc_values[self._run_pos[:n]]
+        if self._stale_draft and depth > 0:
+            acc = np.floor(acc * self.config.cold_recovery_accept_fraction).astype(np.int8)
+        return np.minimum(acc, depth)
+
+    def stats(self) -> RequestStats:
+        """Per-request outcomes so far."""
+        r = self.requests
+        n = r.size
+        return RequestStats(
+            arrival_s=r.arrival[:n].copy(),
+            first_token_s=r.first_token[:n].copy(),
+            finish_s=r.finish[:n].copy(),
+            prompt_tokens=r.prompt[:n].copy(),
+            output_tokens=r.output[:n].copy(),
+        )
+
+    # -- stepping ----------------------------------------------------------------
+
+    def advance(self) -> list[StepRecord]:
+        """Run prefill steps and idle gaps until a decode step is due (or the run is done).
+
+        Returns the records of the prefill steps it ran, oldest first.
+        """
+        records = []
+        while True:
+            self._admit_arrivals()
+            if self._prefill_due():
+                records.append(self._prefill_step())
+                continue
+            if self._n_run:
+                self._pending_decode = True
+                return records
+            if not self._jump_to_next_arrival():
+                return records
+
+    def decode(self, depth: int) -> StepRecord:
+        """Run the due decode step with ``depth`` draft tokens (0 = no speculation)."""
+        if not self._n_run:
+            raise RuntimeError("no decode step is due: call advance() first")
+        cfg = self.config
+        depth = min(max(int(depth), 0), cfg.max_depth)
+        if self.kv_used + self._n_run * (depth + 1) > cfg.kv_capacity_tokens:
+            self._make_room(depth)
+        n = self._n_run
+        pos = self._run_pos[:n]
+        rem = self._run_rem[:n]
+
+        if depth:
+            accepted = self.requests.acc_values[pos]
+            np.minimum(accepted, depth, out=accepted)
+            if self._stale_draft:
+                accepted = np.floor(accepted * cfg.cold_recovery_accept_fraction).astype(np.int8)
+                self._stale_draft = False
+            tokens = np.minimum(accepted + 1, rem)
+            committed = int(tokens.sum())
+            pos += tokens
+            rem -= tokens
+        else:
+            accepted = _EMPTY_I8
+            if cfg.skip_zero_step_draft_extend:
+                self._stale_draft = True
+            committed = n
+            pos += 1
+            rem -= 1
+        kv_before = self.kv_used
+        latency = self.profile.step_latency_s(
+            n, depth, kv_before, 0,
+            draft_extend=bool(depth) or not cfg.skip_zero_step_draft_extend,
+        )
+        record = StepRecord(
+            server=self.server, rank=0, step_index=self.step_index, time_s=self.time_s,
+            batch_size=n, waiting_requests=self.waiting_requests,
+            running_requests=self.running_requests, kv_used_tokens=kv_before,
+            kv_capacity_tokens=cfg.kv_capacity_tokens, prefill_tokens=0, steps_used=depth,
+            accepted_drafts=accepted, step_latency_s=latency,
+        )
+        self.kv_used += committed
+        self.output_tokens_total += committed
+        self.time_s += latency
+        self.step_index += 1
+        self._pending_decode = False
+        if rem.min() <= 0:
+            self._finish(rem <= 0)
+        return record
+
+    # -- internals ---------------------------------------------------------------
+
+    def _admit_arrivals(self) -> None:
+        if not self._closed_loop:
+            arrival = self.requests.arrival
+            n = self.requests.size
+            i = self._n_arrived
+            if i < n and arrival[i] <= self.time_s:
+                self._n_arrived = int(np.searchsorted(arrival[:n], self.time_s, side="right"))
+
+    def _jump_to_next_arrival(self) -> bool:
+        if self._closed_loop or self._n_arrived >= self.requests.size:
+            return False
+        self.time_s = max(self.time_s, float(self.requests.arrival[self._n_arrived]))
+        return True
+
+    def _prefill_due(self) -> bool:
+        if self._chunked is not None:
+            return True
+        if not (self._retracted or self._queue_head < self._n_arrived):
+            return False
+        if self._n_run >= self.config.max_running_requests:
+            return False
+        rid = self._retracted[0] if self._retracted else self._queue_head
+        return self._fits(self._prefill_length(rid))
+
+    def _prefill_length(self, rid: int) -> int:
+        return int(self.requests.prompt[rid] + self.requests.generated[rid])
+
+    def _fits(self, new_tokens: int) -> bool:
+        # Room for the new tokens plus one maximal speculative step of the whole batch.
+        reserve = (self._n_run + 1) * (self.config.max_depth + 1)
+        return self.kv_used + new_tokens + reserve <= self.config.kv_capacity_tokens
+
+    def _next_waiting(self) -> int | None:
+        if self._retracted:
+            return self._retracted[0]
+        if self._queue_head < self._n_arrived:
+            return self._queue_head
+        return None
+
+    def _pop_waiting(self) -> None:
+        if self._retracted:
+            self._retracted.popleft()
+        else:
+            self._queue_head += 1
+
+    def _prefill_step(self) -> StepRecord:
+        cfg = self.config
+        budget = cfg.chunked_prefill_tokens
+        prefill_tokens = 0
+        batch = 0
+        completed: list[int] = []
+        kv_before = self.kv_used
+        waiting_before = self.waiting_requests
+        running_before = self.running_requests
+        if self._chunked is not None:
+            rid, remaining = self._chunked
+            take = min(remaining, budget)
+            budget -= take
+            prefill_tokens += take
+            batch += 1
+            if take == remaining:
+                completed.append(rid)
+                self._chunked = None
+            else:
+                self._chunked = [rid, remaining - take]
+        while budget > 0 and self._chunked is None:
+            rid = self._next_waiting()
+            if rid is None or self._n_run + len(completed) >= cfg.max_running_requests:
+                break
+            length = self._prefill_length(rid)
+            if not self._fits(length + prefill_tokens):
+                break
+            self._pop_waiting()
+            take = min(length, budget)
+            budget -= take
+            prefill_tokens += take
+            batch += 1
+            if take == length:
+                completed.append(rid)
+            else:
+                self._chunked = [rid, length - take]
+        latency = self.profile.step_latency_s(0, 0, kv_before, prefill_tokens, draft_extend=True)
+        record = StepRecord(
+            server=self.server, rank=0, step_index=self.step_index, time_s=self.time_s,
+            batch_size=batch, waiting_requests=waiting_before, running_requests=running_before,
+            kv_used_tokens=kv_before, kv_capacity_tokens=cfg.kv_capacity_tokens,
+            prefill_tokens=prefill_tokens, steps_used=0, accepted_drafts=_EMPTY_I8,
+            step_latency_s=latency,
+        )
+        self.kv_used += prefill_tokens
+        self.time_s += latency
+        self.step_index += 1
+        self._start_decoding(completed)
+        return record
+
+    def _start_decoding(self, rids: list[int]) -> None:
+        """Requests whose prefill finished: emit their first token and join the batch."""
+        if not rids:
+            return
+        r = self.requests
+        ids = np.asarray(rids, dtype=np.int64)
+        fresh = r.generated[ids] == 0
+        r.first_token[ids[fresh]] = self.time_s
+        r.generated[ids[fresh]] = 1
+        self.kv_used += int(fresh.sum())
+        self.output_tokens_total += int(fresh.sum())
+        n, k = self._n_run, len(ids)
+        self._run_rid[n:n + k] = ids
+        self._run_pos[n:n + k] = r.acc_base[ids] + r.generated[ids]
+        self._run_rem[n:n + k] = r.output[ids] - r.generated[ids]
+        self._n_run = n + k
+        done = r.generated[ids] >= r.output[ids]
+        if done.any():
+            mask = np.zeros(self._n_run, dtype=bool)
+            mask[n:n + k] = done
+            self._finish(mask)
+
+    def _finish(self, finished: np.ndarray) -> None:
+        n = self._n_run
+        r = self.requests
+        rids = self._run_rid[:n][finished]
+        r.generated[rids] = r.output[rids]
+        r.finish[rids] = self.time_s
+        self.kv_used -= int((r.prompt[rids] + r.generated[rids]).sum())
+        keep = ~finished
+        m = int(keep.sum())
+        for arr in (self._run_rid, self._run_pos, self._run_rem):
+            arr[:m] = arr[:n][keep]
+        self._n_run = m
+        if self._closed_loop:
+            self._spawn(r.client[rids], at_s=self.time_s)
+
+    def _make_room(self, depth: int) -> None:
+        """Retract the newest requests until the speculative reservation fits."""
+        cap = self.config.kv_capacity_tokens
+        r = self.requests
+        if self._chunked is not None:
+            # The partial prefill is the newest work: abort it first; it restarts later.
+            rid, remaining = self._chunked
+            self.kv_used -= self._prefill_length(rid) - remaining
+            self._retracted.appendleft(rid)
+            self._chunked = None
+            self.retractions += 1
+        while self._n_run > 1 and self.kv_used + self._n_run * (depth + 1) > cap:
+            i = self._n_run - 1
+            rid = int(self._run_rid[i])
+            r.generated[rid] = r.output[rid] - self._run_rem[i]
+            self.kv_used -= int(r.prompt[rid] + r.generated[rid])
+            self._retracted.appendleft(rid)
+            self._n_run = i
+            self.retractions += 1
+        if self.kv_used + self._n_run * (depth + 1) > cap:
+            raise RuntimeError(
+                f"KV capacity {cap} cannot hold one request at depth {depth}; "
+                "raise kv_capacity_tokens"
+            )

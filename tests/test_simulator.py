@@ -1,0 +1,208 @@
+"""Scheduler-model invariants of the simulator, checked on random workloads."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from env.simulator import SchedulerConfig, Simulator
+
+
+@dataclass
+class _Table:
+    offsets: np.ndarray
+    values: np.ndarray
+
+
+class _RandomAcceptance:
+    """Uniform random accepted drafts per position (any table is a valid input)."""
+
+    max_depth = 7
+
+    def draw(self, output_tokens, request_class, rng):
+        output_tokens = np.asarray(output_tokens, dtype=np.int64)
+        offsets = np.concatenate([[0], np.cumsum(output_tokens)])
+        values = rng.integers(0, self.max_depth + 1, size=int(offsets[-1])).astype(np.int8)
+        return _Table(offsets, values)
+
+
+class _LinearCost:
+    """A simple positive step cost; the invariants must hold for any."""
+
+    def step_latency_s(self, batch, depth, kv, prefill, draft_extend=True):
+        return 1e-3 * (5 + 0.1 * batch * (depth + 1) + 0.4 * depth + 1e-4 * kv + 1e-3 * prefill
+                       + (0.3 if draft_extend else 0.0))
+
+
+@dataclass(frozen=True)
+class _Workload:
+    arrival_s: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    request_class: None = None
+
+    def __len__(self) -> int:
+        return len(self.arrival_s)
+
+
+@dataclass(frozen=True)
+class _ClosedLoop:
+    concurrency: int
+    requests_per_client: int | None
+    prompt: int
+    output: int
+
+    def sample_lengths(self, rng, n):
+        return np.full(n, self.prompt), rng.integers(1, self.output + 1, size=n)
+
+
+@st.composite
+def scenarios(draw):
+    n = draw(st.integers(1, 25))
+    prompt = np.array(draw(st.lists(st.integers(1, 600), min_size=n, max_size=n)))
+    output = np.array(draw(st.lists(st.integers(1, 120), min_size=n, max_size=n)))
+    gaps = np.array(draw(st.lists(st.floats(0.0, 0.05), min_size=n, max_size=n)))
+    biggest = int((prompt + output).max()) + 8
+    config = SchedulerConfig(
+        max_running_requests=draw(st.integers(1, 12)),
+        kv_capacity_tokens=biggest + draw(st.integers(0, 3000)),
+        chunked_prefill_tokens=draw(st.integers(8, 1024)),
+        skip_zero_step_draft_extend=draw(st.booleans()),
+    )
+    depths = draw(st.lists(st.integers(0, 7), min_size=1, max_size=12))
+    return _Workload(np.cumsum(gaps), prompt, output), config, depths, draw(st.integers(0, 99))
+
+
+def _drain(sim: Simulator, depths: list[int], max_steps: int = 100_000):
+    records = []
+    i = 0
+    while not sim.done:
+        records.extend(sim.advance())
+        if sim.done:
+            break
+        records.append(sim.decode(depths[i % len(depths)]))
+        i += 1
+        assert i < max_steps, "simulation did not finish"
+    return records
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios())
+def test_invariants_hold_on_random_workloads(scenario):
+    workload, config, depths, seed = scenario
+    sim = Simulator(_LinearCost(), _RandomAcceptance(), workload, config, seed=seed)
+    records = _drain(sim, depths)
+    stats = sim.stats()
+
+    # Every request finished: none lost, none produced more or less than its length.
+    assert stats.finished.all()
+    assert sim.output_tokens_total == int(workload.output_tokens.sum())
+    assert (sim.requests.generated[: len(workload)] == workload.output_tokens).all()
+    # Time only moves forward; each request finishes after its first token, after arrival.
+    times = np.array([r.time_s for r in records])
+    assert (np.diff(times) > 0).all()
+    assert (stats.first_token_s >= stats.arrival_s).all()
+    assert (stats.finish_s >= stats.first_token_s).all()
+    for r in records:
+        # KV capacity is never exceeded, speculative reservation included.
+        reserve = r.batch_size * (r.steps_used + 1) if r.is_decode else r.prefill_tokens
+        assert r.kv_used_tokens + reserve <= config.kv_capacity_tokens
+        assert r.running_requests <= config.max_running_requests
+        assert r.prefill_tokens <= config.chunked_prefill_tokens
+        if r.is_decode:
+            assert 1 <= r.batch_size <= config.max_running_requests
+            assert r.accepted_drafts.size in (0, r.batch_size)
+            assert (r.accepted_drafts <= r.steps_used).all()
+    assert sim.kv_used == 0
+
+
+def test_kv_pressure_retracts_and_still_finishes_everything():
+    rng = np.random.default_rng(0)
+    n = 40
+    workload = _Workload(np.zeros(n), rng.integers(50, 300, n), rng.integers(100, 400, n))
+    config = SchedulerConfig(max_running_requests=32, kv_capacity_tokens=2500,
+                             chunked_prefill_tokens=512)
+    sim = Simulator(_LinearCost(), _RandomAcceptance(), workload, config, seed=0)
+    records = _drain(sim, [7, 0, 3])
+    assert sim.retractions > 0
+    assert sim.stats().finished.all()
+    assert sim.output_tokens_total == int(workload.output_tokens.sum())
+    assert all(r.kv_used_tokens + r.batch_size * (r.steps_used + 1) <= 2500
+               for r in records if r.is_decode)
+
+
+def test_counterfactual_depth_is_min_of_max_depth_acceptance():
+    """One request, no competition: tokens per step follow min(A[p], d) + 1 exactly."""
+    workload = _Workload(np.array([0.0]), np.array([10]), np.array([400]))
+    for depth in (1, 3, 7):
+        sim = Simulator(_LinearCost(), _RandomAcceptance(), workload, SchedulerConfig(), seed=3)
+        table = sim.requests.acc_values[: 400].copy()
+        position = 1  # the prefill step commits the first token
+        for record in _drain(sim, [depth]):
+            if not record.is_decode:
+                continue
+            expected = min(int(table[position]), depth)
+            assert record.accepted_drafts.tolist() == [expected]
+            position += min(expected + 1, 400 - position)
+        assert position == 400
+
+
+def test_replaying_at_max_depth_reproduces_the_table_runs():
+    """At depth D the committed-token sequence is 1 + A at the visited positions."""
+    workload = _Workload(np.array([0.0]), np.array([5]), np.array([300]))
+    sim = Simulator(_LinearCost(), _RandomAcceptance(), workload, SchedulerConfig(), seed=11)
+    table = sim.requests.acc_values[:300].copy()
+    visited, p = [], 1
+    while p < 300:
+        visited.append(int(table[p]))
+        p += int(table[p]) + 1
+    accepted = [int(r.accepted_drafts[0]) for r in _drain(sim, [7]) if r.is_decode]
+    assert accepted == visited
+
+
+def test_skip_zero_step_extend_makes_first_speculative_step_cold():
+    workload = _Workload(np.array([0.0]), np.array([5]), np.array([500]))
+    config = SchedulerConfig(skip_zero_step_draft_extend=True, cold_recovery_accept_fraction=0.0)
+    sim = Simulator(_LinearCost(), _RandomAcceptance(), workload, config, seed=5)
+    records = [r for r in _drain(sim, [0, 0, 3, 3]) if r.is_decode]
+    # Steps follow 0,0,3,3,...: every first step of a depth-3 pair accepted nothing.
+    pairs = list(itertools.pairwise(records))
+    firsts = [b for a, b in pairs if b.steps_used == 3 and a.steps_used == 0]
+    seconds = [b for a, b in pairs if b.steps_used == 3 and a.steps_used == 3]
+    assert firsts and all(int(r.accepted_drafts.sum()) == 0 for r in firsts)
+    assert sum(int(r.accepted_drafts.sum()) for r in seconds) > 0
+
+
+def test_default_zero_step_pays_draft_extend_and_skip_mode_saves_it():
+    workload = _Workload(np.array([0.0]), np.array([5]), np.array([50]))
+    latencies = {}
+    for skip in (False, True):
+        sim = Simulator(_LinearCost(), _RandomAcceptance(), workload,
+                        SchedulerConfig(skip_zero_step_draft_extend=skip), seed=0)
+        sim.advance()
+        latencies[skip] = sim.decode(0).step_latency_s
+    assert latencies[True] < latencies[False]
+
+
+def test_closed_loop_keeps_concurrency_and_stops_after_requests_per_client():
+    loop = _ClosedLoop(concurrency=6, requests_per_client=3, prompt=50, output=40)
+    sim = Simulator(_LinearCost(), _RandomAcceptance(), loop, SchedulerConfig(), seed=1)
+    records = _drain(sim, [2])
+    assert sim.requests.size == 18
+    assert sim.stats().finished.all()
+    assert max(r.running_requests for r in records) <= 6
+    # Every client has at most one request in flight.
+    clients = sim.requests.client[: sim.requests.size]
+    assert sorted(np.bincount(clients).tolist()) == [3] * 6
+
+
+def test_request_larger_than_kv_cache_is_rejected_with_its_index():
+    workload = _Workload(np.array([0.0, 1.0]), np.array([10, 900]), np.array([10, 200]))
+    with pytest.raises(ValueError, match="request 1 needs"):
+        Simulator(_LinearCost(), _RandomAcceptance(), workload,
+                  SchedulerConfig(kv_capacity_tokens=1000))
