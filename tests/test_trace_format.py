@@ -1,0 +1,352 @@
+"""Tests of the Parquet trace format: round trips, rotation, validation errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from env.schema import SCHEMA_VERSION, RequestRecord, StepRecord
+from env.trace_format import (
+    TraceFormatError,
+    TraceWriter,
+    expand_paths,
+    is_trace_file,
+    read_trace,
+    write_trace,
+)
+
+
+def make_requests() -> list[RequestRecord]:
+    return [
+        RequestRecord("r0", 0.0, 100, 20, "coding"),
+        RequestRecord("r1", 0.5, 7, 1, None),
+        RequestRecord("r2", 2.25, 4000, 300, "writing"),
+    ]
+
+
+def make_steps(n: int = 5, start: int = 0, server: str = "s0", rank: int = 0) -> list[StepRecord]:
+    steps = []
+    for i in range(n):
+        depth = i % 4
+        batch = 2
+        accepted = np.array([min(i, depth), 0], dtype=np.int8) if depth else np.array([], np.int8)
+        steps.append(
+            StepRecord(
+                server=server,
+                rank=rank,
+                step_index=start + 2 * i,
+                time_s=0.01 * i,
+                batch_size=batch,
+                waiting_requests=i,
+                running_requests=batch,
+                kv_used_tokens=1000 + i,
+                kv_capacity_tokens=100_000,
+                prefill_tokens=0 if i % 5 else 64,
+                steps_used=depth if i % 5 else 0,
+                accepted_drafts=accepted if i % 5 else np.array([], np.int8),
+                step_latency_s=0.005 + 0.001 * i,
+                request_ids=["r0", "r1"] if i % 2 else None,
+            )
+        )
+    return steps
+
+
+def assert_steps_equal(a: list[StepRecord], b: list[StepRecord]) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        for name in StepRecord.__dataclass_fields__:
+            vx, vy = getattr(x, name), getattr(y, name)
+            if name == "accepted_drafts":
+                assert vy.dtype == np.int8
+                np.testing.assert_array_equal(vx, vy)
+            else:
+                assert vx == vy, name
+
+
+def test_round_trip(tmp_path):
+    requests, steps = make_requests(), make_steps(7)
+    meta = {"server_args": {"tp": 1}, "profile": "h200_llama31_8b"}
+    path = write_trace(tmp_path / "t.parquet", requests, steps, meta)
+    trace = read_trace(path)
+    assert trace.requests.records() == requests
+    assert_steps_equal(steps, trace.steps)
+    assert trace.meta == meta
+    assert trace.sources == [path]
+    cols = trace.step_columns()
+    np.testing.assert_array_equal(cols.step_index, [s.step_index for s in steps])
+    np.testing.assert_array_equal(cols.accepted(1), steps[1].accepted_drafts)
+    # Exact field names and key-value metadata of the file itself.
+    schema = pq.read_schema(path)
+    expected = ["record", *RequestRecord.__dataclass_fields__, *StepRecord.__dataclass_fields__]
+    assert sorted(schema.names) == sorted(set(expected))
+    assert schema.field("accepted_drafts").type == pa.list_(pa.int8())
+    assert schema.field("request_ids").type == pa.list_(pa.string())
+    assert schema.metadata[b"specctl.format"] == b"specctl-trace"
+    assert schema.metadata[b"specctl.schema_version"] == str(SCHEMA_VERSION).encode()
+    assert json.loads(schema.metadata[b"specctl.meta"]) == meta
+
+
+def test_writer_sorts_requests_by_arrival(tmp_path):
+    requests = make_requests()[::-1]
+    path = write_trace(tmp_path / "t.parquet", requests, [], {})
+    arrivals = read_trace(path).requests.arrival_s
+    assert list(arrivals) == sorted(r.arrival_s for r in requests)
+
+
+def test_writer_rotates_atomically_and_reads_back(tmp_path):
+    steps, requests = make_steps(7), make_requests()
+    with TraceWriter(tmp_path / "run", server="s0", rank=0, rotate_records=3, meta={"a": 1}) as w:
+        for s in steps:
+            w.add_step(s)
+        for r in requests:
+            w.add_request(r)
+    # 10 rows, 3 per file: three full files and one on close.
+    assert [p.name for p in w.files] == [f"run-s0-r0-{i:05d}.parquet" for i in range(4)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [p.name for p in w.files]
+    trace = read_trace(tmp_path)
+    assert_steps_equal(steps, trace.steps)
+    assert trace.requests.records() == requests
+    assert trace.meta["a"] == 1 and trace.meta["server"] == "s0"
+    with pytest.raises(RuntimeError):
+        w.add_step(steps[0])
+
+
+def test_writer_never_overwrites(tmp_path):
+    with TraceWriter(tmp_path / "run", server="s0", rank=1) as w:
+        w.add_step(make_steps(1, rank=1)[0])
+    with TraceWriter(tmp_path / "run", server="s0", rank=1) as w2:
+        w2.add_step(make_steps(1, rank=1)[0])
+    assert [p.name for p in w.files] == ["run-s0-r1-00000.parquet"]
+    assert [p.name for p in w2.files] == ["run-s0-r1-00001.parquet"]
+
+
+def test_writer_rejects_foreign_and_backward_steps(tmp_path):
+    w = TraceWriter(tmp_path / "run", server="s0", rank=0)
+    w.add_step(make_steps(1, server="other")[0])
+    with pytest.raises(TraceFormatError, match="field 'server'"):
+        w.flush()
+    w.add_step(make_steps(1, start=10)[0])
+    w.flush()
+    w.add_step(make_steps(1, start=10)[0])
+    with pytest.raises(
+        TraceFormatError, match=r"field .step_index.: must strictly increase: 10 after 10"
+    ):
+        w.flush()
+
+
+def test_read_natural_order_and_cross_file_continuity(tmp_path):
+    write_trace(tmp_path / "t-s0-r0-00010.parquet", [], make_steps(2, start=100))
+    write_trace(tmp_path / "t-s0-r0-00009.parquet", [], make_steps(2, start=0))
+    trace = read_trace(tmp_path / "t-*.parquet")
+    assert [s.step_index for s in trace.steps] == [0, 2, 100, 102]
+    write_trace(tmp_path / "t-s0-r0-00011.parquet", [], make_steps(1, start=50))
+    with pytest.raises(TraceFormatError) as exc:
+        read_trace(tmp_path)
+    assert "t-s0-r0-00011.parquet: row 0, field 'step_index'" in str(exc.value)
+
+
+def test_expand_paths_errors(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        expand_paths(tmp_path / "missing.parquet")
+    with pytest.raises(FileNotFoundError):
+        expand_paths(tmp_path)  # empty directory
+    with pytest.raises(FileNotFoundError):
+        expand_paths(str(tmp_path / "*.parquet"))
+
+
+def test_is_trace_file(tmp_path):
+    ours = write_trace(tmp_path / "t.parquet", make_requests(), [])
+    plain = tmp_path / "plain.parquet"
+    pq.write_table(pa.table({"x": [1, 2]}), plain)
+    text = tmp_path / "x.csv"
+    text.write_text("a,b\n1,2\n")
+    assert is_trace_file(ours)
+    assert not is_trace_file(plain)
+    assert not is_trace_file(text)
+    assert not is_trace_file(tmp_path / "missing")
+
+
+def _rewrite(path, column: str, row: int, value) -> None:
+    """Overwrite one cell of a trace file, keeping its metadata."""
+    table = pq.read_table(path)
+    values = table.column(column).to_pylist()
+    values[row] = value
+    i = table.column_names.index(column)
+    table = table.set_column(i, column, pa.array(values, type=table.schema.field(column).type))
+    pq.write_table(table, path)
+
+
+# Rows: 0..2 are requests, 3.. are steps (see make_steps).
+@pytest.mark.parametrize(
+    ("column", "row", "value", "expected"),
+    [
+        ("output_tokens", 1, -3, "row 1, field 'output_tokens': must be >= 1, got -3"),
+        ("prompt_tokens", 0, 0, "row 0, field 'prompt_tokens': must be >= 1, got 0"),
+        ("arrival_s", 2, 0.1, "row 2, field 'arrival_s': requests must be sorted"),
+        ("arrival_s", 0, float("nan"), "row 0, field 'arrival_s': must be finite"),
+        ("request_id", 1, "r0", "row 1, field 'request_id': duplicate id 'r0'"),
+        ("step_latency_s", 5, -0.5, "row 5, field 'step_latency_s': must be >= 0"),
+        ("step_latency_s", 4, float("inf"), "row 4, field 'step_latency_s': must be finite"),
+        ("step_index", 6, 2, "row 6, field 'step_index': must strictly increase"),
+        ("batch_size", 4, 1, "row 4, field 'accepted_drafts': has 2 entries, more than"),
+        ("accepted_drafts", 4, [3, 0], "row 4, field 'accepted_drafts': entry 0 is 3"),
+        ("accepted_drafts", 3, [1, 1], "row 3, field 'accepted_drafts': must be empty"),
+        ("request_ids", 4, ["r0"], "row 4, field 'request_ids': has 1 ids, expected batch"),
+        ("kv_used_tokens", 7, -1, "row 7, field 'kv_used_tokens': must be >= 0, got -1"),
+        ("record", 3, "stepp", "row 3, field 'record': must be 'request' or 'step'"),
+        ("time_s", 5, None, "row 5, field 'time_s': must not be null"),
+    ],
+)
+def test_validation_errors_name_file_row_field(tmp_path, column, row, value, expected):
+    path = write_trace(tmp_path / "bad.parquet", make_requests(), make_steps(6))
+    _rewrite(path, column, row, value)
+    with pytest.raises(TraceFormatError) as exc:
+        read_trace(path)
+    assert str(exc.value).startswith(f"{path}: {expected}"), str(exc.value)
+    assert exc.value.file == str(path)
+    assert exc.value.where == row
+
+
+def _with_metadata(path, **changes) -> None:
+    table = pq.read_table(path)
+    meta = dict(table.schema.metadata)
+    meta.update({k.encode(): v.encode() for k, v in changes.items()})
+    pq.write_table(table.replace_schema_metadata(meta), path)
+
+
+def test_metadata_errors(tmp_path):
+    path = write_trace(tmp_path / "t.parquet", make_requests(), [])
+    _with_metadata(path, **{"specctl.schema_version": str(SCHEMA_VERSION + 1)})
+    with pytest.raises(TraceFormatError, match="unsupported schema version"):
+        read_trace(path)
+    _with_metadata(path, **{"specctl.format": "other"})
+    with pytest.raises(TraceFormatError, match="wrong format tag 'other'"):
+        read_trace(path)
+    not_parquet = tmp_path / "x.parquet"
+    not_parquet.write_text("hello")
+    with pytest.raises(TraceFormatError, match="bad magic"):
+        read_trace(not_parquet)
+
+
+def test_column_errors(tmp_path):
+    path = write_trace(tmp_path / "t.parquet", make_requests(), make_steps(2))
+    table = pq.read_table(path)
+    meta = table.schema.metadata
+    pq.write_table(table.append_column("extra", pa.array([1] * table.num_rows)), path)
+    _restore_meta(path, meta)
+    with pytest.raises(TraceFormatError, match="field 'extra': unknown column"):
+        read_trace(path)
+    pq.write_table(table.drop_columns(["rank"]).replace_schema_metadata(meta), path)
+    with pytest.raises(TraceFormatError, match="field 'rank': missing column"):
+        read_trace(path)
+    bad_type = table.set_column(
+        table.column_names.index("request_id"),
+        "request_id",
+        pa.array([1.5] * table.num_rows),
+    )
+    pq.write_table(bad_type.replace_schema_metadata(meta), path)
+    with pytest.raises(TraceFormatError, match="field 'request_id'"):
+        read_trace(path)
+
+
+def _restore_meta(path, meta) -> None:
+    pq.write_table(pq.read_table(path).replace_schema_metadata(meta), path)
+
+
+def test_write_trace_refuses_invalid_records(tmp_path):
+    bad = [RequestRecord("a", 0.0, 5, 0)]
+    with pytest.raises(TraceFormatError, match="field 'output_tokens': must be >= 1, got 0"):
+        write_trace(tmp_path / "t.parquet", bad, [])
+    assert not list(tmp_path.iterdir())  # nothing (not even a temporary file) left
+
+
+def test_add_step_is_cheap(tmp_path):
+    import time
+
+    record = make_steps(2)[1]
+    w = TraceWriter(tmp_path / "run", server="s0", rank=0, rotate_records=10**9)
+    n = 100_000
+    start = time.perf_counter()
+    for _ in range(n):
+        w.add_step(record)
+    per_call = (time.perf_counter() - start) / n
+    assert per_call < 5e-6, per_call  # a list append, not Arrow work
+
+
+step_strategy = st.builds(
+    lambda depth, batch, acc_seed, latency, with_ids: (depth, batch, acc_seed, latency, with_ids),
+    st.integers(0, 7),
+    st.integers(0, 6),
+    st.integers(0, 10**6),
+    st.floats(0, 10, allow_nan=False),
+    st.booleans(),
+)
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(specs=st.lists(step_strategy, max_size=12), n_requests=st.integers(0, 5))
+def test_round_trip_property(tmp_path, specs, n_requests):
+    steps = []
+    for i, (depth, batch, seed, latency, with_ids) in enumerate(specs):
+        rng = np.random.default_rng(seed)
+        accepted = (
+            rng.integers(0, depth + 1, size=batch).astype(np.int8)
+            if depth
+            else np.array([], np.int8)
+        )
+        steps.append(
+            StepRecord(
+                "srv",
+                3,
+                i,
+                float(i),
+                batch,
+                0,
+                batch,
+                10 * batch,
+                1000,
+                0,
+                depth,
+                accepted,
+                latency,
+                [f"q{j}" for j in range(batch)] if with_ids else None,
+            )
+        )
+    requests = [RequestRecord(f"q{j}", float(j), j + 1, 2 * j + 1) for j in range(n_requests)]
+    path = write_trace(tmp_path / "p.parquet", requests, steps, {"n": len(steps)})
+    trace = read_trace(path)
+    assert trace.requests.records() == requests
+    assert_steps_equal(steps, trace.steps)
+
+
+def test_writer_loses_nothing_under_concurrent_flush(tmp_path):
+    import threading
+
+    template = make_steps(2)[1]
+    n = 20_000
+    writer = TraceWriter(tmp_path / "run", server="s0", rank=0, rotate_records=7_000)
+
+    def produce() -> None:
+        for i in range(n):
+            writer.add_step(
+                StepRecord(
+                    **{**{f: getattr(template, f) for f in StepRecord.__slots__}, "step_index": i}
+                )
+            )
+
+    thread = threading.Thread(target=produce)
+    thread.start()
+    while thread.is_alive():
+        writer.flush()
+    thread.join()
+    writer.close()
+    indices = [s.step_index for s in read_trace(tmp_path).steps]
+    assert indices == list(range(n))

@@ -1,0 +1,287 @@
+"""Tests of workload readers, shipped data and workload transforms."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shutil
+import time
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from env.schema import RequestRecord
+from env.trace_format import write_trace
+from env.workloads import (
+    ClosedLoop,
+    Workload,
+    WorkloadFormatError,
+    detect_format,
+    load_workload,
+    read_azure_csv,
+    read_mooncake_jsonl,
+    shipped_workload,
+)
+
+DATA = Path(str(resources.files("env").joinpath("data")))
+
+# Facts from env/data/SOURCES.md (computed upstream from the files themselves).
+SHIPPED = {
+    "azure_code": dict(rows=8819, span_s=3435.9, prompt_mean=2048, output_mean=28),
+    "azure_conv": dict(rows=19366, span_s=3501.7, prompt_mean=1155, output_mean=211),
+    "mooncake": dict(rows=3993, span_s=1022.0, prompt_mean=15325, output_mean=149),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_shipped_workloads(name):
+    w = shipped_workload(name)
+    facts = SHIPPED[name]
+    assert len(w) == facts["rows"]
+    assert w.arrival_s[0] == 0.0
+    assert np.all(np.diff(w.arrival_s) >= 0)
+    assert w.duration_s == pytest.approx(facts["span_s"], abs=0.1)
+    assert w.prompt_tokens.mean() == pytest.approx(facts["prompt_mean"], abs=1)
+    assert w.output_tokens.mean() == pytest.approx(facts["output_mean"], abs=1)
+    assert w.prompt_tokens.dtype == np.int32 and w.output_tokens.min() >= 1
+
+
+def test_azure_timestamps_parsed_to_sub_microsecond():
+    w = shipped_workload("azure_code")
+    # Rows 1 and 2: 18:17:03.9799600 and 18:17:04.0319600.
+    assert w.arrival_s[1] == pytest.approx(0.052, abs=1e-9)
+
+
+def test_shipped_files_match_sources_sha256():
+    text = (DATA / "SOURCES.md").read_text()
+    sections = re.split(r"^## ", text, flags=re.M)[1:]
+    checked = 0
+    for section in sections:
+        name = section.split("`")[1]
+        digest = re.search(r"sha256 `([0-9a-f]{64})`", section).group(1)
+        assert hashlib.sha256((DATA / name).read_bytes()).hexdigest() == digest, name
+        checked += 1
+    assert checked == 4
+
+
+def test_reading_azure_conv_is_fast():
+    start = time.perf_counter()
+    shipped_workload("azure_conv")
+    assert time.perf_counter() - start < 1.0
+
+
+def test_detection_by_content_not_extension(tmp_path):
+    csv_as_jsonl = tmp_path / "a.jsonl"
+    shutil.copy(DATA / "workloads" / "AzureLLMInferenceTrace_code.csv", csv_as_jsonl)
+    jsonl_as_csv = tmp_path / "b.csv"
+    shutil.copy(DATA / "workloads" / "synthetic_trace.jsonl", jsonl_as_csv)
+    trace = tmp_path / "c.txt"
+    write_trace(
+        trace,
+        [RequestRecord("x", 5.0, 10, 3, "qa"), RequestRecord("y", 6.5, 20, 4, None)],
+        [],
+    )
+    assert detect_format(csv_as_jsonl) == "azure_csv"
+    assert detect_format(jsonl_as_csv) == "mooncake_jsonl"
+    assert detect_format(trace) == "trace"
+    assert len(load_workload(csv_as_jsonl)) == 8819
+    assert len(load_workload(jsonl_as_csv)) == 3993
+    w = load_workload(trace)
+    np.testing.assert_array_equal(w.arrival_s, [0.0, 1.5])
+    assert list(w.request_class) == ["qa", None]
+    junk = tmp_path / "junk.csv"
+    junk.write_text("hello,world\n1,2\n")
+    with pytest.raises(WorkloadFormatError, match="unrecognised workload format"):
+        load_workload(junk)
+
+
+AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+ROW = "2023-11-16 18:17:03.9799600,{},{}\n"
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (
+            "TIMESTAMP,ContextTokens,Foo\n",
+            "line 1, field 'Foo': unknown column",
+        ),
+        (
+            "TIMESTAMP,ContextTokens\n",
+            "line 1, field 'GeneratedTokens': missing column",
+        ),
+        (
+            AZURE_HEADER + ROW.format(5, 7) + ROW.format(5, "x"),
+            "line 3, field 'GeneratedTokens': not an integer: 'x'",
+        ),
+        (
+            AZURE_HEADER + ROW.format(5, 7) + ROW.format(0, 7),
+            "line 3, field 'ContextTokens': must be >= 1, got 0",
+        ),
+        (
+            AZURE_HEADER + ROW.format(5, -2),
+            "line 2, field 'GeneratedTokens': must be >= 1, got -2",
+        ),
+        (
+            AZURE_HEADER + ROW.format(5, 7) + "2023-11-16 18:17:02.0,5,7\n",
+            "line 3, field 'TIMESTAMP': timestamps must not decrease",
+        ),
+        (
+            AZURE_HEADER + ROW.format(5, 7) + "yesterday,5,7\n",
+            "line 3, field 'TIMESTAMP': not a timestamp",
+        ),
+        (
+            AZURE_HEADER + ROW.format(5, 7) + "2023-11-16 18:17:04.0,5\n",
+            "line 3: 2 fields, expected 3",
+        ),
+        (AZURE_HEADER, "no data rows"),
+    ],
+)
+def test_azure_errors(tmp_path, content, expected):
+    path = tmp_path / "az.csv"
+    path.write_text(content)
+    with pytest.raises(WorkloadFormatError) as exc:
+        read_azure_csv(path)
+    assert str(exc.value).startswith(f"{path}: {expected}"), str(exc.value)
+
+
+MOON = '{{"timestamp": {}, "input_length": {}, "output_length": {}, "hash_ids": [1, 2]}}\n'
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (MOON.format(0, 5, 6) + "{not json\n", "line 2: malformed JSON"),
+        (
+            MOON.format(0, 5, 6) + '{"timestamp": 1, "input_length": 3}\n',
+            "line 2, field 'output_length': missing field",
+        ),
+        (
+            '{"timestamp": 1, "input_length": 3, "output_length": 3, "x": 1}\n',
+            "line 1, field 'x': unknown field",
+        ),
+        (
+            MOON.format(0, 5, 6) + MOON.format(3, 0, 6),
+            "line 2, field 'input_length': must be >= 1, got 0",
+        ),
+        (
+            MOON.format(0, 5, 6) + MOON.format(3, 5, 2.5),
+            "line 2, field 'output_length': not an integer: 2.5",
+        ),
+        (
+            MOON.format(10, 5, 6) + MOON.format(3, 5, 6),
+            "line 2, field 'timestamp': timestamps must not decrease",
+        ),
+        (MOON.format(0, 5, 6) + "\n" + MOON.format(3, 5, 6), "line 2: empty line"),
+    ],
+)
+def test_mooncake_errors(tmp_path, content, expected):
+    path = tmp_path / "m.jsonl"
+    path.write_text(content)
+    with pytest.raises(WorkloadFormatError) as exc:
+        read_mooncake_jsonl(path)
+    assert str(exc.value).startswith(f"{path}: {expected}"), str(exc.value)
+
+
+def test_mooncake_values(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_text(MOON.format(1000, 5, 6) + MOON.format(2500, 7, 8))
+    w = read_mooncake_jsonl(path)
+    np.testing.assert_allclose(w.arrival_s, [0.0, 1.5])
+    np.testing.assert_array_equal(w.prompt_tokens, [5, 7])
+    np.testing.assert_array_equal(w.output_tokens, [6, 8])
+
+
+def uniform_workload(n: int = 10_000, rate: float = 10.0) -> Workload:
+    arrival = np.arange(n) / rate
+    return Workload("u", arrival, np.arange(n) % 50 + 1, np.arange(n) % 7 + 1)
+
+
+def test_window_and_scale():
+    w = uniform_workload()
+    win = w.window(100.0, 50.0)
+    assert len(win) == 500
+    assert win.arrival_s[0] == 0.0 and win.arrival_s[-1] == pytest.approx(49.9)
+    np.testing.assert_array_equal(win.prompt_tokens, w.prompt_tokens[1000:1500])
+    fast = w.scaled(4.0)
+    assert fast.duration_s == pytest.approx(w.duration_s / 4)
+    assert fast.mean_rate == pytest.approx(w.mean_rate * 4)
+    capped = w.with_output_cap(3)
+    assert capped.output_tokens.max() == 3
+    np.testing.assert_array_equal(capped.prompt_tokens, w.prompt_tokens)
+    with pytest.raises(ValueError):
+        w.scaled(0)
+    with pytest.raises(ValueError):
+        w.window(0, -1)
+
+
+def test_modulated_rate_rises_and_falls():
+    w = uniform_workload(n=100_000, rate=10.0)  # 10,000 s
+    period, depth = 1000.0, 0.6
+    m = w.modulated(period, depth)
+    assert len(m) == len(w)
+    assert np.all(np.diff(m.arrival_s) >= 0)
+    # First half period (sin > 0): rate above the mean; second half: below.
+    first = np.count_nonzero(m.arrival_s % period < period / 2)
+    second = len(m) - first
+    periods, rate = 10, 10.0
+    expected_first = periods * rate * (period / 2 + depth * period / np.pi)  # integral of r(t)
+    assert first == pytest.approx(expected_first, rel=0.01)
+    assert first > 2 * second
+    # Rate at the peak vs the trough, from arrivals in narrow windows.
+    t = m.arrival_s
+    peak = np.count_nonzero((t % period > 240) & (t % period < 260))
+    trough = np.count_nonzero((t % period > 740) & (t % period < 760))
+    assert peak / trough == pytest.approx((1 + depth) / (1 - depth), rel=0.05)
+    assert m.duration_s == pytest.approx(w.duration_s, rel=0.01)
+    assert w.modulated(period, 0.0).arrival_s.tolist() == w.arrival_s.tolist()
+    with pytest.raises(ValueError):
+        w.modulated(period, 1.0)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    times=st.lists(st.floats(0, 1e4, allow_nan=False), min_size=1, max_size=200),
+    period=st.floats(1.0, 1e3),
+    depth=st.floats(0.0, 0.95),
+)
+def test_modulated_is_monotone_property(times, period, depth):
+    arrival = np.sort(np.asarray(times))
+    w = Workload("p", arrival, np.ones(arrival.size, int), np.ones(arrival.size, int))
+    m = w.modulated(period, depth)
+    assert np.all(np.diff(m.arrival_s) >= 0)
+    # Order preserved and displacement bounded by the warp amplitude.
+    assert np.all(np.abs(m.arrival_s - arrival) <= depth * period / np.pi + 1e-6)
+
+
+def test_workload_validation():
+    with pytest.raises(ValueError, match="not sorted"):
+        Workload("x", [1.0, 0.0], [1, 1], [1, 1])
+    with pytest.raises(ValueError, match=r"output_tokens\[1\] = 0"):
+        Workload("x", [0.0, 1.0], [1, 1], [1, 0])
+    with pytest.raises(ValueError, match="equal length"):
+        Workload("x", [0.0, 1.0], [1], [1, 1])
+
+
+def test_closed_loop_sampling():
+    w = uniform_workload(1000)
+    cl = ClosedLoop(concurrency=8, lengths_from=w)
+    rng = np.random.default_rng(0)
+    prompt, output = cl.sample_lengths(rng, 5000)
+    assert prompt.dtype == np.int32 and prompt.shape == (5000,)
+    pairs = set(zip(w.prompt_tokens.tolist(), w.output_tokens.tolist(), strict=True))
+    assert set(zip(prompt.tolist(), output.tolist(), strict=True)) <= pairs  # joint draws
+    fixed = ClosedLoop(concurrency=2, prompt_tokens=256, output_tokens=128)
+    p2, o2 = fixed.sample_lengths(rng, 3)
+    assert p2.tolist() == [256] * 3 and o2.tolist() == [128] * 3
+    mixed = ClosedLoop(concurrency=2, output_tokens=64, lengths_from=w)
+    p3, o3 = mixed.sample_lengths(rng, 100)
+    assert set(o3.tolist()) == {64} and len(set(p3.tolist())) > 1
+    with pytest.raises(ValueError):
+        ClosedLoop(concurrency=0, prompt_tokens=1, output_tokens=1)
+    with pytest.raises(ValueError):
+        ClosedLoop(concurrency=1, prompt_tokens=1)
