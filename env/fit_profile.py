@@ -1,0 +1,81 @@
+"""``specctl-fit-profile``: fit a cost profile to a recorded trace's decode steps.
+
+Usage (Hydra-style ``key=value`` arguments)::
+
+    specctl-fit-profile trace=runs/trace/ out=my_profile.yaml
+    specctl-fit-profile trace='runs/trace-*.parquet' template=h100_llama31_8b \\
+        draft_extend=false free=c_fixed,c_request,c_token name=my_server
+
+Keys:
+
+* ``trace`` (required): a trace file, a directory or a glob of rotated files;
+* ``out``: where to write the fitted profile (YAML); omitted = only print the report;
+* ``template``: shipped profile name or YAML path whose server limits, priors and
+  descriptors are kept (default ``h200_llama31_8b``);
+* ``draft_extend``: whether steps=0 ran the draft extend (default ``true``;
+  ``false`` with ``SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1``);
+* ``free``: comma-separated coefficients to fit (default
+  :data:`env.cost_model.DEFAULT_FREE`);
+* ``name``: name of the fitted profile (default: the template's).
+
+Prints the per-point errors, the median and the worst.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from env.cost_model import DEFAULT_FREE, fit_profile_from_trace, load_profile, save_profile
+from env.trace_format import read_trace
+
+_KEYS = {"trace", "out", "template", "draft_extend", "free", "name"}
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off"}
+
+
+def _parse(argv: Sequence[str]) -> dict[str, str]:
+    args: dict[str, str] = {}
+    for item in argv:
+        key, sep, value = item.lstrip("+").partition("=")
+        if not sep:
+            raise SystemExit(f"expected key=value, got {item!r} (see --help)")
+        if key not in _KEYS:
+            raise SystemExit(f"unknown key {key!r}; known keys: {sorted(_KEYS)}")
+        args[key] = value
+    if "trace" not in args:
+        raise SystemExit("missing trace=PATH (see --help)")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``specctl-fit-profile``; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("-h", "--help") for a in argv):
+        print(__doc__)
+        return 0
+    args = _parse(argv)
+    flag = args.get("draft_extend", "true").lower()
+    if flag not in _TRUE | _FALSE:
+        raise SystemExit(f"draft_extend must be true or false, got {flag!r}")
+    free = tuple(f for f in args.get("free", ",".join(DEFAULT_FREE)).split(",") if f)
+    template = load_profile(args.get("template", "h200_llama31_8b"))
+    trace = read_trace(args["trace"])
+    profile, report = fit_profile_from_trace(trace, template, draft_extend=flag in _TRUE, free=free)
+    if "name" in args:
+        profile = profile.replace(name=args["name"])
+    provenance = dict(profile.provenance)
+    provenance["calibrated_to"] = "trace: " + ", ".join(str(p) for p in trace.sources)
+    provenance["method"] = "specctl-fit-profile (env.cost_model.fit_profile_from_trace)"
+    profile = profile.replace(provenance=provenance)
+    print(report)
+    for key in free:
+        print(f"  {key} = {getattr(profile, key) * 1e3:.6f} ms")
+    if "out" in args:
+        path = save_profile(profile, args["out"])
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,292 @@
+"""Tests of the step-latency model, its fit, the shipped profiles and their calibration."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from env import calibration
+from env.cost_model import (
+    COEFFICIENTS,
+    DEFAULT_FREE,
+    DEFAULT_TIES,
+    CostProfile,
+    FitReport,
+    LatencyPoints,
+    ProfileError,
+    ServerLimits,
+    design_matrix,
+    fit_profile,
+    fit_profile_from_trace,
+    load_profile,
+    nnls,
+    save_profile,
+    shipped_profiles,
+)
+from env.fit_profile import main as fit_profile_main
+from env.schema import StepRecord
+from env.trace_format import read_trace, write_trace
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+MEASURED = SHARED / "measured" / "h200-sglang-0.5.15"
+NAMES = ["blackwell_tp8", "h100_llama31_8b", "h200_llama31_8b"]
+
+
+def test_shipped_profiles_load():
+    assert shipped_profiles() == NAMES
+    for name in NAMES:
+        profile = load_profile(name)
+        assert profile.name == name
+        assert profile.acceptance is not None and "model" in profile.acceptance
+        assert profile.provenance.get("calibrated_to")
+
+
+@pytest.mark.parametrize("name", NAMES)
+@settings(max_examples=60, deadline=None)
+@given(
+    batch=st.integers(0, 300),
+    depth=st.integers(0, 7),
+    kv=st.integers(0, 500_000),
+    prefill=st.integers(0, 8192),
+    extend=st.booleans(),
+)
+def test_scalar_matches_vectorised_and_is_monotone(name, batch, depth, kv, prefill, extend):
+    p = load_profile(name)
+    scalar = p.step_latency_s(batch, depth, kv, prefill, extend)
+    vector = p.step_latency_array(batch, depth, kv, prefill, extend)
+    assert vector.shape == (1,)
+    assert scalar == pytest.approx(float(vector[0]), rel=1e-12)
+    assert p.step_latency_s(batch, depth + 1, kv, prefill, extend) >= scalar
+    assert p.step_latency_s(batch + 1, depth, kv, prefill, extend) >= scalar
+    assert p.step_latency_s(batch, depth, kv + 1000, prefill, extend) >= scalar
+    assert p.step_latency_s(batch, depth, kv, prefill, True) >= p.step_latency_s(
+        batch, depth, kv, prefill, False
+    )
+
+
+def test_scalar_latency_is_fast():
+    p = load_profile("blackwell_tp8")  # MoE: the slowest path
+    n = 50_000
+    start = time.perf_counter()
+    for i in range(n):
+        p.step_latency_s(i & 63, i & 7, 12_000, 0)
+    per_call = (time.perf_counter() - start) / n
+    assert per_call < 4e-6, per_call
+
+
+def test_terms_by_hand():
+    server = ServerLimits(64, 10_000, 512, cuda_graph_max_bs=8)
+    p = CostProfile(
+        "t", server, c_fixed=1, c_request=2, c_token=3, c_moe=100, c_kv=0.5, c_verify=7,
+        c_verify_token=11, c_draft=13, c_draft_token=17, c_extend=19, c_extend_token=23,
+        c_eager=29, c_eager_token=31, moe_active_fraction=0.25,
+    )  # fmt: skip
+    b, d, kv = 10, 3, 4
+    tokens = b * (d + 1)
+    expected = (
+        1 + 2 * b + 3 * tokens + 100 * (1 - 0.75**tokens) + 0.5 * kv + 7 + 11 * b
+        + (d - 1) * (13 + 17 * b) + 19 + 23 * tokens + 29 + 31 * b
+    )  # fmt: skip
+    assert p.step_latency_s(b, d, kv, 0) == pytest.approx(expected)
+    # Depth 0 without extend: no speculation at all; a prefill-only step.
+    assert p.step_latency_s(4, 0, 0, 0, False) == pytest.approx(1 + 8 + 12 + 100 * (1 - 0.75**4))
+    assert p.step_latency_s(0, 0, 0, 100, True) == pytest.approx(
+        1 + 300 + 100 * (1 - 0.75**100) + 19 + 2300
+    )
+    # The MoE term saturates at c_moe: every expert read once.
+    assert p.step_latency_array(0, 0, 0, 10**6, False)[0] == pytest.approx(1 + 3e6 + 100)
+
+
+def random_profile(rng) -> CostProfile:
+    values = {name: 0.0 for name in COEFFICIENTS}
+    for name in DEFAULT_FREE:
+        values[name] = float(rng.uniform(0.2, 2.0)) * 10.0 ** rng.uniform(-5, -3)
+    values["c_kv"] = 3e-8
+    for name, (other, factor) in DEFAULT_TIES.items():
+        values[name] = factor * values[other]
+    return CostProfile("truth", ServerLimits(256, 10**6, 8192, 64), **values)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_fit_recovers_known_coefficients(seed):
+    rng = np.random.default_rng(seed)
+    truth = random_profile(rng)
+    grid = np.array(list(itertools.product([1, 4, 8, 16, 32, 48], [0, 1, 2, 3, 5, 7])))
+    b, d = grid.T
+    kv = b * 320
+    points = LatencyPoints(b, d, kv, 0, truth.step_latency_array(b, d, kv, 0))
+    template = truth.replace(**{name: 0.0 for name in DEFAULT_FREE}, name="template")
+    fitted, report = fit_profile(points, template=template)
+    for name in COEFFICIENTS:
+        assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=1e-6, abs=1e-12)
+    assert report.worst_abs_error < 1e-9
+    assert fitted.provenance["fit"]["free"] == list(DEFAULT_FREE)
+
+
+def test_fit_with_noise_and_report():
+    rng = np.random.default_rng(9)
+    truth = load_profile("h200_llama31_8b")
+    b = rng.integers(1, 64, 400)
+    d = rng.integers(0, 8, 400)
+    latency = truth.step_latency_array(b, d, b * 300, 0) * rng.lognormal(0, 0.02, 400)
+    fitted, report = fit_profile(
+        {"batch": b, "depth": d, "kv_tokens": b * 300, "latency_s": latency},
+        template=truth.replace(c_fixed=0.0, c_request=0.0),
+    )
+    assert report.median_abs_error < 0.03
+    assert fitted.c_fixed == pytest.approx(truth.c_fixed, rel=0.05)
+    assert fitted.c_request == pytest.approx(truth.c_request, rel=0.05)
+    text = str(report)
+    assert "median |error|" in text and len(text.splitlines()) == 402
+
+
+@settings(max_examples=50, deadline=None)
+@given(seed=st.integers(0, 10**6), m=st.integers(3, 12), n=st.integers(1, 4))
+def test_nnls_matches_brute_force(seed, m, n):
+    rng = np.random.default_rng(seed)
+    a = rng.normal(size=(m, n))
+    b = rng.normal(size=m)
+    x = nnls(a, b)
+    assert np.all(x >= 0)
+    # Exhaustive search over active sets gives the optimum.
+    best = np.sum(b**2)
+    for k in range(1, n + 1):
+        for subset in itertools.combinations(range(n), k):
+            sol = np.linalg.lstsq(a[:, subset], b, rcond=None)[0]
+            if np.all(sol >= 0):
+                best = min(best, np.sum((a[:, subset] @ sol - b) ** 2))
+    assert np.sum((a @ x - b) ** 2) == pytest.approx(best, rel=1e-7, abs=1e-9)
+
+
+@pytest.mark.skipif(not MEASURED.is_dir(), reason="shared/ measured data not present")
+def test_h200_profile_fits_measured_data():
+    profile = load_profile("h200_llama31_8b")
+    points = calibration.read_h200_points(MEASURED)
+    report = FitReport.evaluate(profile, points)
+    assert len(points) == 67
+    assert report.median_abs_error < 0.05
+    assert report.worst_abs_error < 0.10
+    # The shipped YAML is what the calibration code produces.
+    refit, _ = calibration.calibrate_h200(MEASURED)
+    for name in COEFFICIENTS:
+        assert getattr(profile, name) == pytest.approx(getattr(refit, name), rel=1e-9)
+
+
+def test_h100_calibration_reproduces_shipped_profile_and_targets():
+    shipped = load_profile("h100_llama31_8b")
+    profile, report = calibration.calibrate_h100(load_profile("h200_llama31_8b"))
+    for name in COEFFICIENTS:
+        assert getattr(shipped, name) == pytest.approx(getattr(profile, name), rel=1e-9)
+    errors = np.array([abs(r["rel_error"]) for r in report.rows])
+    assert errors[0] < 1e-6  # Table 4: 158.34 tok/s, matched exactly
+    assert np.median(errors) < 0.05
+    # Independent check of the steady state: Table 4 by hand.
+    state = calibration.steady_state(profile, 1, 0, 1.0, 256, 384, speculative=False)
+    assert state.throughput_tok_s == pytest.approx(158.34, rel=1e-6)
+    decode_time = state.decode_steps_per_request * state.decode_step_s
+    assert 384 / (decode_time + state.prefill_s) == pytest.approx(158.34, rel=1e-6)
+
+
+def test_blackwell_calibration_reproduces_shipped_profile_and_targets():
+    shipped = load_profile("blackwell_tp8")
+    profile, report = calibration.calibrate_blackwell_tp8()
+    for name in COEFFICIENTS:
+        assert getattr(shipped, name) == pytest.approx(getattr(profile, name), rel=1e-9)
+    assert report.worst_abs_error < 0.02
+    assert profile.moe_active_fraction == pytest.approx(8 / 384)
+    # Speculation loses at every published concurrency under this profile.
+    accept = calibration.blackwell_acceptance().expected_accept_length_at(3)
+    for c in (1, 70, 250):
+        base = calibration.steady_state(profile, c, 0, 1.0, 512, 512, speculative=False)
+        spec = calibration.steady_state(profile, c, 3, accept, 512, 512, speculative=True)
+        assert spec.throughput_tok_s < base.throughput_tok_s
+
+
+def test_profile_yaml_round_trip_and_errors(tmp_path):
+    profile = load_profile("h100_llama31_8b")
+    path = save_profile(profile, tmp_path / "p.yaml")
+    again = load_profile(path)
+    assert again == profile
+    assert again.acceptance == profile.acceptance
+    data = yaml.safe_load(path.read_text())
+    data["cost"]["c_token"] = -1.0
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(data))
+    with pytest.raises(ProfileError, match=r"bad.yaml: cost.c_token must be finite and >= 0"):
+        load_profile(bad)
+    data["cost"]["c_token"] = 1e-6
+    data["cost"]["c_magic"] = 1.0
+    bad.write_text(yaml.safe_dump(data))
+    with pytest.raises(ProfileError, match=r"unknown key 'cost\.c_magic'"):
+        load_profile(bad)
+    del data["cost"]["c_magic"]
+    del data["server"]
+    bad.write_text(yaml.safe_dump(data))
+    with pytest.raises(ProfileError, match="missing key 'server'"):
+        load_profile(bad)
+    with pytest.raises(ProfileError, match="unknown profile 'nope'"):
+        load_profile("nope")
+
+
+def synthetic_trace_file(tmp_path, truth: CostProfile) -> Path:
+    rng = np.random.default_rng(0)
+    steps = []
+    for i in range(300):
+        b = int(rng.integers(1, 64))
+        d = int(rng.integers(0, 8))
+        kv = b * 400
+        prefill = 0 if i % 10 else 2048
+        latency = truth.step_latency_s(b, d, kv, prefill) * float(rng.lognormal(0, 0.01))
+        steps.append(
+            StepRecord(
+                "srv",
+                0,
+                i,
+                i * 0.02,
+                b,
+                0,
+                b,
+                kv,
+                10**6,
+                prefill,
+                0 if prefill else d,
+                np.array([], np.int8),
+                latency,
+            )
+        )
+    return write_trace(tmp_path / "trace.parquet", [], steps, {"note": "synthetic"})
+
+
+def test_fit_profile_from_trace_and_cli(tmp_path, capsys):
+    truth = random_profile(np.random.default_rng(4))
+    path = synthetic_trace_file(tmp_path, truth)
+    template = truth.replace(c_fixed=0.0, c_request=0.0, c_draft=0.0)
+    fitted, report = fit_profile_from_trace(read_trace(path), template)
+    assert len(report.points) == 270  # prefill steps left out
+    assert report.median_abs_error < 0.02
+    assert fitted.c_draft == pytest.approx(truth.c_draft, rel=0.1)
+    out = tmp_path / "fitted.yaml"
+    assert fit_profile_main([f"trace={path}", f"out={out}", "name=mine"]) == 0
+    printed = capsys.readouterr().out
+    assert "median |error|" in printed and "worst" in printed
+    cli_profile = load_profile(out)
+    assert cli_profile.name == "mine"
+    assert "trace.parquet" in cli_profile.provenance["calibrated_to"]
+    with pytest.raises(SystemExit):
+        fit_profile_main(["out=x.yaml"])
+    with pytest.raises(SystemExit):
+        fit_profile_main([f"trace={path}", "bogus=1"])
+
+
+def test_design_matrix_shape_and_eager():
+    x = design_matrix([1, 100], [3, 3], cuda_graph_max_bs=64)
+    assert x.shape == (2, len(COEFFICIENTS))
+    eager = COEFFICIENTS.index("c_eager")
+    assert x[:, eager].tolist() == [0.0, 1.0]
