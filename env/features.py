@@ -392,7 +392,8 @@ class FeatureBuilder:
         out[:, tail:tail + depth] = relative_latency
         out[:, tail + depth:tail + 2 * depth] = relative_goodput
         out[:, tail + 2 * depth] = math.log1p(throughput) / math.log1p(1e6)
-        return out
+        # Extreme loads (e.g. thousands waiting) saturate rather than leave the box.
+        return np.clip(out, -1.0, 1.0, out=out)
 
     @staticmethod
     def _regressors(batch_size: int, steps: int, kv_tokens: int) -> np.ndarray:
