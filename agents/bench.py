@@ -48,7 +48,7 @@ def run_cell(settings: Mapping[str, Any], policy_name: str, concurrency: int) ->
                                  max_depth)
     config = make_scheduler_config(settings.get("sim"), profile, max_depth)
     workload = make_closed_loop(settings["workload"], concurrency,
-                                settings.get("requests_per_client"))
+                                settings.get("requests_per_client"), profile)
     sim = Simulator(profile, acceptance, workload, config, seed=int(settings["seed"]))
     loop = DecisionLoop(sim, FeatureSpec(max_depth=max_depth),
                         feedback_lag=int(settings["feedback_lag"]),

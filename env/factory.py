@@ -81,20 +81,29 @@ def make_workload(cfg: Mapping) -> Workload | None:
     return workload.with_output_cap(int(cap)) if cap else workload
 
 
-def make_closed_loop(cfg: Mapping, concurrency: int,
-                     requests_per_client: int | None = None) -> ClosedLoop:
-    """C clients with lengths from the workload's trace, or fixed lengths."""
+def make_closed_loop(cfg: Mapping, concurrency: int, requests_per_client: int | None = None,
+                     profile: CostProfile | None = None) -> ClosedLoop:
+    """C clients with lengths from the workload's trace, or fixed lengths.
+
+    Fixed lengths left ``null`` default to the request shape the profile was
+    calibrated with (its ``provenance``), else 256 and 256.
+    """
     cfg = _plain(cfg)
     lengths = make_workload(cfg)
     if lengths is None:
+        calibrated = profile.provenance if profile is not None else {}
+        prompt = cfg.get("prompt_tokens") or calibrated.get("prompt_tokens", 256)
+        output = cfg.get("output_tokens") or calibrated.get("output_tokens", 256)
         return ClosedLoop(
             concurrency=concurrency,
-            prompt_tokens=int(cfg.get("prompt_tokens", 256)),
-            output_tokens=int(cfg.get("output_tokens", 256)),
+            prompt_tokens=int(prompt),
+            output_tokens=int(output),
             requests_per_client=requests_per_client,
+            start_interval_s=float(cfg.get("start_interval_s") or 0.0),
         )
     return ClosedLoop(concurrency=concurrency, lengths_from=lengths,
-                      requests_per_client=requests_per_client)
+                      requests_per_client=requests_per_client,
+                      start_interval_s=float(cfg.get("start_interval_s") or 0.0))
 
 
 def make_scheduler_config(sim_cfg: Mapping | None, profile: CostProfile,

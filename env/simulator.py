@@ -244,7 +244,18 @@ class Simulator:
         wl = self.workload
         self.requests = _RequestTable(max(2 * wl.concurrency, self._CHUNK))
         self._client_sent = np.zeros(wl.concurrency, dtype=np.int64)
-        self._spawn(np.arange(wl.concurrency), at_s=0.0)
+        self._client_start = np.arange(wl.concurrency) * float(wl.start_interval_s)
+        self._clients_started = 0
+        self._start_clients()
+
+    def _start_clients(self) -> None:
+        """Clients whose start time has come send their first request."""
+        start = self._client_start
+        first = self._clients_started
+        last = int(np.searchsorted(start, self.time_s, side="right"))
+        for client in range(first, last):  # each arrives at its own start time
+            self._spawn(np.array([client]), at_s=float(start[client]))
+        self._clients_started = last
 
     def _check_fits(self, prompt: np.ndarray, output: np.ndarray) -> None:
         """Every request must fit the KV cache alone, or the run could never finish."""
@@ -285,6 +296,8 @@ class Simulator:
     def done(self) -> bool:
         """True once every request has finished and no more will come."""
         if self._n_run or self._chunked is not None or self._retracted:
+            return False
+        if self._closed_loop and self._clients_started < len(self._client_start):
             return False
         return self._queue_head >= self.requests.size
 
@@ -400,7 +413,10 @@ class Simulator:
     # -- internals ---------------------------------------------------------------
 
     def _admit_arrivals(self) -> None:
-        if not self._closed_loop:
+        if self._closed_loop:
+            if self._clients_started < len(self._client_start):
+                self._start_clients()
+        else:
             arrival = self.requests.arrival
             n = self.requests.size
             i = self._n_arrived
@@ -408,7 +424,12 @@ class Simulator:
                 self._n_arrived = int(np.searchsorted(arrival[:n], self.time_s, side="right"))
 
     def _jump_to_next_arrival(self) -> bool:
-        if self._closed_loop or self._n_arrived >= self.requests.size:
+        if self._closed_loop:
+            if self._clients_started >= len(self._client_start):
+                return False
+            self.time_s = max(self.time_s, float(self._client_start[self._clients_started]))
+            return True
+        if self._n_arrived >= self.requests.size:
             return False
         self.time_s = max(self.time_s, float(self.requests.arrival[self._n_arrived]))
         return True

@@ -440,6 +440,8 @@ class ClosedLoop:
         output_tokens: Fixed output length, or None to sample it.
         lengths_from: Workload whose requests' lengths are sampled.
         requests_per_client: Requests each client sends; None = until the horizon.
+        start_interval_s: Client i sends its first request at ``i * start_interval_s``
+            (a load generator starting its clients one after another).
     """
 
     concurrency: int
@@ -447,10 +449,13 @@ class ClosedLoop:
     output_tokens: int | None = None
     lengths_from: Workload | None = None
     requests_per_client: int | None = None
+    start_interval_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
+        if not self.start_interval_s >= 0.0:
+            raise ValueError(f"start_interval_s must be >= 0, got {self.start_interval_s}")
         for label in ("prompt_tokens", "output_tokens", "requests_per_client"):
             v = getattr(self, label)
             if v is not None and v < 1:

@@ -56,6 +56,7 @@ class _ClosedLoop:
     requests_per_client: int | None
     prompt: int
     output: int
+    start_interval_s: float = 0.0
 
     def sample_lengths(self, rng, n):
         return np.full(n, self.prompt), rng.integers(1, self.output + 1, size=n)
@@ -199,6 +200,17 @@ def test_closed_loop_keeps_concurrency_and_stops_after_requests_per_client():
     # Every client has at most one request in flight.
     clients = sim.requests.client[: sim.requests.size]
     assert sorted(np.bincount(clients).tolist()) == [3] * 6
+
+
+def test_closed_loop_clients_start_one_after_another():
+    loop = _ClosedLoop(concurrency=5, requests_per_client=1, prompt=20, output=30,
+                       start_interval_s=0.5)
+    sim = Simulator(_LinearCost(), _RandomAcceptance(), loop, SchedulerConfig(), seed=2)
+    _drain(sim, [3])
+    stats = sim.stats()
+    order = np.argsort(sim.requests.client[: sim.requests.size])
+    assert np.allclose(stats.arrival_s[order], [0.0, 0.5, 1.0, 1.5, 2.0])
+    assert (stats.first_token_s >= stats.arrival_s).all() and stats.finished.all()
 
 
 def test_request_larger_than_kv_cache_is_rejected_with_its_index():
