@@ -57,10 +57,12 @@ class FeatureSpec:
     #: Prior acceptance rate of the first draft position.
     accept_prior_first: float = 0.7
     #: Per decode step forgetting factor of the latency regression.
-    latency_forgetting: float = 0.99
+    latency_forgetting: float = 0.995
     #: Ridge precision pulling the latency regression toward its prior.
     latency_ridge: float = 0.5
-    #: Prior cost of one draft step, as a fraction of the plain decode step.
+    #: Prior cost of switching speculation on (verify + draft extend), and of each
+    #: further draft step, as fractions of the plain decode step.
+    speculation_prior_fraction: float = 0.05
     draft_step_prior_fraction: float = 0.07
     #: EMA weight for the load and throughput trackers.
     ema_alpha: float = 0.1
@@ -170,11 +172,16 @@ class FeatureBuilder:
         depth = self.spec.max_depth
         self._trials = np.zeros(depth)
         self._successes = np.zeros(depth)
-        # Latency regression on x = [1, b, d, d*b, kv] (b = batch/64, kv = tokens/1e5).
-        self._xtx = np.zeros((5, 5))
-        self._xty = np.zeros(5)
+        # Latency regression on x = [1, b, s, s*b, m, m*b, kv] with b = batch/64,
+        # s = 1 if speculating, m = draft forwards beyond the first (depth - 1),
+        # kv = tokens/1e5: the cost model's structure (verify + extend switch on
+        # with speculation; each further depth adds a draft forward).
+        self._xtx = np.zeros((7, 7))
+        self._xty = np.zeros(7)
         self._theta: list[float] | None = None
-        self._depths = np.arange(self.spec.max_depth + 1, dtype=float)[None, :]
+        depths = np.arange(self.spec.max_depth + 1, dtype=float)[None, :]
+        self._speculating = (depths > 0).astype(float)
+        self._extra_drafts = np.maximum(depths - 1.0, 0.0)
         self._latency_ms_ema: float | None = None
         self._batch_size = 0
         self._batch_ema: float | None = None
@@ -294,9 +301,10 @@ class FeatureBuilder:
         """
         scalar = np.ndim(batch_sizes) == 0
         b = np.maximum(np.atleast_1d(batch_sizes).astype(float), 1.0)[:, None] / 64.0
-        t0, tb, td, tdb, tkv = self._latency_theta()
-        d = self._depths
-        predicted = (t0 + tkv * (self._kv_used_tokens / 1e5)) + tb * b + (td + tdb * b) * d
+        t0, tb, ts, tsb, tm, tmb, tkv = self._latency_theta()
+        speculating, extra = self._speculating, self._extra_drafts
+        predicted = ((t0 + tkv * (self._kv_used_tokens / 1e5)) + tb * b
+                     + (ts + tsb * b) * speculating + (tm + tmb * b) * extra)
         # Physically a deeper draft never costs less; keep the prediction sane.
         base_ms = self._latency_ms_ema if self._latency_ms_ema is not None else 10.0
         floor = max(0.05 * base_ms, 1e-3)
@@ -308,10 +316,11 @@ class FeatureBuilder:
             spec = self.spec
             base_ms = self._latency_ms_ema if self._latency_ms_ema is not None else 10.0
             # Prior: the observed level at depth 0, a fixed fraction of it per draft step.
-            prior = np.array([base_ms, 0.0, spec.draft_step_prior_fraction * base_ms, 0.0, 0.0])
+            prior = np.array([base_ms, 0.0, spec.speculation_prior_fraction * base_ms, 0.0,
+                              spec.draft_step_prior_fraction * base_ms, 0.0, 0.0])
             ridge = spec.latency_ridge
             self._theta = np.linalg.solve(
-                self._xtx + ridge * np.eye(5), self._xty + ridge * prior
+                self._xtx + ridge * np.eye(7), self._xty + ridge * prior
             ).tolist()
         return self._theta
 
@@ -398,4 +407,6 @@ class FeatureBuilder:
     @staticmethod
     def _regressors(batch_size: int, steps: int, kv_tokens: int) -> np.ndarray:
         b = batch_size / 64.0
-        return np.array([1.0, b, float(steps), steps * b, kv_tokens / 1e5])
+        s = 1.0 if steps > 0 else 0.0
+        m = max(steps - 1, 0)
+        return np.array([1.0, b, s, s * b, m, m * b, kv_tokens / 1e5])

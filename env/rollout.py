@@ -78,8 +78,11 @@ class DecisionLoop:
         """Simulated time at which the episode ends."""
         return float("inf") if self.horizon_s is None else self.horizon_s
 
-    def reset(self, seed: int | None = None) -> Observation | None:
-        """Start an episode; returns the first observation (None if nothing to do)."""
+    def reset(self, seed: int | None = None, observe: bool = True) -> Observation | None:
+        """Start an episode; returns the first observation (None if nothing to do).
+
+        With ``observe=False`` no observation is built (for fixed-depth replays).
+        """
         self.sim.reset(seed)
         self.features.reset()
         self._pending.clear()
@@ -94,14 +97,16 @@ class DecisionLoop:
                                                    self.sim.output_tokens_total - tokens0)
         self.tokens += tokens
         self.elapsed_s += elapsed
-        return None if self.finished else self._observe()
+        if self.finished or not observe:
+            return None
+        return self._observe()
 
     @property
     def finished(self) -> bool:
         """True when the horizon is reached or the simulator has nothing left."""
         return self.sim.time_s >= self.end_s or self.sim.done
 
-    def step(self, depth: int) -> tuple[Observation | None, StepOutcome]:
+    def step(self, depth: int, observe: bool = True) -> tuple[Observation | None, StepOutcome]:
         """Run the due decode step at ``depth``, then everything up to the next one."""
         sim = self.sim
         t0, tokens0 = sim.time_s, sim.output_tokens_total
@@ -121,8 +126,15 @@ class DecisionLoop:
         self.slo_violating_tokens += violating
         truncated = sim.time_s >= self.end_s
         terminated = sim.done and not truncated
-        obs = None if (truncated or terminated) else self._observe()
+        obs = None if (truncated or terminated or not observe) else self._observe()
         return obs, StepOutcome(record, tokens, elapsed, violating, truncated, terminated)
+
+    def run_static(self, depth: int, seed: int | None = None) -> float:
+        """Replay the whole episode at a fixed depth; returns its throughput (fast path)."""
+        self.reset(seed, observe=False)
+        while not self.finished:
+            self.step(depth, observe=False)
+        return self.throughput_tok_s
 
     @property
     def throughput_tok_s(self) -> float:

@@ -1,0 +1,138 @@
+"""``specctl-train``: PPO on the simulated server, then evaluation and export.
+
+Reads top to bottom like a CleanRL script, but the algorithm is
+stable-baselines3's PPO:
+
+1. build ``n_envs`` copies of ``specctl/SpecDecode-v0`` (training windows) in
+   subprocesses, and one evaluation copy (held-out windows);
+2. train with a progress bar, TensorBoard logs (``<out>/tb``), periodic
+   checkpoints (``<out>/checkpoints``) and an evaluation callback that keeps the
+   best model (``<out>/best``);
+3. export the final policy to ``<out>/policy.npz`` (numpy only; what
+   ``specctl-serve`` loads) and check the export acts like the SB3 model;
+4. run the ``specctl-eval`` report into ``<out>`` (``report.md``, ``results.json``, plots).
+
+    specctl-train
+    specctl-train workload=azure_conv profile=h100_llama31_8b \
+        agent.total_timesteps=2e6 env.slo_tpot_ms=50
+    specctl-train -m agent.learning_rate=1e-4,3e-4
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import hydra
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+from stable_baselines3 import PPO
+from stable_baselines3.common.callbacks import CallbackList, CheckpointCallback, EvalCallback
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
+
+from agents.config import env_config
+from agents.evaluate import run_evaluation
+from agents.export import export_ppo
+from env.features import FeatureSpec
+from env.spec_env import SpecDecodeEnv
+
+log = logging.getLogger(__name__)
+
+_ACTIVATION = {"tanh": torch.nn.Tanh, "relu": torch.nn.ReLU}
+_PPO_KEYS = ("learning_rate", "n_steps", "batch_size", "n_epochs", "gamma", "gae_lambda",
+             "clip_range", "ent_coef", "vf_coef", "max_grad_norm")
+
+
+def build_model(env_cfg: dict[str, Any], agent: DictConfig, seed: int, out_dir: Path,
+                device: str = "cpu") -> PPO:
+    """The vectorised training environments and an untrained PPO model on them."""
+    vec_cls = SubprocVecEnv if agent.vec_env == "subproc" and agent.n_envs > 1 else DummyVecEnv
+    envs = make_vec_env(SpecDecodeEnv, n_envs=int(agent.n_envs), seed=seed,
+                        env_kwargs={"config": env_cfg, "split": "train"}, vec_env_cls=vec_cls)
+    policy_kwargs = {"net_arch": list(agent.net_arch),
+                     "activation_fn": _ACTIVATION[agent.activation]}
+    return PPO("MlpPolicy", envs, seed=seed, device=device, verbose=0,
+               tensorboard_log=str(out_dir / "tb"), policy_kwargs=policy_kwargs,
+               **{k: agent[k] for k in _PPO_KEYS})
+
+
+def train(cfg: DictConfig, out_dir: Path) -> Path:
+    """Train, export and (optionally) evaluate; returns the exported policy's path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    env_cfg = env_config(cfg)
+    agent = cfg.agent
+    seed = int(cfg.seed)
+    torch.set_num_threads(1)  # small MLP: threads only fight the env processes for cores
+    model = build_model(env_cfg, agent, seed, out_dir, cfg.device)
+
+    callbacks = []
+    n_envs = int(agent.n_envs)
+    if agent.checkpoint_every_steps:
+        callbacks.append(CheckpointCallback(max(1, int(agent.checkpoint_every_steps) // n_envs),
+                                            str(out_dir / "checkpoints"), name_prefix="ppo"))
+    if agent.eval_every_steps:
+        eval_env = make_vec_env(SpecDecodeEnv, n_envs=1, seed=seed + 10_000,
+                                env_kwargs={"config": env_cfg, "split": "eval"})
+        callbacks.append(EvalCallback(eval_env, n_eval_episodes=int(agent.eval_episodes),
+                                      eval_freq=max(1, int(agent.eval_every_steps) // n_envs),
+                                      best_model_save_path=str(out_dir / "best"),
+                                      log_path=str(out_dir / "eval"), deterministic=True))
+    started = time.perf_counter()
+    model.learn(total_timesteps=int(float(agent.total_timesteps)),
+                callback=CallbackList(callbacks), progress_bar=True, tb_log_name="ppo")
+    train_s = time.perf_counter() - started
+    model.save(out_dir / "model")
+
+    spec = FeatureSpec(max_depth=int(env_cfg["max_depth"]))
+    provenance = {
+        "command": "specctl-train",
+        "seed": seed,
+        "total_timesteps": int(float(agent.total_timesteps)),
+        "train_seconds": round(train_s, 1),
+        "env": env_cfg,
+        "agent": OmegaConf.to_container(agent, resolve=True),
+    }
+    exported = export_ppo(model, spec, name=str(cfg.export_name), provenance=provenance)
+    check_export(model, exported, SpecDecodeEnv(env_cfg, split="eval"), seed)
+    policy_path = out_dir / "policy.npz"
+    exported.save(policy_path)
+    model.get_env().close()
+    log.info("trained %d steps in %.0f s; exported %s", provenance["total_timesteps"], train_s,
+             policy_path)
+    if cfg.evaluate:
+        document = run_evaluation(cfg, str(policy_path), out_dir)
+        log.info("checks: %s", json.dumps(document["checks"]))
+    return policy_path
+
+
+def check_export(model: PPO, exported, env: SpecDecodeEnv, seed: int, steps: int = 500) -> None:
+    """The exported policy must choose the SB3 model's deterministic action everywhere we look."""
+    obs, _ = env.reset(seed=seed)
+    batch = []
+    for _ in range(steps):
+        batch.append(obs)
+        obs, _, terminated, truncated, _ = env.step(env.action_space.sample())
+        if terminated or truncated:
+            obs, _ = env.reset()
+    batch = np.asarray(batch, dtype=np.float32)
+    sb3_actions, _ = model.predict(batch, deterministic=True)
+    mismatches = int(np.sum(exported.act(batch) != sb3_actions))
+    if mismatches:
+        raise RuntimeError(f"exported policy disagrees with the SB3 model on {mismatches} "
+                           f"of {steps} observations")
+
+
+@hydra.main(config_path="pkg://configs", config_name="train", version_base=None)
+def main(cfg: DictConfig) -> None:
+    """Hydra entry point of ``specctl-train``."""
+    out_dir = Path(hydra.core.hydra_config.HydraConfig.get().runtime.output_dir)
+    train(cfg, out_dir)
+
+
+if __name__ == "__main__":
+    main()

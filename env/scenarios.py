@@ -1,0 +1,193 @@
+"""Episode scenarios: which server, which workload, how much load.
+
+A :class:`Scenario` is everything a simulator run needs. :class:`ScenarioSampler`
+draws them for training (random windows of the training part of each trace)
+and enumerates them for evaluation (fixed windows of the held-out part).
+
+Load is given relative to the server, not the trace: ``load = 1`` scales a
+trace's arrival rate to the server's nominal capacity for that trace's request
+mix (see :func:`nominal_capacity_req_s`), so the same ``load`` list means
+"light to overloaded" on an 8B model on one H200 and on a 1T MoE on eight GPUs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from env.acceptance import AcceptanceModel
+from env.cost_model import CostProfile
+from env.factory import (
+    _plain,
+    make_acceptance,
+    make_closed_loop,
+    make_profile,
+    make_scheduler_config,
+    make_workload,
+)
+from env.simulator import SchedulerConfig
+from env.workloads import ClosedLoop, Workload
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One episode's setting."""
+
+    label: str
+    profile: CostProfile
+    acceptance: AcceptanceModel
+    workload: Workload | ClosedLoop
+    config: SchedulerConfig
+    horizon_s: float
+    seed: int
+    workload_name: str = ""
+    #: True when the arrival rate is modulated to rise and fall within the episode.
+    varying_load: bool = False
+
+
+def nominal_capacity_req_s(profile: CostProfile, prompt_tokens: np.ndarray,
+                           output_tokens: np.ndarray, config: SchedulerConfig) -> float:
+    """Requests per second the server sustains without speculation for this request mix.
+
+    Each request costs its prefill (prompt tokens in chunk-sized steps) plus its
+    share of full decode batches (``max_running_requests`` or as many as the KV
+    cache holds at the mix's mean context).
+    """
+    prompt = float(np.mean(prompt_tokens))
+    output = float(np.mean(output_tokens))
+    context = prompt + output / 2.0
+    batch = int(max(1, min(config.max_running_requests,
+                           config.kv_capacity_tokens // max(context, 1.0))))
+    chunk = config.chunked_prefill_tokens
+    prefill_s = (prompt / chunk) * profile.step_latency_s(0, 0, 0, min(prompt, chunk))
+    decode_s = output * profile.step_latency_s(batch, 0, int(batch * context), 0) / batch
+    return 1.0 / (prefill_s + decode_s)
+
+
+@lru_cache(maxsize=16)
+def _cached_profile(name: str) -> CostProfile:
+    return make_profile(name)
+
+
+@lru_cache(maxsize=16)
+def _cached_trace(name: str, path: str | None, cap: int | None) -> Workload | None:
+    return make_workload({"name": name, "path": path, "max_output_tokens": cap})
+
+
+class ScenarioSampler:
+    """Draws (training) or enumerates (evaluation) scenarios from an env config.
+
+    Config keys (see ``configs/env/default.yaml``): ``profiles``, ``acceptance``,
+    ``workloads`` (list of ``{name, path, kind: open|closed, load, concurrency,
+    modulate_depth, modulate_period_s}``), ``horizon_s``, ``held_out_fraction``,
+    ``max_depth``, ``sim``.
+    """
+
+    def __init__(self, cfg: Mapping[str, Any], split: str = "train") -> None:
+        if split not in ("train", "eval"):
+            raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+        self.cfg = _plain(cfg)
+        self.split = split
+        self.max_depth = int(self.cfg.get("max_depth", 7))
+        self.horizon_s = float(self.cfg["horizon_s"])
+        self.held_out = float(self.cfg.get("held_out_fraction", 0.2))
+        self.profiles = list(self.cfg["profiles"])
+        self.workloads = list(self.cfg["workloads"])
+        if not self.profiles or not self.workloads:
+            raise ValueError("env config needs at least one profile and one workload")
+        for spec in self.workloads:
+            if spec.get("kind", "open") not in ("open", "closed"):
+                raise ValueError(f"workload {spec.get('name')!r}: kind must be open or closed")
+
+    # -- parts ---------------------------------------------------------------------
+
+    def _trace(self, spec: Mapping) -> Workload | None:
+        return _cached_trace(spec["name"], spec.get("path"), spec.get("max_output_tokens"))
+
+    def _split_range(self, trace: Workload) -> tuple[float, float]:
+        cut = trace.duration_s * (1.0 - self.held_out)
+        return (0.0, cut) if self.split == "train" else (cut, trace.duration_s)
+
+    def _parts(self, profile_name: str):
+        profile = _cached_profile(profile_name)
+        acceptance = make_acceptance(self.cfg.get("acceptance"), profile, self.max_depth)
+        config = make_scheduler_config(self.cfg.get("sim"), profile, self.max_depth)
+        return profile, acceptance, config
+
+    def open_loop(self, spec: Mapping, profile_name: str, load: float, start_fraction: float,
+                  modulate_depth: float, seed: int) -> Scenario:
+        """A window of the trace, scaled to ``load`` x the server's nominal capacity."""
+        profile, acceptance, config = self._parts(profile_name)
+        trace = self._trace(spec)
+        if trace is None:
+            raise ValueError(f"workload {spec['name']!r} has no trace for open-loop replay")
+        lo, hi = self._split_range(trace)
+        part = trace.window(lo, hi - lo)
+        capacity = nominal_capacity_req_s(profile, part.prompt_tokens, part.output_tokens, config)
+        multiplier = load * capacity / part.mean_rate
+        span = min(self.horizon_s * multiplier, hi - lo)
+        start = lo + start_fraction * max(0.0, hi - lo - span)
+        window = trace.window(start, span).scaled(multiplier)
+        if modulate_depth > 0:
+            period = float(spec.get("modulate_period_s", self.horizon_s / 2))
+            window = window.modulated(period, modulate_depth)
+        label = (f"{spec['name']} load={load:g} mod={modulate_depth:g} {profile.name} "
+                 f"@{start:.0f}s")
+        return Scenario(label, profile, acceptance, window, config,
+                        horizon_s=min(self.horizon_s, span / multiplier), seed=seed,
+                        workload_name=spec["name"], varying_load=modulate_depth > 0)
+
+    def closed_loop(self, spec: Mapping, profile_name: str, concurrency: int,
+                    seed: int) -> Scenario:
+        """``concurrency`` clients with lengths from the trace's split (or fixed)."""
+        profile, acceptance, config = self._parts(profile_name)
+        trace = self._trace(spec)
+        if trace is None:
+            loop = make_closed_loop(spec, concurrency, profile=profile)
+        else:
+            lo, hi = self._split_range(trace)
+            loop = ClosedLoop(concurrency=concurrency, lengths_from=trace.window(lo, hi - lo))
+        label = f"{spec['name']} C={concurrency} {profile.name}"
+        return Scenario(label, profile, acceptance, loop, config, self.horizon_s, seed,
+                        workload_name=spec["name"])
+
+    # -- drawing -----------------------------------------------------------------------
+
+    def sample(self, rng: np.random.Generator) -> Scenario:
+        """A random scenario (uniform over profiles, workloads and their settings)."""
+        profile = self.profiles[rng.integers(len(self.profiles))]
+        spec = self.workloads[rng.integers(len(self.workloads))]
+        seed = int(rng.integers(2**31))
+        if spec.get("kind", "open") == "closed":
+            concurrency = _choice(rng, spec["concurrency"])
+            return self.closed_loop(spec, profile, int(concurrency), seed)
+        load = float(_choice(rng, spec.get("load", [1.0])))
+        depth = float(_choice(rng, spec.get("modulate_depth", [0.0])))
+        return self.open_loop(spec, profile, load, float(rng.random()), depth, seed)
+
+    def evaluation(self, windows: int = 3, seed: int = 0) -> list[Scenario]:
+        """Every (profile, workload setting) with ``windows`` evenly spaced windows each."""
+        scenarios = []
+        for profile in self.profiles:
+            for spec in self.workloads:
+                if spec.get("kind", "open") == "closed":
+                    for c in spec["concurrency"]:
+                        scenarios.append(self.closed_loop(spec, profile, int(c), seed))
+                    continue
+                for load in spec.get("load", [1.0]):
+                    for depth in spec.get("modulate_depth", [0.0]):
+                        for w in range(windows):
+                            fraction = (w + 0.5) / windows
+                            scenarios.append(self.open_loop(spec, profile, float(load), fraction,
+                                                            float(depth), seed + w))
+        return scenarios
+
+
+def _choice(rng: np.random.Generator, values: Sequence | float) -> Any:
+    if isinstance(values, list | tuple):
+        return values[int(rng.integers(len(values)))]
+    return values

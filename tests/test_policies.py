@@ -1,0 +1,99 @@
+"""Baseline policies behave as their definitions say."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from agents.policies import (
+    GoodputGreedyPolicy,
+    OraclePolicy,
+    SGLangAdaptivePolicy,
+    StaticTablePolicy,
+    make_policy,
+)
+from env.acceptance import SGLangSimulatedAcceptance
+from env.cost_model import load_profile
+from env.features import FeatureBuilder
+from env.schema import StepRecord
+from env.simulator import Simulator
+from env.workloads import ClosedLoop
+
+
+def _obs(batch: int, records=(), rates=None):
+    builder = FeatureBuilder()
+    builder.update_many(records)
+    obs = builder.observation(batch)
+    if rates is not None:  # a known acceptance estimate
+        expected = np.concatenate([[0.0], np.cumsum(np.cumprod(rates))])
+        obs = obs.__class__(**{**obs.__dict__, "accept_rate": np.asarray(rates),
+                               "expected_accepted": expected})
+    return obs
+
+
+def _verify(i: int, batch: int, steps: int, accepted: int) -> StepRecord:
+    return StepRecord(server="t", rank=0, step_index=i, time_s=float(i), batch_size=batch,
+                      waiting_requests=0, running_requests=batch, kv_used_tokens=1000,
+                      kv_capacity_tokens=100_000, prefill_tokens=0, steps_used=steps,
+                      accepted_drafts=np.full(batch if steps else 0, accepted, np.int8),
+                      step_latency_s=0.01)
+
+
+def test_make_policy_names_and_errors():
+    assert make_policy("no_spec").act(_obs(4)) == 0
+    assert make_policy("static_5").act(_obs(4)) == 5
+    with pytest.raises(ValueError, match="unknown policy"):
+        make_policy("magic")
+    with pytest.raises(ValueError, match="depth must lie"):
+        make_policy("static_9")
+    with pytest.raises(ValueError, match="needs a cost profile"):
+        make_policy("oracle")
+
+
+def test_vllm_table_by_batch_size():
+    table = StaticTablePolicy()
+    assert [table.act(_obs(b)) for b in (1, 16, 17, 64, 65, 200, 600)] == [5, 5, 4, 3, 1, 0, 0]
+
+
+def test_sglang_rule_raises_with_good_acceptance_and_is_off_from_batch_64():
+    policy = SGLangAdaptivePolicy(initial_steps=3)
+    assert policy.act(_obs(4)) == 3
+    records = [_verify(i, 4, 3, 3) for i in range(40)]  # every draft accepted
+    assert policy.act(_obs(4, records)) == 5  # EMA 3 -> EMA + 1 = 4 -> up to candidate 5
+    records = [_verify(40 + i, 4, 5, 5) for i in range(40)]
+    assert policy.act(_obs(4, records)) == 7
+    poor = [_verify(100 + i, 4, 7, 0) for i in range(60)]  # nothing accepted
+    assert policy.act(_obs(4, poor)) == 1
+    assert policy.act(_obs(64)) == 0 and policy.act(_obs(300)) == 0
+
+
+def test_sglang_rule_waits_for_warmup_and_decides_every_interval():
+    policy = SGLangAdaptivePolicy(initial_steps=1, warmup=10, interval=5)
+    good = [_verify(i, 2, 1, 1) for i in range(10)]
+    assert policy.act(_obs(2, good)) == 1  # still warming up
+    assert policy.act(_obs(2, [_verify(10 + i, 2, 1, 1) for i in range(4)])) == 1
+    assert policy.act(_obs(2, [_verify(14, 2, 1, 1)])) == 3  # 5th verify after warm-up
+
+
+def test_goodput_greedy_follows_the_cost_model():
+    rates = np.full(7, 0.8)
+    h200 = GoodputGreedyPolicy(load_profile("h200_llama31_8b"), max_depth=7)
+    blackwell = GoodputGreedyPolicy(load_profile("blackwell_tp8"), max_depth=7)
+    assert h200.act(_obs(64, rates=rates)) >= 2
+    assert blackwell.act(_obs(64, rates=rates)) == 0
+    assert h200.act(_obs(8, rates=np.full(7, 0.01))) == 0
+
+
+def test_oracle_picks_the_true_per_step_best():
+    profile = load_profile("h200_llama31_8b")
+    sim = Simulator(profile, SGLangSimulatedAcceptance(3.5), ClosedLoop(16, 256, 200), seed=0)
+    sim.advance()
+    oracle = OraclePolicy(profile, max_depth=7)
+    oracle.reset(sim)
+    choice = oracle.act(_obs(16))
+    remaining = sim.remaining_tokens()
+    rates = []
+    for d in range(8):
+        tokens = np.minimum(sim.true_accepted(d) + 1, remaining).sum() if d else len(remaining)
+        rates.append(tokens / profile.step_latency_s(16, d, sim.kv_used, 0))
+    assert choice == int(np.argmax(rates))
