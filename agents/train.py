@@ -5,12 +5,14 @@ stable-baselines3's PPO:
 
 1. build ``n_envs`` copies of ``specctl/SpecDecode-v0`` (training windows) in
    subprocesses, and one evaluation copy (held-out windows);
-2. train with a progress bar, TensorBoard logs (``<out>/tb``), periodic
+2. kick-start the actor and critic from a teacher policy with DAgger
+   (:mod:`agents.pretrain`; ``agent.pretrain.teacher=null`` trains from scratch);
+3. train PPO with a progress bar, TensorBoard logs (``<out>/tb``), periodic
    checkpoints (``<out>/checkpoints``) and an evaluation callback that keeps the
    best model (``<out>/best``);
-3. export the final policy to ``<out>/policy.npz`` (numpy only; what
+4. export the final policy to ``<out>/policy.npz`` (numpy only; what
    ``specctl-serve`` loads) and check the export acts like the SB3 model;
-4. run the ``specctl-eval`` report into ``<out>`` (``report.md``, ``results.json``, plots).
+5. run the ``specctl-eval`` report into ``<out>`` (``report.md``, ``results.json``, plots).
 
     specctl-train
     specctl-train workload=azure_conv profile=h100_llama31_8b \
@@ -38,6 +40,7 @@ from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
 from agents.config import env_config
 from agents.evaluate import run_evaluation
 from agents.export import export_ppo
+from agents.pretrain import dagger
 from env.features import FeatureSpec
 from env.spec_env import SpecDecodeEnv
 
@@ -83,6 +86,12 @@ def train(cfg: DictConfig, out_dir: Path) -> Path:
                                       best_model_save_path=str(out_dir / "best"),
                                       log_path=str(out_dir / "eval"), deterministic=True))
     started = time.perf_counter()
+    pretrain = agent.pretrain
+    kickstart_stats = None
+    if pretrain.teacher:
+        kickstart_stats = dagger(model, env_cfg, str(pretrain.teacher),
+                                 int(pretrain.steps_per_round), int(pretrain.rounds),
+                                 float(agent.gamma), seed, epochs=int(pretrain.epochs))
     model.learn(total_timesteps=int(float(agent.total_timesteps)),
                 callback=CallbackList(callbacks), progress_bar=True, tb_log_name="ppo")
     train_s = time.perf_counter() - started
@@ -94,6 +103,7 @@ def train(cfg: DictConfig, out_dir: Path) -> Path:
         "seed": seed,
         "total_timesteps": int(float(agent.total_timesteps)),
         "train_seconds": round(train_s, 1),
+        "kickstart": kickstart_stats,
         "env": env_cfg,
         "agent": OmegaConf.to_container(agent, resolve=True),
     }

@@ -93,6 +93,8 @@ class SpecDecodeEnv(gym.Env):
         self.observation_space = spaces.Box(-1.0, 1.0, (self.feature_spec.size,), np.float32)
         self.action_space = spaces.Discrete(self.max_depth + 1)
         self.scenario: Scenario | None = None
+        #: The latest observation with its named quantities (for rule-based teachers).
+        self.last_observation = None
         self._loop: DecisionLoop | None = None
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
@@ -104,6 +106,7 @@ class SpecDecodeEnv(gym.Env):
                 scenario = self.sampler.sample(self.np_random)
             obs = self._start(scenario)
             if obs is not None:
+                self.last_observation = obs
                 return obs.vector, self._info()
             scenario = None  # an empty window: draw another
         raise RuntimeError("100 scenarios in a row had nothing to decode; check the env config")
@@ -130,12 +133,18 @@ class SpecDecodeEnv(gym.Env):
     def step(self, action):
         loop = self._loop
         obs, outcome = loop.step(int(action))
+        self.last_observation = obs
         tokens = outcome.tokens - self.slo_penalty * outcome.slo_violating_tokens
         reward = self._reward(tokens, outcome.elapsed_s) + self._carry
         self._carry = 0.0
         done = outcome.truncated or outcome.terminated
         vector = obs.vector if obs is not None else np.zeros(self.feature_spec.size, np.float32)
         return vector, float(reward), outcome.terminated, outcome.truncated and done, self._info()
+
+    @property
+    def simulator(self) -> Simulator:
+        """The running episode's simulator (for hindsight teachers and diagnostics)."""
+        return self._loop.sim
 
     def _info(self) -> dict:
         loop = self._loop

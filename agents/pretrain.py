@@ -1,0 +1,138 @@
+"""Kick-starting PPO from a teacher: behaviour cloning of the actor, warm-up of the critic.
+
+PPO from scratch has to discover, from noisy per-step rewards, a mapping that a
+cost-model-aware rule already knows approximately. So before PPO we:
+
+1. run a teacher policy (by default ``goodput_greedy``, which knows the true
+   cost profile of each training scenario: privileged information the student
+   must learn to infer from telemetry) in the training environments and record
+   (observation vector, teacher action, reward, episode end);
+2. fit the PPO actor to the teacher's actions (cross-entropy) and the critic
+   to the discounted returns, so PPO's first advantage estimates do not undo
+   the actor;
+3. repeat with the student acting (DAgger: the teacher still labels every
+   state), so the student also learns what to do in the states its own
+   mistakes lead to — e.g. speculating on a server where that is expensive,
+   which the teacher itself never visits.
+
+PPO then fine-tunes from there on its own reward: it can keep, or improve on,
+what the teacher does.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from stable_baselines3 import PPO
+
+from agents.export import export_ppo
+from agents.policies import make_policy
+from env.features import FeatureSpec
+from env.spec_env import SpecDecodeEnv
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Demonstrations:
+    """Teacher rollouts, flattened over episodes."""
+
+    observations: np.ndarray  # (N, obs_size) float32
+    actions: np.ndarray  # (N,) int64
+    returns: np.ndarray  # (N,) discounted return from each step
+
+
+def collect(env_cfg: dict[str, Any], teacher: str, steps: int, gamma: float, seed: int,
+            student: PPO | None = None) -> Demonstrations:
+    """``steps`` decisions in training scenarios, labelled by ``teacher``.
+
+    The teacher acts, or the ``student`` (its deterministic action, through the
+    numpy export, which is much faster than ``model.predict`` per step) when given.
+    """
+    student_act = None if student is None else export_ppo(student, FeatureSpec(
+        max_depth=int(env_cfg.get("max_depth", 7)))).act
+    env = SpecDecodeEnv(env_cfg, split="train")
+    observations, actions, rewards, ends = [], [], [], []
+    obs, _ = env.reset(seed=seed)
+    policy = _teacher_for(env, teacher)
+    while len(actions) < steps:
+        label = policy.act(env.last_observation)
+        observations.append(obs)
+        actions.append(label)
+        action = label if student_act is None else int(student_act(obs))
+        obs, reward, terminated, truncated, _ = env.step(action)
+        rewards.append(reward)
+        ends.append(terminated or truncated)
+        if terminated or truncated:
+            obs, _ = env.reset()
+            policy = _teacher_for(env, teacher)
+    returns = np.zeros(len(rewards))
+    running = 0.0
+    for i in range(len(rewards) - 1, -1, -1):
+        running = rewards[i] + gamma * running * (not ends[i])
+        returns[i] = running
+    return Demonstrations(np.asarray(observations, np.float32), np.asarray(actions, np.int64),
+                          returns.astype(np.float32))
+
+
+def merge(a: Demonstrations, b: Demonstrations) -> Demonstrations:
+    """Both sets of demonstrations."""
+    return Demonstrations(np.concatenate([a.observations, b.observations]),
+                          np.concatenate([a.actions, b.actions]),
+                          np.concatenate([a.returns, b.returns]))
+
+
+def dagger(model: PPO, env_cfg: dict[str, Any], teacher: str, steps: int, rounds: int,
+           gamma: float, seed: int, epochs: int = 20) -> dict[str, float]:
+    """Teacher-driven round, then ``rounds - 1`` student-driven rounds, refitting each time."""
+    demos = collect(env_cfg, teacher, steps, gamma, seed)
+    stats = kickstart(model, demos, epochs=epochs, seed=seed)
+    for r in range(1, rounds):
+        demos = merge(demos, collect(env_cfg, teacher, steps, gamma, seed + r, student=model))
+        stats = kickstart(model, demos, epochs=epochs, seed=seed + r)
+    return stats
+
+
+def _teacher_for(env: SpecDecodeEnv, name: str):
+    scenario = env.scenario
+    policy = make_policy(name, profile=scenario.profile, max_depth=env.max_depth,
+                         skip_zero_step_draft_extend=scenario.config.skip_zero_step_draft_extend)
+    policy.reset(env.simulator)
+    return policy
+
+
+def kickstart(model: PPO, demos: Demonstrations, epochs: int = 20, batch_size: int = 512,
+              learning_rate: float = 1e-3, seed: int = 0) -> dict[str, float]:
+    """Fit the actor to the teacher's actions and the critic to its returns."""
+    policy = model.policy
+    device = policy.device
+    obs = torch.as_tensor(demos.observations, device=device)
+    actions = torch.as_tensor(demos.actions, device=device)
+    returns = torch.as_tensor(demos.returns, device=device)
+    optimizer = torch.optim.Adam(policy.parameters(), lr=learning_rate)
+    generator = torch.Generator().manual_seed(seed)
+    n = len(actions)
+    for _ in range(epochs):
+        for index in torch.randperm(n, generator=generator).split(batch_size):
+            values, log_prob, _ = policy.evaluate_actions(obs[index], actions[index])
+            loss = -log_prob.mean() + 0.5 * torch.nn.functional.mse_loss(values.flatten(),
+                                                                         returns[index])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    with torch.no_grad():
+        values, log_prob, _ = policy.evaluate_actions(obs, actions)
+        predicted = policy.get_distribution(obs).mode()
+    stats = {
+        "demonstrations": float(n),
+        "agreement": float((predicted == actions).float().mean()),
+        "nll": float(-log_prob.mean()),
+        "value_r2": float(1 - torch.var(returns - values.flatten()) / torch.var(returns)),
+    }
+    log.info("kick-start on %d teacher steps: agreement %.3f, value R^2 %.3f",
+             n, stats["agreement"], stats["value_r2"])
+    return stats
