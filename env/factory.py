@@ -9,7 +9,9 @@ scenario with the same keys, so one set of builders lives here:
 * ``workload``: ``{name, path, prompt_tokens, output_tokens, max_output_tokens}``:
   a shipped trace (``azure_conv``, ``azure_code``, ``mooncake``), any trace file
   (``path``: Azure CSV, Mooncake JSONL or the project's Parquet trace, told apart
-  by content), or fixed lengths (``name: fixed``);
+  by content), or fixed lengths (``name: fixed``); closed loops also read
+  ``start_interval_s`` and ``client_overhead_s`` (see
+  :class:`env.workloads.ClosedLoop`);
 * ``sim``: scheduler overrides (see :class:`env.simulator.SchedulerConfig`).
 """
 
@@ -90,20 +92,18 @@ def make_closed_loop(cfg: Mapping, concurrency: int, requests_per_client: int | 
     """
     cfg = _plain(cfg)
     lengths = make_workload(cfg)
+    clients = {
+        "concurrency": concurrency,
+        "requests_per_client": requests_per_client,
+        "start_interval_s": float(cfg.get("start_interval_s") or 0.0),
+        "client_overhead_s": float(cfg.get("client_overhead_s") or 0.0),
+    }
     if lengths is None:
         calibrated = profile.provenance if profile is not None else {}
         prompt = cfg.get("prompt_tokens") or calibrated.get("prompt_tokens", 256)
         output = cfg.get("output_tokens") or calibrated.get("output_tokens", 256)
-        return ClosedLoop(
-            concurrency=concurrency,
-            prompt_tokens=int(prompt),
-            output_tokens=int(output),
-            requests_per_client=requests_per_client,
-            start_interval_s=float(cfg.get("start_interval_s") or 0.0),
-        )
-    return ClosedLoop(concurrency=concurrency, lengths_from=lengths,
-                      requests_per_client=requests_per_client,
-                      start_interval_s=float(cfg.get("start_interval_s") or 0.0))
+        return ClosedLoop(prompt_tokens=int(prompt), output_tokens=int(output), **clients)
+    return ClosedLoop(lengths_from=lengths, **clients)
 
 
 def make_scheduler_config(sim_cfg: Mapping | None, profile: CostProfile,

@@ -28,7 +28,10 @@ model follows SGLang's default scheduler:
 
 Workloads are open-loop (:class:`env.workloads.Workload`: arrivals from a trace)
 or closed-loop (:class:`env.workloads.ClosedLoop`: C clients, each sending its
-next request when the previous one finishes).
+next request when the previous one finishes). A closed loop's
+``client_overhead_s`` is time each request spends outside the server (request
+transfer, HTTP handling, the response's way back): a request reaches the
+server that long after its client sent it.
 
 The hot path works on numpy arrays of the running batch only; per-request
 Python work happens only when requests arrive, are admitted or finish.
@@ -244,8 +247,15 @@ class Simulator:
         wl = self.workload
         self.requests = _RequestTable(max(2 * wl.concurrency, self._CHUNK))
         self._client_sent = np.zeros(wl.concurrency, dtype=np.int64)
-        self._client_start = np.arange(wl.concurrency) * float(wl.start_interval_s)
+        # getattr: duck-typed closed loops without the (newer) overhead field mean none.
+        self._client_overhead = float(getattr(wl, "client_overhead_s", 0.0))
+        # A client's first request reaches the server one overhead after it starts.
+        self._client_start = (self._client_overhead
+                              + np.arange(wl.concurrency) * float(wl.start_interval_s))
         self._clients_started = 0
+        # Follow-up requests in flight to the server: (arrival time, clients), in
+        # time order (each is sent when a request finishes, and time only grows).
+        self._in_flight: deque[tuple[float, np.ndarray]] = deque()
         self._start_clients()
 
     def _start_clients(self) -> None:
@@ -297,7 +307,8 @@ class Simulator:
         """True once every request has finished and no more will come."""
         if self._n_run or self._chunked is not None or self._retracted:
             return False
-        if self._closed_loop and self._clients_started < len(self._client_start):
+        if self._closed_loop and (self._clients_started < len(self._client_start)
+                                  or self._in_flight):
             return False
         return self._queue_head >= self.requests.size
 
@@ -416,6 +427,10 @@ class Simulator:
         if self._closed_loop:
             if self._clients_started < len(self._client_start):
                 self._start_clients()
+            in_flight = self._in_flight
+            while in_flight and in_flight[0][0] <= self.time_s:
+                at_s, clients = in_flight.popleft()
+                self._spawn(clients, at_s=at_s)
         else:
             arrival = self.requests.arrival
             n = self.requests.size
@@ -425,9 +440,12 @@ class Simulator:
 
     def _jump_to_next_arrival(self) -> bool:
         if self._closed_loop:
-            if self._clients_started >= len(self._client_start):
+            due = [self._in_flight[0][0]] if self._in_flight else []
+            if self._clients_started < len(self._client_start):
+                due.append(float(self._client_start[self._clients_started]))
+            if not due:
                 return False
-            self.time_s = max(self.time_s, float(self._client_start[self._clients_started]))
+            self.time_s = max(self.time_s, min(due))
             return True
         if self._n_arrived >= self.requests.size:
             return False
@@ -550,7 +568,15 @@ class Simulator:
             arr[:m] = arr[:n][keep]
         self._n_run = m
         if self._closed_loop:
-            self._spawn(r.client[rids], at_s=self.time_s)
+            clients = r.client[rids]
+            if not self._client_overhead:
+                self._spawn(clients, at_s=self.time_s)
+                return
+            limit = self.workload.requests_per_client
+            if limit is not None:  # clients done sending never put a request in flight
+                clients = clients[self._client_sent[clients] < limit]
+            if clients.size:
+                self._in_flight.append((self.time_s + self._client_overhead, clients))
 
     def _make_room(self, depth: int) -> None:
         """Retract the newest requests until the speculative reservation fits."""

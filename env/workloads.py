@@ -442,6 +442,11 @@ class ClosedLoop:
         requests_per_client: Requests each client sends; None = until the horizon.
         start_interval_s: Client i sends its first request at ``i * start_interval_s``
             (a load generator starting its clients one after another).
+        client_overhead_s: Time each request spends outside the server: sending
+            it, HTTP handling, the response's way back. A request reaches the
+            server this long after its client sends it (its first at its start
+            time, later ones when the previous response is complete), so an
+            end-to-end time measured by the client includes it once per request.
     """
 
     concurrency: int
@@ -450,12 +455,15 @@ class ClosedLoop:
     lengths_from: Workload | None = None
     requests_per_client: int | None = None
     start_interval_s: float = 0.0
+    client_overhead_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
-        if not self.start_interval_s >= 0.0:
-            raise ValueError(f"start_interval_s must be >= 0, got {self.start_interval_s}")
+        for label in ("start_interval_s", "client_overhead_s"):
+            value = getattr(self, label)
+            if not (value >= 0.0 and math.isfinite(value)):
+                raise ValueError(f"{label} must be finite and >= 0, got {value}")
         for label in ("prompt_tokens", "output_tokens", "requests_per_client"):
             v = getattr(self, label)
             if v is not None and v < 1:
