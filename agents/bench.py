@@ -52,7 +52,9 @@ def run_cell(settings: Mapping[str, Any], policy_name: str, concurrency: int) ->
     sim = Simulator(profile, acceptance, workload, config, seed=int(settings["seed"]))
     loop = DecisionLoop(sim, FeatureSpec(max_depth=max_depth),
                         feedback_lag=int(settings["feedback_lag"]),
-                        horizon_s=settings.get("horizon_s"))
+                        horizon_s=settings.get("horizon_s"),
+                        cost_prior=profile if settings.get("cost_prior", "profile") == "profile"
+                        else None)
     policy = make_policy(policy_name, profile=profile, max_depth=max_depth,
                          policy_path=settings.get("policy_path"),
                          skip_zero_step_draft_extend=config.skip_zero_step_draft_extend)

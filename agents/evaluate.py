@@ -67,7 +67,9 @@ def _run_scenario(env_json: str, windows: int, seed: int, index: int, policy_nam
     slo = env.get("slo_tpot_ms")
     loop = DecisionLoop(sim, FeatureSpec(max_depth=int(env["max_depth"])),
                         feedback_lag=int(env["feedback_lag"]), horizon_s=scenario.horizon_s,
-                        slo_tpot_s=None if slo is None else slo / 1e3)
+                        slo_tpot_s=None if slo is None else slo / 1e3,
+                        cost_prior=scenario.profile if env.get("cost_prior", "profile")
+                        == "profile" else None)
     policy = make_policy(policy_name, profile=scenario.profile, max_depth=int(env["max_depth"]),
                          policy_path=policy_path,
                          skip_zero_step_draft_extend=scenario.config.skip_zero_step_draft_extend)
@@ -273,6 +275,7 @@ def run_evaluation(cfg: DictConfig, policy_path: str | None, out_dir: Path) -> d
             "horizon_s": ev.sweep_horizon_s, "requests_per_client": None,
             "feedback_lag": env["feedback_lag"], "seed": int(cfg.seed),
             "workers": int(ev.workers), "sim": env.get("sim"),
+            "cost_prior": env.get("cost_prior", "profile"),
             "workload": {"name": "fixed", "path": None, "prompt_tokens": None,
                          "output_tokens": None},
         }

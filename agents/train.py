@@ -10,8 +10,11 @@ stable-baselines3's PPO:
 3. train PPO with a progress bar, TensorBoard logs (``<out>/tb``), periodic
    checkpoints (``<out>/checkpoints``) and an evaluation callback that keeps the
    best model (``<out>/best``);
-4. export the final policy to ``<out>/policy.npz`` (numpy only; what
-   ``specctl-serve`` loads) and check the export acts like the SB3 model;
+4. keep the PPO-fine-tuned policy only if it does at least as well as the
+   kick-started one on validation scenarios (drawn from the *training* part of
+   the traces, so the held-out evaluation stays untouched), export it to
+   ``<out>/policy.npz`` (numpy only; what ``specctl-serve`` loads) and check the
+   export acts like the SB3 model;
 5. run the ``specctl-eval`` report into ``<out>`` (``report.md``, ``results.json``, plots).
 
     specctl-train
@@ -22,6 +25,7 @@ stable-baselines3's PPO:
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import time
@@ -40,8 +44,13 @@ from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
 from agents.config import env_config
 from agents.evaluate import run_evaluation
 from agents.export import export_ppo
+from agents.policies import ExportedPolicyAdapter
 from agents.pretrain import dagger
+from controller.policy_file import ExportedPolicy
 from env.features import FeatureSpec
+from env.rollout import DecisionLoop, rollout
+from env.scenarios import ScenarioSampler
+from env.simulator import Simulator
 from env.spec_env import SpecDecodeEnv
 
 log = logging.getLogger(__name__)
@@ -87,23 +96,35 @@ def train(cfg: DictConfig, out_dir: Path) -> Path:
                                       log_path=str(out_dir / "eval"), deterministic=True))
     started = time.perf_counter()
     pretrain = agent.pretrain
-    kickstart_stats = None
+    spec = FeatureSpec(max_depth=int(env_cfg["max_depth"]))
+    kickstart_stats, kickstarted, kickstarted_state = None, None, None
     if pretrain.teacher:
         kickstart_stats = dagger(model, env_cfg, str(pretrain.teacher),
                                  int(pretrain.steps_per_round), int(pretrain.rounds),
                                  float(agent.gamma), seed, epochs=int(pretrain.epochs))
+        kickstarted = export_ppo(model, spec)
+        kickstarted_state = copy.deepcopy(model.policy.state_dict())
     model.learn(total_timesteps=int(float(agent.total_timesteps)),
                 callback=CallbackList(callbacks), progress_bar=True, tb_log_name="ppo")
     train_s = time.perf_counter() - started
-    model.save(out_dir / "model")
 
-    spec = FeatureSpec(max_depth=int(env_cfg["max_depth"]))
+    selection = None
+    if kickstarted is not None:
+        scores = validation_scores({"kickstart": kickstarted, "ppo": export_ppo(model, spec)},
+                                   env_cfg, int(agent.validation_scenarios), seed)
+        selection = {"scores": scores, "kept": "ppo" if scores["ppo"] >= 1.0 else "kickstart"}
+        log.info("validation (throughput relative to the kick-start): %s; keeping %s",
+                 scores, selection["kept"])
+        if selection["kept"] == "kickstart":  # fine-tuning did not help: roll the weights back
+            model.policy.load_state_dict(kickstarted_state)
+    model.save(out_dir / "model")
     provenance = {
         "command": "specctl-train",
         "seed": seed,
         "total_timesteps": int(float(agent.total_timesteps)),
         "train_seconds": round(train_s, 1),
         "kickstart": kickstart_stats,
+        "selection": selection,
         "env": env_cfg,
         "agent": OmegaConf.to_container(agent, resolve=True),
     }
@@ -118,6 +139,30 @@ def train(cfg: DictConfig, out_dir: Path) -> Path:
         document = run_evaluation(cfg, str(policy_path), out_dir)
         log.info("checks: %s", json.dumps(document["checks"]))
     return policy_path
+
+
+def validation_scores(candidates: dict[str, ExportedPolicy], env_cfg: dict[str, Any],
+                      scenarios: int, seed: int) -> dict[str, float]:
+    """Mean throughput of each candidate relative to the first, on training-split scenarios."""
+    sampler = ScenarioSampler(env_cfg, split="train")
+    rng = np.random.default_rng(seed + 424_242)  # not the training episodes' stream
+    spec = next(iter(candidates.values())).feature_spec
+    ratios: dict[str, list[float]] = {name: [] for name in candidates}
+    for _ in range(scenarios):
+        scenario = sampler.sample(rng)
+        throughput = {}
+        for name, exported in candidates.items():
+            sim = Simulator(scenario.profile, scenario.acceptance, scenario.workload,
+                            scenario.config, seed=scenario.seed)
+            prior = scenario.profile if env_cfg.get("cost_prior", "profile") == "profile" else None
+            loop = DecisionLoop(sim, spec, int(env_cfg["feedback_lag"]), scenario.horizon_s,
+                                cost_prior=prior)
+            throughput[name] = rollout(loop, ExportedPolicyAdapter(exported, name)).throughput_tok_s
+        first = next(iter(throughput.values()))
+        if first > 0:
+            for name, value in throughput.items():
+                ratios[name].append(value / first)
+    return {name: float(np.mean(values)) if values else 1.0 for name, values in ratios.items()}
 
 
 def check_export(model: PPO, exported, env: SpecDecodeEnv, seed: int, steps: int = 500) -> None:

@@ -16,9 +16,15 @@ The observation holds only what a server can know online:
   (chain drafting makes every depth's acceptance observable from per-request
   accepted counts: a request that accepted ``a`` drafts at depth ``d`` is a
   success at positions 1..a and, if ``a < d``, a failure at ``a + 1``);
-* cost: step latency predicted for every depth at the current load, from a ridge
-  regression of observed latency on (batch size, depth, KV tokens) with
-  exponential forgetting, fitted to the telemetry itself;
+* cost: step latency predicted for every depth at the current load: the
+  server's cost profile when one is configured (fitted offline from the
+  server's own recorded trace, see ``specctl-fit-profile``), plus a ridge
+  regression of the observed residual on (batch size, speculation on, extra
+  draft steps, KV tokens) with exponential forgetting. Without a profile the
+  regression models the whole latency from a generic prior: then the cost of a
+  depth the server has not run recently is a guess (chain telemetry cannot
+  show the cost of a depth that is never used), which is why serving with a
+  profile is recommended;
 * their combination: the estimated goodput of each depth relative to no
   speculation, ``(1 + E[accepted | d]) / latency(d)``;
 * control state: the steps of the latest step, the last decision, steps since
@@ -163,8 +169,16 @@ class FeatureBuilder:
     :meth:`note_decision`; read the observation with :meth:`observation`.
     """
 
-    def __init__(self, spec: FeatureSpec | None = None) -> None:
+    def __init__(self, spec: FeatureSpec | None = None, cost_prior=None) -> None:
+        """
+        Args:
+            spec: the observation layout and estimator settings.
+            cost_prior: optional cost profile of the server (anything with
+                ``step_latency_s`` and ``step_latency_array``, e.g.
+                :class:`env.cost_model.CostProfile`): the latency model's prior mean.
+        """
         self.spec = spec or FeatureSpec()
+        self.cost_prior = cost_prior
         self.reset()
 
     def reset(self) -> None:
@@ -180,6 +194,7 @@ class FeatureBuilder:
         self._xty = np.zeros(7)
         self._theta: list[float] | None = None
         depths = np.arange(self.spec.max_depth + 1, dtype=float)[None, :]
+        self._depths = depths.astype(int)
         self._speculating = (depths > 0).astype(float)
         self._extra_drafts = np.maximum(depths - 1.0, 0.0)
         self._latency_ms_ema: float | None = None
@@ -239,12 +254,16 @@ class FeatureBuilder:
         latency_s = record.step_latency_s
         if latency_s > 0.0:
             latency_ms = latency_s * 1e3
+            residual_ms = latency_ms
+            if self.cost_prior is not None:
+                residual_ms -= 1e3 * self.cost_prior.step_latency_s(
+                    batch, steps, record.kv_used_tokens, 0)
             x = self._regressors(batch, steps, record.kv_used_tokens)
             forget = spec.latency_forgetting
             self._xtx *= forget
             self._xty *= forget
             self._xtx += np.outer(x, x)
-            self._xty += x * latency_ms
+            self._xty += x * residual_ms
             self._theta = None
             if self._latency_ms_ema is None:
                 self._latency_ms_ema = latency_ms
@@ -305,6 +324,11 @@ class FeatureBuilder:
         speculating, extra = self._speculating, self._extra_drafts
         predicted = ((t0 + tkv * (self._kv_used_tokens / 1e5)) + tb * b
                      + (ts + tsb * b) * speculating + (tm + tmb * b) * extra)
+        if self.cost_prior is not None:
+            batches, depths = np.broadcast_arrays(
+                np.maximum(np.atleast_1d(batch_sizes), 1)[:, None], self._depths)
+            predicted = predicted + 1e3 * self.cost_prior.step_latency_array(
+                batches.ravel(), depths.ravel(), self._kv_used_tokens, 0).reshape(batches.shape)
         # Physically a deeper draft never costs less; keep the prediction sane.
         base_ms = self._latency_ms_ema if self._latency_ms_ema is not None else 10.0
         floor = max(0.05 * base_ms, 1e-3)
@@ -315,9 +339,12 @@ class FeatureBuilder:
         if self._theta is None:
             spec = self.spec
             base_ms = self._latency_ms_ema if self._latency_ms_ema is not None else 10.0
-            # Prior: the observed level at depth 0, a fixed fraction of it per draft step.
-            prior = np.array([base_ms, 0.0, spec.speculation_prior_fraction * base_ms, 0.0,
-                              spec.draft_step_prior_fraction * base_ms, 0.0, 0.0])
+            if self.cost_prior is not None:
+                prior = np.zeros(7)  # the residual over the profile: none expected
+            else:
+                # The observed level at depth 0, fixed fractions of it for speculating.
+                prior = np.array([base_ms, 0.0, spec.speculation_prior_fraction * base_ms, 0.0,
+                                  spec.draft_step_prior_fraction * base_ms, 0.0, 0.0])
             ridge = spec.latency_ridge
             self._theta = np.linalg.solve(
                 self._xtx + ridge * np.eye(7), self._xty + ridge * prior

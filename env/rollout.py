@@ -59,15 +59,17 @@ class DecisionLoop:
         feedback_lag: a decision for step M sees records of steps <= M - lag.
         horizon_s: episode length in simulated seconds (None: run until done).
         slo_tpot_s: per-token latency target for the SLO accounting (None: off).
+        cost_prior: the cost profile the feature module assumes (what the
+            controller would be configured with; None: telemetry only).
     """
 
     def __init__(self, sim: Simulator, feature_spec: FeatureSpec | None = None,
                  feedback_lag: int = 2, horizon_s: float | None = None,
-                 slo_tpot_s: float | None = None) -> None:
+                 slo_tpot_s: float | None = None, cost_prior=None) -> None:
         if feedback_lag < 1:
             raise ValueError("feedback_lag must be >= 1 (a step's own result is never known)")
         self.sim = sim
-        self.features = FeatureBuilder(feature_spec)
+        self.features = FeatureBuilder(feature_spec, cost_prior)
         self.feedback_lag = feedback_lag
         self.horizon_s = horizon_s
         self.slo_tpot_s = slo_tpot_s

@@ -187,6 +187,24 @@ class ScenarioSampler:
         return scenarios
 
 
+def perturbed_profile(profile: CostProfile, rng: np.random.Generator,
+                      sigma: float) -> CostProfile:
+    """The profile as an imperfect offline fit might give it.
+
+    All coefficients are scaled by one log-normal factor and the speculation
+    costs (verify, draft, extend) by another, each with log-std ``sigma``.
+    """
+    if sigma <= 0:
+        return profile
+    overall, speculation = np.exp(rng.normal(0.0, sigma, size=2))
+    changes = {}
+    for name, value in profile.coefficients.items():
+        factor = overall * (speculation if name.startswith(("c_verify", "c_draft", "c_extend"))
+                            else 1.0)
+        changes[name] = value * float(factor)
+    return profile.replace(**changes)
+
+
 def _choice(rng: np.random.Generator, values: Sequence | float) -> Any:
     if isinstance(values, list | tuple):
         return values[int(rng.integers(len(values)))]

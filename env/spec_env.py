@@ -15,7 +15,7 @@ from gymnasium import spaces
 
 from env.features import FeatureSpec
 from env.rollout import DecisionLoop
-from env.scenarios import Scenario, ScenarioSampler
+from env.scenarios import Scenario, ScenarioSampler, perturbed_profile
 from env.simulator import Simulator
 
 #: A small, fast default: one profile, two workloads, light to overloaded.
@@ -35,6 +35,8 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "slo_tpot_ms": None,
     "slo_penalty": 1.0,
     "reward_time_scale_s": 0.1,
+    "cost_prior": "profile",
+    "cost_prior_noise": 0.15,
 }
 
 
@@ -51,6 +53,12 @@ class SpecDecodeEnv(gym.Env):
     of each depth relative to no speculation, and recent throughput (see
     ``FeatureSpec.names()``). Telemetry arrives with the overlap-scheduling lag:
     the decision for step M sees steps <= M - ``feedback_lag``.
+
+    The feature module's latency model starts from the scenario's cost profile
+    (``cost_prior: profile``), perturbed as an offline fit might be
+    (``cost_prior_noise``, log-std of the overall and the speculation costs), so
+    the policy learns to trust telemetry where the profile is off; with
+    ``cost_prior: none`` it learns from telemetry alone.
 
     **Action** (``Discrete(D + 1)``): speculation steps for the next decode step.
 
@@ -90,6 +98,10 @@ class SpecDecodeEnv(gym.Env):
         slo = cfg.get("slo_tpot_ms")
         self.slo_tpot_s = None if slo is None else float(slo) / 1e3
         self.slo_penalty = float(cfg.get("slo_penalty", 1.0))
+        if cfg.get("cost_prior", "profile") not in ("profile", "none", None):
+            raise ValueError(f"cost_prior must be 'profile' or 'none', got {cfg['cost_prior']!r}")
+        self.use_cost_prior = cfg.get("cost_prior", "profile") == "profile"
+        self.cost_prior_noise = float(cfg.get("cost_prior_noise", 0.0))
         self.observation_space = spaces.Box(-1.0, 1.0, (self.feature_spec.size,), np.float32)
         self.action_space = spaces.Discrete(self.max_depth + 1)
         self.scenario: Scenario | None = None
@@ -118,8 +130,12 @@ class SpecDecodeEnv(gym.Env):
             return None
         sim = Simulator(scenario.profile, scenario.acceptance, scenario.workload,
                         scenario.config, seed=scenario.seed)
+        prior = None
+        if self.use_cost_prior:
+            prior = perturbed_profile(scenario.profile, self.np_random, self.cost_prior_noise)
         self._loop = DecisionLoop(sim, self.feature_spec, self.feedback_lag,
-                                  horizon_s=scenario.horizon_s, slo_tpot_s=self.slo_tpot_s)
+                                  horizon_s=scenario.horizon_s, slo_tpot_s=self.slo_tpot_s,
+                                  cost_prior=prior)
         obs = self._loop.reset(scenario.seed)
         # Prefill before the first decision is no action's doing, but it is part of the
         # episode's throughput: credit it to the first step so the return is exact.

@@ -34,17 +34,22 @@ def _mean_return(env: SpecDecodeEnv, act, episodes: int = 3) -> float:
     return total / episodes
 
 
+# Speculation is expensive on this server: random depths lose a lot.
+COSTLY_ENV = {**TINY_ENV, "horizon_s": 4.0, "profiles": ["blackwell_tp8"]}
+
+
 def test_ppo_from_scratch_improves_over_a_random_policy():
     torch.set_num_threads(1)
-    env = SpecDecodeEnv(TINY_ENV)
+    env = SpecDecodeEnv(COSTLY_ENV)
     model = PPO("MlpPolicy", env, seed=0, device="cpu", n_steps=256, batch_size=64,
                 learning_rate=3e-4, gamma=0.9, policy_kwargs={"net_arch": [32, 32]})
     rng = np.random.default_rng(0)
-    random_return = _mean_return(SpecDecodeEnv(TINY_ENV), lambda obs: int(rng.integers(0, 8)))
+    random_return = _mean_return(SpecDecodeEnv(COSTLY_ENV), lambda obs: int(rng.integers(0, 8)))
     model.learn(total_timesteps=6000)
-    trained_return = _mean_return(SpecDecodeEnv(TINY_ENV),
+    trained_return = _mean_return(SpecDecodeEnv(COSTLY_ENV),
                                   lambda obs: int(model.predict(obs, deterministic=True)[0]))
-    assert trained_return > random_return + 5.0
+    # The return is (H/tau)(throughput/no-spec throughput - 1): no speculation scores 0.
+    assert trained_return > random_return + 0.5 * abs(random_return)
 
 
 def test_dagger_kickstart_imitates_the_teacher():
