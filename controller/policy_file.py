@@ -17,8 +17,10 @@ The chosen action is the arg-max logit (the deterministic PPO action).
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import os
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -70,6 +72,20 @@ class ExportedPolicy:
             return int(self._actions[int(index)])
         return self._actions[index]
 
+    @classmethod
+    def random(cls, spec: FeatureSpec | None = None, actions: list[int] | None = None,
+               hidden: tuple[int, ...] = (64, 64), seed: int = 0,
+               name: str = "random") -> ExportedPolicy:
+        """An untrained policy with random weights (tests and benchmarks)."""
+        spec = spec or FeatureSpec()
+        actions = list(range(spec.max_depth + 1)) if actions is None else list(actions)
+        rng = np.random.default_rng(seed)
+        widths = [spec.size, *hidden, len(actions)]
+        weights = [rng.normal(0.0, 1.0 / np.sqrt(a), size=(a, b)).astype(np.float32)
+                   for a, b in itertools.pairwise(widths)]
+        biases = [np.zeros(b, dtype=np.float32) for b in widths[1:]]
+        return cls(weights, biases, actions, spec, name=name, provenance={"random_seed": seed})
+
     # -- file I/O --------------------------------------------------------------
 
     def save(self, path: str | os.PathLike) -> None:
@@ -100,7 +116,7 @@ class ExportedPolicy:
         try:
             with np.load(path, allow_pickle=False) as archive:
                 arrays = {key: archive[key] for key in archive.files}
-        except (OSError, ValueError, EOFError) as exc:
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
             raise PolicyFileError(f"{path}: not a readable .npz policy file ({exc})") from exc
         if "meta" not in arrays:
             raise PolicyFileError(f"{path}: missing 'meta' entry")

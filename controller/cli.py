@@ -1,0 +1,87 @@
+"""``specctl-serve``: serve an exported policy to SGLang servers running the specctl plugin.
+
+Configuration: ``configs/serve.yaml`` (Hydra; override as ``key=value``).
+SIGTERM/SIGINT stop it cleanly; SIGHUP reloads the policy file. Numpy only:
+nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import os
+
+# The daemon answers many tiny matrix products: BLAS worker threads only add
+# synchronisation (and steal cores from the servers). Must precede numpy's import.
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import logging  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import hydra  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+
+from controller.default_policy import default_policy_path  # noqa: E402
+from controller.metrics import Metrics  # noqa: E402
+from controller.policy_file import PolicyFileError  # noqa: E402
+from controller.reload import PolicyHolder  # noqa: E402
+from controller.security import CurveConfig, UnsafeEndpointError  # noqa: E402
+from controller.server import ControllerServer, ServeOptions  # noqa: E402
+
+log = logging.getLogger("specctl.serve")
+
+
+def serve(cfg: DictConfig, stop: threading.Event | None = None) -> int:
+    """Run the daemon until ``stop`` is set or a signal arrives; returns the exit code."""
+    logging.getLogger().setLevel(cfg.log_level)
+    path = Path(cfg.policy) if cfg.policy else default_policy_path()
+    try:
+        holder = PolicyHolder(path, poll_s=float(cfg.reload_poll_s))
+    except PolicyFileError as exc:
+        log.error("cannot serve: %s", exc)
+        return 2
+    curve = None
+    if cfg.curve.secret_key_file:
+        curve = CurveConfig(cfg.curve.secret_key_file, cfg.curve.authorized_clients_dir)
+    options = ServeOptions(
+        endpoint=cfg.endpoint, shadow=bool(cfg.shadow), max_streams=int(cfg.max_streams),
+        stream_idle_s=float(cfg.stream_idle_s), max_drain=int(cfg.max_drain),
+        log_every_s=float(cfg.log_every_s), curve=curve,
+    )
+    metrics = Metrics()
+    try:
+        server = ControllerServer(holder, options, metrics)
+    except UnsafeEndpointError as exc:
+        log.error("refusing to listen: %s", exc)
+        return 2
+    if cfg.metrics_port:
+        metrics.serve(int(cfg.metrics_port), cfg.metrics_host)
+    stop = stop or threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        signal.signal(signal.SIGHUP, lambda *_: holder.request_reload())
+    log.info("serving policy %r (%s) on %s%s%s", holder.policy.name, path, server.endpoint,
+             " [shadow mode]" if options.shadow else "",
+             f", metrics on :{metrics.port}" if metrics.port else "")
+    try:
+        server.run(stop)
+    finally:
+        server.close()
+        metrics.close()
+        log.info("stopped")
+    return 0
+
+
+@hydra.main(config_path="pkg://configs", config_name="serve", version_base=None)
+def main(cfg: DictConfig) -> None:
+    """Console entry point (``specctl-serve``)."""
+    code = serve(cfg)
+    if code:
+        sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

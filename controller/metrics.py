@@ -1,0 +1,71 @@
+"""Prometheus metrics of the controller daemon (its own registry, served over HTTP).
+
+==========================================  =========  ====================================
+metric                                      type       meaning
+==========================================  =========  ====================================
+specctl_decisions_total                     counter    decisions sent (rate = decisions/s)
+specctl_decision_latency_seconds            histogram  telemetry received -> decision sent
+specctl_telemetry_records_total             counter    telemetry messages accepted
+specctl_wire_errors_total{kind}             counter    rejected frames (see controller.wire)
+specctl_steps_chosen_total{steps}           counter    steps chosen for each stream's
+                                                       current batch size
+specctl_fallback_replies_total{reason}      counter    "use your fallback" replies
+                                                       (shadow, no_allowed_action)
+specctl_policy_reloads_total{result}        counter    policy reloads (ok, error)
+specctl_streams                             gauge      (server, rank) streams being served
+specctl_policy_info{name,path}              gauge      1 for the policy being served
+==========================================  =========  ====================================
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+_LATENCY_BUCKETS = (25e-6, 50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 5e-3, 10e-3, 50e-3)
+
+
+class Metrics:
+    """The daemon's metrics; :meth:`serve` exposes them on ``http://host:port/metrics``."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.decisions = Counter("specctl_decisions", "Decisions sent", registry=r)
+        self.latency = Histogram("specctl_decision_latency_seconds",
+                                 "Telemetry received to decision sent", registry=r,
+                                 buckets=_LATENCY_BUCKETS)
+        self.telemetry = Counter("specctl_telemetry_records", "Telemetry messages accepted",
+                                 registry=r)
+        self.wire_errors = Counter("specctl_wire_errors", "Rejected frames", ["kind"],
+                                   registry=r)
+        self.steps_chosen = Counter("specctl_steps_chosen", "Steps chosen", ["steps"],
+                                    registry=r)
+        self.fallbacks = Counter("specctl_fallback_replies", "Use-your-fallback replies",
+                                 ["reason"], registry=r)
+        self.reloads = Counter("specctl_policy_reloads", "Policy reloads", ["result"],
+                               registry=r)
+        self.streams = Gauge("specctl_streams", "Streams being served", registry=r)
+        self.policy_info = Gauge("specctl_policy_info", "Policy being served",
+                                 ["name", "path"], registry=r)
+        self._server = None
+
+    def set_policy(self, name: str, path: str) -> None:
+        """Mark ``name`` as the policy being served."""
+        self.policy_info.clear()
+        self.policy_info.labels(name=name, path=path).set(1)
+
+    def serve(self, port: int, host: str = "127.0.0.1") -> None:
+        """Start the HTTP endpoint (a daemon thread)."""
+        self._server, _ = start_http_server(port, addr=host, registry=self.registry)
+
+    @property
+    def port(self) -> int | None:
+        """The port actually bound (None: not serving)."""
+        return self._server.server_port if self._server is not None else None
+
+    def close(self) -> None:
+        """Stop the HTTP endpoint."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None

@@ -1,0 +1,322 @@
+"""The specctl wire protocol: msgpack messages over ZeroMQ, one message per frame.
+
+An SGLang server (the plugin's DEALER socket) sends ``HELLO`` and ``TELEMETRY``
+messages to the controller (a ROUTER socket); the controller answers with
+``DECISION`` messages. Every message is a msgpack array whose first two items
+are the protocol version and the message kind; the remaining items are
+positional, in the order listed below. Telemetry fields carry the names of
+:class:`env.schema.StepRecord`.
+
+``HELLO`` (server -> controller), sent on start-up and every second:
+
+    [WIRE_VERSION, 1, server: str, rank: int, schema_version: int,
+     candidate_steps: list[int], client: str, pid: int]
+
+``TELEMETRY`` (server -> controller), one per scheduler step:
+
+    [WIRE_VERSION, 2, server: str, rank: int, step_index: int, time_s: float,
+     batch_size: int, waiting_requests: int, running_requests: int,
+     kv_used_tokens: int, kv_capacity_tokens: int, prefill_tokens: int,
+     steps_used: int, accepted_drafts: bin (int8 per request),
+     accepted_drafts_sum: int, accepted_drafts_count: int, step_latency_s: float]
+
+``DECISION`` (controller -> server), the answer to the latest telemetry:
+
+    [WIRE_VERSION, 3, seq: int, apply_from_step: int, policy: str, mode: int,
+     batch_grid: list[int], steps: list[int]]
+
+``mode`` 1 means "use ``steps[i]`` for a batch of size b, where ``batch_grid[i]``
+is the largest grid value <= b"; mode 0 means "use your fallback rule" (the
+lists are then empty). ``apply_from_step`` is the first scheduler step the
+decision is meant for: the answered telemetry's ``step_index`` + ``DECISION_LAG``
+(overlap scheduling launches step N+1 before step N's result is known).
+
+:func:`decode` rejects anything else with a :class:`WireError` whose ``kind``
+(``oversized``, ``garbage``, ``version``, ``kind``, ``malformed``) callers count;
+it never raises anything else.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from enum import IntEnum
+
+import msgpack
+import numpy as np
+
+from env.schema import SCHEMA_VERSION, StepRecord
+
+#: Version of this protocol; a message with another version is rejected.
+WIRE_VERSION = 1
+#: Largest frame :func:`decode` accepts (a batch of 16k requests fits).
+MAX_FRAME_BYTES = 64 * 1024
+#: ``ZMQ_MAXMSGSIZE`` of every specctl socket: a peer sending more is disconnected
+#: by ZeroMQ before the frame reaches Python (frames between MAX_FRAME_BYTES and
+#: this are delivered and counted as ``oversized``).
+TRANSPORT_MAX_MSG_BYTES = 1 << 20
+#: apply_from_step = step_index of the telemetry a decision answers + DECISION_LAG.
+DECISION_LAG = 2
+MAX_NAME_CHARS = 256
+MAX_GRID = 256
+_MAX_INT = (1 << 63) - 1
+
+ERROR_KINDS = ("oversized", "garbage", "version", "kind", "malformed")
+
+
+class Kind(IntEnum):
+    """Message kinds (the second item of every message)."""
+
+    HELLO = 1
+    TELEMETRY = 2
+    DECISION = 3
+
+
+class WireError(ValueError):
+    """A frame that is not a valid message; ``kind`` is one of :data:`ERROR_KINDS`."""
+
+    def __init__(self, kind: str, detail: str) -> None:
+        super().__init__(f"{kind}: {detail}")
+        self.kind = kind
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """A server introducing itself: who it is and which steps it can run."""
+
+    server: str
+    rank: int
+    candidate_steps: tuple[int, ...]
+    client: str = ""
+    pid: int = 0
+    schema_version: int = SCHEMA_VERSION
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Speculation steps per batch-size grid value, or "use your fallback"."""
+
+    seq: int
+    apply_from_step: int
+    policy: str
+    batch_grid: tuple[int, ...] = ()
+    steps: tuple[int, ...] = ()
+
+    @property
+    def is_fallback(self) -> bool:
+        """True when the server should run its own fallback rule."""
+        return not self.steps
+
+    @classmethod
+    def fallback(cls, seq: int, apply_from_step: int, policy: str) -> Decision:
+        """A "use your fallback" decision."""
+        return cls(seq, apply_from_step, policy)
+
+
+# -- encoding ------------------------------------------------------------------
+
+_pack = msgpack.Packer(use_bin_type=True).pack
+
+
+def encode_hello(hello: Hello) -> bytes:
+    """One HELLO frame."""
+    return _pack([
+        WIRE_VERSION, Kind.HELLO, hello.server, hello.rank, hello.schema_version,
+        list(hello.candidate_steps), hello.client, hello.pid,
+    ])
+
+
+def pack_telemetry(
+    server: str, rank: int, step_index: int, time_s: float, batch_size: int,
+    waiting_requests: int, running_requests: int, kv_used_tokens: int,
+    kv_capacity_tokens: int, prefill_tokens: int, steps_used: int,
+    accepted_drafts: bytes, accepted_drafts_sum: int, step_latency_s: float,
+) -> bytes:
+    """One TELEMETRY frame from plain values (the hooks' hot path: no StepRecord)."""
+    return _pack([
+        WIRE_VERSION, 2, server, rank, step_index, time_s, batch_size, waiting_requests,
+        running_requests, kv_used_tokens, kv_capacity_tokens, prefill_tokens, steps_used,
+        accepted_drafts, accepted_drafts_sum, len(accepted_drafts), step_latency_s,
+    ])
+
+
+def encode_step(record: StepRecord) -> bytes:
+    """One TELEMETRY frame from a step record (``request_ids`` are not sent)."""
+    accepted = np.asarray(record.accepted_drafts, dtype=np.int8)
+    return pack_telemetry(
+        record.server, int(record.rank), int(record.step_index), float(record.time_s),
+        int(record.batch_size), int(record.waiting_requests), int(record.running_requests),
+        int(record.kv_used_tokens), int(record.kv_capacity_tokens), int(record.prefill_tokens),
+        int(record.steps_used), accepted.tobytes(), int(accepted.sum(dtype=np.int64)),
+        float(record.step_latency_s),
+    )
+
+
+def encode_decision(decision: Decision) -> bytes:
+    """One DECISION frame."""
+    return _pack([
+        WIRE_VERSION, Kind.DECISION, decision.seq, decision.apply_from_step, decision.policy,
+        0 if decision.is_fallback else 1, list(decision.batch_grid), list(decision.steps),
+    ])
+
+
+# -- decoding ------------------------------------------------------------------
+
+_ARITY = {Kind.HELLO: 8, Kind.TELEMETRY: 17, Kind.DECISION: 8}
+
+
+def decode(frame: bytes) -> Hello | StepRecord | Decision:
+    """Parse and validate one frame; raises :class:`WireError` (only) if it is bad.
+
+    A TELEMETRY frame becomes a :class:`StepRecord` whose ``accepted_drafts`` is
+    a read-only int8 view of the frame.
+    """
+    if len(frame) > MAX_FRAME_BYTES:
+        raise WireError("oversized", f"frame of {len(frame)} bytes > {MAX_FRAME_BYTES}")
+    try:
+        msg = msgpack.unpackb(
+            frame, raw=False, use_list=True, strict_map_key=True,
+            max_str_len=MAX_FRAME_BYTES, max_bin_len=MAX_FRAME_BYTES,
+            max_array_len=MAX_FRAME_BYTES, max_map_len=0, max_ext_len=0,
+        )
+    except Exception as exc:  # msgpack raises many types on garbage
+        raise WireError("garbage", f"not a msgpack message ({type(exc).__name__}: {exc})") from None
+    if not isinstance(msg, list) or len(msg) < 2:
+        raise WireError("garbage", f"expected an array [version, kind, ...], got {_describe(msg)}")
+    version, kind = msg[0], msg[1]
+    if type(version) is not int or version != WIRE_VERSION:
+        raise WireError("version", f"wire version {version!r}; this build speaks {WIRE_VERSION}")
+    if type(kind) is not int or kind not in _ARITY:
+        raise WireError("kind", f"unknown message kind {kind!r}")
+    kind = Kind(kind)
+    if len(msg) != _ARITY[kind]:
+        raise WireError(
+            "malformed", f"{kind.name} has {len(msg)} items, expected {_ARITY[kind]}"
+        )
+    if kind is Kind.TELEMETRY:
+        return _decode_telemetry(msg)
+    if kind is Kind.DECISION:
+        return _decode_decision(msg)
+    return _decode_hello(msg)
+
+
+def _decode_telemetry(m: list) -> StepRecord:
+    server = _name(m[2], "server")
+    rank = _int(m[3], "rank")
+    step_index = _int(m[4], "step_index")
+    time_s = _float(m[5], "time_s")
+    batch_size = _int(m[6], "batch_size")
+    waiting = _int(m[7], "waiting_requests")
+    running = _int(m[8], "running_requests")
+    kv_used = _int(m[9], "kv_used_tokens")
+    kv_capacity = _int(m[10], "kv_capacity_tokens")
+    prefill = _int(m[11], "prefill_tokens")
+    steps_used = _int(m[12], "steps_used", hi=127)
+    accepted = m[13]
+    if type(accepted) is not bytes:
+        raise WireError(
+            "malformed", f"field 'accepted_drafts' must be bin, got {_describe(accepted)}"
+        )
+    total = _int(m[14], "accepted_drafts_sum")
+    count = _int(m[15], "accepted_drafts_count")
+    latency = _float(m[16], "step_latency_s")
+    if count != len(accepted) or count > batch_size:
+        raise WireError(
+            "malformed",
+            f"field 'accepted_drafts_count' is {count} for {len(accepted)} entries "
+            f"and batch_size {batch_size}",
+        )
+    if accepted and max(accepted) > 127:
+        raise WireError("malformed", "field 'accepted_drafts': negative entries")
+    if total != sum(accepted):
+        raise WireError(
+            "malformed", f"field 'accepted_drafts_sum' is {total}, entries sum to {sum(accepted)}"
+        )
+    return StepRecord(
+        server=server, rank=rank, step_index=step_index, time_s=time_s, batch_size=batch_size,
+        waiting_requests=waiting, running_requests=running, kv_used_tokens=kv_used,
+        kv_capacity_tokens=kv_capacity, prefill_tokens=prefill, steps_used=steps_used,
+        accepted_drafts=np.frombuffer(accepted, dtype=np.int8), step_latency_s=latency,
+    )
+
+
+def _decode_decision(m: list) -> Decision:
+    seq = _int(m[2], "seq")
+    apply_from = _int(m[3], "apply_from_step")
+    policy = _name(m[4], "policy", allow_empty=True)
+    mode = m[5]
+    if type(mode) is not int or mode not in (0, 1):
+        raise WireError("malformed", f"field 'mode' must be 0 or 1, got {_describe(mode)}")
+    grid = _int_list(m[6], "batch_grid", lo=1, hi=_MAX_INT)
+    steps = _int_list(m[7], "steps", lo=0, hi=127)
+    if len(grid) != len(steps):
+        raise WireError(
+            "malformed", f"fields 'batch_grid'/'steps' have {len(grid)} and {len(steps)} entries"
+        )
+    if mode == 1 and not steps:
+        raise WireError("malformed", "mode 1 (controller) needs at least one grid entry")
+    if mode == 0 and steps:
+        raise WireError("malformed", "mode 0 (fallback) must not carry steps")
+    if any(b <= a for a, b in itertools.pairwise(grid)):
+        raise WireError("malformed", "field 'batch_grid' must strictly increase")
+    return Decision(seq, apply_from, policy, tuple(grid), tuple(steps))
+
+
+def _decode_hello(m: list) -> Hello:
+    server = _name(m[2], "server")
+    rank = _int(m[3], "rank")
+    schema_version = _int(m[4], "schema_version")
+    candidates = _int_list(m[5], "candidate_steps", lo=0, hi=127)
+    client = _name(m[6], "client", allow_empty=True)
+    pid = _int(m[7], "pid")
+    return Hello(server, rank, tuple(candidates), client, pid, schema_version)
+
+
+def _describe(value: object) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text[:40]}{'...' if len(text) > 40 else ''}"
+
+
+def _int(value: object, name: str, hi: int = _MAX_INT) -> int:
+    if type(value) is not int or not 0 <= value <= hi:
+        raise WireError(
+            "malformed", f"field {name!r} must be an int in [0, {hi}], got {_describe(value)}"
+        )
+    return value
+
+
+def _float(value: object, name: str) -> float:
+    if type(value) not in (float, int) or not math.isfinite(value) or value < 0:
+        raise WireError(
+            "malformed", f"field {name!r} must be a finite number >= 0, got {_describe(value)}"
+        )
+    return float(value)
+
+
+def _name(value: object, name: str, allow_empty: bool = False) -> str:
+    if type(value) is not str or len(value) > MAX_NAME_CHARS or not (value or allow_empty):
+        raise WireError(
+            "malformed", f"field {name!r} must be a string of 1..{MAX_NAME_CHARS} chars, "
+            f"got {_describe(value)}"
+        )
+    return value
+
+
+def _int_list(value: object, name: str, lo: int, hi: int) -> list[int]:
+    if type(value) is not list or len(value) > MAX_GRID:
+        raise WireError("malformed", f"field {name!r} must be a list of <= {MAX_GRID} ints")
+    for v in value:
+        if type(v) is not int or not lo <= v <= hi:
+            raise WireError(
+                "malformed", f"field {name!r}: entry {_describe(v)} not an int in [{lo}, {hi}]"
+            )
+    return value
+
+
+def apply_socket_limits(sock: object) -> None:
+    """Set the options every specctl socket shares: size cap, no linger."""
+    import zmq  # local: keeps this module importable for pure encode/decode use
+
+    sock.setsockopt(zmq.MAXMSGSIZE, TRANSPORT_MAX_MSG_BYTES)
+    sock.setsockopt(zmq.LINGER, 0)

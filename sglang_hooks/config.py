@@ -1,0 +1,154 @@
+"""The plugin's configuration, read once from environment variables.
+
+The plugin is active only when at least one of ``SPECCTL_CONTROLLER``,
+``SPECCTL_RECORD`` or ``SPECCTL_FALLBACK`` is set; otherwise installing the
+package changes nothing.
+
+==========================  ===================================================
+variable                    meaning
+==========================  ===================================================
+SPECCTL_CONTROLLER          controller endpoint, e.g. ``ipc:///tmp/specctl-serve.sock``
+                            or ``tcp://127.0.0.1:5557``
+SPECCTL_FALLBACK            rule used when no fresh controller decision exists:
+                            ``sglang`` (default: SGLang's own adaptive rule) or
+                            ``table:<json or path>``, e.g. ``table:{"1": 3, "32": 1, "64": 0}``
+                            (batch size -> steps, largest key <= batch size wins)
+SPECCTL_TIMEOUT_MS          a telemetry message unanswered this long means the
+                            controller is gone: fall back (default 100, at least 10)
+SPECCTL_RECORD              directory: record every step to a Parquet trace
+SPECCTL_RECORD_EXPLORE      ``1``: instead of a controller, cycle through every
+                            candidate depth (all ranks in lock-step) while recording
+SPECCTL_EXPLORE_DWELL       steps spent at each depth when exploring (default 4)
+SPECCTL_RECORD_FLUSH_S      write a trace file at least this often (default 30)
+SPECCTL_SERVER              server name in telemetry and traces (default
+                            ``<hostname>-<port>``)
+SPECCTL_CURVE_SERVER_KEY    the controller's CURVE public key (Z85); enables CURVE
+SPECCTL_CURVE_CLIENT_CERT   this server's CURVE certificate file (default: a fresh
+                            key pair per process)
+==========================  ===================================================
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+ACTIVATING = ("SPECCTL_CONTROLLER", "SPECCTL_RECORD", "SPECCTL_FALLBACK")
+
+
+class ConfigError(ValueError):
+    """An environment variable has a value the plugin cannot use; says which."""
+
+
+@dataclass(frozen=True)
+class PluginConfig:
+    """Everything the plugin reads from the environment."""
+
+    controller: str | None = None
+    #: "sglang", "table" or "explore" (explore only with record_explore).
+    fallback: str = "sglang"
+    #: Sorted (batch size, steps) pairs of the table rule.
+    table: tuple[tuple[int, int], ...] = ()
+    timeout_s: float = 0.1
+    record_dir: str | None = None
+    record_explore: bool = False
+    explore_dwell: int = 4
+    record_flush_s: float = 30.0
+    server: str | None = None
+    curve_server_key: str | None = None
+    curve_client_cert: str | None = None
+
+    @property
+    def rule(self) -> str:
+        """The local rule every rank runs when the controller is not in charge."""
+        return "explore" if self.record_explore else self.fallback
+
+
+def from_env(env: Mapping[str, str] | None = None) -> PluginConfig | None:
+    """The configuration, or None when the plugin is not enabled; raises ConfigError."""
+    env = os.environ if env is None else env
+    if not any(env.get(name) for name in ACTIVATING):
+        return None
+    controller = env.get("SPECCTL_CONTROLLER") or None
+    if controller is not None and not controller.startswith(("ipc://", "tcp://", "inproc://")):
+        raise ConfigError(
+            f"SPECCTL_CONTROLLER={controller!r}: expected ipc://PATH or tcp://HOST:PORT"
+        )
+    fallback, table = _fallback(env.get("SPECCTL_FALLBACK") or "sglang")
+    explore = _flag(env, "SPECCTL_RECORD_EXPLORE")
+    record_dir = env.get("SPECCTL_RECORD") or None
+    if explore and record_dir is None:
+        raise ConfigError("SPECCTL_RECORD_EXPLORE=1 needs SPECCTL_RECORD=<dir> as well")
+    return PluginConfig(
+        controller=controller,
+        fallback=fallback,
+        table=table,
+        # Below ~10 ms the client's idle wake-up (10 ms) alone could look like silence.
+        timeout_s=_number(env, "SPECCTL_TIMEOUT_MS", 100.0, lo=10.0) / 1e3,
+        record_dir=record_dir,
+        record_explore=explore,
+        explore_dwell=int(_number(env, "SPECCTL_EXPLORE_DWELL", 4, lo=1)),
+        record_flush_s=_number(env, "SPECCTL_RECORD_FLUSH_S", 30.0, lo=0.1),
+        server=env.get("SPECCTL_SERVER") or None,
+        curve_server_key=env.get("SPECCTL_CURVE_SERVER_KEY") or None,
+        curve_client_cert=env.get("SPECCTL_CURVE_CLIENT_CERT") or None,
+    )
+
+
+def parse_table(text: str) -> tuple[tuple[int, int], ...]:
+    """``{"1": 3, "32": 1}`` -> ((1, 3), (32, 1)); raises ConfigError."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"SPECCTL_FALLBACK table is not JSON ({exc})") from None
+    if not isinstance(data, dict) or not data:
+        raise ConfigError('SPECCTL_FALLBACK table must be a non-empty object {"batch": steps}')
+    pairs = []
+    for key, steps in data.items():
+        if not str(key).isdigit() or int(key) < 1 or type(steps) is not int or steps < 0:
+            raise ConfigError(
+                f"SPECCTL_FALLBACK table entry {key!r}: {steps!r}: keys must be batch sizes "
+                "(\"1\", \"8\", ...) and values steps >= 0"
+            )
+        pairs.append((int(key), steps))
+    return tuple(sorted(pairs))
+
+
+def _fallback(value: str) -> tuple[str, tuple[tuple[int, int], ...]]:
+    if value == "sglang":
+        return "sglang", ()
+    if value.startswith("table:"):
+        spec = value[len("table:"):].strip()
+        if not spec.startswith("{"):
+            path = Path(spec)
+            try:
+                spec = path.read_text()
+            except OSError as exc:
+                raise ConfigError(f"SPECCTL_FALLBACK table file {path}: {exc}") from None
+        return "table", parse_table(spec)
+    raise ConfigError(f"SPECCTL_FALLBACK={value!r}: expected 'sglang' or 'table:<json or path>'")
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    value = (env.get(name) or "0").strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise ConfigError(f"{name}={value!r}: expected 0 or 1")
+
+
+def _number(env: Mapping[str, str], name: str, default: float, lo: float) -> float:
+    text = env.get(name)
+    if not text:
+        return float(default)
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"{name}={text!r}: not a number") from None
+    if not value >= lo:
+        raise ConfigError(f"{name}={text!r}: must be >= {lo}")
+    return value

@@ -1,0 +1,246 @@
+"""What the plugin relies on in SGLang's source, checked by parsing it (never importing).
+
+The hooks patch five targets and read a handful of attributes. SGLang's
+scheduler and EAGLE worker modules cannot be imported without a GPU stack, so
+the plugin (at load) and the contract test (for every pinned version) verify
+them with :mod:`ast` on the installed source instead:
+
+* :func:`target_problems` -- the hook targets exist with the expected
+  parameters (what :func:`sglang_hooks.plugin.register` checks before patching);
+* :func:`contract_problems` -- that, plus every attribute the hooks read and the
+  call paths the design depends on (what ``tests/test_sglang_contract.py`` checks).
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+SCHEDULER = "sglang.srt.managers.scheduler"
+RECEIVER = "sglang.srt.managers.scheduler_components.request_receiver"
+PARAMS = "sglang.srt.speculative.adaptive_spec_params"
+RUNTIME_STATE = "sglang.srt.speculative.adaptive_runtime_state"
+BATCH = "sglang.srt.managers.schedule_batch"
+RESULTS = "sglang.srt.managers.scheduler_components.batch_result_processor"
+EAGLE = "sglang.srt.speculative.eagle_worker_v2"
+FORWARD = "sglang.srt.model_executor.forward_batch_info"
+ALLOCATOR = "sglang.srt.mem_cache.allocator.base"
+PREFIX_CACHE = "sglang.srt.mem_cache.base_prefix_cache"
+
+
+@dataclass(frozen=True)
+class Method:
+    """``cls.name`` is defined in ``module`` and its parameters start with ``params``."""
+
+    module: str
+    cls: str
+    name: str
+    params: tuple[str, ...]
+
+    @property
+    def target(self) -> str:
+        return f"{self.module}.{self.cls}.{self.name}"
+
+
+@dataclass(frozen=True)
+class Attributes:
+    """Each ``self.<name>`` is assigned in some method of ``cls`` (or is a class field)."""
+
+    module: str
+    cls: str
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Calls:
+    """The function's source (normalised by ``ast.unparse``) contains each snippet."""
+
+    module: str
+    function: str  # "Class.method" or "function"
+    snippets: tuple[str, ...]
+
+
+#: The five hook targets (the same in every supported version).
+HOOK_TARGETS = (
+    Method(RECEIVER, "SchedulerRequestReceiver", "_pull_raw_reqs", ("self",)),
+    Method(SCHEDULER, "Scheduler", "process_input_requests", ("self", "recv_reqs")),
+    Method(SCHEDULER, "Scheduler", "run_batch", ("self", "batch")),
+    Method(SCHEDULER, "Scheduler", "process_batch_result", ("self", "batch", "result")),
+)
+POLICY_CLASS = f"{PARAMS}.AdaptiveSpeculativeParams"
+
+_COMMON = (
+    *HOOK_TARGETS,
+    Method(PARAMS, "AdaptiveSpeculativeParams", "__init__", ("self", "initial_steps", "cfg_path")),
+    Method(PARAMS, "AdaptiveSpeculativeParams", "get_steps_for_batch", ("self", "batch_size")),
+    Method(PARAMS, "AdaptiveSpeculativeParams", "on_verify_complete",
+           ("self", "num_correct_drafts_per_req", "batch_size")),
+    Method(PARAMS, "AdaptiveSpeculativeParams", "candidate_steps", ("self",)),
+    Method(PARAMS, "AdaptiveSpeculativeParams", "_route", ("self", "batch_size")),
+    Attributes(PARAMS, "AdaptiveSpeculativeParams", ("_slots",)),
+    Attributes(PARAMS, "AdaptiveStepSlot", ("candidate_steps", "current_steps")),
+    Method(RUNTIME_STATE, "AdaptiveController", "activate_step_by_batch", ("self", "batch_size")),
+    Calls(RUNTIME_STATE, "AdaptiveController.activate_step_by_batch",
+          ("self.params.get_steps_for_batch(batch_size)",)),
+    Calls(RUNTIME_STATE, "AdaptiveController.on_verify_complete",
+          ("self.params.on_verify_complete(num_correct_drafts_per_req, batch_size)",
+           "if new_step is not None:")),
+    # The decision marker rides the request list from the source rank's pull,
+    # through the TP broadcast, into process_input_requests on every rank.
+    Calls(RECEIVER, "SchedulerRequestReceiver.recv_requests",
+          ("recv_reqs = self._pull_raw_reqs()", "self._broadcast_reqs_across_ranks(recv_reqs")),
+    Calls(RECEIVER, "SchedulerRequestReceiver._broadcast_reqs_across_ranks",
+          ("broadcast_pyobj(recv_reqs,",)),
+    # Step index: forward_ct, copied to the batch and to its result-processing copy.
+    Attributes(SCHEDULER, "Scheduler", (
+        "forward_ct", "waiting_queue", "running_batch", "token_to_kv_pool_allocator",
+        "tree_cache", "max_total_num_tokens", "server_args",
+    )),
+    Calls(SCHEDULER, "Scheduler.run_batch",
+          ("self.forward_ct += 1", "batch.forward_iter = self.forward_ct")),
+    Calls(SCHEDULER, "Scheduler.event_loop_overlap",
+          ("batch_result = self.run_batch(batch)",
+           "self.process_batch_result(tmp_batch, tmp_result)")),
+    Attributes(BATCH, "ScheduleBatch",
+               ("reqs", "forward_mode", "extend_num_tokens", "forward_iter")),
+    Calls(BATCH, "ScheduleBatch.copy", ("forward_iter=self.forward_iter",)),
+    Attributes(BATCH, "Req", ("rid", "origin_input_ids", "output_ids", "finished_reason")),
+    Method(FORWARD, "ForwardMode", "is_decode", ("self",)),
+    Method(FORWARD, "ForwardMode", "is_extend", ("self",)),
+    Method(ALLOCATOR, "BaseTokenToKVPoolAllocator", "available_size", ("self",)),
+    Method(PREFIX_CACHE, "BasePrefixCache", "evictable_size", ("self",)),
+    # Acceptance reaches the policy on the scheduler thread, per processed batch.
+    Calls(RESULTS, "SchedulerBatchResultProcessor._resolve_spec_v2_tokens",
+          ("self.model_worker.on_verify_complete_cpu(result.num_correct_drafts_per_req_cpu, "
+           "batch_size=len(batch.reqs))",)),
+    Calls(EAGLE, "EAGLEWorkerV2.forward_batch_generation",
+          ("self.activate_step_by_batch(batch.seq_lens.shape[0])",)),
+    Calls(EAGLE, "EAGLEWorkerV2.on_verify_complete_cpu",
+          ("self.adaptive_controller.on_verify_complete(",)),
+)
+
+#: Per supported version: everything above plus how ranks are read and who
+#: constructs the policy.
+CONTRACTS: dict[str, tuple] = {
+    "0.5.15.post1": (
+        *_COMMON,
+        Attributes(SCHEDULER, "Scheduler", ("ps",)),
+        Attributes("sglang.srt.distributed.parallel_state_wrapper", "ParallelState",
+                   ("tp_rank", "tp_size", "pp_rank", "pp_size", "dp_rank")),
+        Calls(SCHEDULER, "Scheduler.event_loop_overlap",
+              ("recv_reqs = self.request_receiver.recv_requests()",
+               "self.process_input_requests(recv_reqs)")),
+        Calls(RUNTIME_STATE, "AdaptiveController.__init__",
+              ("AdaptiveSpeculativeParams(initial_steps=worker.speculative_num_steps, "
+               "cfg_path=config_path)",)),
+        Calls(EAGLE, "EAGLEWorkerV2.__init__", ("AdaptiveController(self, config_path=",)),
+    ),
+    "0.5.23": (
+        *_COMMON,
+        Attributes("sglang.srt.arg_groups.fields.parallel", "Parallel",
+                   ("tp_rank", "tp_size", "pp_rank", "pp_size", "dp_rank", "attn_dp_enabled")),
+        Calls("sglang.srt.runtime_context", "get_parallel", ("return",)),
+        Calls(SCHEDULER, "Scheduler.event_loop_overlap", ("self.ingest_requests()",)),
+        Calls(SCHEDULER, "Scheduler.ingest_requests",
+              ("self.request_receiver.recv_requests(", "self.process_input_requests(recv_reqs)")),
+        Calls(EAGLE, "EAGLEWorkerV2.__init__",
+              ("AdaptiveController(self, AdaptiveSpeculativeParams(initial_steps=",)),
+    ),
+}
+
+
+class SourceTree:
+    """Parsed modules of one installed SGLang (``root`` holds the ``sglang`` package)."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        self._trees: dict[str, ast.Module | None] = {}
+
+    def module(self, name: str) -> ast.Module | None:
+        if name not in self._trees:
+            path = self.root.joinpath(*name.split(".")).with_suffix(".py")
+            try:
+                self._trees[name] = ast.parse(path.read_text(), str(path))
+            except (OSError, SyntaxError, ValueError):
+                self._trees[name] = None
+        return self._trees[name]
+
+    def find(self, module: str, dotted: str) -> ast.AST | None:
+        """A top-level class/function, or a ``Class.method``."""
+        node: ast.AST | None = self.module(module)
+        for part in dotted.split("."):
+            if node is None:
+                return None
+            node = next(
+                (
+                    child for child in ast.iter_child_nodes(node)
+                    if isinstance(child, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                    and child.name == part
+                ),
+                None,
+            )
+        return node
+
+
+def target_problems(root: str | Path) -> list[str]:
+    """Problems with the hook targets in the SGLang installed under ``root`` (empty: fine)."""
+    tree = SourceTree(root)
+    items = (*HOOK_TARGETS, Method(PARAMS, "AdaptiveSpeculativeParams", "__init__",
+                                   ("self", "initial_steps", "cfg_path")))
+    return [p for item in items if (p := _check(tree, item))]
+
+
+def contract_problems(root: str | Path, version: str) -> list[str]:
+    """Problems with everything the plugin relies on, for a supported ``version``."""
+    tree = SourceTree(root)
+    return [p for item in CONTRACTS[version] if (p := _check(tree, item))]
+
+
+def _check(tree: SourceTree, item: Method | Attributes | Calls) -> str | None:
+    where = f"{item.module}.{getattr(item, 'cls', None) or getattr(item, 'function', '')}"
+    if tree.module(item.module) is None:
+        return f"{item.module}: module source not found under {tree.root}"
+    if isinstance(item, Method):
+        node = tree.find(item.module, f"{item.cls}.{item.name}")
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return f"{item.target}: method not found"
+        params = tuple(a.arg for a in (*node.args.posonlyargs, *node.args.args))
+        if params[: len(item.params)] != item.params:
+            return f"{item.target}: parameters {params}, expected to start with {item.params}"
+        return None
+    if isinstance(item, Attributes):
+        node = tree.find(item.module, item.cls)
+        if not isinstance(node, ast.ClassDef):
+            return f"{where}: class not found"
+        found = _assigned_names(node)
+        missing = [n for n in item.names if n not in found]
+        return f"{where}: attributes {missing} never assigned" if missing else None
+    node = tree.find(item.module, item.function)
+    if node is None:
+        return f"{item.module}.{item.function}: not found"
+    source = ast.unparse(node)
+    missing = [s for s in item.snippets if s not in source]
+    return f"{item.module}.{item.function}: does not contain {missing}" if missing else None
+
+
+def _assigned_names(cls: ast.ClassDef) -> set[str]:
+    """Class-level fields, methods/properties and every ``self.X = ...`` in the class."""
+    names: set[str] = set()
+    for node in cls.body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(node.name)
+    for node in ast.walk(cls):
+        targets: list[ast.AST] = []
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        for target in targets:
+            for sub in ast.walk(target):
+                if (isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name)
+                        and sub.value.id == "self"):
+                    names.add(sub.attr)
+    return names

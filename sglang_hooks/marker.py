@@ -1,0 +1,49 @@
+"""The decision marker: how a decision reaches every TP rank at the same step.
+
+Only the source rank (pp 0, tp 0) talks to the controller. It appends a
+:class:`DecisionMarker` to the request list it pulled from the tokenizer; SGLang
+broadcasts that list to every TP rank (``broadcast_pyobj``), and each rank,
+the source included, strips the markers out in ``process_input_requests`` and
+applies them before the iteration's batch is launched. So all ranks switch on
+the same scheduler step, and a decision that never rode the broadcast is never
+applied anywhere.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import NamedTuple
+
+CONTROLLER = "controller"
+FALLBACK = "fallback"
+
+
+class DecisionMarker(NamedTuple):
+    """What every rank should do from ``apply_from_step`` on (picklable, immutable).
+
+    Attributes:
+        seq: Increases with every marker the source attaches; older ones are ignored.
+        mode: ``"controller"`` (use ``steps``) or ``"fallback"`` (run the local rule).
+        apply_from_step: First scheduler step (``forward_ct``) it applies to.
+        batch_grid: Increasing batch sizes; ``steps[i]`` holds for batch sizes from
+            ``batch_grid[i]`` up to the next grid value.
+        steps: Speculation steps per grid value (empty in fallback mode).
+        policy: Name of the policy that decided (for logs).
+    """
+
+    seq: int
+    mode: str
+    apply_from_step: int
+    batch_grid: tuple[int, ...] = ()
+    steps: tuple[int, ...] = ()
+    policy: str = ""
+
+    def steps_for(self, batch_size: int) -> int:
+        """Steps for a batch of ``batch_size`` (controller mode only)."""
+        index = bisect.bisect_right(self.batch_grid, batch_size) - 1
+        return self.steps[index if index > 0 else 0]
+
+    @property
+    def key(self) -> tuple:
+        """What the marker decides, without its sequence number and timing."""
+        return (self.mode, self.batch_grid, self.steps)

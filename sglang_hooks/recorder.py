@@ -1,0 +1,175 @@
+"""Record mode: every step and every finished request, to a Parquet trace.
+
+The scheduler thread only appends plain tuples to a bounded deque (full: the
+record is dropped and counted, never waited for). A daemon thread turns them
+into :class:`env.schema.StepRecord` / :class:`~env.schema.RequestRecord` and
+hands them to :class:`env.trace_format.TraceWriter`, writing a file at least
+every ``flush_s`` seconds so that a killed server (SGLang ends its scheduler
+processes with SIGKILL) loses at most that much; a clean exit flushes the rest
+(``atexit``). Times in the trace count from the recorder's start (``t0``,
+stored in the trace metadata as ``t0_monotonic``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+import time
+from collections import Counter, deque
+from pathlib import Path
+
+import numpy as np
+
+from env.schema import RequestRecord, StepRecord
+
+log = logging.getLogger(__name__)
+
+_STEP, _ARRIVAL, _FINISH = 0, 1, 2
+_CHUNK = 256  # records converted between GIL yields
+_MAX_OPEN_REQUESTS = 1_000_000
+
+
+class Recorder:
+    """Background trace writer fed from the scheduler thread.
+
+    Args:
+        directory: Where the trace files go (created if missing).
+        server: Server name (file names and records).
+        rank: Rank recorded in the step records.
+        flush_s: Longest time between two written files.
+        meta: Extra trace metadata.
+        max_queue: Records buffered before new ones are dropped.
+    """
+
+    def __init__(self, directory: str | Path, server: str, rank: int, flush_s: float = 30.0,
+                 meta: dict | None = None, max_queue: int = 200_000) -> None:
+        from env.trace_format import TraceWriter  # pyarrow: only when recording
+
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        self.server = server
+        self.rank = rank
+        self.t0 = time.monotonic()
+        self.counters: Counter[str] = Counter()
+        self._flush_s = flush_s
+        self._max_queue = max_queue
+        self._queue: deque[tuple] = deque()
+        self._open: dict[str, tuple[float, int]] = {}
+        self._writer = TraceWriter(
+            Path(directory) / "trace", server=server, rank=rank,
+            meta={"t0_monotonic": self.t0, "t0_unix": time.time(), **(meta or {})},
+        )
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="specctl-recorder", daemon=True)
+        self._thread.start()
+        atexit.register(self.close)
+
+    # -- scheduler thread (cheap) -----------------------------------------------
+
+    def add_step(self, step_index: int, time_s: float, batch_size: int, waiting: int,
+                 running: int, kv_used: int, kv_capacity: int, prefill_tokens: int,
+                 steps_used: int, accepted: bytes, latency_s: float,
+                 request_ids: list[str] | None) -> None:
+        """Queue one step (``accepted``: int8 per request)."""
+        if len(self._queue) >= self._max_queue:
+            self.counters["dropped"] += 1
+            return
+        self._queue.append((_STEP, step_index, time_s, batch_size, waiting, running, kv_used,
+                            kv_capacity, prefill_tokens, steps_used, accepted, latency_s,
+                            request_ids))
+
+    def add_arrival(self, request_id: str, time_s: float, prompt_tokens: int) -> None:
+        """Queue a request's arrival at the scheduler."""
+        if len(self._queue) < self._max_queue:
+            self._queue.append((_ARRIVAL, request_id, time_s, prompt_tokens))
+
+    def add_finish(self, request_id: str, prompt_tokens: int, output_tokens: int) -> None:
+        """Queue a request's completion (only those whose arrival was seen are written)."""
+        if len(self._queue) < self._max_queue:
+            self._queue.append((_FINISH, request_id, prompt_tokens, output_tokens))
+
+    # -- lifecycle ----------------------------------------------------------------
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Write everything queued and stop the thread (idempotent)."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._thread.join(timeout_s)
+        atexit.unregister(self.close)
+
+    @property
+    def files(self) -> list[Path]:
+        """Trace files written so far."""
+        return list(self._writer.files)
+
+    # -- background thread ----------------------------------------------------------
+
+    def _run(self) -> None:
+        next_flush = time.monotonic() + self._flush_s
+        while not self._stop.wait(0.1):
+            self._drain()
+            if time.monotonic() >= next_flush:
+                self._flush()
+                next_flush = time.monotonic() + self._flush_s
+        self._drain()
+        self._flush()
+        try:
+            self._writer.close()
+        except Exception:
+            log.exception("specctl recorder: closing the trace failed")
+
+    def _drain(self) -> None:
+        queue = self._queue
+        while queue:
+            for _ in range(min(_CHUNK, len(queue))):
+                item = queue.popleft()
+                try:
+                    self._convert(item)
+                except Exception:
+                    self.counters["bad_records"] += 1
+                    if self.counters["bad_records"] == 1:
+                        log.exception("specctl recorder: record %r not written", item[:3])
+            time.sleep(0)  # let the scheduler thread have the GIL
+
+    def _flush(self) -> None:
+        try:
+            path = self._writer.flush()
+        except Exception as exc:  # TraceFormatError: the chunk is lost, the next one is not
+            self.counters["lost_chunks"] += 1
+            log.error("specctl recorder: trace chunk not written: %s", exc)
+            return
+        if path is not None:
+            self.counters["files"] += 1
+
+    def _convert(self, item: tuple) -> None:
+        kind = item[0]
+        if kind == _STEP:
+            self._writer.add_step(self._step_record(item))
+        elif kind == _ARRIVAL:
+            _, rid, t, prompt = item
+            if len(self._open) >= _MAX_OPEN_REQUESTS:
+                self._open.pop(next(iter(self._open)))
+            self._open.setdefault(rid, (max(0.0, t - self.t0), prompt))
+        else:
+            _, rid, prompt, output = item
+            arrival = self._open.pop(rid, None)
+            if arrival is None or output < 1 or prompt < 1:
+                return
+            self._writer.add_request(RequestRecord(rid, arrival[0], int(prompt), int(output)))
+            self.counters["requests"] += 1
+
+    def _step_record(self, item: tuple) -> StepRecord:
+        (_, step, t, batch, waiting, running, kv_used, kv_cap, prefill, steps_used, accepted,
+         latency, rids) = item
+        drafts = np.frombuffer(accepted, dtype=np.int8)[:batch] if steps_used > 0 else np.empty(0)
+        drafts = np.clip(drafts, 0, steps_used).astype(np.int8)
+        self.counters["steps"] += 1
+        return StepRecord(
+            server=self.server, rank=self.rank, step_index=step, time_s=t - self.t0,
+            batch_size=batch, waiting_requests=waiting, running_requests=running,
+            kv_used_tokens=max(0, kv_used), kv_capacity_tokens=kv_cap,
+            prefill_tokens=prefill, steps_used=steps_used, accepted_drafts=drafts,
+            step_latency_s=max(0.0, latency),
+            request_ids=rids if rids is not None and len(rids) == batch else None,
+        )

@@ -1,0 +1,446 @@
+"""Per scheduler process state, and the hook functions that act on it.
+
+One :class:`Runtime` lives in every SGLang scheduler process (one per TP rank).
+Its bound methods are what :mod:`sglang_hooks.plugin` registers with SGLang's
+``HookRegistry``:
+
+=============================================  =========  ================================
+target                                         type       what it does
+=============================================  =========  ================================
+SchedulerRequestReceiver._pull_raw_reqs        AFTER      source rank: poll the controller,
+                                                          append a decision marker
+Scheduler.process_input_requests               BEFORE     every rank: strip markers, queue
+                                                          the newest (first call: attach)
+Scheduler.run_batch                            AROUND     every rank: apply the queued marker
+                                                          when due; source: capture the
+                                                          step's load and launch time
+Scheduler.process_batch_result                 AROUND     source: send the step's telemetry
+=============================================  =========  ================================
+
+The policy object (:mod:`sglang_hooks.policy`) reads :attr:`Runtime.controller`
+(the applied controller decision, or None for the local rule) and reports
+per-request acceptance through :meth:`Runtime.on_verify`.
+
+Why ranks agree: a decision changes what a rank does only through
+:attr:`controller`, which only :meth:`around_run_batch` sets, from a marker
+that came through the broadcast request list, at a step index
+(``forward_ct``) that is the same on every rank. Nothing else (timeouts, the
+controller's replies, faults) is acted on locally; the source turns them into
+markers too.
+
+Hook cost matters (they run on the scheduler thread every step): no logging,
+no allocation beyond a few small objects, no pyarrow. Every hook body is
+wrapped so that an exception is counted, logged once, and never reaches SGLang.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections import Counter
+from typing import Any
+
+from controller.wire import Hello
+from sglang_hooks.client import TIMED_OUT, ControllerClient, client_name
+from sglang_hooks.compat import Ranks, read_ranks
+from sglang_hooks.config import PluginConfig
+from sglang_hooks.marker import CONTROLLER, FALLBACK, DecisionMarker
+
+log = logging.getLogger(__name__)
+
+_RING = 16  # launched steps whose telemetry may still be pending
+_MAX_FAULTS = 1000  # then the source stops talking to the controller (fallback everywhere)
+_SUMMARY_EVERY_S = 60.0
+
+
+class _Slot:
+    """What the source rank knows about one launched step, until it is sent."""
+
+    __slots__ = (
+        "accepted",
+        "batch_size",
+        "is_decode",
+        "kv_capacity",
+        "kv_used",
+        "next_launch",
+        "prefill",
+        "request_ids",
+        "running",
+        "sent",
+        "step",
+        "steps_used",
+        "t_launch",
+        "waiting",
+    )
+
+    def __init__(self) -> None:
+        self.step = -1
+        self.sent = True
+
+
+class Runtime:
+    """The plugin's state in one scheduler process (see the module docstring).
+
+    Args:
+        cfg: Plugin configuration.
+        version: Installed SGLang version (one of ``compat.SUPPORTED_VERSIONS``).
+        ranks: This process's ranks, when known up front (tests); otherwise read
+            from the scheduler on the first ``process_input_requests`` call.
+    """
+
+    def __init__(self, cfg: PluginConfig, version: str, ranks: Ranks | None = None) -> None:
+        self.cfg = cfg
+        self.version = version
+        self.counters: Counter[str] = Counter()
+        #: The applied controller decision (None: run the local rule).
+        self.controller: DecisionMarker | None = None
+        #: Step index (``forward_ct``) of the batch being launched.
+        self.launch_step = 0
+        #: Steps the policy returned for the batch being launched (-1: not asked).
+        self.last_steps = -1
+        self.policy: Any = None
+        self.is_source = False
+        self.client: ControllerClient | None = None
+        self.recorder: Any = None
+        self.server = cfg.server or socket.gethostname()
+        self.rank = 0
+        self._ranks = ranks
+        self._attached = False
+        self._pending: DecisionMarker | None = None
+        self._last_seq = -1
+        self._marker_seq = 0
+        self._attached_key: tuple | None = None
+        self._last_want: object = None
+        self._broken = False
+        self._slots = [_Slot() for _ in range(_RING)]
+        self._last_slot: _Slot | None = None
+        self._processing: _Slot | None = None
+        self._next_summary = 0.0
+
+    # -- wiring ---------------------------------------------------------------------
+
+    def hook_table(self) -> dict[str, tuple[Any, str]]:
+        """Hooked method name -> (this runtime's hook, ``HookType`` member name)."""
+        return {
+            "_pull_raw_reqs": (self.after_pull_raw_reqs, "AFTER"),
+            "process_input_requests": (self.before_process_input_requests, "BEFORE"),
+            "run_batch": (self.around_run_batch, "AROUND"),
+            "process_batch_result": (self.around_process_batch_result, "AROUND"),
+        }
+
+    def attach_policy(self, policy: Any) -> None:
+        """Called by the policy object when SGLang constructs it."""
+        self.policy = policy
+
+    def attach(self, scheduler: Any) -> None:
+        """Learn this process's ranks; the source rank connects and starts recording."""
+        self._attached = True
+        try:
+            ranks = self._ranks or read_ranks(scheduler, self.version)
+            self._ranks = ranks
+            self.rank = ranks.world_rank
+            if self.policy is None:
+                if ranks.tp_rank == 0:
+                    log.warning("specctl: this server does not run --speculative-adaptive "
+                                "(no adaptive policy was built); specctl does nothing")
+                return
+            if ranks.pp_size > 1 or ranks.attn_dp:
+                if ranks.tp_rank == 0:
+                    log.warning("specctl: pipeline parallelism / attention DP is not supported; "
+                                "every rank runs the local %r rule, no controller, no recording",
+                                self.cfg.rule)
+                return
+            if ranks.tp_rank != 0:
+                return
+            if self.cfg.server is None:
+                port = getattr(getattr(scheduler, "server_args", None), "port", None)
+                self.server = f"{socket.gethostname()}-{port}" if port else self.server
+            self.start_source()
+        except Exception as exc:
+            self.fault("attach", exc)
+            self.is_source = False
+
+    def start_source(self) -> None:
+        """Make this runtime the source rank: open the client and the recorder."""
+        cfg = self.cfg
+        candidates = tuple(self.policy.candidate_steps) if self.policy is not None else ()
+        if cfg.controller and not cfg.record_explore:
+            hello = Hello(self.server, self.rank, candidates, client_name(self.version))
+            self.client = ControllerClient(cfg.controller, hello, cfg.timeout_s,
+                                           cfg.curve_server_key, cfg.curve_client_cert)
+        if cfg.record_dir:
+            from sglang_hooks.recorder import Recorder
+
+            self.recorder = Recorder(
+                cfg.record_dir, self.server, self.rank, cfg.record_flush_s,
+                meta={"sglang_version": self.version, "rule": cfg.rule,
+                      "explore_dwell": cfg.explore_dwell, "candidate_steps": list(candidates),
+                      "controller": cfg.controller},
+            )
+        self.is_source = True
+        log.info("specctl: source rank of server %r: controller=%s, rule=%s, recording=%s",
+                 self.server, cfg.controller if self.client else None, cfg.rule, cfg.record_dir)
+
+    def close(self) -> None:
+        """Stop the client and the recorder (tests and clean shutdown)."""
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+        if self.recorder is not None:
+            self.recorder.close()
+        self.is_source = False
+
+    def fault(self, where: str, exc: BaseException) -> None:
+        """Count an exception from plugin code; log the first one of each site."""
+        self.counters[f"fault_{where}"] += 1
+        total = self.counters["faults"] = self.counters["faults"] + 1
+        if self.counters[f"fault_{where}"] == 1:
+            log.error("specctl: error in %s (counted, SGLang unaffected)", where, exc_info=exc)
+        if total >= _MAX_FAULTS and not self._broken:
+            self._broken = True
+            log.error("specctl: %d errors; the controller is ignored from now on "
+                      "(every rank falls back to the %r rule)", total, self.cfg.rule)
+
+    # -- hooks ------------------------------------------------------------------------
+
+    def after_pull_raw_reqs(self, result: Any, *args: Any, **kwargs: Any) -> None:
+        """AFTER ``SchedulerRequestReceiver._pull_raw_reqs``: append a marker (source)."""
+        if result is None or not self.is_source:
+            return None
+        try:
+            marker = self._source_marker(time.monotonic())
+            if marker is not None:
+                result.append(marker)
+        except Exception as exc:
+            self.fault("pull", exc)
+        return None
+
+    def before_process_input_requests(self, scheduler: Any, *args: Any, **kwargs: Any):
+        """BEFORE ``Scheduler.process_input_requests``: take the markers out, keep the newest."""
+        if not self._attached:
+            self.attach(scheduler)
+        recv_reqs = args[0] if args else kwargs.get("recv_reqs")
+        if not recv_reqs:
+            return None
+        has_marker = False
+        for item in recv_reqs:
+            if type(item) is DecisionMarker:
+                has_marker = True
+                if item.seq > self._last_seq:
+                    self._last_seq = item.seq
+                    self._pending = item
+        if has_marker:
+            kept = [item for item in recv_reqs if type(item) is not DecisionMarker]
+            if isinstance(recv_reqs, list):
+                recv_reqs[:] = kept  # so nothing downstream (PP relay, dispatch) sees a marker
+            elif args:
+                return (scheduler, kept, *args[1:]), kwargs
+            else:
+                return (scheduler,), {**kwargs, "recv_reqs": kept}
+        if self.recorder is not None and self.is_source:
+            try:
+                self._record_arrivals(recv_reqs)
+            except Exception as exc:
+                self.fault("arrivals", exc)
+        return None
+
+    def around_run_batch(self, original: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
+        """AROUND ``Scheduler.run_batch``: apply a due marker, capture the launch."""
+        try:
+            step = scheduler.forward_ct + 1  # run_batch's first act: forward_ct += 1
+        except Exception as exc:  # same on every rank: none of them applies anything
+            self.fault("run_batch", exc)
+            return original(scheduler, *args, **kwargs)
+        self.launch_step = step
+        pending = self._pending
+        if pending is not None and step >= pending.apply_from_step:
+            self._pending = None
+            self.controller = pending if pending.mode == CONTROLLER else None
+        self.last_steps = -1
+        slot = None
+        if self.is_source:
+            try:
+                batch = args[0] if args else kwargs["batch"]
+                slot = self._capture_launch(scheduler, batch, step, time.monotonic())
+            except Exception as exc:
+                self.fault("launch", exc)
+        result = original(scheduler, *args, **kwargs)
+        if slot is not None:
+            steps = self.last_steps
+            slot.steps_used = steps if slot.is_decode and steps > 0 else 0
+        return result
+
+    def around_process_batch_result(self, original: Any, scheduler: Any, *args: Any,
+                                    **kwargs: Any) -> Any:
+        """AROUND ``Scheduler.process_batch_result``: send the step's telemetry (source)."""
+        if not self.is_source:
+            return original(scheduler, *args, **kwargs)
+        slot = batch = None
+        try:
+            batch = args[0] if args else kwargs["batch"]
+            step = batch.forward_iter
+            candidate = self._slots[step % _RING]
+            if candidate.step != step:
+                self.counters["unmatched_results"] += 1  # launched before attach, or lost
+            elif not candidate.sent:
+                slot = candidate
+        except Exception as exc:
+            self.fault("result", exc)
+        self._processing = slot
+        result = original(scheduler, *args, **kwargs)
+        self._processing = None
+        try:
+            if slot is not None and not slot.sent:
+                self._send(slot, time.monotonic())
+            if self.recorder is not None and batch is not None:
+                self._record_finished(batch)
+        except Exception as exc:
+            self.fault("result", exc)
+        return result
+
+    def on_verify(self, num_correct_drafts_per_req: list[int]) -> None:
+        """Per-request accepted drafts of the batch being processed (from the policy)."""
+        slot = self._processing
+        if slot is None:
+            return
+        try:
+            slot.accepted = num_correct_drafts_per_req
+            if slot.next_launch is not None:
+                # The next step is already running (overlap): its launch ends this
+                # step's period, so send now and give the controller the rest of
+                # result processing to answer before the next launch.
+                self._send(slot, time.monotonic())
+        except Exception as exc:
+            self.fault("verify", exc)
+
+    # -- source rank internals -----------------------------------------------------------
+
+    def _source_marker(self, now: float) -> DecisionMarker | None:
+        """A marker for every rank if what they should run has changed, else None."""
+        if now >= self._next_summary:
+            self._summary(now)
+        want = self._want(now)
+        if want is None or want is self._last_want:
+            return None
+        self._last_want = want
+        if want is TIMED_OUT or want.is_fallback:
+            policy = "" if want is TIMED_OUT else want.policy
+            marker = DecisionMarker(0, FALLBACK, 0, policy=policy)  # at once
+        else:
+            marker = DecisionMarker(0, CONTROLLER, want.apply_from_step, want.batch_grid,
+                                    want.steps, want.policy)
+        if marker.key == self._attached_key:
+            return None
+        if want is TIMED_OUT:
+            self.counters["timeouts"] += 1
+        self._attached_key = marker.key
+        self._marker_seq += 1
+        self.counters[f"markers_{marker.mode}"] += 1
+        return marker._replace(seq=self._marker_seq)
+
+    def _want(self, now: float):
+        """The client's latest word (a Decision, TIMED_OUT or None)."""
+        if self._broken:  # one last fallback marker if the controller was in charge
+            in_charge = self._attached_key is not None and self._attached_key[0] == CONTROLLER
+            return TIMED_OUT if in_charge else None
+        if self.client is None:
+            return None
+        self.client.poll(now)
+        return self.client.want(now)
+
+    def _capture_launch(self, scheduler: Any, batch: Any, step: int, now: float) -> _Slot | None:
+        if self._broken:
+            return None
+        previous = self._last_slot
+        if previous is not None and previous.next_launch is None:
+            previous.next_launch = now
+        mode = batch.forward_mode
+        is_decode = mode.is_decode()
+        if not is_decode and not mode.is_extend():
+            return None  # idle, or a prebuilt (PD-disaggregation) placeholder: no step to report
+        slot = self._slots[step % _RING]
+        if not slot.sent:
+            self.counters["telemetry_overwritten"] += 1
+        reqs = batch.reqs
+        batch_size = len(reqs)
+        running_batch = scheduler.running_batch
+        running = len(running_batch.reqs) if running_batch is not None else 0
+        capacity = scheduler.max_total_num_tokens
+        free = (scheduler.token_to_kv_pool_allocator.available_size()
+                + scheduler.tree_cache.evictable_size())
+        slot.step = step
+        slot.t_launch = now
+        slot.next_launch = None
+        slot.batch_size = batch_size
+        slot.waiting = len(scheduler.waiting_queue)
+        slot.running = running if is_decode else running + batch_size
+        slot.kv_used = max(0, capacity - free)
+        slot.kv_capacity = capacity
+        # An extend step computes at least one token per request (a record with no
+        # prefill tokens would read as a decode step).
+        slot.prefill = 0 if is_decode else (batch.extend_num_tokens or batch_size or 1)
+        slot.is_decode = is_decode
+        slot.steps_used = 0
+        slot.accepted = None
+        slot.request_ids = [r.rid for r in reqs] if self.recorder is not None else None
+        slot.sent = False
+        self._last_slot = slot
+        return slot
+
+    def _send(self, slot: _Slot, now: float) -> None:
+        slot.sent = True
+        end = slot.next_launch if slot.next_launch is not None else now
+        latency = end - slot.t_launch
+        accepted = slot.accepted
+        steps = slot.steps_used
+        if steps > 0 and accepted:
+            try:  # drafts <= steps <= 127, so int8 on the wire (checked by decode)
+                blob = bytes(accepted)
+            except ValueError:  # outside 0..255: clip
+                blob = bytes(min(max(int(a), 0), 127) for a in accepted)
+            if len(blob) > slot.batch_size:
+                blob = blob[: slot.batch_size]
+            total = sum(blob)
+        else:
+            blob, total = b"", 0
+        if self.client is not None:  # packed and sent on the client's I/O thread
+            self.client.send_telemetry((
+                self.server, self.rank, slot.step, slot.t_launch, slot.batch_size,
+                slot.waiting, slot.running, slot.kv_used, slot.kv_capacity, slot.prefill,
+                steps, blob, total, latency,
+            ), slot.step, now)
+        if self.recorder is not None:
+            self.recorder.add_step(
+                slot.step, slot.t_launch, slot.batch_size, slot.waiting, slot.running,
+                slot.kv_used, slot.kv_capacity, slot.prefill, steps, blob, latency,
+                slot.request_ids,
+            )
+
+    def _record_arrivals(self, recv_reqs: Any) -> None:
+        now = time.monotonic()
+        for item in recv_reqs:
+            for req in getattr(item, "batch", None) or (item,):
+                rid = getattr(req, "rid", None)
+                ids = getattr(req, "input_ids", None)
+                if isinstance(rid, str) and ids is not None:
+                    self.recorder.add_arrival(rid, now, len(ids))
+
+    def _record_finished(self, batch: Any) -> None:
+        recorder = self.recorder
+        for req in batch.reqs:
+            if req.finished_reason is not None:
+                recorder.add_finish(req.rid, len(req.origin_input_ids), len(req.output_ids))
+
+    def _summary(self, now: float) -> None:
+        first = self._next_summary == 0.0
+        self._next_summary = now + _SUMMARY_EVERY_S
+        if first:
+            return
+        counters = dict(self.counters)
+        if self.client is not None:
+            counters.update(self.client.counters)
+        if self.recorder is not None:
+            counters.update({f"recorder_{k}": v for k, v in self.recorder.counters.items()})
+        log.info("specctl: %s; applied=%s", counters,
+                 "controller" if self.controller is not None else self.cfg.rule)

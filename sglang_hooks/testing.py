@@ -1,0 +1,241 @@
+"""A stand-in SGLang scheduler for tests and benchmarks of the hooks.
+
+SGLang's scheduler cannot run without a GPU, so the tests drive the hooks
+through small classes with the same method names and the attributes the hooks
+read (``tests/test_sglang_contract.py`` checks those exist in the real source).
+:func:`hooked_classes` applies a :class:`~sglang_hooks.runtime.Runtime`'s hooks
+to fresh copies of them with SGLang's real ``HookRegistry``, and
+:class:`RankLoop` calls them in the order of ``Scheduler.event_loop_overlap``:
+pull (source only) -> broadcast -> process_input_requests -> run_batch (next
+batch) -> process_batch_result (previous batch). The adaptive controller is the
+real one (``AdaptiveController``) with a :class:`WorkerStandIn`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import sys
+import types
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sglang_hooks.contract import HOOK_TARGETS
+from sglang_hooks.runtime import Runtime
+
+#: SGLang's package import pulls in ``triton`` (1 GB) and, in 0.5.15.post1,
+#: ``torchvision.io``, for kernels and image decoding that the modules the plugin
+#: uses never touch. Without a GPU stack these empty stand-ins take their place.
+IMPORT_STAND_INS = {
+    "triton/__init__.py": '"""Stand-in: SGLang imports triton at package import."""\n',
+    "torchvision/__init__.py": '"""Stand-in: SGLang 0.5.15 imports torchvision.io."""\n',
+    "torchvision/io.py": (
+        "def decode_jpeg(*args, **kwargs):\n"
+        "    raise RuntimeError('torchvision stand-in: no image decoding on a CPU install')\n"
+    ),
+}
+
+
+def write_import_stand_ins(directory: str | Path) -> list[str]:
+    """Write the stand-ins for the packages that are not installed; returns their names."""
+    written = []
+    for name, text in IMPORT_STAND_INS.items():
+        package = name.split("/")[0]
+        if importlib.util.find_spec(package) is None:
+            path = Path(directory) / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            written.append(package)
+    return sorted(set(written))
+
+
+class ForwardModeStandIn:
+    """``ForwardMode``: decode or extend (prefill)."""
+
+    def __init__(self, decode: bool) -> None:
+        self._decode = decode
+
+    def is_decode(self) -> bool:
+        return self._decode
+
+    def is_extend(self) -> bool:
+        return not self._decode
+
+
+DECODE = ForwardModeStandIn(True)
+EXTEND = ForwardModeStandIn(False)
+
+
+class ReqStandIn:
+    """``Req``: the attributes the recorder reads."""
+
+    def __init__(self, rid: str, prompt_tokens: int = 16) -> None:
+        self.rid = rid
+        self.origin_input_ids = [0] * prompt_tokens
+        self.output_ids: list[int] = []
+        self.finished_reason: object | None = None
+
+
+class BatchStandIn:
+    """``ScheduleBatch``: reqs, mode, prefill tokens; ``copy()`` keeps ``forward_iter``."""
+
+    def __init__(self, reqs: list[ReqStandIn], forward_mode: ForwardModeStandIn,
+                 extend_num_tokens: int | None = None) -> None:
+        self.reqs = reqs
+        self.forward_mode = forward_mode
+        self.extend_num_tokens = extend_num_tokens
+        self.forward_iter: int | None = None
+
+    def copy(self) -> BatchStandIn:
+        other = BatchStandIn(self.reqs[:], self.forward_mode, self.extend_num_tokens)
+        other.forward_iter = self.forward_iter
+        return other
+
+
+class _Pool:
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def available_size(self) -> int:
+        return self.size
+
+    def evictable_size(self) -> int:
+        return self.size // 4
+
+
+class WorkerStandIn:
+    """An ``AdaptiveSpecWorker``: remembers which runtime state is active."""
+
+    def __init__(self, speculative_num_steps: int, state_class: type) -> None:
+        self.speculative_num_steps = speculative_num_steps
+        self._state_class = state_class
+        self.switches = 0
+
+    def build_adaptive_runtime_state(self, speculative_num_steps: int,
+                                     speculative_num_draft_tokens: int,
+                                     cuda_graph_bs: list[int] | None = None) -> Any:
+        return self._state_class(speculative_num_steps, speculative_num_draft_tokens,
+                                 None, None, None, None, None, None)
+
+    def apply_runtime_state(self, state: Any) -> None:
+        self.switches += self.speculative_num_steps != state.speculative_num_steps
+        self.speculative_num_steps = state.speculative_num_steps
+
+
+class SchedulerStandIn:
+    """``Scheduler``: what the hooks read, and the four hooked methods.
+
+    ``run_batch`` asks the adaptive controller for the batch's steps (as
+    ``EAGLEWorkerV2.forward_batch_generation`` does); ``process_batch_result``
+    feeds it the accepted drafts (as ``_resolve_spec_v2_tokens`` does), taken
+    from ``acceptance(step_index, steps, batch_size)``.
+    """
+
+    def __init__(self, adaptive: Any, worker: WorkerStandIn,
+                 acceptance: Callable[[int, int, int], list[int]], port: int = 30000) -> None:
+        self.adaptive = adaptive
+        self.worker = worker
+        self.acceptance = acceptance
+        self.forward_ct = 0
+        self.waiting_queue: list = []
+        self.running_batch = BatchStandIn([], DECODE)
+        self.token_to_kv_pool_allocator = _Pool(400_000)
+        self.tree_cache = _Pool(40_000)
+        self.max_total_num_tokens = 500_000
+        self.server_args = types.SimpleNamespace(port=port)
+        self.dispatched: list = []
+        #: (step index, steps) of every decode batch launched.
+        self.launched: list[tuple[int, int]] = []
+
+    def process_input_requests(self, recv_reqs: list) -> None:
+        self.dispatched.extend(recv_reqs)
+
+    def run_batch(self, batch: BatchStandIn) -> int:
+        self.forward_ct += 1
+        batch.forward_iter = self.forward_ct
+        if batch.forward_mode.is_decode():
+            self.adaptive.activate_step_by_batch(len(batch.reqs))
+            self.launched.append((self.forward_ct, self.worker.speculative_num_steps))
+            return self.worker.speculative_num_steps
+        return 0
+
+    def process_batch_result(self, batch: BatchStandIn, result: int) -> None:
+        if batch.forward_mode.is_decode():
+            drafts = self.acceptance(batch.forward_iter, result, len(batch.reqs))
+            self.adaptive.on_verify_complete(drafts, batch_size=len(batch.reqs))
+            for req, accepted in zip(batch.reqs, drafts, strict=True):
+                req.output_ids.extend([1] * (accepted + 1))
+
+
+class ReceiverStandIn:
+    """``SchedulerRequestReceiver``: ``_pull_raw_reqs`` returns a list on the source only."""
+
+    def __init__(self, is_source: bool) -> None:
+        self.is_source = is_source
+        self.inbox: deque = deque()
+
+    def _pull_raw_reqs(self) -> list | None:
+        if not self.is_source:
+            return None
+        pulled = list(self.inbox)
+        self.inbox.clear()
+        return pulled
+
+
+_module_ids = itertools.count()
+
+
+def hooked_classes(runtime: Runtime) -> tuple[type, type]:
+    """Fresh (scheduler, receiver) stand-in classes with ``runtime``'s hooks applied by
+    SGLang's ``HookRegistry``, exactly as ``sglang_hooks.plugin`` registers them."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    name = f"sglang_hooks._standins_{next(_module_ids)}"
+    module = types.ModuleType(name)
+    module.Scheduler = type("Scheduler", (SchedulerStandIn,), {"__module__": name})
+    module.SchedulerRequestReceiver = type(
+        "SchedulerRequestReceiver", (ReceiverStandIn,), {"__module__": name})
+    sys.modules[name] = module
+    hooks = runtime.hook_table()
+    for target in HOOK_TARGETS:
+        hook, hook_type = hooks[target.name]
+        # The stand-in method is defined on the base class; give the subclass its own
+        # attribute so the patch stays on this copy.
+        cls = getattr(module, target.cls)
+        setattr(cls, target.name, getattr(cls, target.name))
+        HookRegistry.register(f"{name}.{target.cls}.{target.name}", hook, HookType[hook_type])
+    HookRegistry.apply_hooks()
+    return module.Scheduler, module.SchedulerRequestReceiver
+
+
+class RankLoop:
+    """One rank's scheduler loop, step by step, in overlap order."""
+
+    def __init__(self, scheduler: SchedulerStandIn, receiver: ReceiverStandIn) -> None:
+        self.scheduler = scheduler
+        self.receiver = receiver
+        self._in_flight: tuple[BatchStandIn, int] | None = None
+
+    def pull(self) -> list | None:
+        """The source's pulled requests (with any marker), None on other ranks."""
+        return self.receiver._pull_raw_reqs()
+
+    def iterate(self, broadcast: list, batch: BatchStandIn | None) -> None:
+        """The rest of one loop iteration, given the list the TP broadcast delivered."""
+        scheduler = self.scheduler
+        scheduler.process_input_requests(broadcast)
+        launched = None
+        if batch is not None:
+            result = scheduler.run_batch(batch)
+            launched = (batch.copy(), result)
+        if self._in_flight is not None:
+            scheduler.process_batch_result(*self._in_flight)
+        self._in_flight = launched
+
+    def drain(self) -> None:
+        """Process the last launched batch's result (the loop going idle)."""
+        if self._in_flight is not None:
+            self.scheduler.process_batch_result(*self._in_flight)
+            self._in_flight = None

@@ -1,0 +1,359 @@
+"""specctl-serve: the real daemon process over real sockets, and its server class in-process."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zmq
+
+from controller.policy_file import ExportedPolicy
+from controller.reload import PolicyHolder
+from controller.security import CurveConfig, UnsafeEndpointError, check_endpoint, is_local
+from controller.server import ControllerServer, ServeOptions
+from controller.wire import (
+    DECISION_LAG,
+    MAX_FRAME_BYTES,
+    Decision,
+    Hello,
+    decode,
+    encode_hello,
+    encode_step,
+)
+from env.features import FeatureBuilder, FeatureSpec
+from env.schema import StepRecord
+
+REPO = Path(__file__).resolve().parents[1]
+_SOCKETS = tempfile.mkdtemp(prefix="sc-")  # ipc paths must stay under 107 characters
+_names = iter(range(10**6))
+
+
+def ipc() -> str:
+    return f"ipc://{_SOCKETS}/{next(_names)}.sock"
+
+
+def record(step: int, batch: int = 8, steps: int = 3, server: str = "s", rank: int = 0,
+           prefill: int = 0) -> StepRecord:
+    rng = np.random.default_rng(step)
+    accepted = rng.integers(0, steps + 1, size=batch).astype(np.int8) if steps else []
+    return StepRecord(server, rank, step, step * 0.01, batch, 2, batch, 5000, 100_000, prefill,
+                      steps, np.asarray(accepted, np.int8), 0.01 + 0.001 * steps)
+
+
+@pytest.fixture
+def policy_path(tmp_path) -> Path:
+    path = tmp_path / "policy.npz"
+    ExportedPolicy.random(seed=1, name="first").save(path)
+    return path
+
+
+class Client:
+    """A raw DEALER socket speaking the wire protocol (what the plugin's client sends)."""
+
+    def __init__(self, endpoint: str, context: zmq.Context | None = None) -> None:
+        self.context = context or zmq.Context.instance()
+        self.sock = self.context.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(endpoint)
+
+    def send(self, frame: bytes) -> None:
+        self.sock.send(frame)
+
+    def recv(self, timeout_s: float = 5.0) -> Decision | None:
+        if not self.sock.poll(int(timeout_s * 1000)):
+            return None
+        return decode(self.sock.recv())
+
+    def close(self) -> None:
+        self.sock.close(0)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# -- the daemon process --------------------------------------------------------------------
+
+
+def start_serve(*overrides: str) -> tuple[subprocess.Popen, float]:
+    """Start ``specctl-serve`` (``python -m controller.cli``); returns it and its start-up time."""
+    started = time.perf_counter()
+    process = subprocess.Popen([sys.executable, "-m", "controller.cli", *overrides], cwd=REPO,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in process.stdout:
+        if "serving policy" in line:
+            return process, time.perf_counter() - started
+    raise AssertionError(f"specctl-serve exited with {process.wait()} before serving")
+
+
+def test_serve_process_answers_reloads_and_stops_cleanly(policy_path):
+    endpoint, port = ipc(), free_port()
+    process, startup_s = start_serve(f"policy={policy_path}", f"endpoint={endpoint}",
+                                     f"metrics_port={port}", "reload_poll_s=0.1")
+    client = Client(endpoint)
+    try:
+        assert startup_s < 3.0  # interpreter, hydra, numpy, zmq; typically ~0.6 s
+        client.send(encode_hello(Hello("s", 0, tuple(range(8)))))
+        client.send(encode_step(record(1)))
+        decision = client.recv()
+        assert decision.policy == "first" and decision.apply_from_step == 1 + DECISION_LAG
+        assert not decision.is_fallback and decision.batch_grid[0] == 1
+
+        ExportedPolicy.random(seed=2, name="second").save(policy_path)
+        deadline = time.monotonic() + 5
+        while decision.policy != "second" and time.monotonic() < deadline:
+            time.sleep(0.05)
+            client.send(encode_step(record(decision.apply_from_step)))
+            decision = client.recv()
+        assert decision.policy == "second"
+
+        policy_path.write_bytes(b"not a policy")  # corrupt: the old one keeps serving
+        os.kill(process.pid, signal.SIGHUP)  # and SIGHUP forces the attempt
+        time.sleep(0.3)
+        client.send(encode_step(record(decision.apply_from_step)))
+        assert client.recv().policy == "second"
+
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+        text = metrics.decode()
+        assert re.search(r"specctl_decisions_total [3-9]", text)
+        assert 'specctl_policy_reloads_total{result="ok"} 1.0' in text
+        assert 'specctl_policy_reloads_total{result="error"} 1.0' in text
+        assert "specctl_decision_latency_seconds_bucket" in text
+    finally:
+        client.close()
+        process.send_signal(signal.SIGTERM)
+        output = process.communicate(timeout=10)[0]
+    assert process.returncode == 0, output
+    assert "stopped" in output and "policy reload failed" in output
+
+
+def test_serve_refuses_a_public_endpoint_and_a_missing_policy(policy_path):
+    for overrides, message in [
+        ([f"policy={policy_path}", "endpoint=tcp://0.0.0.0:5599"], "reachable from other hosts"),
+        (["policy=/nonexistent/policy.npz", f"endpoint={ipc()}"], "not a readable .npz"),
+    ]:
+        result = subprocess.run([sys.executable, "-m", "controller.cli", *overrides], cwd=REPO,
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 2 and message in result.stdout + result.stderr
+
+
+def test_serving_never_imports_torch(policy_path):
+    script = f"""
+import sys, threading, time
+from omegaconf import OmegaConf
+from controller.cli import serve
+cfg = OmegaConf.load("configs/serve.yaml")
+cfg.policy, cfg.endpoint = "{policy_path}", "{ipc()}"
+stop = threading.Event()
+thread = threading.Thread(target=serve, args=(cfg, stop))
+thread.start()
+time.sleep(0.5)
+stop.set()
+thread.join()
+print("torch" in sys.modules, "gymnasium" in sys.modules)
+"""
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[0] == "False"
+
+
+# -- the server class, in-process -------------------------------------------------------------
+
+
+@pytest.fixture
+def server(policy_path):
+    server = ControllerServer(PolicyHolder(policy_path), ServeOptions(endpoint=ipc()))
+    yield server
+    server.close()
+
+
+def pump(server: ControllerServer, until: int, timeout_s: float = 5.0) -> int:
+    """Poll until ``until`` decisions were sent (in however many polls it takes)."""
+    sent, deadline = 0, time.monotonic() + timeout_s
+    while sent < until and time.monotonic() < deadline:
+        sent += server.poll_once(20)
+    return sent
+
+
+def test_one_decision_per_stream_answering_its_latest_record(server):
+    a, b = Client(server.endpoint), Client(server.endpoint)
+    for step in (1, 2, 3):
+        a.send(encode_step(record(step, server="a")))
+    b.send(encode_step(record(7, server="b", rank=1)))
+    time.sleep(0.2)  # all four frames are waiting: one poll drains them
+    assert server.poll_once(100) == 2
+    assert a.recv().apply_from_step == 3 + DECISION_LAG
+    assert b.recv().apply_from_step == 7 + DECISION_LAG
+    assert a.recv(0.2) is None
+    assert server.metrics.registry.get_sample_value("specctl_telemetry_records_total") == 4
+
+
+def test_decisions_are_the_policy_on_the_feature_modules_observations(server, policy_path):
+    """The controller's table equals the policy evaluated on FeatureBuilder's grid."""
+    policy = ExportedPolicy.load(policy_path)
+    builder = FeatureBuilder(policy.feature_spec)
+    client = Client(server.endpoint)
+    for step in range(1, 30):
+        rec = record(step, batch=1 + step % 9, steps=step % 8)
+        builder.update(rec)
+        client.send(encode_step(rec))
+        assert pump(server, 1) == 1
+        decision = client.recv()
+        expected = policy.act(builder.observation_grid())
+        grid = policy.feature_spec.batch_grid
+        size = rec.batch_size
+        chosen = int(expected[max(i for i, g in enumerate(grid) if g <= size)])
+        builder.note_decision(chosen)
+        table = dict(zip(decision.batch_grid, decision.steps, strict=True))
+        for i, g in enumerate(grid):  # the sent table is compressed: look up the floor
+            floor = max(k for k in table if k <= g)
+            assert table[floor] == expected[i]
+
+
+def test_candidate_steps_restrict_the_choice(policy_path):
+    spec = FeatureSpec()
+    only_high = ExportedPolicy.random(seed=5, actions=[5, 6, 7], name="high")
+    only_high.save(policy_path)
+    server = ControllerServer(PolicyHolder(policy_path), ServeOptions(endpoint=ipc()))
+    try:
+        ok, none = Client(server.endpoint), Client(server.endpoint)
+        ok.send(encode_hello(Hello("ok", 0, (0, 6))))
+        none.send(encode_hello(Hello("none", 0, (0, 1, 2))))
+        ok.send(encode_step(record(1, server="ok")))
+        none.send(encode_step(record(1, server="none")))
+        assert pump(server, 2) == 2
+        assert set(ok.recv().steps) == {6}
+        assert none.recv().is_fallback
+        fallbacks = server.metrics.registry.get_sample_value(
+            "specctl_fallback_replies_total", {"reason": "no_allowed_action"})
+        assert fallbacks == 1 and spec.max_depth == 7
+    finally:
+        server.close()
+
+
+def test_shadow_mode_decides_but_replies_fallback(policy_path, caplog):
+    server = ControllerServer(PolicyHolder(policy_path),
+                              ServeOptions(endpoint=ipc(), shadow=True, log_every_s=0.0))
+    try:
+        client = Client(server.endpoint)
+        for step in range(1, 6):
+            client.send(encode_step(record(step)))
+            assert pump(server, 1) == 1
+            assert client.recv().is_fallback
+        with caplog.at_level("INFO"):
+            server.poll_once(1)
+        assert "shadow mode: the policy would have chosen steps" in caplog.text
+        assert server.metrics.registry.get_sample_value(
+            "specctl_fallback_replies_total", {"reason": "shadow"}) == 5
+    finally:
+        server.close()
+
+
+def test_bad_frames_are_counted_and_serving_goes_on(server):
+    client = Client(server.endpoint)
+    client.send(b"\xc1\xc1")
+    client.send(b"\x00" * (MAX_FRAME_BYTES + 1))
+    client.sock.send_multipart([b"two", b"frames"])
+    client.send(b"\x92\x07\x02")  # version 7
+    client.send(encode_step(record(1)))
+    assert pump(server, 1) == 1
+    assert client.recv() is not None
+    errors = {kind: server.metrics.registry.get_sample_value(
+        "specctl_wire_errors_total", {"kind": kind}) for kind in
+        ("garbage", "oversized", "malformed", "version")}
+    assert errors == {"garbage": 1, "oversized": 1, "malformed": 1, "version": 1}
+
+
+def test_transport_cap_disconnects_a_flooding_peer(server):
+    """Frames beyond ZMQ_MAXMSGSIZE never reach Python; the peer is dropped, others served."""
+    bad, good = Client(server.endpoint), Client(server.endpoint)
+    bad.send(b"\x00" * (2 << 20))
+    good.send(encode_step(record(1)))
+    assert pump(server, 1) == 1 and good.recv() is not None
+
+
+def test_a_restarted_server_starts_a_fresh_stream(server):
+    client = Client(server.endpoint)
+    for step in (50, 51, 1):
+        client.send(encode_step(record(step)))
+        assert pump(server, 1) == 1
+        assert client.recv().apply_from_step == step + DECISION_LAG
+    assert server.counters["stream_restarts"] == 1
+
+
+def test_corrupt_policy_file_on_reload_keeps_the_old_policy(server, policy_path):
+    holder = server.holder
+    policy_path.write_bytes(b"PK\x03\x04 truncated zip")
+    holder.request_reload()
+    assert holder.poll() is False and holder.policy.name == "first"
+    spec = FeatureSpec(max_depth=3)  # a different feature spec: streams start afresh
+    ExportedPolicy.random(spec=spec, seed=9, name="third").save(policy_path)
+    holder.request_reload()
+    assert holder.poll() is True and holder.policy.name == "third"
+    client = Client(server.endpoint)
+    client.send(encode_step(record(1)))
+    assert pump(server, 1) == 1
+    decision = client.recv()
+    assert decision.policy == "third" and max(decision.steps) <= 3
+
+
+def test_only_local_endpoints_without_curve():
+    assert is_local("ipc:///tmp/x") and is_local("tcp://127.0.0.1:1") and is_local("tcp://[::1]:2")
+    assert is_local("tcp://localhost:3")
+    for endpoint in ("tcp://*:5", "tcp://0.0.0.0:5", "tcp://10.0.0.1:5", "tcp://eth0:5"):
+        with pytest.raises(UnsafeEndpointError, match="reachable from other hosts"):
+            check_endpoint(endpoint, None)
+    check_endpoint("tcp://0.0.0.0:5", CurveConfig("keys/server.key_secret"))
+
+
+def test_curve_encrypts_and_admits_only_listed_clients(tmp_path, policy_path):
+    import zmq.auth
+
+    from sglang_hooks.client import ControllerClient
+
+    server_public, server_secret = zmq.auth.create_certificates(tmp_path, "server")
+    allowed = tmp_path / "allowed"
+    allowed.mkdir()
+    client_public, client_secret = zmq.auth.create_certificates(tmp_path, "client")
+    os.replace(client_public, allowed / Path(client_public).name)
+    public_key = zmq.auth.load_certificate(server_public)[0].decode()
+    port = free_port()
+    server = ControllerServer(PolicyHolder(policy_path), ServeOptions(
+        endpoint=f"tcp://0.0.0.0:{port}", curve=CurveConfig(server_secret, str(allowed))))
+    stop = threading.Event()
+    thread = threading.Thread(target=server.run, args=(stop, 10))
+    thread.start()
+    hello = Hello("s", 0, tuple(range(8)))
+    listed = ControllerClient(f"tcp://127.0.0.1:{port}", hello, 2.0, public_key, client_secret)
+    stranger = ControllerClient(f"tcp://127.0.0.1:{port}", hello, 2.0, public_key)
+    try:
+        deadline, step = time.monotonic() + 5, 0
+        while time.monotonic() < deadline and listed.counters["decisions"] == 0:
+            step += 1  # keep sending: nothing is queued until the handshake completes
+            for c in (listed, stranger):
+                c.send_telemetry(encode_step(record(step)), step, time.monotonic())
+                c.poll(time.monotonic())
+            time.sleep(0.02)
+        assert isinstance(listed.want(time.monotonic()), Decision)
+        stranger.poll(time.monotonic())
+        assert stranger.counters["decisions"] == 0 and stranger.counters["telemetry_sent"] == 0
+    finally:
+        stop.set()
+        thread.join(5)
+        listed.close()
+        stranger.close()
+        server.close()

@@ -1,0 +1,140 @@
+"""The plugin's controller client: never blocks, ages decisions, falls back on silence."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+
+import numpy as np
+import zmq
+
+from controller.wire import DECISION_LAG, Decision, Hello, decode, encode_decision, encode_step
+from env.schema import StepRecord
+from sglang_hooks.client import TIMED_OUT, ControllerClient
+
+_SOCKETS = tempfile.mkdtemp(prefix="sc-")
+_names = iter(range(10**6))
+HELLO = Hello("s", 0, tuple(range(8)))
+
+
+def ipc() -> str:
+    return f"ipc://{_SOCKETS}/{next(_names)}.sock"
+
+
+def frame(step: int) -> bytes:
+    return encode_step(StepRecord("s", 0, step, 0.0, 1, 0, 1, 0, 1, 0, 1,
+                                  np.zeros(1, np.int8), 0.01))
+
+
+class Router:
+    """The controller's side of the socket, answered by hand."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.sock = zmq.Context.instance().socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.bind(endpoint)
+
+    def receive(self, timeout_s: float = 5.0) -> tuple[bytes, object]:
+        assert self.sock.poll(int(timeout_s * 1000)), "nothing received"
+        identity, payload = self.sock.recv_multipart()
+        return identity, decode(payload)
+
+    def telemetry(self) -> tuple[bytes, StepRecord]:
+        while True:
+            identity, message = self.receive()
+            if isinstance(message, StepRecord):
+                return identity, message
+
+    def answer(self, identity: bytes, step: int, steps: int = 4) -> None:
+        decision = Decision(step, step + DECISION_LAG, "p", (1,), (steps,))
+        self.sock.send_multipart([identity, encode_decision(decision)])
+
+    def close(self) -> None:
+        self.sock.close(0)
+
+
+def settle(client: ControllerClient, seconds: float = 0.2) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        client.poll(time.monotonic())
+        time.sleep(0.005)
+
+
+def test_decisions_are_followed_until_the_controller_goes_quiet():
+    endpoint = ipc()
+    router = Router(endpoint)
+    client = ControllerClient(endpoint, HELLO, timeout_s=0.1)
+    try:
+        settle(client)
+        _, hello = router.receive()
+        assert hello == HELLO
+        assert client.want(time.monotonic()) is None  # nothing decided yet: local rule
+        client.send_telemetry(frame(1), 1, time.monotonic())
+        identity, record = router.telemetry()
+        router.answer(identity, record.step_index)
+        settle(client)
+        decision = client.want(time.monotonic())
+        assert isinstance(decision, Decision) and decision.steps == (4,)
+
+        client.send_telemetry(frame(2), 2, time.monotonic())  # never answered
+        settle(client, 0.05)
+        assert client.want(time.monotonic()) == decision  # within the timeout
+        settle(client, 0.1)
+        assert client.want(time.monotonic()) is TIMED_OUT
+
+        client.send_telemetry(frame(3), 3, time.monotonic())
+        router.telemetry()
+        identity, record = router.telemetry()
+        router.answer(identity, record.step_index, steps=6)
+        settle(client)
+        assert client.want(time.monotonic()).steps == (6,)  # resumed
+    finally:
+        client.close()
+        router.close()
+
+
+def test_late_and_out_of_order_decisions_are_dropped():
+    endpoint = ipc()
+    router = Router(endpoint)
+    client = ControllerClient(endpoint, HELLO, timeout_s=0.05)
+    try:
+        settle(client)
+        router.receive()
+        for step in (1, 2):
+            client.send_telemetry(frame(step), step, time.monotonic())
+        identity, _ = router.telemetry()
+        router.telemetry()
+        time.sleep(0.08)
+        router.answer(identity, 1)  # answers step 1, 80 ms after it was sent: stale
+        settle(client, 0.05)
+        assert client.counters["decisions_stale"] == 1
+        assert client.want(time.monotonic()) is TIMED_OUT
+        client.send_telemetry(frame(3), 3, time.monotonic())
+        router.telemetry()
+        router.answer(identity, 3)
+        router.answer(identity, 2)  # older than what was just accepted
+        settle(client, 0.05)
+        assert client.counters["decisions"] == 1
+        assert client.counters["decisions_out_of_order"] == 1
+        assert client.want(time.monotonic()).apply_from_step == 3 + DECISION_LAG
+    finally:
+        client.close()
+        router.close()
+
+
+def test_a_missing_controller_costs_nothing_and_means_fallback():
+    client = ControllerClient(ipc(), HELLO, timeout_s=0.01)  # nobody listens there
+    try:
+        started = time.perf_counter()
+        for step in range(10_000):
+            client.send_telemetry(frame(step), step, time.monotonic())
+            client.poll(time.monotonic())
+        elapsed = time.perf_counter() - started
+        assert elapsed < 1.0  # a few microseconds per step, never a blocked send
+        time.sleep(0.05)  # let the I/O thread try what is queued
+        counters = client.counters
+        assert counters["telemetry_sent"] == 0
+        assert counters["telemetry_dropped"] + counters["telemetry_backlog_dropped"] == 10_000
+        assert client.want(time.monotonic()) is TIMED_OUT
+    finally:
+        client.close()

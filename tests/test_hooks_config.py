@@ -1,0 +1,47 @@
+"""The plugin's environment variables: off unless asked, and errors that name the variable."""
+
+from __future__ import annotations
+
+import pytest
+
+from sglang_hooks.config import ConfigError, PluginConfig, from_env
+
+
+def test_nothing_set_means_disabled():
+    assert from_env({}) is None
+    assert from_env({"SPECCTL_TIMEOUT_MS": "20", "SPECCTL_SERVER": "a"}) is None
+
+
+def test_a_full_configuration(tmp_path):
+    table = tmp_path / "table.json"
+    table.write_text('{"32": 1, "1": 3, "64": 0}')
+    cfg = from_env({
+        "SPECCTL_CONTROLLER": "tcp://127.0.0.1:5557", "SPECCTL_FALLBACK": f"table:{table}",
+        "SPECCTL_TIMEOUT_MS": "25", "SPECCTL_RECORD": str(tmp_path), "SPECCTL_SERVER": "gpu0",
+    })
+    assert cfg == PluginConfig(controller="tcp://127.0.0.1:5557", fallback="table",
+                               table=((1, 3), (32, 1), (64, 0)), timeout_s=0.025,
+                               record_dir=str(tmp_path), server="gpu0")
+    assert cfg.rule == "table"
+
+
+def test_exploration_is_a_record_mode():
+    cfg = from_env({"SPECCTL_RECORD": "/tmp/t", "SPECCTL_RECORD_EXPLORE": "1",
+                    "SPECCTL_EXPLORE_DWELL": "8"})
+    assert cfg.rule == "explore" and cfg.explore_dwell == 8
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    ({"SPECCTL_CONTROLLER": "localhost:5557"}, "SPECCTL_CONTROLLER='localhost:5557'"),
+    ({"SPECCTL_FALLBACK": "ema"}, "SPECCTL_FALLBACK='ema'"),
+    ({"SPECCTL_FALLBACK": "table:{1: 2}"}, "SPECCTL_FALLBACK table is not JSON"),
+    ({"SPECCTL_FALLBACK": 'table:{"x": 2}'}, "SPECCTL_FALLBACK table entry 'x'"),
+    ({"SPECCTL_FALLBACK": 'table:{"4": -1}'}, "SPECCTL_FALLBACK table entry '4'"),
+    ({"SPECCTL_FALLBACK": "table:/no/such/file"}, "SPECCTL_FALLBACK table file /no/such/file"),
+    ({"SPECCTL_CONTROLLER": "ipc:///x", "SPECCTL_TIMEOUT_MS": "5"}, "SPECCTL_TIMEOUT_MS='5'"),
+    ({"SPECCTL_RECORD_EXPLORE": "1", "SPECCTL_FALLBACK": "sglang"}, "needs SPECCTL_RECORD"),
+    ({"SPECCTL_RECORD": "/tmp/t", "SPECCTL_RECORD_EXPLORE": "maybe"}, "SPECCTL_RECORD_EXPLORE"),
+])
+def test_errors_name_the_variable(env, message):
+    with pytest.raises(ConfigError, match=message.replace("{", r"\{").replace("(", r"\(")):
+        from_env(env)

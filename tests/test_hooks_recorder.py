@@ -1,0 +1,64 @@
+"""Record mode's writer: bounded, non-blocking, periodic files, a trace the reader accepts."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from env.trace_format import read_trace
+from sglang_hooks.recorder import Recorder
+
+
+def add_steps(recorder: Recorder, first: int, count: int) -> None:
+    for step in range(first, first + count):
+        recorder.add_step(step, recorder.t0 + step * 0.01, 3, 1, 3, 900, 10_000, 0, 2,
+                          bytes([0, 2, 9]), 0.01, ["a", "b", "c"])
+
+
+def test_steps_and_requests_reach_a_valid_trace(tmp_path):
+    recorder = Recorder(tmp_path, "srv", 0, flush_s=60.0)
+    recorder.add_arrival("a", recorder.t0 + 0.5, 7)
+    recorder.add_arrival("b", recorder.t0 + 0.25, 5)
+    add_steps(recorder, 1, 50)
+    recorder.add_finish("a", 7, 12)
+    recorder.add_finish("b", 5, 0)  # no output: not a request the trace format can hold
+    recorder.add_finish("z", 3, 3)  # arrived before recording started: unknown arrival
+    recorder.close()
+    trace = read_trace(recorder.files)
+    assert [s.step_index for s in trace.steps] == list(range(1, 51))
+    first = trace.steps[0]
+    # 9 accepted drafts at depth 2 is impossible: clamped so the trace stays valid
+    assert first.accepted_drafts.tolist() == [0, 2, 2]
+    assert first.request_ids == ["a", "b", "c"] and abs(first.time_s - 0.01) < 1e-9
+    [request] = trace.requests.records()
+    assert (request.request_id, request.prompt_tokens, request.output_tokens) == ("a", 7, 12)
+    assert request.arrival_s == pytest.approx(0.5)
+    assert recorder.counters["steps"] == 50 and recorder.counters["requests"] == 1
+
+
+def test_files_are_written_periodically_not_only_at_exit(tmp_path):
+    recorder = Recorder(tmp_path, "srv", 0, flush_s=0.2)
+    try:
+        add_steps(recorder, 1, 10)
+        deadline = time.monotonic() + 5
+        while not recorder.files and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert recorder.files, "a file should appear within flush_s"
+        add_steps(recorder, 11, 10)
+    finally:
+        recorder.close()
+    assert len(read_trace(recorder.files).steps) == 20
+
+
+def test_a_full_queue_drops_and_counts_instead_of_blocking(tmp_path):
+    recorder = Recorder(tmp_path, "srv", 0, max_queue=100)
+    try:
+        started = time.perf_counter()
+        add_steps(recorder, 1, 20_000)
+        assert time.perf_counter() - started < 1.0
+        assert recorder.counters["dropped"] > 0
+    finally:
+        recorder.close()
+    written = len(read_trace(recorder.files).steps)
+    assert written + recorder.counters["dropped"] == 20_000

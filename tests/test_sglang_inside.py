@@ -1,0 +1,527 @@
+"""The plugin inside a real SGLang (one pinned version per run).
+
+``tests/test_sglang_versions.py`` runs this file in a subprocess whose
+``PYTHONPATH`` holds one SGLang version and ``SPECCTL_SGLANG_INSIDE`` names it;
+run directly, it skips. SGLang's own loader (``load_plugins`` with the entry
+point), ``HookRegistry``, ``AdaptiveSpeculativeParams`` and ``AdaptiveController``
+are the real ones; the scheduler is the stand-in of :mod:`sglang_hooks.testing`
+(SGLang's scheduler needs a GPU), its hooked methods patched by the real
+``HookRegistry``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import random
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+VERSION = os.environ.get("SPECCTL_SGLANG_INSIDE")
+if not VERSION:
+    pytest.skip("runs in a subprocess of tests/test_sglang_versions.py", allow_module_level=True)
+
+import zmq  # noqa: E402
+
+# Keep the original class in a container: HookRegistry's class REPLACE rebinds every
+# module global that refers to it (that is how the patch reaches SGLang's modules).
+from sglang.srt.speculative import adaptive_spec_params as asp  # noqa: E402
+
+ORIGINAL = {"params": asp.AdaptiveSpeculativeParams}
+
+import sglang.srt.plugins  # noqa: E402
+
+sglang.srt.plugins.load_plugins()
+
+from sglang.srt.plugins.hook_registry import HookRegistry, HookType  # noqa: E402
+from sglang.srt.speculative import adaptive_runtime_state as ars  # noqa: E402
+
+from controller.policy_file import ExportedPolicy  # noqa: E402
+from controller.reload import PolicyHolder  # noqa: E402
+from controller.server import ControllerServer, ServeOptions  # noqa: E402
+from controller.wire import (  # noqa: E402
+    DECISION_LAG,
+    MAX_FRAME_BYTES,
+    Decision,
+    decode,
+    encode_decision,
+)
+from env.features import FeatureSpec  # noqa: E402
+from env.schema import StepRecord  # noqa: E402
+from sglang_hooks import adaptive_config_path, plugin  # noqa: E402
+from sglang_hooks.compat import Ranks  # noqa: E402
+from sglang_hooks.config import PluginConfig  # noqa: E402
+from sglang_hooks.contract import HOOK_TARGETS, POLICY_CLASS  # noqa: E402
+from sglang_hooks.marker import DecisionMarker  # noqa: E402
+from sglang_hooks.policy import make_policy_class  # noqa: E402
+from sglang_hooks.runtime import Runtime  # noqa: E402
+from sglang_hooks.testing import (  # noqa: E402
+    DECODE,
+    EXTEND,
+    BatchStandIn,
+    RankLoop,
+    ReqStandIn,
+    WorkerStandIn,
+    hooked_classes,
+)
+
+CONFIG = str(adaptive_config_path())
+# The scheduler targets cannot be applied here (SGLang's scheduler needs a GPU stack);
+# HookRegistry retries them on every apply_hooks() and logs each failure.
+logging.getLogger("sglang.srt.plugins.hook_registry").setLevel(logging.CRITICAL)
+SOURCE, SECOND = Ranks(0, 2, 0, 1, 0, False), Ranks(1, 2, 0, 1, 0, False)
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+_SOCKETS = tempfile.mkdtemp(prefix="sc-")  # ipc paths must stay under 107 characters
+
+
+def ipc(name: str) -> str:
+    return f"ipc://{_SOCKETS}/{name}.sock"
+
+
+
+def constant_policy(steps: int, name: str = "constant") -> ExportedPolicy:
+    """A valid policy file whose arg-max is always ``steps``."""
+    spec = FeatureSpec()
+    bias = np.zeros(spec.max_depth + 1, dtype=np.float32)
+    bias[steps] = 1.0
+    return ExportedPolicy(
+        [np.zeros((spec.size, 4), np.float32), np.zeros((4, spec.max_depth + 1), np.float32)],
+        [np.zeros(4, np.float32), bias], list(range(spec.max_depth + 1)), spec, name=name,
+    )
+
+
+def restless_policy(name: str = "restless") -> ExportedPolicy:
+    """A valid policy whose choice follows the batch-size trend: it changes almost every
+    step under a wandering batch size (the harshest case for keeping ranks in step)."""
+    spec = FeatureSpec()
+    actions = np.arange(spec.max_depth + 1)
+    a = 2.0 * actions / spec.max_depth - 1.0  # each action's position in [-1, 1]
+    w0 = np.zeros((spec.size, 1), np.float32)
+    w0[spec.names().index("batch_trend"), 0] = 0.5  # hidden = tanh(trend / 2) ~ trend / 2
+    w1 = (40.0 * a[None, :]).astype(np.float32)  # logits = 40 a h - 10 a^2: best a ~ trend
+    b1 = (-10.0 * a**2).astype(np.float32)
+    return ExportedPolicy([w0, w1], [np.zeros(1, np.float32), b1], actions.tolist(), spec,
+                          name=name)
+
+
+@contextmanager
+def serving(policy: ExportedPolicy, tmp_path: Path, **options):
+    """A controller (the daemon's server class) in a thread; yields its endpoint."""
+    path = tmp_path / f"{policy.name}.npz"
+    policy.save(path)
+    server = ControllerServer(PolicyHolder(path), ServeOptions(
+        endpoint=ipc(policy.name), **options))
+    stop = threading.Event()
+    thread = threading.Thread(target=server.run, args=(stop, 5), daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        stop.set()
+        thread.join(5)
+        server.close()
+
+
+def acceptance(step: int, steps: int, batch_size: int) -> list[int]:
+    """Accepted drafts per request: a fixed function of the step, capped by its depth."""
+    rng = random.Random(step)
+    return [min(steps, rng.randint(0, 7)) for _ in range(batch_size)]
+
+
+def build_rank(runtime: Runtime, is_source: bool, policy_class: type | None = None) -> RankLoop:
+    """One rank: real AdaptiveController built the way this version's EAGLEWorkerV2 does."""
+    policy_class = policy_class or make_policy_class(ORIGINAL["params"], runtime)
+    worker = WorkerStandIn(7, ars.SpecRuntimeState)
+    if VERSION == "0.5.15.post1":
+        # AdaptiveController builds the params from its module's global, which the
+        # class REPLACE rebinds in each process; bind it to this rank's class.
+        saved = ars.AdaptiveSpeculativeParams
+        ars.AdaptiveSpeculativeParams = policy_class
+        try:
+            adaptive = ars.AdaptiveController(worker, config_path=CONFIG)
+        finally:
+            ars.AdaptiveSpeculativeParams = saved
+    else:
+        adaptive = ars.AdaptiveController(
+            worker, policy_class(initial_steps=worker.speculative_num_steps, cfg_path=CONFIG))
+    adaptive.init_states(None)
+    scheduler_class, receiver_class = hooked_classes(runtime)
+    scheduler = scheduler_class(adaptive, worker, acceptance)
+    return RankLoop(scheduler, receiver_class(is_source))
+
+
+def runtime(ranks: Ranks = SOURCE, **cfg) -> Runtime:
+    cfg.setdefault("server", "test")
+    return Runtime(PluginConfig(**cfg), VERSION, ranks=ranks)
+
+
+def next_batch(i: int, reqs: list[ReqStandIn]) -> BatchStandIn:
+    """Mostly decode; a prefill every 10th step; the batch size wanders."""
+    if i % 10 == 3:
+        return BatchStandIn(reqs[:2], EXTEND, extend_num_tokens=512)
+    size = 1 + (i * 7) % len(reqs)
+    return BatchStandIn(reqs[:size], DECODE)
+
+
+def run_single(loop: RankLoop, iterations: int, sleep_s: float = 0.001,
+               on_iteration=None) -> None:
+    reqs = [ReqStandIn(f"r{i}") for i in range(48)]
+    for i in range(iterations):
+        pulled = loop.pull() or []  # a lone non-source rank has nobody to hear from
+        loop.iterate(pickle.loads(pickle.dumps(pulled)), next_batch(i, reqs))
+        if on_iteration is not None:
+            on_iteration(i)
+        time.sleep(sleep_s)
+    loop.drain()
+
+
+def decode_steps(loop: RankLoop) -> list[int]:
+    return [steps for _, steps in loop.scheduler.launched]
+
+
+# -- loader and registry ----------------------------------------------------------------
+
+
+def test_entry_point_registers_the_policy_class_and_the_hooks():
+    rt = plugin.RUNTIME
+    assert rt is not None and rt.cfg.controller == os.environ["SPECCTL_CONTROLLER"]
+    patched = asp.AdaptiveSpeculativeParams
+    assert patched is not ORIGINAL["params"] and issubclass(patched, ORIGINAL["params"])
+    assert patched._specctl is rt
+    if VERSION == "0.5.15.post1":  # AdaptiveController builds it from this global
+        assert ars.AdaptiveSpeculativeParams is patched
+    assert POLICY_CLASS in HookRegistry._patched
+    expected = {
+        "_pull_raw_reqs": (HookType.AFTER, rt.after_pull_raw_reqs),
+        "process_input_requests": (HookType.BEFORE, rt.before_process_input_requests),
+        "run_batch": (HookType.AROUND, rt.around_run_batch),
+        "process_batch_result": (HookType.AROUND, rt.around_process_batch_result),
+    }
+    for target in HOOK_TARGETS:
+        [(hook_type, hook, source)] = HookRegistry._hooks[target.target]
+        assert (hook_type, hook) == expected[target.name]
+        assert source.plugin_name == "specctl"
+
+
+def test_sglang_builds_the_plugin_policy_with_every_candidate_state():
+    worker = WorkerStandIn(7, ars.SpecRuntimeState)
+    if VERSION == "0.5.15.post1":
+        adaptive = ars.AdaptiveController(worker, config_path=CONFIG)
+    else:  # what EAGLEWorkerV2.__init__ does in 0.5.23
+        adaptive = ars.AdaptiveController(
+            worker, asp.AdaptiveSpeculativeParams(initial_steps=7, cfg_path=CONFIG))
+    assert type(adaptive.params) is asp.AdaptiveSpeculativeParams
+    assert plugin.RUNTIME.policy is adaptive.params
+    adaptive.init_states(None)
+    assert adaptive.candidate_steps == list(range(8))
+    assert sorted(adaptive._states) == list(range(8))
+
+
+# -- the controller in charge ----------------------------------------------------------------
+
+
+def test_controller_decisions_drive_the_real_adaptive_controller(tmp_path):
+    rt = runtime(controller=ipc("constant"), fallback="table",
+                 table=((1, 2),))
+    loop = build_rank(rt, is_source=True)
+    with serving(constant_policy(5), tmp_path) as server:
+        run_single(loop, 150)
+        rt.close()
+    steps = decode_steps(loop)
+    first = steps.index(5)
+    assert set(steps[:first]) == {2}, "the local rule runs until the first decision"
+    assert set(steps[first:]) == {5}, "then every decode step runs the controller's depth"
+    assert first < 40  # connect, HELLO, the first round trip (1 ms steps)
+    assert loop.scheduler.worker.switches == 2  # initial 7 -> rule's 2 -> controller's 5
+    assert server.metrics.registry.get_sample_value("specctl_decisions_total") > 50
+    assert not any(k.startswith("fault") for k in rt.counters), rt.counters
+    assert not any(type(r) is DecisionMarker for r in loop.scheduler.dispatched)
+
+
+def test_a_decision_applies_from_its_step_on_every_rank_and_markers_stay_internal():
+    rt = runtime()
+    loop = build_rank(rt, is_source=True)
+    rt.attach(loop.scheduler)  # no controller: attach markers by hand
+    reqs = [ReqStandIn("a"), ReqStandIn("b")]
+    marker = DecisionMarker(1, "controller", apply_from_step=5, batch_grid=(1, 2), steps=(3, 6))
+    for i in range(8):
+        broadcast = [marker, ReqStandIn("x")] if i == 1 else []
+        loop.iterate(broadcast, BatchStandIn(reqs[: 1 + i % 2], DECODE))
+    loop.drain()
+    launched = loop.scheduler.launched
+    assert [s for i, s in launched if i < 5] == [7, 7, 7, 7]  # SGLang's rule, initial 7
+    assert [s for i, s in launched if i >= 5] == [3, 6, 3, 6]  # by batch size (1 -> 3, 2 -> 6)
+    assert [type(r) for r in loop.scheduler.dispatched] == [ReqStandIn]
+
+
+def test_two_ranks_apply_the_same_steps_on_every_step_under_broadcast_delays(tmp_path):
+    policy = restless_policy()
+    endpoint = ipc("restless")
+    ranks = [runtime(SOURCE, controller=endpoint), runtime(SECOND, controller=endpoint)]
+    loops = [build_rank(ranks[0], True), build_rank(ranks[1], False)]
+    for rt, loop in zip(ranks, loops, strict=True):
+        rt.attach(loop.scheduler)
+    assert ranks[0].is_source and not ranks[1].is_source
+    reqs = [ReqStandIn(f"r{i}") for i in range(48)]
+    channel: list[bytes] = []
+    ready = threading.Condition()
+    iterations = 300
+
+    def rank1() -> None:
+        rng = random.Random(1)
+        for i in range(iterations):
+            with ready:
+                ready.wait_for(lambda i=i: len(channel) > i, timeout=30)
+            time.sleep(rng.choice([0, 0, 0, 0.002, 0.01]))  # this rank runs late
+            loops[1].iterate(pickle.loads(channel[i]), next_batch(i, reqs))
+        loops[1].drain()
+
+    rng = random.Random(0)
+    with serving(policy, tmp_path):
+        follower = threading.Thread(target=rank1)
+        follower.start()
+        for i in range(iterations):
+            pulled = loops[0].pull()
+            with ready:
+                channel.append(pickle.dumps(pulled))  # broadcast_pyobj pickles the list
+                ready.notify_all()
+            # Decisions keep arriving between the pull and the launch (broadcast and
+            # scheduling take time): the source must not act on them until they ride
+            # the next broadcast.
+            time.sleep(rng.choice([0, 0.0005, 0.002]))
+            loops[0].iterate(pickle.loads(channel[i]), next_batch(i, reqs))
+        loops[0].drain()
+        follower.join(60)
+    ranks[0].close()
+    a, b = (loop.scheduler.launched for loop in loops)
+    assert len(a) == len(b) > 200
+    assert a == b
+    assert len({s for _, s in a}) >= 4, "the policy should move the depth around"
+    assert ranks[0].counters["markers_controller"] >= 30
+
+
+def test_the_fallback_rule_is_sglangs_own_rule():
+    rt = runtime(fallback="sglang")
+    loop = build_rank(rt, is_source=True)
+    reference = ORIGINAL["params"](initial_steps=7, cfg_path=CONFIG)
+    ours = loop.scheduler.adaptive.params
+    seen = set()
+    for step in range(1, 400):
+        size = 1 + step % 5
+        steps = ours.get_steps_for_batch(size)
+        assert steps == reference.get_steps_for_batch(size)
+        seen.add(steps)
+        drafts = acceptance(step, steps, size)
+        ours.on_verify_complete(drafts, size)
+        reference.on_verify_complete(drafts, size)
+    assert len(seen) >= 2, "SGLang's rule should have moved (else the comparison is vacuous)"
+
+
+def test_table_rule_and_clamping_to_candidate_steps():
+    rt = runtime(fallback="table", table=((1, 3), (16, 1), (64, 0)))
+    loop = build_rank(rt, is_source=True)
+    params = loop.scheduler.adaptive.params
+    assert [params.get_steps_for_batch(b) for b in (1, 15, 16, 63, 64, 500)] == [3, 3, 1, 1, 0, 0]
+    rt.controller = DecisionMarker(1, "controller", 0, (1,), (11,))
+    assert params.get_steps_for_batch(4) == 7 and rt.counters["clamped"] == 1
+
+
+# -- faults ---------------------------------------------------------------------------------
+
+
+def _serve_process(policy: ExportedPolicy, tmp_path: Path, endpoint: str) -> subprocess.Popen:
+    path = tmp_path / "serve.npz"
+    policy.save(path)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "controller.cli", f"policy={path}", f"endpoint={endpoint}"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    for line in process.stdout:
+        if "serving policy" in line:
+            return process
+    raise AssertionError(f"specctl-serve did not start (exit {process.wait()})")
+
+
+def test_controller_killed_and_restarted_mid_stream(tmp_path):
+    endpoint = ipc("serve")
+    rt = runtime(controller=endpoint, fallback="table", table=((1, 2),), timeout_s=0.05)
+    loop = build_rank(rt, is_source=True)
+    process = _serve_process(constant_policy(6), tmp_path, endpoint)
+    events: dict[str, int] = {}
+
+    def chaos(i: int) -> None:
+        nonlocal process
+        if i == 100:
+            process.kill()
+            process.wait()
+            events["killed"] = loop.scheduler.forward_ct
+        if i == 250:
+            process = _serve_process(constant_policy(6), tmp_path, endpoint)
+            events["restarted"] = loop.scheduler.forward_ct
+
+    try:
+        run_single(loop, 700, sleep_s=0.002, on_iteration=chaos)
+    finally:
+        process.kill()
+        rt.close()
+    launched = loop.scheduler.launched
+    before = [s for i, s in launched if 30 < i <= events["killed"]]
+    assert set(before) == {6}
+    dead = [(i, s) for i, s in launched if events["killed"] < i <= events["restarted"]]
+    fallback_from = next(i for i, s in dead if s == 2)
+    # Timeout 50 ms at ~2-3 ms per step: fallback well within ~40 steps of the kill,
+    # and then steadily until the controller is back.
+    assert fallback_from - events["killed"] < 40
+    assert all(s == 2 for i, s in dead if i >= fallback_from)
+    back = [s for i, s in launched if i > events["restarted"]]
+    assert 6 in back, "decisions resume once the controller is back"
+    assert set(back[back.index(6):]) == {6}
+    assert len(back) - back.index(6) > 100
+    assert rt.counters["timeouts"] >= 1
+    assert not any(k.startswith("fault") for k in rt.counters), rt.counters
+
+
+class RawController:
+    """A hand-written controller: answers telemetry after ``delay_s`` with ``reply(record)``."""
+
+    def __init__(self, endpoint: str, reply, delay_s: float = 0.0) -> None:
+        self.context = zmq.Context()
+        self.sock = self.context.socket(zmq.ROUTER)
+        self.sock.bind(endpoint)
+        self.reply, self.delay_s = reply, delay_s
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        queue: list[tuple[float, bytes, list[bytes]]] = []
+        while not self.stop.is_set():
+            if self.sock.poll(1):
+                identity, frame = self.sock.recv_multipart()
+                message = decode(frame)
+                if isinstance(message, StepRecord):
+                    queue.append((time.monotonic() + self.delay_s, identity,
+                                  self.reply(message)))
+            now = time.monotonic()
+            while queue and queue[0][0] <= now:
+                _, identity, frames = queue.pop(0)
+                for frame in frames:
+                    self.sock.send_multipart([identity, frame])
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        self.sock.close(0)
+        self.context.term()
+
+
+def _decision(record: StepRecord, steps: int) -> bytes:
+    return encode_decision(Decision(record.step_index, record.step_index + DECISION_LAG, "raw",
+                                    (1,), (steps,)))
+
+
+@pytest.mark.parametrize(("delay_s", "in_charge"), [(0.15, False), (0.005, True)])
+def test_slow_controller_is_ignored_fast_one_is_followed(tmp_path, delay_s, in_charge):
+    endpoint = ipc(f"raw-{delay_s}")
+    raw = RawController(endpoint, lambda r: [_decision(r, 4)], delay_s=delay_s)
+    rt = runtime(controller=endpoint, fallback="table", table=((1, 1),), timeout_s=0.05)
+    loop = build_rank(rt, is_source=True)
+    try:
+        run_single(loop, 200, sleep_s=0.002)
+    finally:
+        raw.close()
+        rt.close()
+    late = {s for i, s in loop.scheduler.launched if i > 120}
+    assert late == ({4} if in_charge else {1})
+    assert not any(k.startswith("fault") for k in rt.counters), rt.counters
+
+
+def test_garbage_and_oversized_replies_are_counted_and_survived(tmp_path):
+    endpoint = ipc("garbage")
+
+    def reply(record: StepRecord) -> list[bytes]:
+        return [b"\xc1garbage", b"\x00" * (MAX_FRAME_BYTES + 10),
+                encode_decision(Decision(0, 0, "x"))[:-3], _decision(record, 3)]
+
+    raw = RawController(endpoint, reply)
+    rt = runtime(controller=endpoint, fallback="table", table=((1, 1),))
+    loop = build_rank(rt, is_source=True)
+    try:
+        run_single(loop, 120, sleep_s=0.002)
+        counters = dict(rt.client.counters)
+    finally:
+        raw.close()
+        rt.close()
+    assert {s for i, s in loop.scheduler.launched if i > 60} == {3}
+    assert counters["wire_error_garbage"] > 10 and counters["wire_error_oversized"] > 10
+    assert not any(k.startswith("fault") for k in rt.counters), rt.counters
+
+
+# -- record mode ---------------------------------------------------------------------------------
+
+
+def test_record_mode_with_exploration_writes_a_valid_trace(tmp_path):
+    from env.trace_format import read_trace
+
+    rt = runtime(record_dir=str(tmp_path / "trace"), record_explore=True, explore_dwell=2)
+    loop = build_rank(rt, is_source=True)
+    reqs = [ReqStandIn(f"q{i}", prompt_tokens=10 + i) for i in range(8)]
+    arrivals = [replace_rid(r) for r in reqs]
+    for i in range(200):
+        broadcast = arrivals if i == 0 else []
+        batch = (BatchStandIn(reqs, EXTEND, extend_num_tokens=100) if i == 0
+                 else BatchStandIn(reqs, DECODE))
+        if i == 150:
+            for r in reqs[:5]:
+                r.finished_reason = "length"
+        loop.iterate(broadcast, batch)
+    loop.drain()
+    rt.close()
+    trace = read_trace(sorted((tmp_path / "trace").glob("*.parquet")))
+    steps = trace.steps
+    assert [s.step_index for s in steps] == list(range(1, 201))
+    decode = [s for s in steps if s.prefill_tokens == 0]
+    assert {s.steps_used for s in decode} == set(range(8)), "every depth explored"
+    assert all(len(s.accepted_drafts) == (8 if s.steps_used else 0) for s in decode)
+    assert all(s.accepted_drafts.max(initial=0) <= s.steps_used for s in decode)
+    assert steps[0].prefill_tokens == 100 and steps[0].request_ids == [r.rid for r in reqs]
+    # the same launch order as what the scheduler ran
+    assert [s.steps_used for s in decode] == [s for _, s in loop.scheduler.launched]
+    records = trace.requests.records()
+    assert sorted(r.request_id for r in records) == [f"q{i}" for i in range(5)]
+    assert all(r.output_tokens >= 1 and r.prompt_tokens == 10 + int(r.request_id[1:])
+               for r in records)
+
+
+class _Arrival:
+    """What the tokenizer sends the scheduler: a request id and its prompt."""
+
+    def __init__(self, rid: str, n: int) -> None:
+        self.rid, self.input_ids = rid, list(range(n))
+
+
+def replace_rid(req: ReqStandIn) -> _Arrival:
+    return _Arrival(req.rid, len(req.origin_input_ids))
+
+
+def test_exploration_is_the_same_on_every_rank():
+    loops = []
+    for ranks in (SOURCE, SECOND):
+        rt = runtime(ranks, record_explore=True, explore_dwell=3)
+        loops.append(build_rank(rt, is_source=ranks is SOURCE))
+    for loop in loops:
+        run_single(loop, 120, sleep_s=0)
+    a, b = (loop.scheduler.launched for loop in loops)
+    assert a == b and {s for _, s in a} == set(range(8))

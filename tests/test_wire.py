@@ -1,0 +1,166 @@
+"""The wire protocol: round trips, and every kind of bad frame rejected with its kind."""
+
+from __future__ import annotations
+
+import msgpack
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from controller.wire import (
+    ERROR_KINDS,
+    MAX_FRAME_BYTES,
+    WIRE_VERSION,
+    Decision,
+    Hello,
+    Kind,
+    WireError,
+    decode,
+    encode_decision,
+    encode_hello,
+    encode_step,
+    pack_telemetry,
+)
+from env.schema import STEP_FIELDS, StepRecord
+
+ints = st.integers(0, 2**40)
+times = st.floats(0, 1e7, allow_nan=False, allow_infinity=False)
+
+
+@st.composite
+def step_records(draw) -> StepRecord:
+    batch = draw(st.integers(0, 300))
+    steps = draw(st.integers(0, 7))
+    accepted = draw(st.lists(st.integers(0, steps), max_size=batch)) if steps else []
+    return StepRecord(
+        server=draw(st.text(min_size=1, max_size=40)), rank=draw(st.integers(0, 1024)),
+        step_index=draw(ints), time_s=draw(times), batch_size=batch,
+        waiting_requests=draw(ints), running_requests=draw(ints), kv_used_tokens=draw(ints),
+        kv_capacity_tokens=draw(ints), prefill_tokens=draw(ints), steps_used=steps,
+        accepted_drafts=np.array(accepted, dtype=np.int8), step_latency_s=draw(times),
+    )
+
+
+@given(step_records())
+def test_telemetry_round_trip(record):
+    back = decode(encode_step(record))
+    for name in STEP_FIELDS:
+        if name == "accepted_drafts":
+            assert np.array_equal(back.accepted_drafts, record.accepted_drafts)
+            assert back.accepted_drafts.dtype == np.int8
+        elif name != "request_ids":
+            assert getattr(back, name) == getattr(record, name), name
+    assert back.accepted_drafts_sum == record.accepted_drafts_sum
+
+
+def test_hot_path_packing_matches_the_record_encoder():
+    record = StepRecord("s", 3, 17, 1.5, 4, 2, 6, 1000, 9000, 0, 3,
+                        np.array([0, 3, 1, 2], np.int8), 0.012)
+    frame = pack_telemetry("s", 3, 17, 1.5, 4, 2, 6, 1000, 9000, 0, 3,
+                           bytes([0, 3, 1, 2]), 6, 0.012)
+    assert frame == encode_step(record)
+
+
+@given(st.builds(
+    Decision, seq=ints, apply_from_step=ints, policy=st.text(max_size=20),
+    batch_grid=st.just((1, 8, 64)), steps=st.tuples(*[st.integers(0, 7)] * 3),
+))
+def test_decision_round_trip(decision):
+    assert decode(encode_decision(decision)) == decision
+
+
+def test_fallback_decision_and_hello_round_trip():
+    fallback = Decision.fallback(4, 10, "ppo")
+    assert fallback.is_fallback and decode(encode_decision(fallback)) == fallback
+    hello = Hello("server-a", 2, (0, 1, 3, 7), "specctl-plugin", 1234)
+    assert decode(encode_hello(hello)) == hello
+
+
+def _kind(frame: bytes) -> str:
+    with pytest.raises(WireError) as info:
+        decode(frame)
+    assert info.value.kind in ERROR_KINDS
+    return info.value.kind
+
+
+def _telemetry(**changes) -> list:
+    fields = dict(server="s", rank=0, step=1, time=0.5, batch=2, waiting=0, running=2, kv=10,
+                  cap=100, prefill=0, steps=3, accepted=bytes([1, 2]), total=3, count=2,
+                  latency=0.01)
+    fields.update(changes)
+    return [WIRE_VERSION, int(Kind.TELEMETRY), *fields.values()]
+
+
+@pytest.mark.parametrize(("frame", "kind"), [
+    (b"", "garbage"),
+    (b"\xc1", "garbage"),
+    (b"\x92\x01", "garbage"),  # truncated array
+    (msgpack.packb({"version": 1}), "garbage"),  # maps are not messages
+    (msgpack.packb("hello"), "garbage"),
+    (msgpack.packb([1]), "garbage"),
+    (msgpack.packb([2, 2]), "version"),
+    (msgpack.packb([True, 2]), "version"),
+    (msgpack.packb([WIRE_VERSION, 9]), "kind"),
+    (msgpack.packb([WIRE_VERSION, 2, "s"]), "malformed"),
+    (msgpack.packb(_telemetry(rank=-1)), "malformed"),
+    (msgpack.packb(_telemetry(rank=True)), "malformed"),
+    (msgpack.packb(_telemetry(server="")), "malformed"),
+    (msgpack.packb(_telemetry(server="x" * 300)), "malformed"),
+    (msgpack.packb(_telemetry(time=float("nan"))), "malformed"),
+    (msgpack.packb(_telemetry(latency="fast")), "malformed"),
+    (msgpack.packb(_telemetry(accepted=[1, 2]), use_bin_type=True), "malformed"),
+    (msgpack.packb(_telemetry(total=4), use_bin_type=True), "malformed"),
+    (msgpack.packb(_telemetry(count=1), use_bin_type=True), "malformed"),
+    (msgpack.packb(_telemetry(batch=1), use_bin_type=True), "malformed"),
+    (msgpack.packb(_telemetry(accepted=bytes([255, 4]), total=259), use_bin_type=True),
+     "malformed"),  # int8 -1
+    (msgpack.packb([WIRE_VERSION, 3, 1, 2, "p", 1, [], []]), "malformed"),
+    (msgpack.packb([WIRE_VERSION, 3, 1, 2, "p", 0, [1], [3]]), "malformed"),
+    (msgpack.packb([WIRE_VERSION, 3, 1, 2, "p", 1, [8, 1], [3, 2]]), "malformed"),
+    (msgpack.packb([WIRE_VERSION, 3, 1, 2, "p", 1, [1], [300]]), "malformed"),
+    (msgpack.packb([WIRE_VERSION, 3, 1, 2, "p", 2, [1], [3]]), "malformed"),
+    (b"\x00" * (MAX_FRAME_BYTES + 1), "oversized"),
+])
+def test_bad_frames_are_rejected_with_their_kind(frame, kind):
+    assert _kind(frame) == kind
+
+
+def test_well_formed_telemetry_frame_passes():
+    record = decode(msgpack.packb(_telemetry(), use_bin_type=True))
+    assert record.accepted_drafts.tolist() == [1, 2] and record.steps_used == 3
+
+
+@settings(max_examples=400)
+@given(st.binary(max_size=300))
+def test_decoder_never_raises_anything_but_wire_error_on_bytes(data):
+    try:
+        decode(data)
+    except WireError as exc:
+        assert exc.kind in ERROR_KINDS
+
+
+msgpack_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats() | st.text()
+    | st.binary(),
+    lambda inner: st.lists(inner, max_size=5),
+    max_leaves=8,
+)
+VALID = {
+    Kind.HELLO: [WIRE_VERSION, 1, "s", 0, 1, [0, 1], "c", 1],
+    Kind.TELEMETRY: _telemetry(),
+    Kind.DECISION: [WIRE_VERSION, 3, 1, 2, "p", 1, [1, 8], [3, 2]],
+}
+
+
+@settings(max_examples=300)
+@given(st.sampled_from(list(VALID)), st.data())
+def test_decoder_survives_any_field_replaced(kind, data):
+    """A valid message with one field (version and kind included) replaced by anything."""
+    message = list(VALID[kind])
+    index = data.draw(st.integers(0, len(message) - 1))
+    message[index] = data.draw(msgpack_values)
+    try:
+        decode(msgpack.packb(message, use_bin_type=True))
+    except WireError as exc:
+        assert exc.kind in ERROR_KINDS
