@@ -29,6 +29,7 @@ import copy
 import json
 import logging
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,8 @@ def train(cfg: DictConfig, out_dir: Path) -> Path:
         callbacks.append(CheckpointCallback(max(1, int(agent.checkpoint_every_steps) // n_envs),
                                             str(out_dir / "checkpoints"), name_prefix="ppo"))
     if agent.eval_every_steps:
+        # One in-process copy is enough; SB3 warns only because the types differ.
+        warnings.filterwarnings("ignore", message="Training and eval env are not of the same")
         eval_env = make_vec_env(SpecDecodeEnv, n_envs=1, seed=seed + 10_000,
                                 env_kwargs={"config": env_cfg, "split": "eval"})
         callbacks.append(EvalCallback(eval_env, n_eval_episodes=int(agent.eval_episodes),
