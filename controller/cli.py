@@ -29,6 +29,7 @@ from controller.policy_file import PolicyFileError  # noqa: E402
 from controller.reload import PolicyHolder  # noqa: E402
 from controller.security import CurveConfig, UnsafeEndpointError  # noqa: E402
 from controller.server import ControllerServer, ServeOptions  # noqa: E402
+from env.cost_model import load_profile  # noqa: E402
 
 log = logging.getLogger("specctl.serve")
 
@@ -50,9 +51,20 @@ def serve(cfg: DictConfig, stop: threading.Event | None = None) -> int:
         stream_idle_s=float(cfg.stream_idle_s), max_drain=int(cfg.max_drain),
         log_every_s=float(cfg.log_every_s), curve=curve,
     )
+    cost_prior = None
+    if cfg.profile:
+        try:
+            cost_prior = load_profile(cfg.profile)
+        except (OSError, ValueError) as exc:
+            log.error("cannot serve: profile %s: %s", cfg.profile, exc)
+            return 2
+    elif holder.policy.provenance.get("env", {}).get("cost_prior", "profile") == "profile":
+        log.warning("this policy was trained with a cost profile as the latency prior; "
+                    "serving without one (profile=null) it sees unfamiliar features. "
+                    "Fit one from a recorded trace (specctl-fit-profile) and pass profile=...")
     metrics = Metrics()
     try:
-        server = ControllerServer(holder, options, metrics)
+        server = ControllerServer(holder, options, metrics, cost_prior=cost_prior)
     except UnsafeEndpointError as exc:
         log.error("refusing to listen: %s", exc)
         return 2
@@ -63,7 +75,8 @@ def serve(cfg: DictConfig, stop: threading.Event | None = None) -> int:
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         signal.signal(signal.SIGINT, lambda *_: stop.set())
         signal.signal(signal.SIGHUP, lambda *_: holder.request_reload())
-    log.info("serving policy %r (%s) on %s%s%s", holder.policy.name, path, server.endpoint,
+    log.info("serving policy %r (%s), profile %s, on %s%s%s", holder.policy.name, path,
+             cfg.profile, server.endpoint,
              " [shadow mode]" if options.shadow else "",
              f", metrics on :{metrics.port}" if metrics.port else "")
     try:

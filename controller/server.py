@@ -84,12 +84,16 @@ class ControllerServer:
         holder: The policy being served (reloaded between polls).
         options: Endpoint, shadow mode, limits.
         metrics: Where to count (a private one if None).
+        cost_prior: The servers' cost profile (fitted from their recorded traces),
+            the prior of the features' latency model; None = telemetry only.
     """
 
     def __init__(self, holder: PolicyHolder, options: ServeOptions,
-                 metrics: Metrics | None = None) -> None:
+                 metrics: Metrics | None = None, cost_prior=None) -> None:
         check_endpoint(options.endpoint, options.curve)
         self.holder = holder
+        # The servers' cost profile: the feature module's latency prior (see env.features).
+        self.cost_prior = cost_prior
         self.options = options
         self.metrics = metrics or Metrics()
         self.counters: Counter[str] = Counter()
@@ -254,7 +258,7 @@ class ControllerServer:
         if len(self._streams) >= self.options.max_streams:
             oldest = min(self._streams.values(), key=lambda s: s.last_seen)
             del self._streams[oldest.key]
-        stream = _Stream(key, FeatureBuilder(self.holder.policy.feature_spec))
+        stream = _Stream(key, FeatureBuilder(self.holder.policy.feature_spec, self.cost_prior))
         stream.last_seen = time.monotonic()
         self._streams[key] = stream
         self.metrics.streams.set(len(self._streams))
@@ -275,7 +279,7 @@ class ControllerServer:
             log.warning("the new policy uses another feature spec: streams start afresh")
         for stream in self._streams.values():
             if not same_spec:
-                stream.builder = FeatureBuilder(new.feature_spec)
+                stream.builder = FeatureBuilder(new.feature_spec, self.cost_prior)
             stream.allowed = self._allowed(stream.candidates)
 
     def _sweep(self, now: float) -> None:

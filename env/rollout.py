@@ -64,7 +64,7 @@ class DecisionLoop:
     """
 
     def __init__(self, sim: Simulator, feature_spec: FeatureSpec | None = None,
-                 feedback_lag: int = 2, horizon_s: float | None = None,
+                 feedback_lag: int = 3, horizon_s: float | None = None,
                  slo_tpot_s: float | None = None, cost_prior=None) -> None:
         if feedback_lag < 1:
             raise ValueError("feedback_lag must be >= 1 (a step's own result is never known)")

@@ -22,7 +22,7 @@ from env.simulator import Simulator
 DEFAULT_CONFIG: dict[str, Any] = {
     "max_depth": 7,
     "horizon_s": 10.0,
-    "feedback_lag": 2,
+    "feedback_lag": 3,
     "held_out_fraction": 0.2,
     "profiles": ["h200_llama31_8b"],
     "acceptance": None,
@@ -172,7 +172,7 @@ class SpecDecodeEnv(gym.Env):
         }
 
 
-def reference_throughput(scenario: Scenario, feedback_lag: int = 2) -> float:
+def reference_throughput(scenario: Scenario, feedback_lag: int = 3) -> float:
     """Throughput of the scenario without speculation (the reward's baseline rate)."""
     sim = Simulator(scenario.profile, scenario.acceptance, scenario.workload, scenario.config,
                     seed=scenario.seed)

@@ -52,6 +52,8 @@ log = logging.getLogger(__name__)
 _RING = 16  # launched steps whose telemetry may still be pending
 _MAX_FAULTS = 1000  # then the source stops talking to the controller (fallback everywhere)
 _SUMMARY_EVERY_S = 60.0
+#: A launch this long after the previous step's result means the server sat idle.
+_IDLE_GAP_S = 0.05
 
 
 class _Slot:
@@ -63,7 +65,6 @@ class _Slot:
         "is_decode",
         "kv_capacity",
         "kv_used",
-        "next_launch",
         "prefill",
         "request_ids",
         "running",
@@ -114,8 +115,9 @@ class Runtime:
         self._last_want: object = None
         self._broken = False
         self._slots = [_Slot() for _ in range(_RING)]
-        self._last_slot: _Slot | None = None
         self._processing: _Slot | None = None
+        #: When the previous step's result was processed (its completion, as seen here).
+        self._last_result_end: float | None = None
         self._next_summary = 0.0
 
     # -- wiring ---------------------------------------------------------------------
@@ -291,8 +293,10 @@ class Runtime:
         result = original(scheduler, *args, **kwargs)
         self._processing = None
         try:
+            now = time.monotonic()
             if slot is not None and not slot.sent:
-                self._send(slot, time.monotonic())
+                self._send(slot, now)
+            self._last_result_end = now
             if self.recorder is not None and batch is not None:
                 self._record_finished(batch)
         except Exception as exc:
@@ -306,11 +310,6 @@ class Runtime:
             return
         try:
             slot.accepted = num_correct_drafts_per_req
-            if slot.next_launch is not None:
-                # The next step is already running (overlap): its launch ends this
-                # step's period, so send now and give the controller the rest of
-                # result processing to answer before the next launch.
-                self._send(slot, time.monotonic())
         except Exception as exc:
             self.fault("verify", exc)
 
@@ -352,9 +351,6 @@ class Runtime:
     def _capture_launch(self, scheduler: Any, batch: Any, step: int, now: float) -> _Slot | None:
         if self._broken:
             return None
-        previous = self._last_slot
-        if previous is not None and previous.next_launch is None:
-            previous.next_launch = now
         mode = batch.forward_mode
         is_decode = mode.is_decode()
         if not is_decode and not mode.is_extend():
@@ -371,7 +367,6 @@ class Runtime:
                 + scheduler.tree_cache.evictable_size())
         slot.step = step
         slot.t_launch = now
-        slot.next_launch = None
         slot.batch_size = batch_size
         slot.waiting = len(scheduler.waiting_queue)
         slot.running = running if is_decode else running + batch_size
@@ -385,13 +380,19 @@ class Runtime:
         slot.accepted = None
         slot.request_ids = [r.rid for r in reqs] if self.recorder is not None else None
         slot.sent = False
-        self._last_slot = slot
         return slot
 
     def _send(self, slot: _Slot, now: float) -> None:
         slot.sent = True
-        end = slot.next_launch if slot.next_launch is not None else now
-        latency = end - slot.t_launch
+        # A step's latency is the time between consecutive results. Under overlap
+        # scheduling, step N+1 is launched before N's result is processed, so the
+        # launch-to-launch period would measure step N-1; result to result measures
+        # N (and equals the loop period without overlap). After an idle gap the
+        # step's own launch is its start.
+        start = self._last_result_end
+        if start is None or slot.t_launch - start > _IDLE_GAP_S:
+            start = slot.t_launch
+        latency = now - start
         accepted = slot.accepted
         steps = slot.steps_used
         if steps > 0 and accepted:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import sys
+import time
 import types
 from collections import deque
 from collections.abc import Callable
@@ -91,6 +92,8 @@ class BatchStandIn:
     def copy(self) -> BatchStandIn:
         other = BatchStandIn(self.reqs[:], self.forward_mode, self.extend_num_tokens)
         other.forward_iter = self.forward_iter
+        if hasattr(self, "done_at"):
+            other.done_at = self.done_at
         return other
 
 
@@ -134,8 +137,14 @@ class SchedulerStandIn:
     """
 
     def __init__(self, adaptive: Any, worker: WorkerStandIn,
-                 acceptance: Callable[[int, int, int], list[int]], port: int = 30000) -> None:
+                 acceptance: Callable[[int, int, int], list[int]], port: int = 30000,
+                 gpu_seconds: Callable[[int], float] | None = None) -> None:
         self.adaptive = adaptive
+        #: Optional GPU model: a launched step runs ``gpu_seconds(steps)`` after the
+        #: previous one finished, and its result is ready only then (the real
+        #: ``process_batch_result`` blocks on the copy of its results).
+        self.gpu_seconds = gpu_seconds
+        self._gpu_free_at = 0.0
         self.worker = worker
         self.acceptance = acceptance
         self.forward_ct = 0
@@ -155,13 +164,21 @@ class SchedulerStandIn:
     def run_batch(self, batch: BatchStandIn) -> int:
         self.forward_ct += 1
         batch.forward_iter = self.forward_ct
+        steps = 0
         if batch.forward_mode.is_decode():
             self.adaptive.activate_step_by_batch(len(batch.reqs))
             self.launched.append((self.forward_ct, self.worker.speculative_num_steps))
-            return self.worker.speculative_num_steps
-        return 0
+            steps = self.worker.speculative_num_steps
+        if self.gpu_seconds is not None:
+            self._gpu_free_at = (max(time.monotonic(), self._gpu_free_at)
+                                 + self.gpu_seconds(steps))
+            batch.done_at = self._gpu_free_at
+        return steps
 
     def process_batch_result(self, batch: BatchStandIn, result: int) -> None:
+        done_at = getattr(batch, "done_at", None)
+        if done_at is not None:
+            time.sleep(max(0.0, done_at - time.monotonic()))
         if batch.forward_mode.is_decode():
             drafts = self.acceptance(batch.forward_iter, result, len(batch.reqs))
             self.adaptive.on_verify_complete(drafts, batch_size=len(batch.reqs))

@@ -11,6 +11,7 @@ are the real ones; the scheduler is the stand-in of :mod:`sglang_hooks.testing`
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import pickle
@@ -140,7 +141,8 @@ def acceptance(step: int, steps: int, batch_size: int) -> list[int]:
     return [min(steps, rng.randint(0, 7)) for _ in range(batch_size)]
 
 
-def build_rank(runtime: Runtime, is_source: bool, policy_class: type | None = None) -> RankLoop:
+def build_rank(runtime: Runtime, is_source: bool, policy_class: type | None = None,
+               gpu_seconds=None) -> RankLoop:
     """One rank: real AdaptiveController built the way this version's EAGLEWorkerV2 does."""
     policy_class = policy_class or make_policy_class(ORIGINAL["params"], runtime)
     worker = WorkerStandIn(7, ars.SpecRuntimeState)
@@ -158,7 +160,7 @@ def build_rank(runtime: Runtime, is_source: bool, policy_class: type | None = No
             worker, policy_class(initial_steps=worker.speculative_num_steps, cfg_path=CONFIG))
     adaptive.init_states(None)
     scheduler_class, receiver_class = hooked_classes(runtime)
-    scheduler = scheduler_class(adaptive, worker, acceptance)
+    scheduler = scheduler_class(adaptive, worker, acceptance, gpu_seconds=gpu_seconds)
     return RankLoop(scheduler, receiver_class(is_source))
 
 
@@ -525,3 +527,26 @@ def test_exploration_is_the_same_on_every_rank():
         run_single(loop, 120, sleep_s=0)
     a, b = (loop.scheduler.launched for loop in loops)
     assert a == b and {s for _, s in a} == set(range(8))
+
+
+def test_step_latency_is_the_steps_own_gpu_time_under_overlap(tmp_path):
+    """Launch-to-launch would report step N-1's duration under overlap scheduling."""
+    from env.trace_format import read_trace
+
+    def gpu_seconds(steps: int) -> float:
+        return 0.004 + 0.003 * steps  # 4 ms plain decode, +3 ms per draft step
+
+    rt = runtime(record_dir=str(tmp_path / "trace"), record_explore=True, explore_dwell=1)
+    loop = build_rank(rt, is_source=True, gpu_seconds=gpu_seconds)
+    reqs = [ReqStandIn(f"g{i}") for i in range(4)]
+    for _ in range(120):
+        loop.iterate([], BatchStandIn(reqs, DECODE))  # depth changes every step
+    loop.drain()
+    rt.close()
+    steps = read_trace(sorted((tmp_path / "trace").glob("*.parquet"))).steps[5:]
+    own = np.array([s.step_latency_s - gpu_seconds(s.steps_used) for s in steps[1:]])
+    previous = np.array([s.step_latency_s - gpu_seconds(p.steps_used)
+                         for p, s in itertools.pairwise(steps)])
+    assert np.median(np.abs(own)) < 0.0015
+    # consecutive depths differ, so the previous step's time is >= 3 ms off
+    assert np.median(np.abs(previous)) > 0.002
