@@ -20,6 +20,8 @@ SPECCTL_RECORD_EXPLORE      ``1``: instead of a controller, cycle through every
                             candidate depth (all ranks in lock-step) while recording
 SPECCTL_EXPLORE_DWELL       steps spent at each depth when exploring (default 4)
 SPECCTL_RECORD_FLUSH_S      write a trace file at least this often (default 30)
+SPECCTL_HOOK_TIMING         file prefix: measure the plugin's time on the scheduler
+                            thread per step and write its percentiles there (JSON)
 SPECCTL_SERVER              server name in telemetry and traces (default
                             ``<hostname>-<port>``)
 SPECCTL_CURVE_SERVER_KEY    the controller's CURVE public key (Z85); enables CURVE
@@ -57,6 +59,8 @@ class PluginConfig:
     record_explore: bool = False
     explore_dwell: int = 4
     record_flush_s: float = 30.0
+    #: Where to write the plugin's per-step time on the scheduler thread (None: off).
+    hook_timing: str | None = None
     server: str | None = None
     curve_server_key: str | None = None
     curve_client_cert: str | None = None
@@ -92,6 +96,7 @@ def from_env(env: Mapping[str, str] | None = None) -> PluginConfig | None:
         record_explore=explore,
         explore_dwell=int(_number(env, "SPECCTL_EXPLORE_DWELL", 4, lo=1)),
         record_flush_s=_number(env, "SPECCTL_RECORD_FLUSH_S", 30.0, lo=0.1),
+        hook_timing=env.get("SPECCTL_HOOK_TIMING") or None,
         server=env.get("SPECCTL_SERVER") or None,
         curve_server_key=env.get("SPECCTL_CURVE_SERVER_KEY") or None,
         curve_client_cert=env.get("SPECCTL_CURVE_CLIENT_CERT") or None,

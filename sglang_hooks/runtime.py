@@ -36,6 +36,7 @@ wrapped so that an exception is counted, logged once, and never reaches SGLang.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import time
 from collections import Counter
@@ -46,6 +47,7 @@ from sglang_hooks.client import TIMED_OUT, ControllerClient, client_name
 from sglang_hooks.compat import Ranks, read_ranks
 from sglang_hooks.config import PluginConfig
 from sglang_hooks.marker import CONTROLLER, FALLBACK, DecisionMarker
+from sglang_hooks.timing import HookClock
 
 log = logging.getLogger(__name__)
 
@@ -119,17 +121,25 @@ class Runtime:
         #: When the previous step's result was processed (its completion, as seen here).
         self._last_result_end: float | None = None
         self._next_summary = 0.0
+        #: The plugin's own time per step, when SPECCTL_HOOK_TIMING asks for it.
+        self.clock = (HookClock(f"{cfg.hook_timing}.{os.getpid()}.json")
+                      if cfg.hook_timing else None)
 
     # -- wiring ---------------------------------------------------------------------
 
     def hook_table(self) -> dict[str, tuple[Any, str]]:
         """Hooked method name -> (this runtime's hook, ``HookType`` member name)."""
-        return {
+        table = {
             "_pull_raw_reqs": (self.after_pull_raw_reqs, "AFTER"),
             "process_input_requests": (self.before_process_input_requests, "BEFORE"),
             "run_batch": (self.around_run_batch, "AROUND"),
             "process_batch_result": (self.around_process_batch_result, "AROUND"),
         }
+        clock = self.clock
+        if clock is not None:
+            table = {name: (clock.around(hook) if kind == "AROUND" else clock.plain(hook), kind)
+                     for name, (hook, kind) in table.items()}
+        return table
 
     def attach_policy(self, policy: Any) -> None:
         """Called by the policy object when SGLang constructs it."""
@@ -255,6 +265,8 @@ class Runtime:
             self.fault("run_batch", exc)
             return original(scheduler, *args, **kwargs)
         self.launch_step = step
+        if self.clock is not None:
+            self.clock.end_step()
         pending = self._pending
         if pending is not None and step >= pending.apply_from_step:
             self._pending = None

@@ -550,3 +550,18 @@ def test_step_latency_is_the_steps_own_gpu_time_under_overlap(tmp_path):
     assert np.median(np.abs(own)) < 0.0015
     # consecutive depths differ, so the previous step's time is >= 3 ms off
     assert np.median(np.abs(previous)) > 0.002
+
+
+def test_hook_timing_writes_per_step_percentiles(tmp_path):
+    import json
+
+    prefix = str(tmp_path / "hooks")
+    rt = runtime(fallback="table", table=((1, 3),), hook_timing=prefix)
+    loop = build_rank(rt, is_source=True)
+    rt.clock.path = prefix + ".json"  # one file for the test instead of one per pid
+    run_single(loop, 60, sleep_s=0)
+    rt.clock.write()
+    summary = json.loads(Path(prefix + ".json").read_text())
+    assert summary["steps"] >= 59
+    assert 0 < summary["p50_us"] <= summary["p99_us"] <= summary["max_us"]
+    assert summary["p50_us"] < 10_000  # the scheduler stand-in's own sleeps are excluded

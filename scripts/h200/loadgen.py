@@ -1,0 +1,152 @@
+"""Load generators for a real SGLang server (``/generate`` with token ids, streaming).
+
+* :func:`one_batch`: C requests at once (the shape of the measured H200 sweep);
+* :func:`closed_loop`: C clients, each sending its next request when the last ends;
+* :func:`replay`: open-loop arrivals at given times (a trace whose load rises and falls).
+
+Each returns output tokens per second over the run and per-request TTFT, TPOT and
+end-to-end latency (TPOT = time from the first to the last token over the tokens after
+the first), measured by the client from the streamed chunks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+
+
+@dataclass
+class RequestResult:
+    """One request as the client saw it."""
+
+    sent_s: float
+    first_token_s: float | None = None
+    done_s: float | None = None
+    output_tokens: int = 0
+    error: str | None = None
+
+
+@dataclass
+class RunResult:
+    """A whole run."""
+
+    started_s: float
+    ended_s: float
+    requests: list[RequestResult] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        ok = [r for r in self.requests if r.error is None and r.done_s is not None]
+        tokens = sum(r.output_tokens for r in ok)
+        elapsed = self.ended_s - self.started_s
+        tpots = [(r.done_s - r.first_token_s) / (r.output_tokens - 1) for r in ok
+                 if r.first_token_s is not None and r.output_tokens > 1]
+        return {
+            "requests": len(self.requests),
+            "failed": len(self.requests) - len(ok),
+            "output_tokens": tokens,
+            "seconds": elapsed,
+            "throughput_tok_s": tokens / elapsed if elapsed > 0 else 0.0,
+            "mean_tpot_ms": 1e3 * sum(tpots) / len(tpots) if tpots else None,
+            "mean_ttft_ms": 1e3 * sum(r.first_token_s - r.sent_s for r in ok
+                                      if r.first_token_s is not None) / max(len(ok), 1),
+            "mean_e2e_s": sum(r.done_s - r.sent_s for r in ok) / max(len(ok), 1),
+        }
+
+
+async def _request(session: aiohttp.ClientSession, url: str, prompt_tokens: int,
+                   output_tokens: int, rng: random.Random) -> RequestResult:
+    result = RequestResult(sent_s=time.perf_counter())
+    payload = {
+        "input_ids": [rng.randrange(1000, 100_000) for _ in range(prompt_tokens)],
+        "sampling_params": {"max_new_tokens": output_tokens, "ignore_eos": True,
+                            "temperature": 0.0},
+        "stream": True,
+    }
+    try:
+        async with session.post(f"{url}/generate", json=payload) as response:
+            response.raise_for_status()
+            async for raw in response.content:
+                line = raw.decode().strip()
+                if not line.startswith("data:") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[5:])
+                if result.first_token_s is None:
+                    result.first_token_s = time.perf_counter()
+                ids = chunk.get("output_ids")
+                if ids is not None:
+                    result.output_tokens = max(result.output_tokens, len(ids))
+                meta = chunk.get("meta_info", {})
+                result.output_tokens = max(result.output_tokens,
+                                           int(meta.get("completion_tokens", 0)))
+        result.done_s = time.perf_counter()
+    except Exception as exc:
+        result.error = repr(exc)
+    return result
+
+
+def _session() -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600),
+                                 connector=aiohttp.TCPConnector(limit=0))
+
+
+async def _one_batch(url: str, concurrency: int, prompt: int, output: int, seed: int) -> RunResult:
+    rng = random.Random(seed)
+    async with _session() as session:
+        run = RunResult(started_s=time.perf_counter(), ended_s=0.0)
+        run.requests = list(await asyncio.gather(
+            *[_request(session, url, prompt, output, rng) for _ in range(concurrency)]))
+        run.ended_s = time.perf_counter()
+    return run
+
+
+async def _closed_loop(url: str, concurrency: int, prompt: int, output: int, seconds: float,
+                       seed: int) -> RunResult:
+    rng = random.Random(seed)
+    run = RunResult(started_s=time.perf_counter(), ended_s=0.0)
+    deadline = run.started_s + seconds
+    async with _session() as session:
+        async def client() -> None:
+            while time.perf_counter() < deadline:
+                run.requests.append(await _request(session, url, prompt, output, rng))
+        await asyncio.gather(*[client() for _ in range(concurrency)])
+    run.ended_s = time.perf_counter()
+    return run
+
+
+async def _replay(url: str, arrivals: list[float], prompts: list[int], outputs: list[int],
+                  seed: int) -> RunResult:
+    rng = random.Random(seed)
+    run = RunResult(started_s=time.perf_counter(), ended_s=0.0)
+    async with _session() as session:
+        tasks = []
+        for at, prompt, output in zip(arrivals, prompts, outputs, strict=True):
+            delay = run.started_s + at - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(_request(session, url, prompt, output, rng)))
+        run.requests = list(await asyncio.gather(*tasks))
+    run.ended_s = time.perf_counter()
+    return run
+
+
+def one_batch(url: str, concurrency: int, prompt: int = 256, output: int = 128,
+              seed: int = 0) -> dict:
+    """C requests sent at once; throughput = their tokens over the time to the last answer."""
+    return asyncio.run(_one_batch(url, concurrency, prompt, output, seed)).summary()
+
+
+def closed_loop(url: str, concurrency: int, seconds: float, prompt: int = 256,
+                output: int = 128, seed: int = 0) -> dict:
+    """C clients back to back for ``seconds``."""
+    return asyncio.run(_closed_loop(url, concurrency, prompt, output, seconds, seed)).summary()
+
+
+def replay(url: str, arrivals: list[float], prompts: list[int], outputs: list[int],
+           seed: int = 0) -> dict:
+    """Open-loop arrivals (seconds from the start) with their lengths."""
+    return asyncio.run(_replay(url, arrivals, prompts, outputs, seed)).summary()
