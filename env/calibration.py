@@ -69,6 +69,7 @@ from env.cost_model import (
     design_matrix,
     fit_coefficients,
     fit_profile,
+    fit_profile_from_trace,
     load_profile,
     save_profile,
 )
@@ -76,6 +77,7 @@ from env.factory import make_acceptance, make_closed_loop, make_scheduler_config
 from env.features import FeatureSpec, Observation
 from env.rollout import DecisionLoop, rollout
 from env.simulator import Simulator
+from env.trace_format import read_trace
 
 # ---------------------------------------------------------------------------
 # The steady-state approximation
@@ -656,6 +658,14 @@ def read_h200_points(measured_dir: str | Path | None = None) -> LatencyPoints:
     )
 
 
+#: Prompt compute per token beyond ``c_token`` on an H200 (and an H100: the same GH100
+#: compute) for the 8B model: the median over the 378 prefill steps of >= 1000 tokens in
+#: the trace the specctl plugin recorded on a real H200 server
+#: (docs/results/h200/trace-main), after the decode-fitted terms. Decode steps are
+#: memory-bound and cannot show it; the step-latency CSVs have no prefill steps.
+H200_PREFILL_TOKEN_S = 13.3e-6
+
+
 def h200_template() -> CostProfile:
     """Priors and limits of the H200 profile, before the fit."""
     hbm_bytes = 141e9
@@ -677,6 +687,7 @@ def h200_template() -> CostProfile:
         # measured points (KV grows with the batch), so a physical prior:
         # 128 KiB per token over ~4 TB/s achievable HBM bandwidth.
         c_kv=LLAMA31_8B_KV_BYTES / 4.0e12,
+        c_prefill_token=H200_PREFILL_TOKEN_S,
         model={
             "name": "Llama-3.1-8B (shape), EAGLE-3 draft head (1 layer)",
             "params_b": 8.03,
@@ -981,6 +992,7 @@ def h100_template(h200: CostProfile) -> CostProfile:
         ),
         c_request=h200.c_request,
         c_token=h200.c_token,
+        c_prefill_token=h200.c_prefill_token,  # same GH100 compute (989 bf16 TFLOP/s)
         c_kv=LLAMA31_8B_KV_BYTES / kv_bytes_per_s,
         c_draft=h200.c_draft,
         c_draft_token=h200.c_draft_token,
@@ -1277,6 +1289,44 @@ def calibrate_blackwell_tp8(workers: int = 1) -> tuple[CostProfile, CalibrationR
 # ---------------------------------------------------------------------------
 
 
+def recorded_trace_dir() -> Path:
+    """Where the traces recorded on the real H200 are kept (docs/results/h200)."""
+    return Path(__file__).resolve().parents[1] / "docs" / "results" / "h200"
+
+
+def calibrate_h200_recorded(folder: Path, template: CostProfile) -> tuple[CostProfile, FitReport]:
+    """The H200 profile fitted to the traces the specctl plugin recorded on the real server.
+
+    Decode costs: the record-mode trace that explored every candidate depth
+    (``trace-explore``), one point per (batch size, depth) cell. Prompt compute:
+    the prefill steps of the controller session's trace (``trace-main``).
+    """
+    explore = read_trace(folder / "trace-explore")
+    profile, report = fit_profile_from_trace(explore, template)
+    session = read_trace(folder / "trace-main")
+    prefill = fit_profile_from_trace(session, template)[0].c_prefill_token
+    profile = profile.replace(
+        name="h200_llama31_8b_recorded",
+        c_prefill_token=prefill,
+        description=(
+            "SGLang 0.5.15.post1, one H200, Llama-3.1-8B shape with an EAGLE-3 head (random "
+            "weights, SGLANG_SIMULATE_ACC_LEN=3.5); fitted to traces the specctl plugin "
+            "recorded on the real server."
+        ),
+        provenance={
+            "calibrated_to": (
+                "docs/results/h200/trace-explore (record mode, SPECCTL_RECORD_EXPLORE=1, dwell 4, "
+                "candidate steps 0,1,2,3,5,7, closed loops C = 1, 8, 32, 48)"),
+            "prefill_from": "docs/results/h200/trace-main (prefill steps >= 1000 tokens)",
+            "method": "env.calibration.calibrate_h200_recorded: NNLS on the median latency of "
+                      "each (batch size, depth) cell with >= 5 decode steps",
+            "fit": report.summary(),
+            "template": f"{template.name} (server limits, descriptors, c_kv prior)",
+        },
+    )
+    return profile, report
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Recalibrate and write the shipped profiles (``python -m env.calibration``)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -1304,6 +1354,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     else:
         print(f"{measured} not found: keeping the shipped h200_llama31_8b profile")
         h200 = load_profile("h200_llama31_8b")
+    recorded = recorded_trace_dir()
+    if (recorded / "trace-explore").is_dir():
+        profile, fit = calibrate_h200_recorded(recorded, h200)
+        print(f"h200_llama31_8b_recorded (fit to {recorded}):\n{fit}\n")
+        save_profile(profile, args.out / "h200_llama31_8b_recorded.yaml")
     for name, calibrate in (
         ("h100_llama31_8b", lambda: calibrate_h100(h200, args.workers)),
         ("blackwell_tp8", lambda: calibrate_blackwell_tp8(args.workers)),

@@ -8,6 +8,7 @@ With ``T = batch * (depth + 1) + prefill_tokens`` target tokens::
     latency = c_fixed                                   # weights read, launches, fixed CPU work
             + c_request * batch                         # per-request scheduler/sampling work
             + c_token * T                               # target compute per token
+            + c_prefill_token * prefill_tokens          # prompt compute beyond that
             + c_moe * (1 - (1 - f)**T)                  # MoE expert weights read (f = k/E)
             + c_kv * kv_tokens                          # attention reads the KV cache
             + [depth > 0] * (c_verify + c_verify_token * batch)   # verify-path overhead
@@ -24,6 +25,11 @@ Every coefficient is in seconds (per unit of its term) and non-negative:
   per-sequence kernels; with overlap scheduling it is mostly CPU time.
 * ``c_token``: per target token computed (verified or prefilled): GEMM compute
   and, for tensor parallelism, all-reduce volume.
+* ``c_prefill_token``: per prompt token, on top of ``c_token``. Decode and verify
+  steps compute a few hundred tokens at most and are memory-bound, so fits to
+  them give a small ``c_token``; a prefill chunk of thousands of tokens is
+  compute-bound (about 2 x parameters FLOPs per token at the GPU's achievable
+  rate). Fitted to prefill steps where a trace has them.
 * ``c_moe``: time to read *all* routed experts' weights once; a step touching
   ``T`` tokens, each routed to ``k`` of ``E`` experts, reads the expected
   fraction ``1 - (1 - k/E)**T`` of them (uniform, independent routing). Zero for
@@ -84,6 +90,7 @@ COEFFICIENTS: tuple[str, ...] = (
     "c_extend_token",
     "c_eager",
     "c_eager_token",
+    "c_prefill_token",
 )
 
 #: Coefficients :func:`fit_profile` fits by default (the rest keep the template's values).
@@ -159,6 +166,7 @@ class CostProfile:
     c_extend_token: float = 0.0
     c_eager: float = 0.0
     c_eager_token: float = 0.0
+    c_prefill_token: float = 0.0
     #: Experts per token over experts (k/E) of an MoE model; 0 for a dense one.
     moe_active_fraction: float = 0.0
     description: str = ""
@@ -231,6 +239,8 @@ class CostProfile:
             latency += self.c_extend + self.c_extend_token * tokens
         if batch_size > self._cg_max:
             latency += self.c_eager + self.c_eager_token * batch_size
+        if prefill_tokens:
+            latency += self.c_prefill_token * prefill_tokens
         return latency
 
     def step_latency_array(
@@ -282,7 +292,7 @@ def design_matrix(
 ) -> np.ndarray:
     """The latency formula's terms, one column per coefficient (:data:`COEFFICIENTS`).
 
-    ``latency = design_matrix(...) @ coefficients``; shape ``(n, 13)``.
+    ``latency = design_matrix(...) @ coefficients``; shape ``(n, 14)``.
     """
     b, d, kv, pf, ext = np.broadcast_arrays(
         np.asarray(batch_size, dtype=np.float64),
@@ -316,6 +326,7 @@ def design_matrix(
         "c_extend_token": extend * tokens,
         "c_eager": eager,
         "c_eager_token": eager * b,
+        "c_prefill_token": pf,
     }
     return np.stack([columns[name] for name in COEFFICIENTS], axis=1)
 
@@ -743,12 +754,19 @@ def fit_profile(
     return fitted.replace(provenance=provenance), report
 
 
-def points_from_trace(trace: Any, *, draft_extend: bool = True) -> LatencyPoints:
+def points_from_trace(trace: Any, *, draft_extend: bool = True,
+                      per_cell: bool = True, min_steps: int = 5) -> LatencyPoints:
     """Decode steps of a :class:`~env.trace_format.Trace` as fit points.
 
     Uses steps with ``prefill_tokens == 0``, ``batch_size > 0`` and a positive
     latency, of the lowest rank of each server (ranks report the same steps):
-    (batch_size, steps_used, kv_used_tokens, 0, step_latency_s).
+    (batch_size, steps_used, kv_used_tokens, 0, step_latency_s). With
+    ``per_cell`` (the default) the steps are first reduced to one point per
+    (batch size, depth): the median latency and KV use, for cells with at least
+    ``min_steps`` steps. Single steps' latencies on a real server jitter (one
+    result processed late makes the next look short) and a batch size seen a
+    couple of times in a transient says little; the medians are what the model
+    should match.
     """
     cols = trace.step_columns()
     if not len(cols):
@@ -759,13 +777,24 @@ def points_from_trace(trace: Any, *, draft_extend: bool = True) -> LatencyPoints
     use = lowest & (cols.prefill_tokens == 0) & (cols.batch_size > 0) & (cols.step_latency_s > 0)
     if not use.any():
         raise ValueError("the trace holds no decode step with a positive latency")
+    batch, depth = cols.batch_size[use], cols.steps_used[use]
+    kv, latency = cols.kv_used_tokens[use], cols.step_latency_s[use]
+    if per_cell:
+        cells, counts = np.unique(np.stack([batch, depth], axis=1), axis=0, return_counts=True)
+        cells = cells[counts >= min_steps]
+        if not len(cells):
+            raise ValueError(f"no (batch size, depth) cell has {min_steps} decode steps")
+        members = [(batch == b) & (depth == d) for b, d in cells]
+        batch, depth = cells[:, 0], cells[:, 1]
+        kv = np.array([np.median(kv[m]) for m in members])
+        latency = np.array([np.median(latency[m]) for m in members])
     return LatencyPoints(
-        batch_size=cols.batch_size[use],
-        depth=cols.steps_used[use],
-        kv_tokens=cols.kv_used_tokens[use],
-        prefill_tokens=np.zeros(int(use.sum())),
-        latency_s=cols.step_latency_s[use],
-        draft_extend=np.full(int(use.sum()), draft_extend),
+        batch_size=batch,
+        depth=depth,
+        kv_tokens=kv,
+        prefill_tokens=np.zeros(len(batch)),
+        latency_s=latency,
+        draft_extend=np.full(len(batch), draft_extend),
     )
 
 
@@ -776,7 +805,21 @@ def fit_profile_from_trace(
     draft_extend: bool = True,
     free: Sequence[str] = DEFAULT_FREE,
     ties: Mapping[str, tuple[str, float]] | None = None,
+    per_cell: bool = True,
 ) -> tuple[CostProfile, FitReport]:
-    """Fit a profile to a recorded trace's decode steps (see :func:`points_from_trace`)."""
-    points = points_from_trace(trace, draft_extend=draft_extend)
-    return fit_profile(points, template=template, free=free, ties=ties)
+    """Fit a profile to a recorded trace's decode steps (see :func:`points_from_trace`).
+
+    If the trace has prefill steps of at least 1000 tokens, ``c_prefill_token`` is
+    then set to their median latency left over by the other terms, per prompt token.
+    """
+    points = points_from_trace(trace, draft_extend=draft_extend, per_cell=per_cell)
+    profile, report = fit_profile(points, template=template, free=free, ties=ties)
+    cols = trace.step_columns()
+    big = (cols.prefill_tokens >= 1000) & (cols.step_latency_s > 0)
+    if big.any():
+        prompt = cols.prefill_tokens[big].astype(np.float64)
+        rest = profile.replace(c_prefill_token=0.0).step_latency_array(
+            0, 0, cols.kv_used_tokens[big], prompt, draft_extend)
+        per_token = float(np.median((cols.step_latency_s[big] - rest) / prompt))
+        profile = profile.replace(c_prefill_token=max(per_token, 0.0))
+    return profile, report

@@ -16,7 +16,9 @@ Keys:
   ``false`` with ``SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1``);
 * ``free``: comma-separated coefficients to fit (default
   :data:`env.cost_model.DEFAULT_FREE`);
-* ``name``: name of the fitted profile (default: the template's).
+* ``name``: name of the fitted profile (default: the template's);
+* ``per_cell``: fit the median latency of each (batch size, depth) with at least
+  5 steps (default ``true``) rather than every step (``false``).
 
 Prints the per-point errors, the median and the worst.
 """
@@ -29,7 +31,7 @@ from collections.abc import Sequence
 from env.cost_model import DEFAULT_FREE, fit_profile_from_trace, load_profile, save_profile
 from env.trace_format import read_trace
 
-_KEYS = {"trace", "out", "template", "draft_extend", "free", "name"}
+_KEYS = {"trace", "out", "template", "draft_extend", "free", "name", "per_cell"}
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
 
@@ -61,7 +63,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     free = tuple(f for f in args.get("free", ",".join(DEFAULT_FREE)).split(",") if f)
     template = load_profile(args.get("template", "h200_llama31_8b"))
     trace = read_trace(args["trace"])
-    profile, report = fit_profile_from_trace(trace, template, draft_extend=flag in _TRUE, free=free)
+    per_cell = args.get("per_cell", "true").lower()
+    if per_cell not in _TRUE | _FALSE:
+        raise SystemExit(f"per_cell must be true or false, got {per_cell!r}")
+    profile, report = fit_profile_from_trace(trace, template, draft_extend=flag in _TRUE,
+                                             free=free, per_cell=per_cell in _TRUE)
     if "name" in args:
         profile = profile.replace(name=args["name"])
     provenance = dict(profile.provenance)

@@ -36,7 +36,7 @@ from env.trace_format import read_trace, write_trace
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 MEASURED = SHARED / "measured" / "h200-sglang-0.5.15"
-NAMES = ["blackwell_tp8", "h100_llama31_8b", "h200_llama31_8b"]
+NAMES = ["blackwell_tp8", "h100_llama31_8b", "h200_llama31_8b", "h200_llama31_8b_recorded"]
 
 
 def test_shipped_profiles_load():
@@ -296,12 +296,12 @@ def test_fit_profile_from_trace_and_cli(tmp_path, capsys):
     truth = random_profile(np.random.default_rng(4))
     path = synthetic_trace_file(tmp_path, truth)
     template = truth.replace(c_fixed=0.0, c_request=0.0, c_draft=0.0)
-    fitted, report = fit_profile_from_trace(read_trace(path), template)
+    fitted, report = fit_profile_from_trace(read_trace(path), template, per_cell=False)
     assert len(report.points) == 270  # prefill steps left out
     assert report.median_abs_error < 0.02
     assert fitted.c_draft == pytest.approx(truth.c_draft, rel=0.1)
     out = tmp_path / "fitted.yaml"
-    assert fit_profile_main([f"trace={path}", f"out={out}", "name=mine"]) == 0
+    assert fit_profile_main([f"trace={path}", f"out={out}", "name=mine", "per_cell=false"]) == 0
     printed = capsys.readouterr().out
     assert "median |error|" in printed and "worst" in printed
     cli_profile = load_profile(out)
@@ -311,6 +311,28 @@ def test_fit_profile_from_trace_and_cli(tmp_path, capsys):
         fit_profile_main(["out=x.yaml"])
     with pytest.raises(SystemExit):
         fit_profile_main([f"trace={path}", "bogus=1"])
+    with pytest.raises(ValueError, match="cell has 5 decode steps"):
+        fit_profile_from_trace(read_trace(path), template)  # 270 distinct cells
+
+
+def test_per_cell_fit_uses_medians_and_prefill_steps(tmp_path):
+    truth = random_profile(np.random.default_rng(5)).replace(c_prefill_token=2e-5)
+    rng = np.random.default_rng(1)
+    steps = []
+    for i in range(600):
+        b, d = int(rng.choice([1, 8, 32])), int(rng.choice([0, 1, 3, 7]))
+        prefill = 4096 if i % 20 == 0 else 0
+        exact = (truth.step_latency_s(0, 0, 1000, prefill) if prefill
+                 else truth.step_latency_s(b, d, 1000, 0))
+        noisy = exact * (3.0 if i % 17 == 5 else float(rng.lognormal(0, 0.02)))  # outliers
+        steps.append(StepRecord("srv", 0, i, i * 0.02, b, 0, b, 1000, 10**6, prefill,
+                                0 if prefill else d, np.array([], np.int8), noisy))
+    trace = read_trace(write_trace(tmp_path / "t.parquet", [], steps, {}))
+    template = truth.replace(c_fixed=0.0, c_request=0.0, c_draft=0.0, c_prefill_token=0.0)
+    fitted, report = fit_profile_from_trace(trace, template)
+    assert len(report.points) == 12  # 3 batch sizes x 4 depths
+    assert report.median_abs_error < 0.02  # medians ignore the 3x outliers
+    assert fitted.c_prefill_token == pytest.approx(2e-5, rel=0.1)
 
 
 def test_design_matrix_shape_and_eager():
