@@ -131,12 +131,12 @@ class ScenarioSampler:
         multiplier = load * capacity / part.mean_rate
         span = min(self.horizon_s * multiplier, hi - lo)
         start = lo + start_fraction * max(0.0, hi - lo - span)
-        window = trace.window(start, span).scaled(multiplier)
+        window, rejected = _servable(trace.window(start, span).scaled(multiplier), config)
         if modulate_depth > 0:
             period = float(spec.get("modulate_period_s", self.horizon_s / 2))
             window = window.modulated(period, modulate_depth)
         label = (f"{spec['name']} load={load:g} mod={modulate_depth:g} {profile.name} "
-                 f"@{start:.0f}s")
+                 f"@{start:.0f}s" + (f" ({rejected} too long for this server)" if rejected else ""))
         return Scenario(label, profile, acceptance, window, config,
                         horizon_s=min(self.horizon_s, span / multiplier), seed=seed,
                         workload_name=spec["name"], varying_load=modulate_depth > 0)
@@ -150,7 +150,8 @@ class ScenarioSampler:
             loop = make_closed_loop(spec, concurrency, profile=profile)
         else:
             lo, hi = self._split_range(trace)
-            loop = ClosedLoop(concurrency=concurrency, lengths_from=trace.window(lo, hi - lo))
+            lengths, _ = _servable(trace.window(lo, hi - lo), config)
+            loop = ClosedLoop(concurrency=concurrency, lengths_from=lengths)
         label = f"{spec['name']} C={concurrency} {profile.name}"
         return Scenario(label, profile, acceptance, loop, config, self.horizon_s, seed,
                         workload_name=spec["name"])
@@ -185,6 +186,19 @@ class ScenarioSampler:
                             scenarios.append(self.open_loop(spec, profile, float(load), fraction,
                                                             float(depth), seed + w))
         return scenarios
+
+
+def _servable(workload: Workload, config: SchedulerConfig) -> tuple[Workload, int]:
+    """The requests this server can hold at all, and how many it would reject.
+
+    A real server refuses a prompt longer than its KV cache (SGLang aborts it at
+    admission); replaying such a request could never finish, so it is left out and
+    counted in the scenario's label.
+    """
+    need = workload.prompt_tokens.astype(np.int64) + workload.output_tokens + config.max_depth + 1
+    fits = need <= config.kv_capacity_tokens
+    rejected = int((~fits).sum())
+    return (workload.select(fits) if rejected else workload), rejected
 
 
 def perturbed_profile(profile: CostProfile, rng: np.random.Generator,

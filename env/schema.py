@@ -40,7 +40,9 @@ class StepRecord:
         steps_used: Draft depth (``speculative_num_steps``) of this step; 0 = none.
         accepted_drafts: Accepted draft tokens per request of the batch (int8),
             empty when the step did not speculate.
-        step_latency_s: Wall time of the step (launch to the next launch).
+        step_latency_s: Wall time of the step: from the previous step's processed result
+            to this step's (under overlap scheduling, launch-to-launch would time the
+            step before).
         request_ids: Request ids of the batch, in order (recorded traces only).
     """
 

@@ -38,7 +38,8 @@ steps_used          int8           S      draft depth of the step (0 = no specul
 accepted_drafts     list<int8>     S      accepted drafts per request of the batch, each
                                           in [0, steps_used]; empty if steps_used == 0;
                                           at most ``batch_size`` entries
-step_latency_s      float64        S      wall time of the step (s), finite and >= 0
+step_latency_s      float64        S      wall time of the step (s), finite and >= 0:
+                                          previous step's result to this step's
 request_ids         list<string>   S      optional: ids of the batch, ``batch_size`` of
                                           them, aligned with ``accepted_drafts``
 ==================  =============  =====  ==============================================

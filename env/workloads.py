@@ -115,6 +115,11 @@ class Workload:
             source=self.source,
         )
 
+    def select(self, mask: np.ndarray) -> Workload:
+        """The requests where ``mask`` is true (arrival times unchanged)."""
+        index = np.flatnonzero(mask)
+        return self._subset(index, self.arrival_s[index], self.name)
+
     def window(self, start_s: float, duration_s: float) -> Workload:
         """Requests arriving in ``[start_s, start_s + duration_s)``, re-based so start_s = 0."""
         if duration_s <= 0:

@@ -94,3 +94,19 @@ def test_held_out_split_uses_the_end_of_the_trace():
     trace = train._trace(spec)
     assert train._split_range(trace)[1] == pytest.approx(held._split_range(trace)[0])
     assert held._split_range(trace)[1] == pytest.approx(trace.duration_s)
+
+
+def test_requests_too_long_for_the_server_are_left_out_and_counted():
+    from env.scenarios import ScenarioSampler
+    from env.simulator import Simulator
+
+    cfg = {**SMALL, "profiles": ["blackwell_tp8"],  # KV cache ~100k tokens
+           "workloads": [{"name": "mooncake", "kind": "open", "load": [1.0]}]}
+    sampler = ScenarioSampler(cfg, split="train")
+    rng = np.random.default_rng(0)
+    labels = []
+    for _ in range(150):
+        scenario = sampler.sample(rng)
+        Simulator(scenario.profile, scenario.acceptance, scenario.workload, scenario.config)
+        labels.append(scenario.label)
+    assert any("too long for this server" in label for label in labels)
