@@ -100,13 +100,13 @@ def test_requests_too_long_for_the_server_are_left_out_and_counted():
     from env.scenarios import ScenarioSampler
     from env.simulator import Simulator
 
-    cfg = {**SMALL, "profiles": ["blackwell_tp8"],  # KV cache ~100k tokens
-           "workloads": [{"name": "mooncake", "kind": "open", "load": [1.0]}]}
-    sampler = ScenarioSampler(cfg, split="train")
-    rng = np.random.default_rng(0)
+    spec = {"name": "mooncake", "kind": "open", "load": [1.0]}
+    cfg = {**SMALL, "horizon_s": 30.0, "profiles": ["blackwell_tp8"], "workloads": [spec]}
+    sampler = ScenarioSampler(cfg, split="train")  # the Blackwell KV cache holds ~100k tokens
     labels = []
-    for _ in range(150):
-        scenario = sampler.sample(rng)
+    for start in np.linspace(0.0, 1.0, 40):
+        scenario = sampler.open_loop(spec, "blackwell_tp8", 20.0, float(start), 0.0, seed=0)
         Simulator(scenario.profile, scenario.acceptance, scenario.workload, scenario.config)
+        assert (scenario.workload.prompt_tokens < 102_814).all()
         labels.append(scenario.label)
     assert any("too long for this server" in label for label in labels)
