@@ -211,7 +211,6 @@ def policy_map(exported: ExportedPolicy, profile, path: Path,
                     prefill_tokens=0, steps_used=depth,
                     accepted_drafts=accepted if depth else np.zeros(0, np.int8),
                     step_latency_s=latency))
-            builder.note_decision(3)
             chosen[i, j] = exported.act(builder.observation(batch).vector)
     fig, ax = plt.subplots(figsize=(7, 4))
     image = ax.imshow(chosen, origin="lower", aspect="auto", cmap="viridis",

@@ -61,7 +61,7 @@ class _Stream:
     """One (server, rank): its feature builder and where to answer."""
 
     __slots__ = ("allowed", "batch_size", "builder", "candidates", "identity", "key",
-                 "last_seen", "last_step", "received", "seq", "steps_used")
+                 "last_seen", "last_step", "received", "seq")
 
     def __init__(self, key: tuple[str, int], builder: FeatureBuilder) -> None:
         self.key = key
@@ -70,7 +70,6 @@ class _Stream:
         self.seq = 0
         self.last_step = -1
         self.batch_size = 1
-        self.steps_used = 0
         self.candidates: tuple[int, ...] | None = None
         self.allowed: np.ndarray | None = None
         self.last_seen = 0.0
@@ -180,7 +179,6 @@ class ControllerServer:
                 stream.last_step = message.step_index
                 if message.prefill_tokens == 0:
                     stream.batch_size = message.batch_size
-                    stream.steps_used = message.steps_used
                 stream.identity = identity
                 stream.received = received
                 pending[key] = stream
@@ -222,9 +220,6 @@ class ControllerServer:
             apply_from = stream.last_step + DECISION_LAG
             steps = chosen[i].tolist()
             current = steps[max(bisect.bisect_right(grid, stream.batch_size) - 1, 0)]
-            # What the server will run next, as training's DecisionLoop notes it: the
-            # policy's choice, or in shadow mode what the server's own rule runs.
-            stream.builder.note_decision(stream.steps_used if shadow else current)
             if not allowed[i].any():
                 self._count(metrics.fallbacks, "no_allowed_action")
                 decision = Decision.fallback(stream.seq, apply_from, policy.name)

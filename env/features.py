@@ -27,8 +27,10 @@ The observation holds only what a server can know online:
   profile is recommended;
 * their combination: the estimated goodput of each depth relative to no
   speculation, ``(1 + E[accepted | d]) / latency(d)``;
-* control state: the steps of the latest step, the last decision, steps since
-  the last switch, and how stale the acceptance estimate is.
+* control state: the steps of the latest step, steps since the last switch, and
+  how stale the acceptance estimate is. (Not the policy's own last decision:
+  online the controller sends a choice per batch size and learns which one the
+  server applied only from telemetry, so training must not use it either.)
 """
 
 from __future__ import annotations
@@ -121,7 +123,6 @@ class FeatureSpec:
             "batch_trend",
             "prefill_share",
             "steps_used",
-            "last_decision",
             "log_steps_since_switch",
             "log_steps_since_acceptance",
             *[f"accept_rate_{k}" for k in depths],
@@ -135,7 +136,7 @@ class FeatureSpec:
     @property
     def size(self) -> int:
         """Length of the observation vector."""
-        return 11 + 4 * self.max_depth
+        return 10 + 4 * self.max_depth
 
 
 @dataclass(frozen=True)
@@ -152,7 +153,6 @@ class Observation:
     waiting_requests: int
     kv_use: float
     steps_used: int
-    last_decision: int
     steps_since_switch: int
     accept_rate: np.ndarray
     expected_accepted: np.ndarray
@@ -165,8 +165,8 @@ class Observation:
 class FeatureBuilder:
     """Folds a stream of step records into the current observation.
 
-    Feed records in step order with :meth:`update`; tell it each decision with
-    :meth:`note_decision`; read the observation with :meth:`observation`.
+    Feed records in step order with :meth:`update`; read the observation with
+    :meth:`observation` (or :meth:`observation_grid` for every grid batch size).
     """
 
     def __init__(self, spec: FeatureSpec | None = None, cost_prior=None) -> None:
@@ -208,16 +208,11 @@ class FeatureBuilder:
         self._kv_use = 0.0
         self._kv_used_tokens = 0
         self._steps_used = 0
-        self._last_decision = 0
         self._steps_since_switch = 0
         self._steps_since_acceptance = 10**6
         self._new_records: list[StepRecord] = []
 
     # -- input ---------------------------------------------------------------
-
-    def note_decision(self, steps: int) -> None:
-        """Record the steps the policy just chose (known to the decider)."""
-        self._last_decision = int(steps)
 
     def update_many(self, records: Iterable[StepRecord]) -> None:
         """Feed several records in order."""
@@ -396,7 +391,6 @@ class FeatureBuilder:
             waiting_requests=self._waiting,
             kv_use=self._kv_use,
             steps_used=self._steps_used,
-            last_decision=self._last_decision,
             steps_since_switch=self._steps_since_switch,
             accept_rate=np.array(rates),
             expected_accepted=expected,
@@ -438,7 +432,6 @@ class FeatureBuilder:
             max(-1.0, min(1.0, self._batch_trend * 10.0)),
             self._prefill_share,
             self._steps_used / depth,
-            self._last_decision / depth,
             math.log1p(self._steps_since_switch) * switch_scale,
             min(1.0, math.log1p(self._steps_since_acceptance) * switch_scale),
             *rates,

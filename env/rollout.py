@@ -115,7 +115,6 @@ class DecisionLoop:
         record = sim.decode(depth)
         self.decisions += 1
         self.steps_chosen[record.steps_used] += 1
-        self.features.note_decision(record.steps_used)
         violating = self._slo_violations(record)
         self._queue([record])
         if sim.time_s < self.end_s:
