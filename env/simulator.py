@@ -492,17 +492,22 @@ class Simulator:
         kv_before = self.kv_used
         waiting_before = self.waiting_requests
         running_before = self.running_requests
-        if self._chunked is not None:
-            rid, remaining = self._chunked
-            take = min(remaining, budget)
+
+        def prefill(rid: int, length: int) -> None:
+            """Compute up to the remaining budget of a prompt; chunk what is left over."""
+            nonlocal budget, prefill_tokens, batch
+            take = min(length, budget)
             budget -= take
             prefill_tokens += take
             batch += 1
-            if take == remaining:
+            if take == length:
                 completed.append(rid)
                 self._chunked = None
             else:
-                self._chunked = [rid, remaining - take]
+                self._chunked = [rid, length - take]
+
+        if self._chunked is not None:
+            prefill(*self._chunked)
         while budget > 0 and self._chunked is None:
             rid = self._next_waiting()
             if rid is None or self._n_run + len(completed) >= cfg.max_running_requests:
@@ -511,14 +516,7 @@ class Simulator:
             if not self._fits(length + prefill_tokens):
                 break
             self._pop_waiting()
-            take = min(length, budget)
-            budget -= take
-            prefill_tokens += take
-            batch += 1
-            if take == length:
-                completed.append(rid)
-            else:
-                self._chunked = [rid, length - take]
+            prefill(rid, length)
         latency = self.profile.step_latency_s(0, 0, kv_before, prefill_tokens, draft_extend=True)
         record = StepRecord(
             server=self.server, rank=0, step_index=self.step_index, time_s=self.time_s,
