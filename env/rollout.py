@@ -94,7 +94,7 @@ class DecisionLoop:
         self.decisions = 0
         self.steps_chosen = np.zeros(self.sim.config.max_depth + 1, dtype=np.int64)
         tokens0 = self.sim.output_tokens_total
-        self._queue(self.sim.advance())
+        self._pending.extend(self.sim.advance())
         tokens, elapsed, _ = self._clip_to_horizon(0.0, self.sim.time_s,
                                                    self.sim.output_tokens_total - tokens0)
         self.tokens += tokens
@@ -116,9 +116,9 @@ class DecisionLoop:
         self.decisions += 1
         self.steps_chosen[record.steps_used] += 1
         violating = self._slo_violations(record)
-        self._queue([record])
+        self._pending.append(record)
         if sim.time_s < self.end_s:
-            self._queue(sim.advance())
+            self._pending.extend(sim.advance())
         tokens, elapsed, fraction = self._clip_to_horizon(t0, sim.time_s,
                                                          sim.output_tokens_total - tokens0)
         violating *= fraction
@@ -161,9 +161,6 @@ class DecisionLoop:
         )
         slow = record.step_latency_s / per_request_tokens > self.slo_tpot_s
         return float(per_request_tokens[slow].sum())
-
-    def _queue(self, records: list[StepRecord]) -> None:
-        self._pending.extend(records)
 
     def _observe(self) -> Observation:
         # The next decode step gets index sim.step_index; it may see steps <= index - lag.

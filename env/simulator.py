@@ -226,7 +226,6 @@ class Simulator:
         self._queue_head = 0  # requests [queue_head, n_arrived) wait in FIFO order
         self._n_arrived = 0
         self._stale_draft = False
-        self._pending_decode = False
         if self._closed_loop:
             self._init_closed_loop()
         else:
@@ -366,7 +365,6 @@ class Simulator:
                 records.append(self._prefill_step())
                 continue
             if self._n_run:
-                self._pending_decode = True
                 return records
             if not self._jump_to_next_arrival():
                 return records
@@ -416,7 +414,6 @@ class Simulator:
         self.output_tokens_total += committed
         self.time_s += latency
         self.step_index += 1
-        self._pending_decode = False
         if rem.min() <= 0:
             self._finish(rem <= 0)
         return record

@@ -973,22 +973,20 @@ class TraceWriter:
     # The hot path: one append and a length check under a lock, no Arrow work.
     def add_step(self, record: StepRecord) -> None:
         """Buffer one step record (rotates a file every ``rotate_records`` rows)."""
-        # The lock (uncontended: ~0.1 us) keeps a concurrent flush from swapping the
-        # buffer between this append and the conversion of the old one.
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("TraceWriter is closed")
-            self._steps.append(record)
-            full = len(self._steps) + len(self._requests) >= self.rotate_records
-        if full:
-            self.flush()
+        self._buffer("_steps", record)
 
     def add_request(self, record: RequestRecord) -> None:
         """Buffer one request record."""
+        self._buffer("_requests", record)
+
+    def _buffer(self, rows: str, record: StepRecord | RequestRecord) -> None:
+        # The lock (uncontended: ~0.1 us) keeps a concurrent flush from swapping the
+        # buffer between this append and the conversion of the old one; the buffer is
+        # looked up under it for the same reason.
         with self._lock:
             if self._closed:
                 raise RuntimeError("TraceWriter is closed")
-            self._requests.append(record)
+            getattr(self, rows).append(record)
             full = len(self._steps) + len(self._requests) >= self.rotate_records
         if full:
             self.flush()
