@@ -15,6 +15,10 @@ SPECCTL_FALLBACK            rule used when no fresh controller decision exists:
                             (batch size -> steps, largest key <= batch size wins)
 SPECCTL_TIMEOUT_MS          a telemetry message unanswered this long means the
                             controller is gone: fall back (default 100, at least 10)
+SPECCTL_OFF_PATH            what a step decided 0 runs: ``decode`` (default: the
+                            target's plain decode CUDA graph, no draft work; see
+                            :mod:`sglang_hooks.offswitch`) or ``sglang`` (SGLang's
+                            own steps=0: verify forward plus draft extend)
 SPECCTL_RECORD              directory: record every step to a Parquet trace
 SPECCTL_RECORD_EXPLORE      ``1``: instead of a controller, cycle through every
                             candidate depth (all ranks in lock-step) while recording
@@ -38,6 +42,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from sglang_hooks.offswitch import OFF_PATHS
+
 ACTIVATING = ("SPECCTL_CONTROLLER", "SPECCTL_RECORD", "SPECCTL_FALLBACK")
 
 
@@ -50,7 +56,7 @@ class PluginConfig:
     """Everything the plugin reads from the environment."""
 
     controller: str | None = None
-    #: "sglang", "table" or "explore" (explore only with record_explore).
+    #: "sglang", "table" or "explore" (cycle through every candidate depth).
     fallback: str = "sglang"
     #: Sorted (batch size, steps) pairs of the table rule.
     table: tuple[tuple[int, int], ...] = ()
@@ -64,6 +70,8 @@ class PluginConfig:
     server: str | None = None
     curve_server_key: str | None = None
     curve_client_cert: str | None = None
+    #: What a step decided 0 runs (one of ``offswitch.OFF_PATHS``).
+    off_path: str = "decode"
 
     @property
     def rule(self) -> str:
@@ -100,6 +108,7 @@ def from_env(env: Mapping[str, str] | None = None) -> PluginConfig | None:
         server=env.get("SPECCTL_SERVER") or None,
         curve_server_key=env.get("SPECCTL_CURVE_SERVER_KEY") or None,
         curve_client_cert=env.get("SPECCTL_CURVE_CLIENT_CERT") or None,
+        off_path=_off_path(env.get("SPECCTL_OFF_PATH") or "decode"),
     )
 
 
@@ -122,9 +131,15 @@ def parse_table(text: str) -> tuple[tuple[int, int], ...]:
     return tuple(sorted(pairs))
 
 
+def _off_path(value: str) -> str:
+    if value not in OFF_PATHS:
+        raise ConfigError(f"SPECCTL_OFF_PATH={value!r}: expected one of {', '.join(OFF_PATHS)}")
+    return value
+
+
 def _fallback(value: str) -> tuple[str, tuple[tuple[int, int], ...]]:
-    if value == "sglang":
-        return "sglang", ()
+    if value in ("sglang", "explore"):  # explore: every depth in turn (switching tests)
+        return value, ()
     if value.startswith("table:"):
         spec = value[len("table:"):].strip()
         if not spec.startswith("{"):
@@ -134,7 +149,8 @@ def _fallback(value: str) -> tuple[str, tuple[tuple[int, int], ...]]:
             except OSError as exc:
                 raise ConfigError(f"SPECCTL_FALLBACK table file {path}: {exc}") from None
         return "table", parse_table(spec)
-    raise ConfigError(f"SPECCTL_FALLBACK={value!r}: expected 'sglang' or 'table:<json or path>'")
+    raise ConfigError(f"SPECCTL_FALLBACK={value!r}: expected 'sglang', 'explore' or "
+                      "'table:<json or path>'")
 
 
 def _flag(env: Mapping[str, str], name: str) -> bool:

@@ -27,6 +27,9 @@ EAGLE = "sglang.srt.speculative.eagle_worker_v2"
 FORWARD = "sglang.srt.model_executor.forward_batch_info"
 ALLOCATOR = "sglang.srt.mem_cache.allocator.base"
 PREFIX_CACHE = "sglang.srt.mem_cache.base_prefix_cache"
+TP_WORKER = "sglang.srt.managers.tp_worker"
+MODEL_RUNNER = "sglang.srt.model_executor.model_runner"
+GRAPH_RUNNER = "sglang.srt.model_executor.runner.decode_cuda_graph_runner"
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,42 @@ HOOK_TARGETS = (
     Method(SCHEDULER, "Scheduler", "process_batch_result", ("self", "batch", "result")),
 )
 POLICY_CLASS = f"{PARAMS}.AdaptiveSpeculativeParams"
+
+#: The off switch's hook targets (:mod:`sglang_hooks.offswitch`; the same in every version).
+OFF_SWITCH_TARGETS = (
+    Method(EAGLE, "EAGLEWorkerV2", "init_cuda_graphs", ("self",)),
+    Method(TP_WORKER, "TpModelWorker", "forward_batch_generation",
+           ("self", "batch", "forward_batch", "pp_proxy_tensors", "is_verify")),
+    Method(EAGLE, "EagleDraftWorker", "_draft_extend_for_decode",
+           ("self", "batch", "batch_result")),
+)
+
+#: What the off path builds and reads besides its hook targets.
+_OFF_SWITCH = (
+    *OFF_SWITCH_TARGETS,
+    Method(EAGLE, "EAGLEWorkerV2", "_stub_skipped_draft_extend", ("self", "batch", "batch_output")),
+    Method(EAGLE, "EAGLEWorkerV2", "_build_trivial_verify_input", ("self", "batch")),
+    # steps=0 builds the one-token verify input and runs the draft extend we skip.
+    Calls(EAGLE, "EAGLEWorkerV2.forward_batch_generation", (
+        "verify_input = self._build_trivial_verify_input(batch)",
+        "self.draft_worker._draft_extend_for_decode(",
+    )),
+    Method(MODEL_RUNNER, "ModelRunner", "_get_attention_backend", ("self", "init_new_workspace")),
+    Attributes(MODEL_RUNNER, "ModelRunner", (
+        "decode_cuda_graph_runner", "attn_backend", "spec_algorithm", "init_new_workspace")),
+    # Graphs are captured in DECODE mode unless the model runner is speculative.
+    Method(GRAPH_RUNNER, "DecodeCudaGraphRunner", "__init__", ("self", "model_runner")),
+    Calls(GRAPH_RUNNER, "DecodeCudaGraphRunner.__init__", (
+        "self.capture_forward_mode = ForwardMode.DECODE",
+        "if model_runner.spec_algorithm.is_speculative():",
+    )),
+    Attributes(GRAPH_RUNNER, "DecodeCudaGraphRunner", ("capture_bs",)),
+    Attributes(FORWARD, "ForwardBatch", (
+        "forward_mode", "global_forward_mode", "positions", "seq_lens", "orig_seq_lens",
+        "seq_lens_cpu", "seq_lens_sum", "spec_info", "spec_algorithm", "capture_hidden_mode",
+        "forward_metadata_ready", "batch_size",
+    )),
+)
 
 _COMMON = (
     *HOOK_TARGETS,
@@ -118,6 +157,7 @@ _COMMON = (
           ("self.activate_step_by_batch(batch.seq_lens.shape[0])",)),
     Calls(EAGLE, "EAGLEWorkerV2.on_verify_complete_cpu",
           ("self.adaptive_controller.on_verify_complete(",)),
+    *_OFF_SWITCH,
 )
 
 #: Per supported version: everything above plus how ranks are read and who
@@ -135,6 +175,10 @@ CONTRACTS: dict[str, tuple] = {
               ("AdaptiveSpeculativeParams(initial_steps=worker.speculative_num_steps, "
                "cfg_path=config_path)",)),
         Calls(EAGLE, "EAGLEWorkerV2.__init__", ("AdaptiveController(self, config_path=",)),
+        Attributes(EAGLE, "EAGLEWorkerV2", ("target_worker",)),
+        Calls(EAGLE, "EAGLEWorkerV2.verify", (
+            "self.target_worker.forward_batch_generation(batch=None, "
+            "forward_batch=verify_forward_batch, is_verify=True)",)),
     ),
     "0.5.23": (
         *_COMMON,
@@ -146,6 +190,11 @@ CONTRACTS: dict[str, tuple] = {
               ("self.request_receiver.recv_requests(", "self.process_input_requests(recv_reqs)")),
         Calls(EAGLE, "EAGLEWorkerV2.__init__",
               ("AdaptiveController(self, AdaptiveSpeculativeParams(initial_steps=",)),
+        Method("sglang.srt.speculative.base_spec_worker", "BaseSpecWorker", "target_worker",
+               ("self",)),
+        Calls("sglang.srt.speculative.eagle_worker_common", "run_eagle_verify", (
+            "target_worker.forward_batch_generation(batch=None, "
+            "forward_batch=verify_forward_batch, is_verify=True,",)),
     ),
 }
 
@@ -186,8 +235,9 @@ class SourceTree:
 def target_problems(root: str | Path) -> list[str]:
     """Problems with the hook targets in the SGLang installed under ``root`` (empty: fine)."""
     tree = SourceTree(root)
-    items = (*HOOK_TARGETS, Method(PARAMS, "AdaptiveSpeculativeParams", "__init__",
-                                   ("self", "initial_steps", "cfg_path")))
+    items = (*HOOK_TARGETS, *OFF_SWITCH_TARGETS,
+             Method(PARAMS, "AdaptiveSpeculativeParams", "__init__",
+                    ("self", "initial_steps", "cfg_path")))
     return [p for item in items if (p := _check(tree, item))]
 
 

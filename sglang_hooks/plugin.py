@@ -12,7 +12,8 @@ nothing unless all of these hold, and says why (once) when it stops:
 
 Then it registers, through ``HookRegistry`` only: a class REPLACE of
 ``AdaptiveSpeculativeParams`` (:mod:`sglang_hooks.policy`) and the four
-scheduler hooks of :mod:`sglang_hooks.runtime`.
+scheduler hooks of :mod:`sglang_hooks.runtime`, and (unless ``SPECCTL_OFF_PATH=sglang``)
+the three hooks of :mod:`sglang_hooks.offswitch` that make steps=0 a plain decode.
 """
 
 from __future__ import annotations
@@ -76,6 +77,9 @@ def _register_hooks(cfg: config.PluginConfig, version: str) -> None:
     for target in contract.HOOK_TARGETS:
         hook, hook_type = hooks[target.name]
         HookRegistry.register(target.target, hook, HookType[hook_type])
+    if runtime.offswitch is not None:
+        for target, (hook, hook_type) in runtime.offswitch.hook_table().items():
+            HookRegistry.register(target, hook, HookType[hook_type])
     RUNTIME = runtime
     log.info("specctl: hooks registered for SGLang %s (controller=%s, rule=%s, record=%s)",
              version, cfg.controller, cfg.rule, cfg.record_dir)

@@ -79,6 +79,10 @@ def make_policy_class(base: type, runtime: Runtime) -> type:
             except Exception as exc:
                 rt.fault("policy", exc)
                 steps = super().get_steps_for_batch(batch_size)
+            # The off switch may turn the first step back on into SGLang's steps=0 (a
+            # warm-up for the draft); telemetry reports the steps that actually ran.
+            if rt.offswitch is not None:
+                steps = rt.offswitch.choose(steps)
             rt.last_steps = steps
             return steps
 

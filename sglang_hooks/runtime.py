@@ -47,6 +47,7 @@ from sglang_hooks.client import TIMED_OUT, ControllerClient, client_name
 from sglang_hooks.compat import Ranks, read_ranks
 from sglang_hooks.config import PluginConfig
 from sglang_hooks.marker import CONTROLLER, FALLBACK, DecisionMarker
+from sglang_hooks.offswitch import OffSwitch
 from sglang_hooks.timing import HookClock
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,9 @@ class Runtime:
         #: Steps the policy returned for the batch being launched (-1: not asked).
         self.last_steps = -1
         self.policy: Any = None
+        #: The plain-decode off path (None: steps=0 is SGLang's; see offswitch.py).
+        self.offswitch: OffSwitch | None = (
+            OffSwitch(self.counters) if cfg.off_path == "decode" else None)
         self.is_source = False
         self.client: ControllerClient | None = None
         self.recorder: Any = None

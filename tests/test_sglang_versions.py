@@ -160,6 +160,7 @@ def probes(extra_path, tmp_path_factory) -> dict[str, dict]:
     tmp = tmp_path_factory.mktemp("probes")
     scenarios = {
         "active": (root, {"SPECCTL_CONTROLLER": UNUSED}),
+        "sglang_off_path": (root, {"SPECCTL_CONTROLLER": UNUSED, "SPECCTL_OFF_PATH": "sglang"}),
         "no_variables": (root, {"SPECCTL_TIMEOUT_MS": "50"}),
         "bad_variable": (root, {"SPECCTL_CONTROLLER": UNUSED, "SPECCTL_TIMEOUT_MS": "soon"}),
         "unsupported_version": (overlay(tmp / "version", NEWEST, metadata_version="0.5.99"),
@@ -184,8 +185,17 @@ def probes(extra_path, tmp_path_factory) -> dict[str, dict]:
 
 def test_active_plugin_registers_everything(probes):
     report = probes["active"]
-    assert report["replaced"] and len(report["hooks"]) == 5, report
+    off_switch = {target.target for target in OFF_SWITCH_TARGETS}
+    scheduler = {target.target for target in HOOK_TARGETS}
+    assert report["replaced"], report
+    assert set(report["hooks"]) == {POLICY_CLASS, *scheduler, *off_switch}, report
     assert any("hooks registered" in message for _, message in report["logs"])
+
+
+def test_sglang_off_path_leaves_the_forward_unhooked(probes):
+    report = probes["sglang_off_path"]
+    assert report["replaced"]
+    assert set(report["hooks"]) == {POLICY_CLASS, *(t.target for t in HOOK_TARGETS)}, report
 
 
 def test_without_specctl_variables_nothing_changes(probes):

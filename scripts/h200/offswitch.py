@@ -1,0 +1,207 @@
+"""The off switch on a real SGLang server (H200): is a step decided 0 as fast as no speculation?
+
+Phases (each starts its own server, drives it, stops it, writes ``$OUT/offswitch_<phase>.json``):
+
+    python scripts/h200/offswitch.py nospec   # a server without any --speculative-* flag
+    python scripts/h200/offswitch.py off      # EAGLE-3 + plugin, no simulated acceptance:
+                                              # greedy ids under off / depth 3 / switching every
+                                              # step, and the off path's TPOT
+    python scripts/h200/offswitch.py sim      # EAGLE-3 + plugin, SGLANG_SIMULATE_ACC_LEN=$ACC:
+                                              # the replay with static 0 / static 3 / the policy
+
+Every server: the same flags (``session.py``'s), ``--disable-radix-cache`` (replayed prompts
+would otherwise hit the prefix cache of earlier runs) and ``--max-running-requests 48``.
+``MODELS=<dir>`` picks the model folders (``.h200/models`` by default: Llama-3.1-8B shape).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import loadgen
+import session
+
+RUN, OUT, URL = session.RUN, session.OUT, session.URL
+MODELS = Path(os.environ.get("MODELS", str(session.MODELS)))
+ACC = os.environ.get("ACC", "3.5")
+CANDIDATES = [0, 1, 3, 5]
+CONCURRENCY = [1, 8, 32, 48]
+GREEDY_PROMPTS, GREEDY_PROMPT_LEN, GREEDY_NEW = 8, 200, 64
+
+
+def start(name: str, *, spec: bool, env: dict[str, str]) -> subprocess.Popen:
+    args = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(MODELS / "target"),
+            "--load-format", "dummy", "--skip-tokenizer-init", "--attention-backend", "triton",
+            "--sampling-backend", "pytorch", "--cuda-graph-max-bs", "64",
+            "--max-running-requests", "48", "--context-length", "4096",
+            "--mem-fraction-static", "0.8", "--disable-radix-cache",
+            "--port", str(session.PORT), "--log-level", "info"]
+    if spec:
+        steps = max(CANDIDATES)
+        config = RUN / "adaptive.json"
+        config.write_text(json.dumps({"1": {"candidate_steps": CANDIDATES}}))
+        args += ["--speculative-draft-model-path", str(MODELS / "draft"),
+                 "--speculative-algorithm", "EAGLE3", "--speculative-eagle-topk", "1",
+                 "--speculative-num-steps", str(steps),
+                 "--speculative-num-draft-tokens", str(steps + 1),
+                 "--speculative-adaptive", "--speculative-adaptive-config", str(config)]
+    log_path = RUN / f"server-{name}.log"
+    process = subprocess.Popen(args, env={**os.environ, **env}, stdout=open(log_path, "w"),  # noqa: SIM115
+                               stderr=subprocess.STDOUT, start_new_session=True)
+    started = time.time()
+    while time.time() - started < 420:
+        if process.poll() is not None:
+            save_log(log_path)
+            raise RuntimeError(f"server {name} exited:\n" + log_path.read_text()[-4000:])
+        try:
+            with urllib.request.urlopen(f"{URL}/health", timeout=2) as response:
+                if response.status == 200:
+                    session.log(f"{name} ready after {time.time() - started:.0f} s")
+                    loadgen.one_batch(URL, 2, output=16)
+                    return process
+        except OSError:
+            pass
+        time.sleep(2)
+    raise RuntimeError(f"server {name} not ready")
+
+
+def save_log(path: Path) -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    text = path.read_text()
+    (OUT / path.name).write_text(text[-200_000:])
+
+
+def greedy_ids() -> list[dict]:
+    """Eight fixed prompts at once, greedy; output ids and the top-2 logprobs per position."""
+    rng = random.Random(1234)
+    prompts = [[rng.randrange(1000, 100_000) for _ in range(GREEDY_PROMPT_LEN)]
+               for _ in range(GREEDY_PROMPTS)]
+    payload = {"input_ids": prompts,
+               "sampling_params": {"max_new_tokens": GREEDY_NEW, "temperature": 0.0,
+                                   "ignore_eos": True},
+               "return_logprob": True, "top_logprobs_num": 2}
+    request = urllib.request.Request(f"{URL}/generate", data=json.dumps(payload).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=300) as response:
+        answers = json.loads(response.read())
+    out = []
+    for answer in answers:
+        top = answer["meta_info"].get("output_top_logprobs") or []
+        gaps = [float(p[0][0] - p[1][0]) if p and len(p) > 1 else None for p in top]
+        out.append({"output_ids": answer["output_ids"], "top2_gap": gaps})
+    return out
+
+
+def sweep() -> dict:
+    return {str(c): loadgen.one_batch(URL, c, seed=100 + c) for c in CONCURRENCY}
+
+
+def headline() -> dict:
+    arrivals, prompts, outputs = session.headline_workload()
+    return loadgen.replay(URL, arrivals, prompts, outputs)
+
+
+def save(name: str, data: dict) -> None:
+    session.save(f"offswitch_{name}.json", data)
+
+
+def phase_nospec() -> None:
+    server = start("nospec", spec=False, env={})
+    result: dict = {"model": MODELS.name}
+    try:
+        result["greedy"] = greedy_ids()
+        result["sweep"] = sweep()
+        session.log("nospec sweep " + json.dumps({c: v["mean_tpot_ms"]
+                                                  for c, v in result["sweep"].items()}))
+        save("nospec", result)
+        result["headline"] = headline()
+        session.log(f"nospec headline {result['headline']}")
+        save("nospec", result)
+    finally:
+        session.stop(server, "nospec")
+        save_log(RUN / "server-nospec.log")
+
+
+def plugin_env(record: str) -> dict[str, str]:
+    return {"SPECCTL_CONTROLLER": session.SOCKET, "SPECCTL_TIMEOUT_MS": "100",
+            "SPECCTL_SERVER": "h200", "SPECCTL_FALLBACK": "explore",
+            "SPECCTL_EXPLORE_DWELL": "1", "SPECCTL_RECORD": str(RUN / record),
+            "SPECCTL_RECORD_FLUSH_S": "2"}
+
+
+def phase_off() -> None:
+    """No simulated acceptance: real (random-weight) drafts, so outputs must be greedy's."""
+    session.CANDIDATES = CANDIDATES
+    policies = session.write_policies()
+    served = RUN / "policy.npz"
+    shutil.copy(policies["static_0"], served)
+    controller = session.start_controller(served, "h200_llama31_8b_recorded")
+    server = start("off", spec=True, env=plugin_env("trace-off"))
+    result: dict = {"model": MODELS.name, "candidates": CANDIDATES}
+    try:
+        for name in ("static_0", "static_3"):
+            session.serve_policy(served, policies[name])
+            result[f"greedy_{name}"] = greedy_ids()
+        session.serve_policy(served, policies["static_0"])
+        result["sweep_off"] = sweep()
+        session.log("off sweep " + json.dumps({c: v["mean_tpot_ms"]
+                                               for c, v in result["sweep_off"].items()}))
+        save("off", result)
+        result["headline_off"] = headline()
+        session.log(f"off headline {result['headline_off']}")
+        save("off", result)
+        # Controller gone: every rank falls back to the explore rule, dwell 1, which
+        # switches depth (0, 1, 3, 5 in a shuffled order) on every step.
+        session.stop(controller, "specctl-serve")
+        time.sleep(1.0)
+        result["greedy_switching"] = greedy_ids()
+        result["sweep_switching"] = {str(c): loadgen.one_batch(URL, c, seed=200 + c)
+                                     for c in (1, 32)}
+        save("off", result)
+        time.sleep(4)
+    finally:
+        session.stop(server, "off")
+        if controller.poll() is None:
+            session.stop(controller, "specctl-serve")
+        save_log(RUN / "server-off.log")
+        if (RUN / "trace-off").exists():
+            session.pack(RUN / "trace-off", "offswitch_trace_off.tar.gz")
+
+
+def phase_sim() -> None:
+    session.CANDIDATES = CANDIDATES
+    policies = session.write_policies()
+    served = RUN / "policy.npz"
+    shutil.copy(policies["static_3"], served)
+    controller = session.start_controller(served, "h200_llama31_8b_recorded")
+    env = {**plugin_env("trace-sim"), "SGLANG_SIMULATE_ACC_LEN": ACC}
+    server = start("sim", spec=True, env=env)
+    result: dict = {"model": MODELS.name, "acceptance": float(ACC)}
+    try:
+        for name in os.environ.get("POLICIES", "static_3,ppo,static_0").split(","):
+            session.serve_policy(served, policies[name])
+            result[f"headline_{name}"] = headline()
+            session.log(f"sim headline {name}: {result[f'headline_{name}']}")
+            save("sim", result)
+        time.sleep(4)
+    finally:
+        session.stop(server, "sim")
+        if controller.poll() is None:
+            session.stop(controller, "specctl-serve")
+        save_log(RUN / "server-sim.log")
+        shutil.copy(RUN / "controller.log", OUT / "offswitch_controller.log")
+
+
+if __name__ == "__main__":
+    RUN.mkdir(parents=True, exist_ok=True)
+    {"nospec": phase_nospec, "off": phase_off, "sim": phase_sim}[sys.argv[1]]()
+    session.log("done")
