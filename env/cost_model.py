@@ -398,7 +398,7 @@ def profile_from_dict(data: Mapping, source: str = "<dict>") -> CostProfile:
     if unknown:
         raise ProfileError(f"{source}: unknown key 'cost.{unknown[0]}'")
     try:
-        return CostProfile(
+        profile = CostProfile(
             name=str(data["name"]),
             server=limits,
             description=str(data.get("description", "")),
@@ -410,6 +410,26 @@ def profile_from_dict(data: Mapping, source: str = "<dict>") -> CostProfile:
         )
     except ValueError as exc:
         raise ProfileError(f"{source}: cost.{exc}") from None
+    _check_steps_take_time(profile, source)
+    return profile
+
+
+def _check_steps_take_time(profile: CostProfile, source: str) -> None:
+    """A decode step and a prefill step must take time, or a simulated server is infinitely fast.
+
+    (Capacities and throughputs would divide by zero; a profile built in code may
+    leave terms at 0 for a test, a profile file describes a server.)
+    """
+    chunk = profile.server.chunked_prefill_tokens
+    for what, latency in (("a decode step of one request", profile.step_latency_s(1, 0)),
+                          (f"a prefill step of {chunk} tokens",
+                           profile.step_latency_s(0, 0, 0, chunk))):
+        if not latency > 0:
+            raise ProfileError(
+                f"{source}: cost: {what} takes {latency} s under these coefficients; set "
+                "c_fixed (or c_request / c_token and c_prefill_token) to the server's "
+                "measured costs (see specctl-fit-profile)"
+            )
 
 
 def load_profile(name_or_path: str | os.PathLike) -> CostProfile:

@@ -1,12 +1,23 @@
-"""specctl-fit-profile on traces that cannot (or can only partly) determine a profile."""
+"""specctl-fit-profile on traces that cannot (or only partly) determine a profile, and
+profiles that describe no server."""
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pytest
 
-from env.cost_model import UnidentifiableFitError, fit_profile_from_trace, load_profile
+from env.cost_model import (
+    COEFFICIENTS,
+    ProfileError,
+    UnidentifiableFitError,
+    fit_profile_from_trace,
+    load_profile,
+    save_profile,
+)
 from env.fit_profile import main as fit_profile_main
+from env.scenarios import ScenarioSampler
 from env.schema import StepRecord
 from env.trace_format import read_trace, write_trace
 
@@ -74,3 +85,23 @@ def test_a_non_physical_latency_is_left_out_and_counted(tmp_path, per_cell, caps
 def test_a_bad_trace_path_is_a_clean_exit(tmp_path):
     with pytest.raises(SystemExit, match=r"specctl-fit-profile: .*missing\.parquet"):
         fit_profile_main([f"trace={tmp_path / 'missing.parquet'}"])
+
+
+@pytest.mark.parametrize(
+    ("zeroed", "expected"),
+    [
+        (COEFFICIENTS, "cost: a decode step of one request takes 0.0 s"),
+        (tuple(c for c in COEFFICIENTS if c != "c_request"),  # only a per-request cost
+         "cost: a prefill step of 8192 tokens takes 0.0 s"),
+    ],
+)
+def test_a_profile_whose_steps_take_no_time_is_refused_on_load(tmp_path, zeroed, expected):
+    # Regression: an all-zero-cost profile was a ZeroDivisionError in specctl-eval.
+    path = save_profile(TRUTH.replace(**dict.fromkeys(zeroed, 0.0)), tmp_path / "zero.yaml")
+    assert TRUTH.server.chunked_prefill_tokens == 8192
+    with pytest.raises(ProfileError, match=re.escape(f"{path}: {expected}")):
+        load_profile(path)
+    env = {"horizon_s": 10.0, "profiles": [str(path)],
+           "workloads": [{"name": "azure_conv", "load": [1.0]}]}
+    with pytest.raises(ProfileError, match=re.escape(str(path))):
+        ScenarioSampler(env, split="eval").evaluation(windows=1)
