@@ -19,7 +19,7 @@ from env.cost_model import (
 from env.fit_profile import main as fit_profile_main
 from env.scenarios import ScenarioSampler
 from env.schema import StepRecord
-from env.trace_format import read_trace, write_trace
+from env.trace_format import TraceWriter, read_trace, write_trace
 
 TRUTH = load_profile("h200_llama31_8b")
 
@@ -105,3 +105,15 @@ def test_a_profile_whose_steps_take_no_time_is_refused_on_load(tmp_path, zeroed,
            "workloads": [{"name": "azure_conv", "load": [1.0]}]}
     with pytest.raises(ProfileError, match=re.escape(str(path))):
         ScenarioSampler(env, split="eval").evaluation(windows=1)
+
+
+def test_a_directory_of_two_recording_runs_is_fitted(tmp_path):
+    # Regression: a server restarted into its SPECCTL_RECORD directory made the directory
+    # (and so specctl-fit-profile) fail with "step_index must strictly increase".
+    single = read_trace(decode_trace(tmp_path, SPREAD)).steps
+    runs = tmp_path / "runs"
+    for run in ("20261201T100000Z-aaaaaa", "20261201T110000Z-bbbbbb"):
+        with TraceWriter(runs / "trace", server="s", rank=0, run_id=run) as writer:
+            for step in single:
+                writer.add_step(step)
+    assert fit_profile_main([f"trace={runs}"]) == 0
