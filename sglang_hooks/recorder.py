@@ -9,8 +9,8 @@ processes with SIGKILL) loses at most that much; a clean exit flushes the rest
 (``atexit``). Times in the trace count from the recorder's start (``t0``,
 stored in the trace metadata as ``t0_monotonic``).
 
-Each recorder is one run with its own ``run_id`` (UTC start time and a random
-suffix), in its file names and metadata: a server restarted into the same
+Each recorder is one run with its own ``run_id`` (UTC start time to the
+microsecond and a random suffix), in its file names and metadata: a server restarted into the same
 directory starts its step counter again, and the reader keeps the runs apart.
 :func:`start_recorder` is what the plugin calls: a directory that cannot be
 written disables recording (one warning), never the rest of the plugin.
@@ -39,8 +39,14 @@ _MAX_OPEN_REQUESTS = 1_000_000
 
 
 def new_run_id() -> str:
-    """A run id that sorts by start time: ``20261201T151300Z-1a2b3c``."""
-    return f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{secrets.token_hex(3)}"
+    """A run id that sorts by start time: ``20261201T151300.123456Z-1a2b3c``.
+
+    Microseconds, so that runs started within one second (tests, a crash loop) still
+    sort in start order; the random suffix tells apart runs started at the same time.
+    """
+    now_ns = time.time_ns()
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now_ns // 10**9))
+    return f"{stamp}.{now_ns // 1000 % 10**6:06d}Z-{secrets.token_hex(3)}"
 
 
 def check_writable(directory: str | Path) -> None:
