@@ -64,6 +64,7 @@ latencies by non-negative least squares on relative errors.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -74,6 +75,8 @@ from typing import Any
 
 import numpy as np
 import yaml
+
+log = logging.getLogger(__name__)
 
 #: Coefficient names, in the order of :func:`design_matrix` columns.
 COEFFICIENTS: tuple[str, ...] = (
@@ -116,6 +119,14 @@ DEFAULT_TIES: dict[str, tuple[str, float]] = {
 
 class ProfileError(ValueError):
     """A profile file is invalid; the message names the file and the key."""
+
+
+class UnidentifiableFitError(ValueError):
+    """The points cannot determine some free coefficients (named in ``coefficients``)."""
+
+    def __init__(self, message: str, coefficients: Sequence[str]) -> None:
+        super().__init__(message)
+        self.coefficients = tuple(coefficients)
 
 
 @dataclass(frozen=True)
@@ -387,7 +398,7 @@ def profile_from_dict(data: Mapping, source: str = "<dict>") -> CostProfile:
     if unknown:
         raise ProfileError(f"{source}: unknown key 'cost.{unknown[0]}'")
     try:
-        return CostProfile(
+        profile = CostProfile(
             name=str(data["name"]),
             server=limits,
             description=str(data.get("description", "")),
@@ -399,6 +410,26 @@ def profile_from_dict(data: Mapping, source: str = "<dict>") -> CostProfile:
         )
     except ValueError as exc:
         raise ProfileError(f"{source}: cost.{exc}") from None
+    _check_steps_take_time(profile, source)
+    return profile
+
+
+def _check_steps_take_time(profile: CostProfile, source: str) -> None:
+    """A decode step and a prefill step must take time, or a simulated server is infinitely fast.
+
+    (Capacities and throughputs would divide by zero; a profile built in code may
+    leave terms at 0 for a test, a profile file describes a server.)
+    """
+    chunk = profile.server.chunked_prefill_tokens
+    for what, latency in (("a decode step of one request", profile.step_latency_s(1, 0)),
+                          (f"a prefill step of {chunk} tokens",
+                           profile.step_latency_s(0, 0, 0, chunk))):
+        if not latency > 0:
+            raise ProfileError(
+                f"{source}: cost: {what} takes {latency} s under these coefficients; set "
+                "c_fixed (or c_request / c_token and c_prefill_token) to the server's "
+                "measured costs (see specctl-fit-profile)"
+            )
 
 
 def load_profile(name_or_path: str | os.PathLike) -> CostProfile:
@@ -538,6 +569,8 @@ class FitReport:
     free: tuple[str, ...]
     points: LatencyPoints
     predicted_s: np.ndarray
+    #: What was left out of the data and why (printed under the table).
+    notes: tuple[str, ...] = ()
 
     @classmethod
     def evaluate(
@@ -595,6 +628,7 @@ class FitReport:
             f"{len(p)} points: median |error| {self.median_abs_error * 100:.2f}%, "
             f"worst {self.worst_abs_error * 100:.2f}% (point {self.worst_index})"
         )
+        lines.extend(self.notes)
         return "\n".join(lines)
 
 
@@ -651,8 +685,36 @@ def fit_coefficients(
     output token of a steady-state benchmark). Free, tied and fixed coefficients
     as in :func:`fit_profile`; returns all coefficients by name.
     """
-    target = np.asarray(target, dtype=np.float64)
+    a, rhs, values = _free_system(design, target, template, tuple(free), ties, weight)
     free = tuple(free)
+    # Column scaling keeps NNLS well conditioned (terms range over 1 .. 1e5 tokens).
+    norms = np.linalg.norm(a, axis=0)
+    usable = norms > 0
+    coef = np.zeros(len(free))
+    if usable.any():
+        coef[usable] = nnls(a[:, usable] / norms[usable], rhs) / norms[usable]
+    for name, c in zip(free, coef, strict=True):
+        values[name] = float(c)
+    for name, (other, factor) in ties.items():
+        values[name] = factor * values[other]
+    return values
+
+
+def _free_system(
+    design: np.ndarray,
+    target: np.ndarray,
+    template: CostProfile,
+    free: tuple[str, ...],
+    ties: Mapping[str, tuple[str, float]],
+    weight: np.ndarray | None,
+) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
+    """The relative-error least-squares system of the free coefficients.
+
+    Returns ``(a, rhs, values)``: ``a @ c_free ~ rhs`` row-scaled to relative
+    errors (tied coefficients folded into their free partner's column, fixed ones
+    moved to the right-hand side), and the template's values with fixed ties applied.
+    """
+    target = np.asarray(target, dtype=np.float64)
     if design.shape != (target.size, len(COEFFICIENTS)):
         raise ValueError(f"design must have shape ({target.size}, {len(COEFFICIENTS)})")
     if (target <= 0).any():
@@ -675,19 +737,55 @@ def fit_coefficients(
         fixed_part += values[name] * col[name]
     w = np.ones(target.size) if weight is None else np.asarray(weight, dtype=np.float64)
     row_scale = np.sqrt(w) / target  # relative errors
-    a = x_free * row_scale[:, None]
-    rhs = (target - fixed_part) * row_scale
-    # Column scaling keeps NNLS well conditioned (terms range over 1 .. 1e5 tokens).
+    return x_free * row_scale[:, None], (target - fixed_part) * row_scale, values
+
+
+#: What varies each coefficient's term, i.e. the data that pins it down.
+_IDENTIFIED_BY = {
+    "c_fixed": "several batch sizes (the intercept)",
+    "c_request": "several batch sizes at one depth",
+    "c_token": "several depths at one batch size",
+    "c_moe": "several token counts per step",
+    "c_kv": "KV use that varies apart from the batch size",
+    "c_verify": "steps at depth 0 and at depth >= 1",
+    "c_verify_token": "steps at depth 0 and at depth >= 1 at several batch sizes",
+    "c_draft": "steps at depth 1 and at depth >= 2",
+    "c_draft_token": "steps at depth >= 2 at several batch sizes",
+    "c_extend": "steps at depth 0 with and without the draft extend",
+    "c_extend_token": "steps at depth 0 with and without the draft extend",
+    "c_eager": "batch sizes above and below cuda_graph_max_bs",
+    "c_eager_token": "several batch sizes above cuda_graph_max_bs",
+    "c_prefill_token": "prefill steps of several lengths",
+}
+
+
+def unidentifiable(
+    design: np.ndarray,
+    target: np.ndarray,
+    *,
+    template: CostProfile,
+    free: Sequence[str],
+    ties: Mapping[str, tuple[str, float]],
+    weight: np.ndarray | None = None,
+) -> list[str]:
+    """The free coefficients the points cannot tell apart from the others.
+
+    A coefficient is unidentifiable when its (scaled) column is zero or lies in
+    the span of the free columns before it: any value of it fits the points as
+    well as any other, so a fit would report whatever the solver happened to pick.
+    """
+    a, _, _ = _free_system(design, target, template, tuple(free), ties, weight)
     norms = np.linalg.norm(a, axis=0)
-    usable = norms > 0
-    coef = np.zeros(len(free))
-    if usable.any():
-        coef[usable] = nnls(a[:, usable] / norms[usable], rhs) / norms[usable]
-    for name, c in zip(free, coef, strict=True):
-        values[name] = float(c)
-    for name, (other, factor) in ties.items():
-        values[name] = factor * values[other]
-    return values
+    scaled = a / np.where(norms > 0, norms, 1.0)
+    basis: list[int] = []
+    lost = []
+    for j, name in enumerate(free):
+        trial = scaled[:, [*basis, j]]
+        if norms[j] > 0 and np.linalg.matrix_rank(trial, tol=1e-9) == len(basis) + 1:
+            basis.append(j)
+        else:
+            lost.append(name)
+    return lost
 
 
 def check_fit_spec(free: Sequence[str], ties: Mapping[str, tuple[str, float]]) -> None:
@@ -740,6 +838,21 @@ def fit_profile(
         moe_active_fraction=template.moe_active_fraction,
         cuda_graph_max_bs=template.server.cuda_graph_max_bs,
     )
+    lost = unidentifiable(design, pts.latency_s, template=template, free=free, ties=ties,
+                          weight=pts.weight)
+    if lost:
+        cells = sorted({(int(b), int(d)) for b, d in zip(pts.batch_size, pts.depth, strict=True)})
+        shown = ", ".join(f"({b}, {d})" for b, d in cells[:8]) + (" ..." if len(cells) > 8 else "")
+        needs = "; ".join(f"{name}: {_IDENTIFIED_BY.get(name, 'points that vary its term')}"
+                          for name in lost)
+        raise UnidentifiableFitError(
+            f"cannot fit {', '.join(lost)} from {len(pts)} point(s) in {len(cells)} "
+            f"(batch size, depth) cell(s) [{shown}]: the data does not tell them apart from "
+            f"the other free coefficients. Needed: {needs}. Record with "
+            "SPECCTL_RECORD_EXPLORE=1 under a varying load, or fit fewer coefficients "
+            f"(free=...; the rest keep the template's values).",
+            lost,
+        )
     values = fit_coefficients(
         design, pts.latency_s, template=template, free=free, ties=ties, weight=pts.weight
     )
@@ -766,8 +879,28 @@ def points_from_trace(trace: Any, *, draft_extend: bool = True,
     ``min_steps`` steps. Single steps' latencies on a real server jitter (one
     result processed late makes the next look short) and a batch size seen a
     couple of times in a transient says little; the medians are what the model
-    should match.
+    should match. Decode steps more than :data:`NON_PHYSICAL_RATIO` times slower
+    than the median decode step are left out (logged with their count).
     """
+    points, dropped = _decode_points(trace, draft_extend, per_cell, min_steps)
+    if dropped:
+        log.warning("%s", _dropped_note(dropped))
+    return points
+
+
+#: A decode step this many times slower than the trace's median decode step is no
+#: measurement of a step (a stalled process, a clock jump, a corrupt value).
+NON_PHYSICAL_RATIO = 100.0
+
+
+def _dropped_note(dropped: int) -> str:
+    return (f"left out {dropped} decode step(s) more than {NON_PHYSICAL_RATIO:g}x slower than "
+            "the median decode step (not physical)")
+
+
+def _decode_points(trace: Any, draft_extend: bool, per_cell: bool,
+                   min_steps: int) -> tuple[LatencyPoints, int]:
+    """:func:`points_from_trace`'s points and the number of non-physical steps left out."""
     cols = trace.step_columns()
     if not len(cols):
         raise ValueError("the trace holds no step records")
@@ -777,6 +910,8 @@ def points_from_trace(trace: Any, *, draft_extend: bool = True,
     use = lowest & (cols.prefill_tokens == 0) & (cols.batch_size > 0) & (cols.step_latency_s > 0)
     if not use.any():
         raise ValueError("the trace holds no decode step with a positive latency")
+    wild = use & (cols.step_latency_s > NON_PHYSICAL_RATIO * np.median(cols.step_latency_s[use]))
+    use &= ~wild
     batch, depth = cols.batch_size[use], cols.steps_used[use]
     kv, latency = cols.kv_used_tokens[use], cols.step_latency_s[use]
     if per_cell:
@@ -788,7 +923,7 @@ def points_from_trace(trace: Any, *, draft_extend: bool = True,
         batch, depth = cells[:, 0], cells[:, 1]
         kv = np.array([np.median(kv[m]) for m in members])
         latency = np.array([np.median(latency[m]) for m in members])
-    return LatencyPoints(
+    points = LatencyPoints(
         batch_size=batch,
         depth=depth,
         kv_tokens=kv,
@@ -796,6 +931,7 @@ def points_from_trace(trace: Any, *, draft_extend: bool = True,
         latency_s=latency,
         draft_extend=np.full(len(batch), draft_extend),
     )
+    return points, int(wild.sum())
 
 
 def fit_profile_from_trace(
@@ -812,8 +948,10 @@ def fit_profile_from_trace(
     If the trace has prefill steps of at least 1000 tokens, ``c_prefill_token`` is
     then set to their median latency left over by the other terms, per prompt token.
     """
-    points = points_from_trace(trace, draft_extend=draft_extend, per_cell=per_cell)
+    points, dropped = _decode_points(trace, draft_extend, per_cell, min_steps=5)
     profile, report = fit_profile(points, template=template, free=free, ties=ties)
+    if dropped:
+        report = dataclasses.replace(report, notes=(_dropped_note(dropped),))
     cols = trace.step_columns()
     big = (cols.prefill_tokens >= 1000) & (cols.step_latency_s > 0)
     if big.any():

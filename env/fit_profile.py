@@ -20,7 +20,10 @@ Keys:
 * ``per_cell``: fit the median latency of each (batch size, depth) with at least
   5 steps (default ``true``) rather than every step (``false``).
 
-Prints the per-point errors, the median and the worst.
+Prints the per-point errors, the median and the worst, and how many decode steps
+were left out as non-physical (more than 100x the median step). Refuses (exit
+status 1, naming the coefficients and the data they need) a trace that cannot
+determine the free coefficients, e.g. one (batch size, depth) cell for six of them.
 """
 
 from __future__ import annotations
@@ -61,13 +64,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if flag not in _TRUE | _FALSE:
         raise SystemExit(f"draft_extend must be true or false, got {flag!r}")
     free = tuple(f for f in args.get("free", ",".join(DEFAULT_FREE)).split(",") if f)
-    template = load_profile(args.get("template", "h200_llama31_8b"))
-    trace = read_trace(args["trace"])
     per_cell = args.get("per_cell", "true").lower()
     if per_cell not in _TRUE | _FALSE:
         raise SystemExit(f"per_cell must be true or false, got {per_cell!r}")
-    profile, report = fit_profile_from_trace(trace, template, draft_extend=flag in _TRUE,
-                                             free=free, per_cell=per_cell in _TRUE)
+    try:
+        template = load_profile(args.get("template", "h200_llama31_8b"))
+        trace = read_trace(args["trace"])
+        profile, report = fit_profile_from_trace(trace, template, draft_extend=flag in _TRUE,
+                                                 free=free, per_cell=per_cell in _TRUE)
+    except (OSError, ValueError) as exc:  # bad file, bad trace, nothing to fit: say which
+        raise SystemExit(f"specctl-fit-profile: {exc}") from None
     if "name" in args:
         profile = profile.replace(name=args["name"])
     provenance = dict(profile.provenance)

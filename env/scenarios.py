@@ -12,6 +12,7 @@ mix (see :func:`nominal_capacity_req_s`), so the same ``load`` list means
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -31,6 +32,8 @@ from env.factory import (
 )
 from env.simulator import SchedulerConfig
 from env.workloads import ClosedLoop, Workload
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,8 @@ class ScenarioSampler:
         self.held_out = float(self.cfg.get("held_out_fraction", 0.2))
         self.profiles = list(self.cfg["profiles"])
         self.workloads = list(self.cfg["workloads"])
+        #: (workload, KV capacity) pairs whose too-long requests were already reported.
+        self._reported: set[tuple[str, int]] = set()
         if not self.profiles or not self.workloads:
             raise ValueError("env config needs at least one profile and one workload")
         for spec in self.workloads:
@@ -107,6 +112,31 @@ class ScenarioSampler:
 
     def _trace(self, spec: Mapping) -> Workload | None:
         return _cached_trace(spec["name"], spec.get("path"), spec.get("max_output_tokens"))
+
+    def _servable_part(self, spec: Mapping, trace: Workload, config: SchedulerConfig) -> Workload:
+        """This split's requests the server can hold; the rest reported once per workload.
+
+        Leaving them out also keeps them out of the nominal capacity: one prompt
+        longer than the KV cache would otherwise scale every window's load.
+        """
+        lo, hi = self._split_range(trace)
+        part, rejected = _servable(trace.window(lo, hi - lo), config)
+        if not len(part):
+            raise ValueError(
+                f"workload {spec['name']!r} ({trace.source or 'shipped'}): no request of its "
+                f"{self.split} split fits the server's KV cache of {config.kv_capacity_tokens} "
+                "slots"
+            )
+        key = (str(spec["name"]), config.kv_capacity_tokens)
+        if key not in self._reported:
+            self._reported.add(key)
+            _, too_long = _servable(trace, config)
+            if too_long:
+                log.warning("workload %r (%s): %d of %d requests need more KV slots than the "
+                            "server's %d and are left out (%d of them in this %s split)",
+                            spec["name"], trace.source or "shipped", too_long, len(trace),
+                            config.kv_capacity_tokens, rejected, self.split)
+        return part
 
     def _split_range(self, trace: Workload) -> tuple[float, float]:
         cut = trace.duration_s * (1.0 - self.held_out)
@@ -126,7 +156,7 @@ class ScenarioSampler:
         if trace is None:
             raise ValueError(f"workload {spec['name']!r} has no trace for open-loop replay")
         lo, hi = self._split_range(trace)
-        part = trace.window(lo, hi - lo)
+        part = self._servable_part(spec, trace, config)
         capacity = nominal_capacity_req_s(profile, part.prompt_tokens, part.output_tokens, config)
         multiplier = load * capacity / part.mean_rate
         span = min(self.horizon_s * multiplier, hi - lo)
@@ -149,8 +179,7 @@ class ScenarioSampler:
         if trace is None:
             loop = make_closed_loop(spec, concurrency, profile=profile)
         else:
-            lo, hi = self._split_range(trace)
-            lengths, _ = _servable(trace.window(lo, hi - lo), config)
+            lengths = self._servable_part(spec, trace, config)
             loop = ClosedLoop(concurrency=concurrency, lengths_from=lengths)
         label = f"{spec['name']} C={concurrency} {profile.name}"
         return Scenario(label, profile, acceptance, loop, config, self.horizon_s, seed,

@@ -26,7 +26,8 @@ output_tokens       int32          R      generated tokens, >= 1
 request_class       string         R      optional category (e.g. a Spec-Bench category)
 server              string         S      name of the server that ran the step
 rank                int32          S      tensor-parallel rank that reported it
-step_index          int64          S      step counter, strictly increasing per (server, rank)
+step_index          int64          S      step counter, strictly increasing per (server,
+                                          rank, run): see ``run_id`` below
 time_s              float64        S      launch time of the step (monotonic clock, s)
 batch_size          int32          S      requests in the step's batch, >= 0
 waiting_requests    int32          S      requests queued at launch, >= 0
@@ -46,6 +47,12 @@ request_ids         list<string>   S      optional: ids of the batch, ``batch_si
 
 Request rows must be sorted by ``arrival_s`` within a file (the writer sorts
 them); when several files are read, their requests are merged by arrival.
+
+A recording run (one server process writing rotated files) puts its ``run_id``
+in ``specctl.meta`` and in the file names. A server restarted into the same
+directory starts its step counter again under a new run id, so ``step_index``
+must increase only within a (server, rank, run); files without a ``run_id``
+(written by :func:`write_trace`) count as one run per (server, rank).
 
 Errors name the file, the 0-based row of the Parquet table and the field, e.g.
 ``trace.parquet: row 12, field 'output_tokens': must be >= 1, got -3``.
@@ -741,14 +748,16 @@ def read_trace(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> Trace:
 
     Several files are concatenated in natural name order; their request records
     are merged by arrival time, and ``step_index`` must keep strictly increasing
-    per (server, rank) across files. Raises :class:`TraceFormatError` (naming
-    file, row and field) on any violation.
+    per (server, rank, run) across files (the run is the ``run_id`` of the file's
+    metadata, so the runs of a server restarted into one directory read
+    together). Raises :class:`TraceFormatError` (naming file, row and field) on
+    any violation.
     """
     files = expand_paths(paths)
     all_req: list[RequestColumns] = []
     all_steps: list[StepColumns] = []
     meta: dict | None = None
-    last_index: dict[tuple[str, int], tuple[int, str]] = {}
+    last_index: dict[tuple[str, int, str | None], tuple[int, str]] = {}
     for path in files:
         name = str(path)
         try:
@@ -758,31 +767,38 @@ def read_trace(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> Trace:
             raise TraceFormatError(name, None, None, f"cannot read: {exc}") from None
         if magic != PARQUET_MAGIC:
             raise TraceFormatError(name, None, None, "not a Parquet file (bad magic bytes)")
+        pf = _open_parquet(path, name)
+        file_meta = _file_meta(pf.schema_arrow.metadata, name)
         try:
-            pf = pq.ParquetFile(path)
-            file_meta = _file_meta(pf.schema_arrow.metadata, name)
             table = pf.read()
-        except pa.ArrowInvalid as exc:
-            raise TraceFormatError(name, None, None, f"unreadable Parquet: {exc}") from None
+        except (pa.ArrowException, OSError) as exc:
+            raise TraceFormatError(
+                name, None, None, f"truncated or corrupt Parquet data: {exc}"
+            ) from None
         table = _conform_schema(table, name)
         req, steps, step_rows = _split_table(table, name)
-        # Continuity of step_index with earlier files of the same (server, rank).
-        first_of_key: dict[tuple[str, int], int] = {}
+        run = file_meta.get("run_id")
+        run = None if run is None else str(run)
+        # Continuity of step_index with earlier files of the same (server, rank, run).
+        first_of_key: dict[tuple[str, int, str | None], int] = {}
         for i in range(len(steps)):
-            key = (str(steps.server[i]), int(steps.rank[i]))
+            key = (str(steps.server[i]), int(steps.rank[i]), run)
             if key not in first_of_key:
                 first_of_key[key] = i
         for key, i in first_of_key.items():
             if key in last_index and steps.step_index[i] <= last_index[key][0]:
+                where = f"(server, rank) = {key[:2]}" + (f", run {run!r}" if run else "")
                 raise TraceFormatError(
                     name,
                     int(step_rows[i]),
                     "step_index",
-                    f"must strictly increase per (server, rank) = {key} across files: "
-                    f"{steps.step_index[i]} after {last_index[key][0]} in {last_index[key][1]}",
+                    f"must strictly increase per {where} across files: "
+                    f"{steps.step_index[i]} after {last_index[key][0]} in {last_index[key][1]}"
+                    + ("" if run else " (files without a 'run_id' in their metadata count "
+                       "as one run)"),
                 )
         for i in range(len(steps)):
-            last_index[(str(steps.server[i]), int(steps.rank[i]))] = (
+            last_index[(str(steps.server[i]), int(steps.rank[i]), run)] = (
                 int(steps.step_index[i]),
                 name,
             )
@@ -800,6 +816,30 @@ def read_trace(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> Trace:
         sources=files,
         _step_columns=step_columns,
     )
+
+
+def _open_parquet(path: Path, name: str) -> pq.ParquetFile:
+    """Open a file that starts with the Parquet magic; a bad footer is called truncated."""
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as fh:
+            fh.seek(max(0, size - 4))
+            tail = fh.read(4)
+    except OSError as exc:
+        raise TraceFormatError(name, None, None, f"cannot read: {exc}") from None
+    if size < 12 or tail != PARQUET_MAGIC:
+        # A Parquet file ends with its footer and the magic again: a copy or a write cut
+        # short loses exactly that.
+        raise TraceFormatError(
+            name, None, None,
+            f"truncated or corrupt Parquet file ({size} bytes, no footer magic at the end)",
+        )
+    try:
+        return pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as exc:
+        raise TraceFormatError(
+            name, None, None, f"truncated or corrupt Parquet file: {exc}"
+        ) from None
 
 
 def _concat_requests(parts: list[RequestColumns], files: list[Path]) -> RequestColumns:
@@ -917,9 +957,11 @@ _SAFE_NAME = re.compile(r"[^A-Za-z0-9_.+-]")
 class TraceWriter:
     """Buffers records and writes rotated Parquet files; cheap per record.
 
-    Files are named ``<prefix>-<server>-r<rank>-<seq:05d>.parquet``; a new one
-    is written each time ``rotate_records`` rows (steps + requests) have been
-    added, and on :meth:`flush` / :meth:`close`. Writes are atomic (temporary
+    Files are named ``<prefix>-<server>-r<rank>-<seq:05d>.parquet`` (with a
+    ``run_id``: ``<prefix>-<run_id>-<server>-r<rank>-<seq:05d>.parquet``, and the
+    run id in each file's metadata); a new one is written each time
+    ``rotate_records`` rows (steps + requests) have been added, and on
+    :meth:`flush` / :meth:`close`. Writes are atomic (temporary
     file + rename), so a reader never sees a partial file. Numbering continues
     after existing files of the same prefix, server and rank (nothing is
     overwritten). Thread-safe: records may be added from one thread while
@@ -939,6 +981,7 @@ class TraceWriter:
         rank: int,
         rotate_records: int = 200_000,
         meta: dict | None = None,
+        run_id: str | None = None,
     ) -> None:
         if rotate_records < 1:
             raise ValueError(f"rotate_records must be >= 1, got {rotate_records}")
@@ -948,8 +991,14 @@ class TraceWriter:
         self.rank = int(rank)
         self.rotate_records = int(rotate_records)
         self.meta = dict(meta or {})
+        self.run_id = run_id
+        if run_id is not None:
+            if not run_id or _SAFE_NAME.search(run_id):
+                raise ValueError(f"run_id must be a non-empty [A-Za-z0-9_.+-] name, got {run_id!r}")
+            self.meta["run_id"] = run_id
         prefix = Path(path_prefix)
-        self._stem = f"{prefix.name}-{_SAFE_NAME.sub('_', server)}-r{self.rank}-"
+        run = f"{run_id}-" if run_id is not None else ""
+        self._stem = f"{prefix.name}-{run}{_SAFE_NAME.sub('_', server)}-r{self.rank}-"
         self._dir = prefix.parent
         self._seq = self._next_free_seq()
         self._steps: list[StepRecord] = []

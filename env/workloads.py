@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from env.trace_format import PARQUET_MAGIC, DataFileError, is_trace_file, read_trace
+from env.trace_format import PARQUET_MAGIC, DataFileError, read_trace
 
 
 class WorkloadFormatError(DataFileError):
@@ -207,26 +207,36 @@ def _read_lines(path: Path) -> list[str]:
     return lines
 
 
+_INT32_MAX = int(np.iinfo(np.int32).max)
+
+
+def _check_count(value: int, path: Path, line: int, field: str) -> None:
+    """A token count must lie in [1, int32 max]; the error names file, line and field."""
+    if value < 1:
+        raise WorkloadFormatError(path, line, field, f"must be >= 1, got {value}")
+    if value > _INT32_MAX:
+        raise WorkloadFormatError(path, line, field, f"too large: {value} (at most {_INT32_MAX})")
+
+
 def _parse_ints(values: list[str], path: Path, field: str, first_line: int) -> np.ndarray:
-    """Parse decimal ints; the error names the first bad line."""
+    """Parse decimal ints in [1, int32 max]; the error names the first bad line."""
     try:
         out = np.array(values, dtype=np.int64)
     except (ValueError, OverflowError):
+        # Slow path, only to say where: int() takes any size, so 10**20 reaches the check.
         for i, v in enumerate(values):
             try:
-                int(v)
+                number = int(v)
             except ValueError:
                 raise WorkloadFormatError(
                     path, first_line + i, field, f"not an integer: {v!r}"
                 ) from None
+            _check_count(number, path, first_line + i, field)
         raise  # pragma: no cover - numpy and int() disagree only on overflow
-    bad = np.flatnonzero(out < 1)
+    bad = np.flatnonzero((out < 1) | (out > _INT32_MAX))
     if bad.size:
         i = int(bad[0])
-        raise WorkloadFormatError(path, first_line + i, field, f"must be >= 1, got {out[i]}")
-    if out.max(initial=0) > np.iinfo(np.int32).max:
-        i = int(np.argmax(out))
-        raise WorkloadFormatError(path, first_line + i, field, f"too large: {out[i]}")
+        _check_count(int(out[i]), path, first_line + i, field)
     return out
 
 
@@ -323,6 +333,10 @@ def read_mooncake_jsonl(path: str | os.PathLike, name: str | None = None) -> Wor
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
             raise WorkloadFormatError(path, lineno, None, f"malformed JSON: {exc.msg}") from None
+        except RecursionError:
+            raise WorkloadFormatError(
+                path, lineno, None, "JSON nested too deeply (expected one flat object)"
+            ) from None
         if not isinstance(obj, dict):
             raise WorkloadFormatError(path, lineno, None, "expected a JSON object")
         for key in obj:
@@ -339,8 +353,7 @@ def read_mooncake_jsonl(path: str | os.PathLike, name: str | None = None) -> Wor
             v = obj[key]
             if isinstance(v, bool) or not isinstance(v, int):
                 raise WorkloadFormatError(path, lineno, key, f"not an integer: {v!r}")
-            if v < 1:
-                raise WorkloadFormatError(path, lineno, key, f"must be >= 1, got {v}")
+            _check_count(v, path, lineno, key)
             dest[i] = v
     _check_sorted(ts, path, "timestamp", 1)
     return Workload(
@@ -380,9 +393,9 @@ def detect_format(path: str | os.PathLike) -> str:
     with path.open("rb") as fh:
         head = fh.read(4096)
     if head.startswith(PARQUET_MAGIC):
-        if is_trace_file(path):
-            return "trace"
-        raise WorkloadFormatError(path, None, None, "a Parquet file without specctl trace metadata")
+        # The trace reader says what is wrong with it: no specctl metadata, or a
+        # truncated / corrupt file (whose metadata cannot be read at all).
+        return "trace"
     first = head.split(b"\n", 1)[0].decode("utf-8", "replace").lstrip("\ufeff").strip()
     if first.startswith("{"):
         return "mooncake_jsonl"

@@ -8,12 +8,20 @@ every ``flush_s`` seconds so that a killed server (SGLang ends its scheduler
 processes with SIGKILL) loses at most that much; a clean exit flushes the rest
 (``atexit``). Times in the trace count from the recorder's start (``t0``,
 stored in the trace metadata as ``t0_monotonic``).
+
+Each recorder is one run with its own ``run_id`` (UTC start time to the
+microsecond and a random suffix), in its file names and metadata: a server restarted into the same
+directory starts its step counter again, and the reader keeps the runs apart.
+:func:`start_recorder` is what the plugin calls: a directory that cannot be
+written disables recording (one warning), never the rest of the plugin.
 """
 
 from __future__ import annotations
 
 import atexit
 import logging
+import secrets
+import tempfile
 import threading
 import time
 from collections import Counter, deque
@@ -30,6 +38,47 @@ _CHUNK = 256  # records converted between GIL yields
 _MAX_OPEN_REQUESTS = 1_000_000
 
 
+def new_run_id() -> str:
+    """A run id that sorts by start time: ``20261201T151300.123456Z-1a2b3c``.
+
+    Microseconds, so that runs started within one second (tests, a crash loop) still
+    sort in start order; the random suffix tells apart runs started at the same time.
+    """
+    now_ns = time.time_ns()
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now_ns // 10**9))
+    return f"{stamp}.{now_ns // 1000 % 10**6:06d}Z-{secrets.token_hex(3)}"
+
+
+def check_writable(directory: str | Path) -> None:
+    """Create ``directory`` if needed and write (then remove) a probe file there.
+
+    Raises OSError naming the directory when it cannot be created or written.
+    """
+    path = Path(directory)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path, prefix=".specctl-probe-"):
+            pass
+    except OSError as exc:
+        raise OSError(exc.errno, f"recording directory {str(path)!r} is not writable: "
+                                 f"{exc.strerror or exc}") from None
+
+
+def start_recorder(directory: str | Path, server: str, rank: int, flush_s: float = 30.0,
+                   meta: dict | None = None) -> Recorder | None:
+    """A started :class:`Recorder`, or None (one warning) if it cannot record there.
+
+    Only recording is disabled: the caller goes on with its controller and rule.
+    """
+    try:
+        check_writable(directory)
+        return Recorder(directory, server, rank, flush_s, meta)
+    except Exception as exc:  # whatever goes wrong, recording alone is off
+        log.warning("specctl: recording disabled: %s (the controller and the rule are "
+                    "not affected)", exc)
+        return None
+
+
 class Recorder:
     """Background trace writer fed from the scheduler thread.
 
@@ -40,15 +89,18 @@ class Recorder:
         flush_s: Longest time between two written files.
         meta: Extra trace metadata.
         max_queue: Records buffered before new ones are dropped.
+        run_id: This run's id (default: :func:`new_run_id`).
     """
 
     def __init__(self, directory: str | Path, server: str, rank: int, flush_s: float = 30.0,
-                 meta: dict | None = None, max_queue: int = 200_000) -> None:
+                 meta: dict | None = None, max_queue: int = 200_000,
+                 run_id: str | None = None) -> None:
         from env.trace_format import TraceWriter  # pyarrow: only when recording
 
         Path(directory).mkdir(parents=True, exist_ok=True)
         self.server = server
         self.rank = rank
+        self.run_id = run_id or new_run_id()
         self.t0 = time.monotonic()
         self.counters: Counter[str] = Counter()
         self._flush_s = flush_s
@@ -58,6 +110,7 @@ class Recorder:
         self._writer = TraceWriter(
             Path(directory) / "trace", server=server, rank=rank,
             meta={"t0_monotonic": self.t0, "t0_unix": time.time(), **(meta or {})},
+            run_id=self.run_id,
         )
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="specctl-recorder", daemon=True)

@@ -186,9 +186,9 @@ class Runtime:
             self.client = ControllerClient(cfg.controller, hello, cfg.timeout_s,
                                            cfg.curve_server_key, cfg.curve_client_cert)
         if cfg.record_dir:
-            from sglang_hooks.recorder import Recorder
+            from sglang_hooks.recorder import start_recorder
 
-            self.recorder = Recorder(
+            self.recorder = start_recorder(
                 cfg.record_dir, self.server, self.rank, cfg.record_flush_s,
                 meta={"sglang_version": self.version, "rule": cfg.rule,
                       "explore_dwell": cfg.explore_dwell, "candidate_steps": list(candidates),

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 import time
+from types import SimpleNamespace
 
 import pytest
 
 from env.trace_format import read_trace
-from sglang_hooks.recorder import Recorder
+from sglang_hooks.compat import Ranks
+from sglang_hooks.config import PluginConfig
+from sglang_hooks.recorder import Recorder, start_recorder
+from sglang_hooks.runtime import Runtime
 
 
 def add_steps(recorder: Recorder, first: int, count: int) -> None:
@@ -62,3 +67,48 @@ def test_a_full_queue_drops_and_counts_instead_of_blocking(tmp_path):
         recorder.close()
     written = len(read_trace(recorder.files).steps)
     assert written + recorder.counters["dropped"] == 20_000
+
+
+def test_a_restart_into_the_same_directory_reads_as_two_runs(tmp_path):
+    # Regression: a second run's step_index starts again at 1 in the same directory;
+    # that made the whole directory unreadable ("step_index must strictly increase").
+    first = Recorder(tmp_path, "srv", 0)
+    add_steps(first, 1, 30)
+    first.close()
+    second = Recorder(tmp_path, "srv", 0)
+    add_steps(second, 1, 20)
+    second.close()
+    assert first.run_id != second.run_id
+    assert all(first.run_id in f.name for f in first.files)
+    assert all(second.run_id in f.name for f in second.files)
+    trace = read_trace(tmp_path)
+    assert [s.step_index for s in trace.steps] == list(range(1, 31)) + list(range(1, 21))
+    assert {read_trace(f).meta["run_id"] for f in trace.sources} == {first.run_id, second.run_id}
+
+
+def test_a_recording_directory_that_cannot_be_made_disables_only_recording(tmp_path, caplog):
+    # Regression: Recorder raised from start_source, which turned the controller off too.
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with caplog.at_level(logging.WARNING, logger="sglang_hooks.recorder"):
+        assert start_recorder(blocker / "trace", "srv", 0) is None
+    [warning] = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert "recording disabled" in warning.getMessage()
+    assert str(blocker / "trace") in warning.getMessage()
+
+
+def test_the_source_rank_keeps_its_controller_when_recording_cannot_start(tmp_path, caplog):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    cfg = PluginConfig(server="srv", controller=f"ipc://{tmp_path}/ctl.sock",
+                       record_dir=str(blocker / "trace"))
+    rt = Runtime(cfg, "test", ranks=Ranks(0, 1, 0, 1, 0, False))
+    rt.policy = SimpleNamespace(candidate_steps=(0, 1, 3))
+    try:
+        with caplog.at_level(logging.WARNING, logger="sglang_hooks.recorder"):
+            rt.start_source()
+        assert rt.is_source and rt.client is not None
+        assert rt.recorder is None
+        assert sum("recording disabled" in r.getMessage() for r in caplog.records) == 1
+    finally:
+        rt.close()

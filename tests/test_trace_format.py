@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pyarrow as pa
@@ -151,6 +152,38 @@ def test_read_natural_order_and_cross_file_continuity(tmp_path):
     assert "t-s0-r0-00011.parquet: row 0, field 'step_index'" in str(exc.value)
 
 
+def test_runs_restart_their_step_index_but_each_run_must_increase(tmp_path):
+    # Regression: a server restarted into the same directory starts again at step 0,
+    # which made the whole directory unreadable.
+    for run in ("20261201T100000Z-aaaaaa", "20261201T110000Z-bbbbbb"):
+        with TraceWriter(tmp_path / "trace", server="s0", rank=0, run_id=run) as w:
+            for step in make_steps(3):
+                w.add_step(step)
+        [written] = w.files
+        assert run in written.name
+    trace = read_trace(tmp_path)
+    assert [s.step_index for s in trace.steps] == [0, 2, 4, 0, 2, 4]
+    assert trace.meta["run_id"] == "20261201T100000Z-aaaaaa"
+    # the same run going backwards is still an error, named with its run
+    again = tmp_path / "trace-20261201T110000Z-bbbbbb-s0-r0-00001.parquet"
+    write_trace(again, [], make_steps(1), {"run_id": "20261201T110000Z-bbbbbb"})
+    with pytest.raises(TraceFormatError, match=r"00001.parquet: row 0, field 'step_index': must "
+                       r"strictly increase per \(server, rank\) = \('s0', 0\), run "
+                       r"'20261201T110000Z-bbbbbb' across files: 0 after 4"):
+        read_trace(tmp_path)
+    with pytest.raises(ValueError, match="run_id must be"):
+        TraceWriter(tmp_path / "trace", server="s0", rank=0, run_id="a/b")
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.99])
+def test_a_truncated_file_is_called_truncated(tmp_path, keep):
+    path = write_trace(tmp_path / "t.parquet", make_requests(), make_steps(6))
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+    with pytest.raises(TraceFormatError, match=r"t.parquet: truncated or corrupt Parquet file"):
+        read_trace(path)
+
+
 def test_expand_paths_errors(tmp_path):
     with pytest.raises(FileNotFoundError):
         expand_paths(tmp_path / "missing.parquet")
@@ -194,6 +227,10 @@ def _rewrite(path, column: str, row: int, value) -> None:
         ("step_latency_s", 5, -0.5, "row 5, field 'step_latency_s': must be >= 0"),
         ("step_latency_s", 4, float("inf"), "row 4, field 'step_latency_s': must be finite"),
         ("step_index", 6, 2, "row 6, field 'step_index': must strictly increase"),
+        # equal, not only smaller, within one file (issue 14: '<=' must not become '<')
+        ("step_index", 6, 4, "row 6, field 'step_index': must strictly increase .*: 4 after 4"),
+        # negative, not only too large (issue 14: the '< 0' half of the range check)
+        ("accepted_drafts", 4, [-1, 0], "row 4, field 'accepted_drafts': entry 0 is -1, outside"),
         ("batch_size", 4, 1, "row 4, field 'accepted_drafts': has 2 entries, more than"),
         ("accepted_drafts", 4, [3, 0], "row 4, field 'accepted_drafts': entry 0 is 3"),
         ("accepted_drafts", 3, [1, 1], "row 3, field 'accepted_drafts': must be empty"),
@@ -208,7 +245,7 @@ def test_validation_errors_name_file_row_field(tmp_path, column, row, value, exp
     _rewrite(path, column, row, value)
     with pytest.raises(TraceFormatError) as exc:
         read_trace(path)
-    assert str(exc.value).startswith(f"{path}: {expected}"), str(exc.value)
+    assert re.match(re.escape(f"{path}: ") + expected, str(exc.value)), str(exc.value)
     assert exc.value.file == str(path)
     assert exc.value.where == row
 

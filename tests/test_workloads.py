@@ -10,12 +10,15 @@ from importlib import resources
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from env.scenarios import ScenarioSampler
 from env.schema import RequestRecord
-from env.trace_format import write_trace
+from env.trace_format import DataFileError, write_trace
 from env.workloads import (
     ClosedLoop,
     Workload,
@@ -139,6 +142,14 @@ ROW = "2023-11-16 18:17:03.9799600,{},{}\n"
             "line 3: 2 fields, expected 3",
         ),
         (AZURE_HEADER, "no data rows"),
+        (  # regression: 10**20 raised a bare OverflowError
+            AZURE_HEADER + ROW.format(5, 7) + ROW.format(10**20, 7),
+            "line 3, field 'ContextTokens': too large: 100000000000000000000",
+        ),
+        (
+            AZURE_HEADER + ROW.format(5, 7) + ROW.format(5, 2**31),
+            "line 3, field 'GeneratedTokens': too large: 2147483648",
+        ),
     ],
 )
 def test_azure_errors(tmp_path, content, expected):
@@ -177,6 +188,14 @@ MOON = '{{"timestamp": {}, "input_length": {}, "output_length": {}, "hash_ids": 
             "line 2, field 'timestamp': timestamps must not decrease",
         ),
         (MOON.format(0, 5, 6) + "\n" + MOON.format(3, 5, 6), "line 2: empty line"),
+        (  # regression: 10**20 raised a bare OverflowError
+            MOON.format(0, 5, 6) + MOON.format(3, 10**20, 6),
+            "line 2, field 'input_length': too large: 100000000000000000000",
+        ),
+        (  # regression: a deeply nested line raised a bare RecursionError
+            MOON.format(0, 5, 6) + "[" * 100_000 + "]" * 100_000 + "\n",
+            "line 2: JSON nested too deeply",
+        ),
     ],
 )
 def test_mooncake_errors(tmp_path, content, expected):
@@ -185,6 +204,21 @@ def test_mooncake_errors(tmp_path, content, expected):
     with pytest.raises(WorkloadFormatError) as exc:
         read_mooncake_jsonl(path)
     assert str(exc.value).startswith(f"{path}: {expected}"), str(exc.value)
+
+
+def test_a_truncated_trace_is_called_truncated_not_foreign(tmp_path):
+    # Regression: a truncated specctl trace was "a Parquet file without specctl trace
+    # metadata".
+    trace = write_trace(tmp_path / "t.parquet", [RequestRecord("x", 0.0, 10, 3)], [])
+    data = trace.read_bytes()
+    for cut in (len(data) - 1, len(data) // 2, 8):
+        trace.write_bytes(data[:cut])
+        with pytest.raises(DataFileError, match="truncated or corrupt Parquet"):
+            load_workload(trace)
+    foreign = tmp_path / "foreign.parquet"
+    pq.write_table(pa.table({"a": [1, 2]}), foreign)
+    with pytest.raises(DataFileError, match="not a specctl trace"):
+        load_workload(foreign)
 
 
 def test_mooncake_values(tmp_path):
@@ -213,10 +247,12 @@ def test_window_and_scale():
     capped = w.with_output_cap(3)
     assert capped.output_tokens.max() == 3
     np.testing.assert_array_equal(capped.prompt_tokens, w.prompt_tokens)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="rate_multiplier must be > 0, got 0"):
         w.scaled(0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="duration_s must be > 0, got -1"):
         w.window(0, -1)
+    with pytest.raises(ValueError, match="max_output_tokens must be >= 1, got 0"):
+        w.with_output_cap(0)
 
 
 def test_modulated_rate_rises_and_falls():
@@ -239,8 +275,10 @@ def test_modulated_rate_rises_and_falls():
     assert peak / trough == pytest.approx((1 + depth) / (1 - depth), rel=0.05)
     assert m.duration_s == pytest.approx(w.duration_s, rel=0.01)
     assert w.modulated(period, 0.0).arrival_s.tolist() == w.arrival_s.tolist()
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"depth must be in \[0, 1\), got 1.0"):
         w.modulated(period, 1.0)
+    with pytest.raises(ValueError, match="period_s must be > 0, got 0"):
+        w.modulated(0, 0.5)
 
 
 @settings(max_examples=30, deadline=None)
@@ -281,7 +319,35 @@ def test_closed_loop_sampling():
     mixed = ClosedLoop(concurrency=2, output_tokens=64, lengths_from=w)
     p3, o3 = mixed.sample_lengths(rng, 100)
     assert set(o3.tolist()) == {64} and len(set(p3.tolist())) > 1
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="concurrency must be >= 1, got 0"):
         ClosedLoop(concurrency=0, prompt_tokens=1, output_tokens=1)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="give fixed prompt_tokens and output_tokens"):
         ClosedLoop(concurrency=1, prompt_tokens=1)
+    with pytest.raises(ValueError, match="client_overhead_s must be finite and >= 0, got -1"):
+        ClosedLoop(concurrency=1, prompt_tokens=1, output_tokens=1, client_overhead_s=-1)
+
+
+def test_a_prompt_longer_than_the_kv_cache_is_left_out_of_the_load_and_reported(
+    tmp_path, caplog
+):
+    # Regression: one such prompt in the trace entered the nominal capacity that sets
+    # every window's load, and changed the results (-52% .. -90%) without a word.
+    rows = [ROW.replace("18:17:03.9799600", f"18:{17 + i // 60:02d}:{i % 60:02d}.5")
+            .format(400 + i % 50, 100 + i % 30) for i in range(1200)]
+    clean, dirty = tmp_path / "clean.csv", tmp_path / "dirty.csv"
+    clean.write_text(AZURE_HEADER + "".join(rows))
+    rows[300] = rows[300].replace(",400,", ",2000000000,")
+    dirty.write_text(AZURE_HEADER + "".join(rows))
+    scenarios = {}
+    for name, path in (("clean", clean), ("dirty", dirty)):
+        spec = {"name": name, "path": str(path)}
+        sampler = ScenarioSampler({"horizon_s": 10.0, "held_out_fraction": 0.2,
+                                   "profiles": ["h200_llama31_8b"], "workloads": [spec]})
+        with caplog.at_level("WARNING", logger="env.scenarios"):
+            scenarios[name] = [sampler.open_loop(spec, "h200_llama31_8b", 1.0, f, 0.0, 0)
+                               for f in (0.1, 0.5, 0.9)]
+    np.testing.assert_allclose([s.workload.mean_rate for s in scenarios["dirty"]],
+                               [s.workload.mean_rate for s in scenarios["clean"]], rtol=0.01)
+    [warning] = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert "'dirty'" in warning and str(dirty) in warning
+    assert "1 of 1200 requests need more KV slots" in warning

@@ -1,0 +1,74 @@
+"""SPECCTL_HOOK_TIMING: O(1) per step on the scheduler thread, never raises into SGLang."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sglang_hooks.timing import HookClock, bucket_low, bucket_of
+
+
+@given(st.integers(0, 2**63 - 1))
+def test_a_duration_falls_in_its_bucket(ns):
+    index = bucket_of(ns)
+    assert bucket_low(index) <= ns < bucket_low(index + 1)
+    # log-linear: a bucket is at most 1/16 of its lower edge wide (exact below 16 ns)
+    assert bucket_low(index + 1) - bucket_low(index) <= max(1, bucket_low(index) // 16)
+
+
+def test_percentiles_are_within_one_bucket_of_the_exact_ones():
+    rng = np.random.default_rng(0)
+    values = rng.lognormal(np.log(20_000), 1.0, size=5000).astype(np.int64)
+    clock = HookClock("unused", write_every_s=0)
+    for v in values:
+        clock.current_ns = int(v)
+        clock.end_step()
+    summary = clock.summary()
+    ordered = np.sort(values)
+    for key, q in (("p50_us", 0.5), ("p90_us", 0.9), ("p99_us", 0.99)):
+        exact = ordered[int(q * len(values))] / 1e3
+        assert exact / (1 + 1 / 16) <= summary[key] <= exact
+    assert summary["steps"] == 5000
+    assert summary["max_us"] == values.max() / 1e3
+    assert abs(summary["mean_us"] - values.mean() / 1e3) < 1e-6 * summary["mean_us"]
+
+
+def test_ending_a_step_never_writes_the_file(monkeypatch):
+    # Regression: end_step wrote (and sorted up to 200k entries) on the scheduler thread.
+    clock = HookClock("unused", write_every_s=0)
+
+    def fail() -> bool:
+        raise AssertionError("written from the scheduler thread")
+
+    monkeypatch.setattr(clock, "write", fail)
+    for i in range(1000):
+        clock.current_ns = i
+        clock.end_step()
+    assert clock.total_steps == 1000
+
+
+def test_an_unwritable_file_is_logged_once_and_never_raises(tmp_path, caplog):
+    # Regression: an unwritable SPECCTL_HOOK_TIMING path raised into Scheduler.run_batch.
+    path = str(tmp_path / "missing-dir" / "hooks.json")
+    clock = HookClock(path, write_every_s=0)
+    with caplog.at_level(logging.WARNING, logger="sglang_hooks.timing"):
+        clock.end_step()
+        assert clock.write() is False
+        assert clock.write() is False
+        clock.close()
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and path in warnings[0].getMessage()
+
+
+def test_the_writer_thread_writes_the_summary_and_survives_failures(tmp_path):
+    path = tmp_path / "hooks.json"
+    clock = HookClock(str(tmp_path / "missing-dir" / "x.json"), write_every_s=0.01)
+    clock.current_ns = 5_000
+    clock.end_step()  # starts the writer thread, whose writes fail
+    clock.path = str(path)  # the thread is still alive and writes on close
+    clock.close()
+    assert json.loads(path.read_text())["steps"] == 1
