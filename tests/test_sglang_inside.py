@@ -39,9 +39,9 @@ from sglang.srt.speculative import adaptive_spec_params as asp  # noqa: E402
 
 ORIGINAL = {"params": asp.AdaptiveSpeculativeParams}
 
-import sglang.srt.plugins  # noqa: E402
+from sglang_hooks.testing import load_plugins_as_scheduler  # noqa: E402
 
-sglang.srt.plugins.load_plugins()
+load_plugins_as_scheduler()
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType  # noqa: E402
 from sglang.srt.speculative import adaptive_runtime_state as ars  # noqa: E402
@@ -142,10 +142,10 @@ def acceptance(step: int, steps: int, batch_size: int) -> list[int]:
 
 
 def build_rank(runtime: Runtime, is_source: bool, policy_class: type | None = None,
-               gpu_seconds=None) -> RankLoop:
+               gpu_seconds=None, overrides_log: list | None = None) -> RankLoop:
     """One rank: real AdaptiveController built the way this version's EAGLEWorkerV2 does."""
     policy_class = policy_class or make_policy_class(ORIGINAL["params"], runtime)
-    worker = WorkerStandIn(7, ars.SpecRuntimeState)
+    worker = WorkerStandIn(7, ars.SpecRuntimeState, overrides_log)
     if VERSION == "0.5.15.post1":
         # AdaptiveController builds the params from its module's global, which the
         # class REPLACE rebinds in each process; bind it to this rank's class.
@@ -253,7 +253,7 @@ def test_controller_decisions_drive_the_real_adaptive_controller(tmp_path):
 
 
 def test_a_decision_applies_from_its_step_on_every_rank_and_markers_stay_internal():
-    rt = runtime()
+    rt = runtime(min_switch_steps=1)
     loop = build_rank(rt, is_source=True)
     rt.attach(loop.scheduler)  # no controller: attach markers by hand
     reqs = [ReqStandIn("a"), ReqStandIn("b")]
@@ -314,14 +314,17 @@ def test_two_ranks_apply_the_same_steps_on_every_step_under_broadcast_delays(tmp
     assert ranks[0].counters["markers_controller"] >= 30
 
 
-def test_the_fallback_rule_is_sglangs_own_rule():
-    rt = runtime(fallback="sglang")
+def test_the_fallback_rule_is_sglangs_own_rule_on_its_default_tiers():
+    """The shipped config is one flat slot: the fallback is SGLang's rule on its default
+    tiers (what ``--speculative-adaptive`` without a config file runs)."""
+    rt = runtime(fallback="sglang", min_switch_steps=1)
     loop = build_rank(rt, is_source=True)
-    reference = ORIGINAL["params"](initial_steps=7, cfg_path=CONFIG)
+    reference = ORIGINAL["params"](initial_steps=7, cfg_path=None)
     ours = loop.scheduler.adaptive.params
     seen = set()
     for step in range(1, 400):
-        size = 1 + step % 5
+        size = 1 + step % 12  # the default tiers' slots 1 and 8
+        rt.launch_step = step
         steps = ours.get_steps_for_batch(size)
         assert steps == reference.get_steps_for_batch(size)
         seen.add(steps)
@@ -329,10 +332,36 @@ def test_the_fallback_rule_is_sglangs_own_rule():
         ours.on_verify_complete(drafts, size)
         reference.on_verify_complete(drafts, size)
     assert len(seen) >= 2, "SGLang's rule should have moved (else the comparison is vacuous)"
+    flat = ORIGINAL["params"](initial_steps=7, cfg_path=CONFIG)
+    assert flat.get_steps_for_batch(64) != ours.get_steps_for_batch(64), \
+        "the flat config's own slot ignores batch size; the default tiers do not"
+
+
+def test_sglangs_rule_keeps_learning_while_the_controller_is_in_charge():
+    rt = runtime(fallback="sglang", min_switch_steps=1)
+    loop = build_rank(rt, is_source=True)
+    ours = loop.scheduler.adaptive.params
+    reference = ORIGINAL["params"](initial_steps=7, cfg_path=None)
+    rt.controller = DecisionMarker(1, "controller", 0, (1,), (7,))
+    before = reference.get_steps_for_batch(1)
+    for step in range(1, 120):
+        rt.launch_step = step
+        assert ours.get_steps_for_batch(1) == 7  # the controller's depth runs
+        rt.verify_steps = 7
+        drafts = [1, 0, 2]  # poor acceptance at depth 7
+        ours.on_verify_complete(drafts, 3)
+        own = reference._route(3).current_steps
+        reference.on_verify_complete([min(d, own) for d in drafts], 3)
+        if step % 10 == 0:  # a step that did not speculate teaches nothing
+            rt.verify_steps = 0
+            ours.on_verify_complete([0, 0, 0], 3)
+    rt.controller = None
+    assert ours.get_steps_for_batch(3) == reference.get_steps_for_batch(3) < before, \
+        "the fallback starts from live acceptance, not from where it was left"
 
 
 def test_table_rule_and_clamping_to_candidate_steps():
-    rt = runtime(fallback="table", table=((1, 3), (16, 1), (64, 0)))
+    rt = runtime(fallback="table", table=((1, 3), (16, 1), (64, 0)), min_switch_steps=1)
     loop = build_rank(rt, is_source=True)
     params = loop.scheduler.adaptive.params
     assert [params.get_steps_for_batch(b) for b in (1, 15, 16, 63, 64, 500)] == [3, 3, 1, 1, 0, 0]
