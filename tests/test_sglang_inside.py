@@ -594,3 +594,179 @@ def test_hook_timing_writes_per_step_percentiles(tmp_path):
     assert summary["steps"] >= 59
     assert 0 < summary["p50_us"] <= summary["p99_us"] <= summary["max_us"]
     assert summary["p50_us"] < 10_000  # the scheduler stand-in's own sleeps are excluded
+
+
+# -- ranks without the variables, switch rate ---------------------------------------------
+
+
+def test_a_rank_without_the_variables_strips_and_follows_the_sources_markers(tmp_path):
+    """Other nodes of a multi-node TP group: no SPECCTL_* there. Without the follower
+    hooks, SGLang's dispatcher would raise on the first marker (the stand-in does too)."""
+    endpoint = ipc("follow")
+    source = runtime(SOURCE, controller=endpoint, fallback="table", table=((1, 2), (16, 5)),
+                     min_switch_steps=3)
+    follower = Runtime(PluginConfig(), VERSION, ranks=SECOND, follower=True)
+    loops = [build_rank(source, True), build_rank(follower, False)]
+    reqs = [ReqStandIn(f"r{i}") for i in range(48)]
+    with serving(restless_policy("follow"), tmp_path):
+        for i in range(250):
+            broadcast = pickle.dumps(loops[0].pull())
+            batch = (BatchStandIn(reqs[:4], EXTEND, extend_num_tokens=64) if i == 0
+                     else next_batch(i, reqs))  # a server's first batch is a prefill
+            for loop in loops:
+                loop.iterate(pickle.loads(broadcast), batch.copy())
+            time.sleep(0.001)
+        for loop in loops:
+            loop.drain()
+    source.close()
+    a, b = (loop.scheduler.launched for loop in loops)
+    assert a == b and len(a) > 200
+    assert follower.local == source.local  # the announced rule, not a default
+    assert source.counters["markers_controller"] >= 10
+    assert len({s for _, s in a}) >= 3
+    assert not any(k.startswith("fault") for k in follower.counters), follower.counters
+    with pytest.raises(ValueError, match="Invalid object"):  # what the hooks prevent
+        type(loops[1].scheduler).__mro__[1].process_input_requests(
+            loops[1].scheduler, [DecisionMarker(1, "fallback", 0)])
+
+
+def test_a_follower_is_sglang_itself_until_a_source_speaks():
+    follower = Runtime(PluginConfig(), VERSION, ranks=SECOND, follower=True)
+    ours = build_rank(follower, False).scheduler.adaptive.params
+    reference = ORIGINAL["params"](initial_steps=7, cfg_path=CONFIG)
+    switched = []
+    for step in range(1, 200):
+        assert ours.get_steps_for_batch(4) == reference.get_steps_for_batch(4)
+        drafts = [min(reference.get_steps_for_batch(4), step % 3)] * 4
+        new = ours.on_verify_complete(drafts, 4)
+        assert new == reference.on_verify_complete(drafts, 4)  # immediate switches too
+        switched.append(new)
+    assert any(s is not None for s in switched)
+
+
+def _gloo_rank(rank: int, init_file: str, endpoint: str, out: str) -> None:
+    """One TP rank in its own process: SGLang's broadcast_pyobj over gloo carries the
+    request list (and the markers) from rank 0, as in ``_broadcast_reqs_across_ranks``."""
+    import json
+
+    import torch.distributed as dist
+    from sglang.srt.utils import broadcast_pyobj
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=2)
+    if rank == 0:
+        rt = runtime(SOURCE, controller=endpoint, fallback="table", table=((1, 3), (16, 1)))
+    else:  # this process has none of the SPECCTL_* variables
+        rt = Runtime(PluginConfig(), VERSION, ranks=SECOND, follower=True)
+    loop = build_rank(rt, is_source=rank == 0)
+    reqs = [ReqStandIn(f"r{i}") for i in range(48)]
+    error = None
+    try:
+        for i in range(200):
+            pulled = loop.pull() if rank == 0 else None
+            received = broadcast_pyobj(pulled or [], rank, None, src=0)
+            batch = (BatchStandIn(reqs[:4], EXTEND, extend_num_tokens=64) if i == 0
+                     else next_batch(i, reqs))
+            loop.iterate(received, batch)
+            time.sleep(0.002)
+        loop.drain()
+    except Exception as exc:  # reported to the parent, which fails the test
+        error = repr(exc)
+    rt.close()
+    Path(out).write_text(json.dumps({
+        "launched": loop.scheduler.launched, "error": error,
+        "dispatched": [type(r).__name__ for r in loop.scheduler.dispatched],
+        "faults": {k: v for k, v in rt.counters.items() if k.startswith("fault")},
+        "markers": rt.counters["markers_controller"]}))
+    dist.destroy_process_group()
+
+
+def test_two_gloo_ranks_one_without_the_variables(tmp_path):
+    import json
+    import multiprocessing
+
+    endpoint = ipc("gloo")
+    fork = multiprocessing.get_context("fork")  # the children inherit the loaded SGLang
+    with serving(restless_policy("gloo"), tmp_path):
+        ranks = [fork.Process(target=_gloo_rank, args=(r, str(tmp_path / "rdv"), endpoint,
+                                                        str(tmp_path / f"rank{r}.json")))
+                 for r in (0, 1)]
+        for process in ranks:
+            process.start()
+        for process in ranks:
+            process.join(120)
+    assert [p.exitcode for p in ranks] == [0, 0]
+    a, b = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert a["error"] is None and b["error"] is None, (a["error"], b["error"])
+    assert a["launched"] == b["launched"] and len(a["launched"]) > 150
+    assert a["markers"] >= 5 and len({s for _, s in a["launched"]}) >= 3
+    assert a["faults"] == b["faults"] == {}
+    assert a["dispatched"] == b["dispatched"] == []  # nothing but markers was sent
+
+
+def test_dwell_spaces_switches_the_same_on_every_rank():
+    ranks = [runtime(SOURCE, min_switch_steps=4), runtime(SECOND, min_switch_steps=4)]
+    loops = [build_rank(rt, is_source=rt is ranks[0]) for rt in ranks]
+    reqs = [ReqStandIn("a"), ReqStandIn("b")]
+    marker = DecisionMarker(1, "controller", apply_from_step=1, batch_grid=(1, 2), steps=(3, 6))
+    for i in range(200):
+        for loop in loops:  # the batch size alternates: the decision alternates 3 / 6
+            loop.iterate([marker] if i == 0 else [], BatchStandIn(reqs[: 1 + i % 2], DECODE))
+    for loop in loops:
+        loop.drain()
+    a, b = (loop.scheduler.launched for loop in loops)
+    assert a == b
+    switches = [i for (i, s), (_, p) in itertools.pairwise(a) if s != p]
+    assert len(switches) >= 30
+    assert min(y - x for x, y in itertools.pairwise(switches)) >= 4
+    assert ranks[0].counters["switches_held"] > 50
+
+
+def test_many_switches_leave_sglangs_overrides_log_bounded():
+    from sglang.srt.runtime_context import get_context
+
+    context = get_context()
+    if VERSION == "0.5.15.post1":  # keeps no overrides log: nothing to trim
+        rt = runtime()
+        build_rank(rt, is_source=False)
+        rt.attach(None)
+        assert not hasattr(context, "_overrides_log") and rt.trimmer is None
+        return
+    log = context._overrides_log
+    log.append(("startup", {"speculative_num_steps": 7}))
+    start = len(log)
+    rt = runtime(min_switch_steps=1)
+    loop = build_rank(rt, is_source=False, overrides_log=log)
+    reqs = [ReqStandIn("a"), ReqStandIn("b")]
+    marker = DecisionMarker(1, "controller", apply_from_step=1, batch_grid=(1, 2), steps=(3, 6))
+    for i in range(2000):
+        loop.iterate([marker] if i == 0 else [], BatchStandIn(reqs[: 1 + i % 2], DECODE))
+    loop.drain()
+    assert loop.scheduler.worker.switches >= 1999
+    assert len(log) == start + 1  # the last switch: what /server_info overlays
+    assert log[-1] == ("adaptive_spec.restore",
+                       {"speculative_num_steps": 6, "speculative_num_draft_tokens": 7})
+    assert log[start - 1] == ("startup", {"speculative_num_steps": 7})
+    assert rt.trimmer.trimmed >= 1998
+
+
+def test_sglangs_switch_log_line_is_filtered_and_counted():
+    """Installed by the plugin (configured here) on SGLang's EAGLE worker logger only."""
+    from sglang_hooks.switching import SWITCH_LOGGER, SwitchLogFilter
+
+    logger = logging.getLogger(SWITCH_LOGGER)
+    [installed] = [f for f in logger.filters if isinstance(f, SwitchLogFilter)]
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    logger.addHandler(handler)
+    level, logger.level = logger.level, logging.INFO
+    before = installed.dropped
+    try:
+        logger.info("Switch adaptive runtime state: steps 3 -> 5, draft_tokens 4 -> 6")
+        logger.info("Built adaptive runtime state steps=5: elapsed=1.00s, mem=0.10GB")
+    finally:
+        logger.removeHandler(handler)
+        logger.level = level
+    assert seen == ["Built adaptive runtime state steps=5: elapsed=1.00s, mem=0.10GB"]
+    assert installed.dropped == before + 1
