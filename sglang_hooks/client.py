@@ -71,6 +71,8 @@ class ControllerClient:
         self._sent: deque[tuple[int, float]] = deque(maxlen=_SENT_WINDOW)
         self._latest: Decision | None = None
         self._latest_answers = -1
+        #: The controller missed the timeout; only a fresh decision clears this.
+        self._overdue = False
         # Between the threads: deques (append/popleft are atomic), a flag and a pipe.
         self._outbox: deque[bytes | tuple] = deque()
         self._inbox: deque[tuple[Decision, float]] = deque(maxlen=_SENT_WINDOW)
@@ -111,8 +113,8 @@ class ControllerClient:
         sent = self._sent
         if sent and now - sent[0][1] > self.timeout_s:
             self._latest = None  # only a fresh decision puts the controller back in charge
-            return TIMED_OUT
-        return self._latest
+            self._overdue = True
+        return TIMED_OUT if self._overdue else self._latest
 
     def close(self) -> None:
         """Stop the I/O thread, close the socket (drops anything unsent)."""
@@ -143,10 +145,17 @@ class ControllerClient:
             if step == answers:
                 sent_at = t
         if sent_at is None or received - sent_at > self.timeout_s:
-            # Answers a step we no longer wait for: too old to act on.
+            # Answers a step we no longer wait for: too old to act on. A late answer
+            # also proves the timeout passed, even if no want() call saw it happen
+            # (the server went idle after that step): it must not leave an older
+            # decision in charge.
             self.counters["decisions_stale"] += 1
+            if sent_at is not None:
+                self._latest = None
+                self._overdue = True
             return
         self._latest = decision
+        self._overdue = False
         self._latest_answers = answers
         self.counters["decisions"] += 1
 
