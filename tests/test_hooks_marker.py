@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sglang_hooks.compat import Ranks
 from sglang_hooks.config import PluginConfig
 from sglang_hooks.marker import DecisionMarker, RuleMarker, strip_markers
 from sglang_hooks.runtime import Runtime
-from sglang_hooks.compat import Ranks
 
 
 class Req:
