@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "h200"))
-import loadgen  # noqa: E402
+import loadgen
 
 
 class StandIn:
