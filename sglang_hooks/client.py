@@ -145,12 +145,13 @@ class ControllerClient:
             if step == answers:
                 sent_at = t
         if sent_at is None or received - sent_at > self.timeout_s:
-            # Answers a step we no longer wait for: too old to act on. A late answer
-            # also proves the timeout passed, even if no want() call saw it happen
-            # (the server went idle after that step): it must not leave an older
-            # decision in charge.
+            # Answers a step we no longer wait for: too old to act on. If it answered
+            # the last telemetry sent (the server went idle after that step), nothing
+            # left in `sent` can show want() that the controller missed the timeout:
+            # it must not leave an older decision in charge. (With newer telemetry
+            # outstanding, want() ages that as usual.)
             self.counters["decisions_stale"] += 1
-            if sent_at is not None:
+            if sent_at is not None and not sent:
                 self._latest = None
                 self._overdue = True
             return

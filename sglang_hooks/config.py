@@ -1,8 +1,9 @@
 """The plugin's configuration, read once from environment variables.
 
 The plugin is active only when at least one of ``SPECCTL_CONTROLLER``,
-``SPECCTL_RECORD`` or ``SPECCTL_FALLBACK`` is set; otherwise installing the
-package changes nothing.
+``SPECCTL_RECORD`` or ``SPECCTL_FALLBACK`` is set. Otherwise a scheduler process
+only follows a source rank elsewhere in its TP group (see
+:mod:`sglang_hooks.plugin`), and is SGLang unchanged when there is none.
 
 ==========================  ===================================================
 variable                    meaning
