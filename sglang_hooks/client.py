@@ -3,11 +3,12 @@
 ZeroMQ calls cost microseconds to hundreds of microseconds (each may wake
 ZeroMQ's own I/O thread), too much for the scheduler thread's per-step budget.
 So the socket lives on a daemon thread of its own, and the scheduler thread
-only appends telemetry to one deque and takes decisions from another: it never
-makes a system call for this, never wakes a thread, and never waits. The I/O
-thread sleeps in ``zmq.Poller`` with the GIL released and wakes when a decision
-arrives or every :data:`POLL_MS` (:data:`IDLE_POLL_MS` when the server is idle),
-to send what was queued.
+only appends telemetry to one deque and takes decisions from another; it never
+waits. The I/O thread blocks in ``zmq.Poller`` (GIL released) on the socket and
+on a wake-up pipe, with no timer but the next HELLO (at most
+:data:`HELLO_INTERVAL_S`): it wakes when a decision arrives or when telemetry is
+queued. Queuing writes one byte to the pipe only if the I/O thread is asleep
+(one ``write`` per wake-up, never per message while it is busy sending).
 
 The socket is a DEALER with ``ZMQ_IMMEDIATE`` (nothing is queued for a peer that
 is not connected) and a small send high-water mark: a send that would block is
@@ -18,6 +19,7 @@ slow: :meth:`want` then says :data:`TIMED_OUT` until a fresh decision arrives.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -46,11 +48,6 @@ HELLO_INTERVAL_S = 1.0
 HELLO_RETRY_S = 0.05
 _SENT_WINDOW = 1024  # telemetry send times kept to age decisions
 _OUTBOX_LIMIT = 256  # telemetry waiting for the I/O thread (then: dropped)
-#: The I/O thread's longest sleep: telemetry waits at most this long to be sent...
-POLL_MS = 1
-#: ...unless none was queued for IDLE_AFTER_S (an idle server): then it sleeps longer.
-IDLE_POLL_MS = 10
-IDLE_AFTER_S = 0.5
 
 
 class ControllerClient:
@@ -74,11 +71,17 @@ class ControllerClient:
         self._sent: deque[tuple[int, float]] = deque(maxlen=_SENT_WINDOW)
         self._latest: Decision | None = None
         self._latest_answers = -1
-        self._last_queued = 0.0
-        # Between the threads: deques (append/popleft are atomic) and an eventfd.
+        #: The controller missed the timeout; only a fresh decision clears this.
+        self._overdue = False
+        # Between the threads: deques (append/popleft are atomic), a flag and a pipe.
         self._outbox: deque[bytes | tuple] = deque()
         self._inbox: deque[tuple[Decision, float]] = deque(maxlen=_SENT_WINDOW)
         self._stop = False
+        #: Set by the I/O thread before it blocks (then checks the outbox once more).
+        self._sleeping = False
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
         self._context = zmq.Context(io_threads=1)
         self._sock = self._socket(endpoint, curve_server_key, curve_client_cert)
         self._thread = threading.Thread(target=self._run, args=(encode_hello(hello),),
@@ -94,7 +97,8 @@ class ControllerClient:
             self.counters["telemetry_backlog_dropped"] += 1
             return
         self._outbox.append(payload)
-        self._last_queued = now
+        if self._sleeping:
+            self._wake()
 
     def poll(self, now: float) -> None:
         """Take the decisions the I/O thread received (latest wins)."""
@@ -109,15 +113,25 @@ class ControllerClient:
         sent = self._sent
         if sent and now - sent[0][1] > self.timeout_s:
             self._latest = None  # only a fresh decision puts the controller back in charge
-            return TIMED_OUT
-        return self._latest
+            self._overdue = True
+        return TIMED_OUT if self._overdue else self._latest
 
     def close(self) -> None:
         """Stop the I/O thread, close the socket (drops anything unsent)."""
         if self._stop:
             return
         self._stop = True
+        self._wake()
         self._thread.join(5)
+        if not self._thread.is_alive():
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+
+    def _wake(self) -> None:
+        """Wake the I/O thread (a full pipe already holds a wake-up)."""
+        self._sleeping = False
+        with contextlib.suppress(OSError):  # BlockingIOError: a wake-up is pending already
+            os.write(self._wake_w, b"\0")
 
     def _accept(self, decision: Decision, received: float) -> None:
         answers = decision.apply_from_step - DECISION_LAG
@@ -131,10 +145,18 @@ class ControllerClient:
             if step == answers:
                 sent_at = t
         if sent_at is None or received - sent_at > self.timeout_s:
-            # Answers a step we no longer wait for: too old to act on.
+            # Answers a step we no longer wait for: too old to act on. If it answered
+            # the last telemetry sent (the server went idle after that step), nothing
+            # left in `sent` can show want() that the controller missed the timeout:
+            # it must not leave an older decision in charge. (With newer telemetry
+            # outstanding, want() ages that as usual.)
             self.counters["decisions_stale"] += 1
+            if sent_at is not None and not sent:
+                self._latest = None
+                self._overdue = True
             return
         self._latest = decision
+        self._overdue = False
         self._latest_answers = answers
         self.counters["decisions"] += 1
 
@@ -162,14 +184,23 @@ class ControllerClient:
         return sock
 
     def _run(self, hello: bytes) -> None:
-        sock, counters, outbox = self._sock, self.counters, self._outbox
+        sock, counters, outbox, wake = self._sock, self.counters, self._outbox, self._wake_r
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(wake, zmq.POLLIN)
         next_hello = 0.0
         try:
             while not self._stop:
-                # Waits with the GIL released; wakes at least every POLL_MS to send,
-                # or every IDLE_POLL_MS while the server is idle.
-                busy = time.monotonic() - self._last_queued < IDLE_AFTER_S
-                if sock.poll(POLL_MS if busy else IDLE_POLL_MS):
+                timeout_ms = max(0, int((next_hello - time.monotonic()) * 1e3) + 1)
+                self._sleeping = True
+                if outbox or self._stop:  # queued after the last send: do not block
+                    timeout_ms = 0
+                events = dict(poller.poll(timeout_ms))  # GIL released while blocked
+                self._sleeping = False
+                counters["io_wakeups"] += 1
+                if wake in events:
+                    self._drain_wake()
+                if sock in events:
                     self._receive(sock)
                 if not outbox and time.monotonic() < next_hello:
                     continue
@@ -194,6 +225,11 @@ class ControllerClient:
         finally:
             sock.close(linger=0)
             self._context.term()
+
+    def _drain_wake(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self._wake_r, 4096):
+                pass
 
     def _receive(self, sock) -> None:
         """Queue the decisions waiting on the socket (with their arrival time)."""

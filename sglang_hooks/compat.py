@@ -4,14 +4,26 @@ Only how a scheduler process finds its own ranks differs: 0.5.15.post1 keeps
 them on ``scheduler.ps`` (a ``ParallelState``), 0.5.23 in the process-wide
 ``sglang.srt.runtime_context.get_parallel()``. Everything else the hooks touch
 is the same in both (see :mod:`sglang_hooks.contract`).
+
+Behaviour is chosen by what the installed source offers, not by its version
+string: :func:`choose_flavour` returns the tested version whose whole contract
+the source satisfies. A version other than the tested ones is used only with
+``SPECCTL_ALLOW_UNTESTED_SGLANG=1``.
 """
 
 from __future__ import annotations
 
+import sys
 from importlib import metadata
+from pathlib import Path
 from typing import Any, NamedTuple
 
+from sglang_hooks import contract
+
+#: The versions the contract tests pin (each has a contract in :mod:`contract`).
 SUPPORTED_VERSIONS = ("0.5.15.post1", "0.5.23")
+#: The function SGLang's scheduler processes (and only they) call ``load_plugins`` from.
+SCHEDULER_ENTRY = (contract.SCHEDULER, "run_scheduler_process")
 
 
 class Ranks(NamedTuple):
@@ -36,6 +48,53 @@ def installed_version() -> str | None:
         return metadata.version("sglang")
     except metadata.PackageNotFoundError:
         return None
+
+
+class Flavour(NamedTuple):
+    """Which tested version's behaviour to use, or why none fits."""
+
+    version: str | None  # a SUPPORTED_VERSIONS entry; None: do not register
+    problems: tuple[str, ...] = ()
+
+
+def choose_flavour(installed: str | None, root: str | Path, allow_untested: bool) -> Flavour:
+    """The tested version whose contract the SGLang under ``root`` satisfies.
+
+    The installed version's own contract is tried first; another version's only
+    when ``allow_untested`` (an untested SGLang that behaves like a tested one).
+    """
+    tested = installed in SUPPORTED_VERSIONS
+    if not tested and not allow_untested:
+        return Flavour(None, (f"SGLang {installed} is not a tested version "
+                              f"({', '.join(SUPPORTED_VERSIONS)}); set "
+                              "SPECCTL_ALLOW_UNTESTED_SGLANG=1 to use it if its source "
+                              "passes a tested version's contract",))
+    order = ([installed] if tested else []) + [v for v in reversed(SUPPORTED_VERSIONS)
+                                                if v != installed]
+    if tested and not allow_untested:
+        order = order[:1]
+    first: tuple[str, ...] = ()
+    for version in order:
+        problems = tuple(contract.contract_problems(root, version))
+        if not problems:
+            return Flavour(version)
+        first = first or problems
+    return Flavour(None, first)
+
+
+def in_scheduler_process() -> bool:
+    """Whether SGLang's scheduler-process entry point is on the call stack.
+
+    SGLang calls ``load_plugins()`` in every process it starts (the HTTP server,
+    the detokenizer, the DP controller); only scheduler processes run hooks.
+    """
+    module, function = SCHEDULER_ENTRY
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == function and frame.f_globals.get("__name__") == module:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def read_ranks(scheduler: Any, version: str) -> Ranks:

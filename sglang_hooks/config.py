@@ -1,8 +1,9 @@
 """The plugin's configuration, read once from environment variables.
 
 The plugin is active only when at least one of ``SPECCTL_CONTROLLER``,
-``SPECCTL_RECORD`` or ``SPECCTL_FALLBACK`` is set; otherwise installing the
-package changes nothing.
+``SPECCTL_RECORD`` or ``SPECCTL_FALLBACK`` is set. Otherwise a scheduler process
+only follows a source rank elsewhere in its TP group (see
+:mod:`sglang_hooks.plugin`), and is SGLang unchanged when there is none.
 
 ==========================  ===================================================
 variable                    meaning
@@ -23,6 +24,8 @@ SPECCTL_RECORD              directory: record every step to a Parquet trace
 SPECCTL_RECORD_EXPLORE      ``1``: instead of a controller, cycle through every
                             candidate depth (all ranks in lock-step) while recording
 SPECCTL_EXPLORE_DWELL       steps spent at each depth when exploring (default 4)
+SPECCTL_MIN_SWITCH_STEPS    fewest steps between two depth switches outside exploration
+                            (default 4; 1 = switch whenever asked)
 SPECCTL_RECORD_FLUSH_S      write a trace file at least this often (default 30)
 SPECCTL_HOOK_TIMING         file prefix: measure the plugin's time on the scheduler
                             thread per step and write its percentiles there (JSON)
@@ -31,6 +34,9 @@ SPECCTL_SERVER              server name in telemetry and traces (default
 SPECCTL_CURVE_SERVER_KEY    the controller's CURVE public key (Z85); enables CURVE
 SPECCTL_CURVE_CLIENT_CERT   this server's CURVE certificate file (default: a fresh
                             key pair per process)
+SPECCTL_ALLOW_UNTESTED_SGLANG  ``1``: register on an SGLang version other than the
+                            tested ones if its source passes a tested version's
+                            contract (read even when the plugin is not enabled)
 ==========================  ===================================================
 """
 
@@ -64,6 +70,8 @@ class PluginConfig:
     record_dir: str | None = None
     record_explore: bool = False
     explore_dwell: int = 4
+    #: Fewest scheduler steps between two depth switches (1: no dwell).
+    min_switch_steps: int = 4
     record_flush_s: float = 30.0
     #: Where to write the plugin's per-step time on the scheduler thread (None: off).
     hook_timing: str | None = None
@@ -98,11 +106,13 @@ def from_env(env: Mapping[str, str] | None = None) -> PluginConfig | None:
         controller=controller,
         fallback=fallback,
         table=table,
-        # Below ~10 ms the client's idle wake-up (10 ms) alone could look like silence.
+        # Below ~10 ms, scheduling jitter of the client's I/O thread alone could look
+        # like silence.
         timeout_s=_number(env, "SPECCTL_TIMEOUT_MS", 100.0, lo=10.0) / 1e3,
         record_dir=record_dir,
         record_explore=explore,
         explore_dwell=int(_number(env, "SPECCTL_EXPLORE_DWELL", 4, lo=1)),
+        min_switch_steps=int(_number(env, "SPECCTL_MIN_SWITCH_STEPS", 4, lo=1)),
         record_flush_s=_number(env, "SPECCTL_RECORD_FLUSH_S", 30.0, lo=0.1),
         hook_timing=env.get("SPECCTL_HOOK_TIMING") or None,
         server=env.get("SPECCTL_SERVER") or None,
@@ -110,6 +120,18 @@ def from_env(env: Mapping[str, str] | None = None) -> PluginConfig | None:
         curve_client_cert=env.get("SPECCTL_CURVE_CLIENT_CERT") or None,
         off_path=_off_path(env.get("SPECCTL_OFF_PATH") or "decode"),
     )
+
+
+def follower_off_path(env: Mapping[str, str] | None = None) -> str:
+    """The off path of a rank without other ``SPECCTL_*`` variables: ``sglang`` (SGLang
+    untouched, no extra CUDA graphs) unless ``SPECCTL_OFF_PATH=decode`` is set here too."""
+    env = os.environ if env is None else env
+    return _off_path(env.get("SPECCTL_OFF_PATH") or "sglang")
+
+
+def allow_untested(env: Mapping[str, str] | None = None) -> bool:
+    """``SPECCTL_ALLOW_UNTESTED_SGLANG``: may the plugin run on an untested SGLang version?"""
+    return _flag(os.environ if env is None else env, "SPECCTL_ALLOW_UNTESTED_SGLANG")
 
 
 def parse_table(text: str) -> tuple[tuple[int, int], ...]:

@@ -157,6 +157,12 @@ _COMMON = (
           ("self.activate_step_by_batch(batch.seq_lens.shape[0])",)),
     Calls(EAGLE, "EAGLEWorkerV2.on_verify_complete_cpu",
           ("self.adaptive_controller.on_verify_complete(",)),
+    # Hooks register only in scheduler processes, recognised by this caller.
+    Calls(SCHEDULER, "run_scheduler_process", ("load_plugins()",)),
+    # Every switch logs this line (the plugin filters it: see sglang_hooks.switching).
+    Calls(EAGLE, "EAGLEWorkerV2.apply_runtime_state", ("Switch adaptive runtime state",)),
+    # The fallback uses SGLang's default tiers: the constructor without a config file.
+    Calls(PARAMS, "_load_adaptive_config", ("cfg = DEFAULT_ADAPTIVE_CONFIG",)),
     *_OFF_SWITCH,
 )
 
@@ -195,6 +201,11 @@ CONTRACTS: dict[str, tuple] = {
         Calls("sglang.srt.speculative.eagle_worker_common", "run_eagle_verify", (
             "target_worker.forward_batch_generation(batch=None, "
             "forward_batch=verify_forward_batch, is_verify=True,",)),
+        # Every switch appends to the process's overrides log (the plugin keeps it bounded).
+        Calls(EAGLE, "EAGLEWorkerV2.apply_runtime_state",
+              ("get_context().override('adaptive_spec.restore'",)),
+        Calls("sglang.srt.runtime_context", "RuntimeContext.override",
+              ("self._overrides_log.append((source, dict(fields)))",)),
     ),
 }
 

@@ -7,12 +7,18 @@ the source included, strips the markers out in ``process_input_requests`` and
 applies them before the iteration's batch is launched. So all ranks switch on
 the same scheduler step, and a decision that never rode the broadcast is never
 applied anywhere.
+
+The source also announces its local rule once (:class:`RuleMarker`), so that
+ranks without the ``SPECCTL_*`` variables (other nodes of a multi-node TP group)
+run the same fallback as the source. Any rank with the plugin installed strips
+both kinds (:func:`strip_markers`): SGLang's request dispatcher raises on objects
+it does not know, which would kill the scheduler.
 """
 
 from __future__ import annotations
 
 import bisect
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 CONTROLLER = "controller"
 FALLBACK = "fallback"
@@ -47,3 +53,44 @@ class DecisionMarker(NamedTuple):
     def key(self) -> tuple:
         """What the marker decides, without its sequence number and timing."""
         return (self.mode, self.batch_grid, self.steps)
+
+
+class RuleMarker(NamedTuple):
+    """The source rank's local rule, announced once to every rank (picklable).
+
+    Attributes:
+        rule: ``"sglang"``, ``"table"`` or ``"explore"`` (see :mod:`sglang_hooks.policy`).
+        table: Sorted (batch size, steps) pairs of the table rule.
+        explore_dwell: Steps per depth when exploring.
+        min_switch_steps: Fewest steps between two depth switches.
+    """
+
+    rule: str
+    table: tuple[tuple[int, int], ...] = ()
+    explore_dwell: int = 4
+    min_switch_steps: int = 4
+
+
+def strip_markers(recv_reqs: list) -> tuple[list, DecisionMarker | None, RuleMarker | None]:
+    """Split a received request list: (requests without markers, newest decision, rule).
+
+    The common case (no marker) costs one type check per item and returns the
+    list itself.
+    """
+    decision: DecisionMarker | None = None
+    rule: RuleMarker | None = None
+    found = False
+    for item in recv_reqs:
+        kind = type(item)
+        if kind is DecisionMarker:
+            found = True
+            if decision is None or item.seq > decision.seq:
+                decision = item
+        elif kind is RuleMarker:
+            found = True
+            rule = item
+    if not found:
+        return recv_reqs, None, None
+    kept: list[Any] = [item for item in recv_reqs
+                       if type(item) is not DecisionMarker and type(item) is not RuleMarker]
+    return kept, decision, rule

@@ -28,10 +28,16 @@ Filling them would need the target's hidden states for every token decoded while
 kept on the GPU until the draft catches up; SGLang keeps no such buffer, and this
 version does not add one (``docs/OFFSWITCH.md`` says what that costs in acceptance).
 
-Every rank makes the same choice: the step count comes from the same decision marker
-on every rank (:mod:`sglang_hooks.runtime`), and :meth:`OffSwitch.choose` is a pure
-function of it and of this rank's previous choices, which are the same everywhere.
-If the decode runner cannot be built the switch stays disabled and steps=0 is SGLang's.
+Every rank makes the same choice, or ranks would run different collectives and hang:
+
+* at start-up, every TP rank builds the path if asked to (``SPECCTL_OFF_PATH=decode``,
+  the default where the plugin's variables are set; a follower rank without them builds
+  nothing unless that one variable is set) and the group takes the minimum of "built"
+  over its CPU group (:func:`all_ranks_agree`). The path is used only if every rank has it;
+  otherwise steps=0 is SGLang's on every rank, with one warning;
+* per step, the step count comes from the same decision marker on every rank
+  (:mod:`sglang_hooks.runtime`), and :meth:`OffSwitch.choose` is a pure function of it
+  and of this rank's previous choices, which are the same everywhere.
 """
 
 from __future__ import annotations
@@ -54,10 +60,13 @@ class OffSwitch:
 
     Args:
         counters: Where to count off steps, warm-ups and faults (the runtime's counters).
+        build: Build the plain decode path at start-up (this rank's ``SPECCTL_OFF_PATH``
+            is ``decode``); the TP group then agrees whether to use it.
     """
 
-    def __init__(self, counters: Any) -> None:
+    def __init__(self, counters: Any, build: bool = True) -> None:
         self.counters = counters
+        self.build = build
         #: True once the plain decode runner exists (False: steps=0 stays SGLang's).
         self.ready = False
         #: The step being launched was decided 0 and runs the plain decode path.
@@ -104,13 +113,28 @@ class OffSwitch:
         }
 
     def after_init_cuda_graphs(self, result: Any, worker: Any, *args: Any, **kwargs: Any):
-        """AFTER ``EAGLEWorkerV2.init_cuda_graphs``: build the plain decode path."""
+        """AFTER ``EAGLEWorkerV2.init_cuda_graphs``: build the plain decode path, agree."""
+        built = False
+        if self.build:
+            try:
+                self._build(worker)
+                built = True
+            except Exception:
+                self.counters["fault_offswitch_build"] += 1
+                log.exception("specctl: could not build the plain decode path")
         try:
-            self._build(worker)
+            from sglang.srt.distributed import get_tp_group
+
+            agreed = all_ranks_agree(built, get_tp_group())
         except Exception:
-            self.counters["fault_offswitch_build"] += 1
-            log.exception("specctl: could not build the plain decode path; steps=0 stays "
-                          "SGLang's (verify forward + draft extend)")
+            self.counters["fault_offswitch_agree"] += 1
+            log.exception("specctl: the TP group could not agree on the off path")
+            agreed = False
+        self.ready = built and agreed
+        if built and not agreed:
+            log.warning("specctl: another TP rank has no plain decode path (its "
+                        "SPECCTL_OFF_PATH is not decode, or building failed); steps=0 is "
+                        "SGLang's verify forward + draft extend on every rank")
         return None
 
     def around_target_forward(self, original: Any, tp_worker: Any, *args: Any,
@@ -170,7 +194,6 @@ class OffSwitch:
             finally:
                 model_runner.spec_algorithm = saved_algorithm
         self.worker, self.backend, self.runner = worker, backend, runner
-        self.ready = True
         log.info("specctl: plain decode path for steps=0 built (CUDA graphs: %s)",
                  "batch sizes " + str(runner.capture_bs) if runner is not None else "off")
 
@@ -200,3 +223,18 @@ class OffSwitch:
         decode.forward_metadata_ready = False  # planned for the verify graph, not this one
         self.counters["off_forwards"] += 1
         return decode
+
+
+def all_ranks_agree(ok: bool, group: Any) -> bool:
+    """Whether ``ok`` holds on every rank of ``group`` (an SGLang ``GroupCoordinator``).
+
+    A collective: every rank of the group must call it, at the same point. It runs on
+    the group's CPU (gloo) group, once, at start-up.
+    """
+    if group.world_size <= 1:
+        return ok
+    import torch
+
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
+    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN, group=group.cpu_group)
+    return bool(flag.item())

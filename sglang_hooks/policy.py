@@ -5,16 +5,31 @@
 and 0.5.23). ``get_steps_for_batch`` returns, in order of precedence:
 
 1. the applied controller decision (:attr:`Runtime.controller`), for this batch size;
-2. otherwise the local rule, identical on every rank: ``sglang`` (the superclass,
-   SGLang's own acceptance-EMA rule, fed the same verify results on every rank),
-   ``table`` (a static batch size -> steps table) or ``explore`` (record mode:
-   cycle through every candidate depth, ``dwell`` steps each, in an order that
-   is a fixed function of the step index).
+2. otherwise the local rule (:attr:`Runtime.local`, the same on every rank):
+   ``sglang`` (SGLang's own acceptance-EMA rule, see below), ``table`` (a static
+   batch size -> steps table) or ``explore`` (record mode: cycle through every
+   candidate depth, ``dwell`` steps each, in an order that is a fixed function of
+   the step index).
+
+SGLang's rule runs on the configured tiers, or on SGLang's default tiers
+(``DEFAULT_ADAPTIVE_CONFIG``, clamped to the depths built) when the config file
+offers one flat slot (the shipped one does: it would make SGLang's rule blind to
+batch size). It is fed every verify result, also while the controller is in
+charge, so that a fallback starts from live acceptance. A verify at a depth
+other than the rule's own is fed as SGLang would have seen it: accepted drafts
+capped at the rule's depth, and nothing from a step that did not speculate.
 
 The result is clamped to the candidate steps SGLang built runtime states for
-(asking for another one would raise in ``AdaptiveController._activate``);
-clamps are counted. ``on_verify_complete`` never asks for an immediate switch
-(it returns None): every switch happens when the next batch is launched.
+for this batch size (asking for another one would raise in
+``AdaptiveController._activate``; one outside the slot has no CUDA graph);
+clamps are counted. Outside exploration, a depth is kept for at least
+``min_switch_steps`` steps (``SPECCTL_MIN_SWITCH_STEPS``): every switch costs
+SGLang a buffer rebuild (see :mod:`sglang_hooks.switching`). ``on_verify_complete``
+never asks for an immediate switch (it returns None): every switch happens when
+the next batch is launched.
+
+A follower that has not heard the source's rule yet (``Runtime.local is None``)
+is SGLang's class unchanged.
 """
 
 from __future__ import annotations
@@ -22,6 +37,7 @@ from __future__ import annotations
 import bisect
 import random
 
+from sglang_hooks.marker import RuleMarker
 from sglang_hooks.runtime import Runtime
 
 _STEP_RANGE = 128  # steps a decision may name (int8 on the wire)
@@ -32,12 +48,19 @@ def _nearest(candidates: list[int]) -> tuple[int, ...]:
     return tuple(min(candidates, key=lambda c: (abs(c - s), c)) for s in range(_STEP_RANGE))
 
 
+def default_tiers(base: type, initial_steps: int, built: list[int]):
+    """SGLang's rule on its default tiers, each slot's candidates clamped to ``built``."""
+    tiers = base(initial_steps, None)  # no config file: DEFAULT_ADAPTIVE_CONFIG
+    nearest = _nearest(built)
+    for slot in tiers._slots.values():
+        slot.candidate_steps = sorted({nearest[min(c, _STEP_RANGE - 1)]
+                                       for c in slot.candidate_steps})
+        slot.current_steps = nearest[min(slot.current_steps, _STEP_RANGE - 1)]
+    return tiers
+
+
 def make_policy_class(base: type, runtime: Runtime) -> type:
     """A subclass of SGLang's ``AdaptiveSpeculativeParams`` bound to ``runtime``."""
-    table_sizes = [size for size, _ in runtime.cfg.table]
-    table_steps = [steps for _, steps in runtime.cfg.table]
-    rule = runtime.cfg.rule
-    dwell = runtime.cfg.explore_dwell
 
     class SpecctlAdaptiveParams(base):
         """SGLang's adaptive params, with steps chosen by specctl (see module docstring)."""
@@ -54,50 +77,100 @@ def make_policy_class(base: type, runtime: Runtime) -> type:
                 _nearest(list(next(iter(per_slot.values()))))
                 if len(set(per_slot.values())) == 1 else None
             )
+            #: What SGLang's rule runs on: this object's tiers, or SGLang's defaults.
+            self._specctl_rule = (self if len(self._slots) > 1 else
+                                  default_tiers(base, initial_steps, self.candidate_steps))
             self._specctl_order: list[int] = []
             self._specctl_cycle = -1
+            self._specctl_current = -1  # the depth returned last
+            self._specctl_switched_at = 0  # launch step of the last switch
+            self._specctl_table: tuple[RuleMarker | None, list[int], list[int]] = (None, [], [])
             self._specctl.attach_policy(self)
+
+        def set_cuda_graph_bs(self, cuda_graph_bs: list[int] | None) -> None:
+            super().set_cuda_graph_bs(cuda_graph_bs)
+            if self._specctl_rule is not self:  # route as SGLang would: padded batch sizes
+                base.set_cuda_graph_bs(self._specctl_rule, cuda_graph_bs)
 
         def get_steps_for_batch(self, batch_size: int) -> int:
             rt = self._specctl
+            local = rt.local
+            if local is None:  # a follower before the source's announcement: SGLang itself
+                steps = rt.last_steps = super().get_steps_for_batch(batch_size)
+                return steps
             try:
                 decision = rt.controller
+                exploring = False
                 if decision is not None:
                     want = decision.steps_for(batch_size)
-                elif rule == "table":
-                    index = bisect.bisect_right(table_sizes, batch_size) - 1
-                    want = table_steps[index if index > 0 else 0]
-                elif rule == "explore":
-                    want = self._explore(rt.launch_step)
+                elif local.rule == "table":
+                    want = self._table_steps(local, batch_size)
+                elif local.rule == "explore":
+                    want = self._explore(rt.launch_step, local.explore_dwell)
+                    exploring = True
                 else:
-                    want = super().get_steps_for_batch(batch_size)
+                    want = base.get_steps_for_batch(self._specctl_rule, batch_size)
                 nearest = (self._specctl_uniform
                            or self._specctl_nearest[id(self._route(batch_size))])
                 steps = nearest[want if want < _STEP_RANGE else _STEP_RANGE - 1]
                 if steps != want:
                     rt.counters["clamped"] += 1
+                current = self._specctl_current
+                if steps != current:
+                    step = rt.launch_step
+                    if (not exploring and local.min_switch_steps > 1 and current >= 0
+                            and nearest[current] == current
+                            and 0 <= step - self._specctl_switched_at < local.min_switch_steps):
+                        rt.counters["switches_held"] += 1
+                        steps = current
+                    else:
+                        self._specctl_current = steps
+                        self._specctl_switched_at = step
+                        rt.counters["switches"] += 1
             except Exception as exc:
                 rt.fault("policy", exc)
                 steps = super().get_steps_for_batch(batch_size)
             # The off switch may turn the first step back on into SGLang's steps=0 (a
             # warm-up for the draft); telemetry reports the steps that actually ran.
-            if rt.offswitch is not None:
-                steps = rt.offswitch.choose(steps)
+            steps = rt.offswitch.choose(steps)
             rt.last_steps = steps
             return steps
 
         def on_verify_complete(self, num_correct_drafts_per_req: list[int],
                                batch_size: int) -> int | None:
             rt = self._specctl
-            if rule == "sglang" and rt.controller is None:
-                try:  # keep SGLang's rule current while it is in charge
-                    super().on_verify_complete(num_correct_drafts_per_req, batch_size)
+            local = rt.local
+            if local is None:  # a follower before the source's announcement: SGLang itself
+                rt.on_verify(num_correct_drafts_per_req)
+                return super().on_verify_complete(num_correct_drafts_per_req, batch_size)
+            if local.rule == "sglang":
+                try:  # keep SGLang's rule live, whoever is in charge
+                    self._feed_rule(num_correct_drafts_per_req, batch_size, rt.verify_steps)
                 except Exception as exc:
                     rt.fault("policy", exc)
             rt.on_verify(num_correct_drafts_per_req)
             return None
 
-        def _explore(self, step: int) -> int:
+        def _feed_rule(self, drafts: list[int], batch_size: int, ran: int) -> None:
+            """Give SGLang's rule what it would have seen at its own depth."""
+            params = self._specctl_rule
+            own = base._route(params, batch_size).current_steps
+            if ran == 0 and own > 0:
+                return  # speculation was off for this step: no acceptance to learn from
+            if ran > own > 0:  # chain drafting: accepted at depth d = min(accepted, d)
+                drafts = [d if d <= own else own for d in drafts]
+            base.on_verify_complete(params, drafts, batch_size)
+
+        def _table_steps(self, local: RuleMarker, batch_size: int) -> int:
+            cached, sizes, steps = self._specctl_table
+            if cached is not local:
+                sizes = [size for size, _ in local.table]
+                steps = [depth for _, depth in local.table]
+                self._specctl_table = (local, sizes, steps)
+            index = bisect.bisect_right(sizes, batch_size) - 1
+            return steps[index if index > 0 else 0]
+
+        def _explore(self, step: int, dwell: int) -> int:
             candidates = self.candidate_steps
             cycle, position = divmod(step // dwell, len(candidates))
             if cycle != self._specctl_cycle:

@@ -7,15 +7,25 @@ Its bound methods are what :mod:`sglang_hooks.plugin` registers with SGLang's
 =============================================  =========  ================================
 target                                         type       what it does
 =============================================  =========  ================================
-SchedulerRequestReceiver._pull_raw_reqs        AFTER      source rank: poll the controller,
+SchedulerRequestReceiver._pull_raw_reqs        AFTER      source rank: announce the local
+                                                          rule once, poll the controller,
                                                           append a decision marker
 Scheduler.process_input_requests               BEFORE     every rank: strip markers, queue
-                                                          the newest (first call: attach)
+                                                          the newest, adopt the announced
+                                                          rule (first call: attach)
 Scheduler.run_batch                            AROUND     every rank: apply the queued marker
-                                                          when due; source: capture the
-                                                          step's load and launch time
-Scheduler.process_batch_result                 AROUND     source: send the step's telemetry
+                                                          when due, note the depth run;
+                                                          source: capture the step's load
+                                                          and launch time
+Scheduler.process_batch_result                 AROUND     every rank: which depth the
+                                                          verified step ran; source: send
+                                                          the step's telemetry
 =============================================  =========  ================================
+
+A *follower* runtime (a scheduler process without ``SPECCTL_*`` variables, e.g.
+another node of a multi-node TP group) is never the source. Until a source
+announces its rule it leaves every choice to SGLang (the superclass, switch
+timing included); from then on it runs what the source's markers say.
 
 The policy object (:mod:`sglang_hooks.policy`) reads :attr:`Runtime.controller`
 (the applied controller decision, or None for the local rule) and reports
@@ -46,8 +56,9 @@ from controller.wire import Hello
 from sglang_hooks.client import TIMED_OUT, ControllerClient, client_name
 from sglang_hooks.compat import Ranks, read_ranks
 from sglang_hooks.config import PluginConfig
-from sglang_hooks.marker import CONTROLLER, FALLBACK, DecisionMarker
+from sglang_hooks.marker import CONTROLLER, FALLBACK, DecisionMarker, RuleMarker, strip_markers
 from sglang_hooks.offswitch import OffSwitch
+from sglang_hooks.switching import OverridesLogTrimmer
 from sglang_hooks.timing import HookClock
 
 log = logging.getLogger(__name__)
@@ -91,11 +102,23 @@ class Runtime:
         version: Installed SGLang version (one of ``compat.SUPPORTED_VERSIONS``).
         ranks: This process's ranks, when known up front (tests); otherwise read
             from the scheduler on the first ``process_input_requests`` call.
+        follower: No ``SPECCTL_*`` variables here: never the source, and SGLang's
+            own behaviour until a source announces its rule.
     """
 
-    def __init__(self, cfg: PluginConfig, version: str, ranks: Ranks | None = None) -> None:
+    def __init__(self, cfg: PluginConfig, version: str, ranks: Ranks | None = None,
+                 follower: bool = False) -> None:
         self.cfg = cfg
         self.version = version
+        self.follower = follower
+        #: The local rule every rank runs when the controller is not in charge (None:
+        #: SGLang's own, untouched; a follower until the source's announcement).
+        self.local: RuleMarker | None = None if follower else RuleMarker(
+            cfg.rule, cfg.table, cfg.explore_dwell, cfg.min_switch_steps)
+        #: Depth the batch whose result is being processed ran (-1: unknown).
+        self.verify_steps = -1
+        #: Keeps SGLang 0.5.23's overrides log bounded (set at attach; None in 0.5.15).
+        self.trimmer: OverridesLogTrimmer | None = None
         self.counters: Counter[str] = Counter()
         #: The applied controller decision (None: run the local rule).
         self.controller: DecisionMarker | None = None
@@ -104,9 +127,8 @@ class Runtime:
         #: Steps the policy returned for the batch being launched (-1: not asked).
         self.last_steps = -1
         self.policy: Any = None
-        #: The plain-decode off path (None: steps=0 is SGLang's; see offswitch.py).
-        self.offswitch: OffSwitch | None = (
-            OffSwitch(self.counters) if cfg.off_path == "decode" else None)
+        #: What steps=0 runs (every rank has one: the TP group agrees at start-up).
+        self.offswitch = OffSwitch(self.counters, build=cfg.off_path == "decode")
         self.is_source = False
         self.client: ControllerClient | None = None
         self.recorder: Any = None
@@ -114,6 +136,8 @@ class Runtime:
         self.rank = 0
         self._ranks = ranks
         self._attached = False
+        self._announced = False
+        self._ran = [-1] * _RING  # depth run per launched step (every rank)
         self._pending: DecisionMarker | None = None
         self._last_seq = -1
         self._marker_seq = 0
@@ -156,6 +180,10 @@ class Runtime:
             ranks = self._ranks or read_ranks(scheduler, self.version)
             self._ranks = ranks
             self.rank = ranks.world_rank
+            if self.policy is not None:
+                self.trimmer = OverridesLogTrimmer.for_this_process()
+            if self.follower:
+                return
             if self.policy is None:
                 if ranks.tp_rank == 0:
                     log.warning("specctl: this server does not run --speculative-adaptive "
@@ -225,6 +253,9 @@ class Runtime:
         if result is None or not self.is_source:
             return None
         try:
+            if not self._announced:  # the first thing every rank hears from the source
+                self._announced = True
+                result.append(self.local)
             marker = self._source_marker(time.monotonic())
             if marker is not None:
                 result.append(marker)
@@ -239,15 +270,13 @@ class Runtime:
         recv_reqs = args[0] if args else kwargs.get("recv_reqs")
         if not recv_reqs:
             return None
-        has_marker = False
-        for item in recv_reqs:
-            if type(item) is DecisionMarker:
-                has_marker = True
-                if item.seq > self._last_seq:
-                    self._last_seq = item.seq
-                    self._pending = item
-        if has_marker:
-            kept = [item for item in recv_reqs if type(item) is not DecisionMarker]
+        kept, decision, rule = strip_markers(recv_reqs)
+        if decision is not None and decision.seq > self._last_seq:
+            self._last_seq = decision.seq
+            self._pending = decision
+        if rule is not None:
+            self.local = rule  # the same iteration on every rank
+        if kept is not recv_reqs:
             if isinstance(recv_reqs, list):
                 recv_reqs[:] = kept  # so nothing downstream (PP relay, dispatch) sees a marker
             elif args:
@@ -283,21 +312,34 @@ class Runtime:
                 slot = self._capture_launch(scheduler, batch, step, time.monotonic())
             except Exception as exc:
                 self.fault("launch", exc)
+        previous = self._ran[(step - 1) % _RING]
         result = original(scheduler, *args, **kwargs)
+        steps = self.last_steps
+        self._ran[step % _RING] = steps
+        if steps != previous and steps >= 0 and self.trimmer is not None:
+            try:
+                self.trimmer.trim()
+            except Exception as exc:
+                self.fault("trim", exc)
         if slot is not None:
-            steps = self.last_steps
             slot.steps_used = steps if slot.is_decode and steps > 0 else 0
         return result
 
     def around_process_batch_result(self, original: Any, scheduler: Any, *args: Any,
                                     **kwargs: Any) -> Any:
         """AROUND ``Scheduler.process_batch_result``: send the step's telemetry (source)."""
-        if not self.is_source:
-            return original(scheduler, *args, **kwargs)
-        slot = batch = None
         try:
             batch = args[0] if args else kwargs["batch"]
             step = batch.forward_iter
+            self.verify_steps = self._ran[step % _RING]
+        except Exception as exc:  # same on every rank
+            self.verify_steps = -1
+            self.fault("result", exc)
+            return original(scheduler, *args, **kwargs)
+        if not self.is_source:
+            return original(scheduler, *args, **kwargs)
+        slot = None
+        try:
             candidate = self._slots[step % _RING]
             if candidate.step != step:
                 self.counters["unmatched_results"] += 1  # launched before attach, or lost

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sglang_hooks.compat import SCHEDULER_ENTRY
 from sglang_hooks.contract import HOOK_TARGETS
 from sglang_hooks.runtime import Runtime
 
@@ -50,6 +51,17 @@ def write_import_stand_ins(directory: str | Path) -> list[str]:
             path.write_text(text)
             written.append(package)
     return sorted(set(written))
+
+
+def load_plugins_as_scheduler() -> None:
+    """Run SGLang's ``load_plugins()`` the way its scheduler processes do: called from
+    ``run_scheduler_process`` in the scheduler module (which needs a GPU stack to import,
+    so a function of that name and module stands in for it)."""
+    module, function = SCHEDULER_ENTRY
+    namespace: dict[str, Any] = {"__name__": module}
+    exec(f"def {function}():\n    from sglang.srt.plugins import load_plugins\n"
+         "    load_plugins()\n", namespace)
+    namespace[function]()
 
 
 class ForwardModeStandIn:
@@ -109,11 +121,17 @@ class _Pool:
 
 
 class WorkerStandIn:
-    """An ``AdaptiveSpecWorker``: remembers which runtime state is active."""
+    """An ``AdaptiveSpecWorker``: remembers which runtime state is active.
 
-    def __init__(self, speculative_num_steps: int, state_class: type) -> None:
+    With ``overrides_log`` (SGLang 0.5.23's ``RuntimeContext._overrides_log``) each
+    switch appends to it as ``EAGLEWorkerV2.apply_runtime_state`` does there.
+    """
+
+    def __init__(self, speculative_num_steps: int, state_class: type,
+                 overrides_log: list | None = None) -> None:
         self.speculative_num_steps = speculative_num_steps
         self._state_class = state_class
+        self.overrides_log = overrides_log
         self.switches = 0
 
     def build_adaptive_runtime_state(self, speculative_num_steps: int,
@@ -123,8 +141,14 @@ class WorkerStandIn:
                                  None, None, None, None, None, None)
 
     def apply_runtime_state(self, state: Any) -> None:
-        self.switches += self.speculative_num_steps != state.speculative_num_steps
+        if self.speculative_num_steps == state.speculative_num_steps:
+            return
+        self.switches += 1
         self.speculative_num_steps = state.speculative_num_steps
+        if self.overrides_log is not None:
+            self.overrides_log.append(("adaptive_spec.restore", {
+                "speculative_num_steps": state.speculative_num_steps,
+                "speculative_num_draft_tokens": state.speculative_num_draft_tokens}))
 
 
 class SchedulerStandIn:
@@ -159,6 +183,11 @@ class SchedulerStandIn:
         self.launched: list[tuple[int, int]] = []
 
     def process_input_requests(self, recv_reqs: list) -> None:
+        # SGLang's dispatcher knows its request classes only (never tuples): anything
+        # else raises and kills the scheduler.
+        for item in recv_reqs:
+            if isinstance(item, tuple):
+                raise ValueError("Invalid object")
         self.dispatched.extend(recv_reqs)
 
     def run_batch(self, batch: BatchStandIn) -> int:

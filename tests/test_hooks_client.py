@@ -138,3 +138,96 @@ def test_a_missing_controller_costs_nothing_and_means_fallback():
         assert client.want(time.monotonic()) is TIMED_OUT
     finally:
         client.close()
+
+
+# -- the timeout paths on the scheduler thread's side, with given clock values (fast) -----
+
+
+def decision_for(step: int, steps: int = 4) -> Decision:
+    return Decision(step, step + DECISION_LAG, "p", (1,), (steps,))
+
+
+def offline_client(timeout_s: float = 0.1) -> ControllerClient:
+    """A client with no controller behind it; decisions are handed in as the I/O thread
+    would (``_inbox``), so every time below is a given number, not a measured one."""
+    return ControllerClient(ipc(), HELLO, timeout_s=timeout_s)
+
+
+def test_timeout_falls_back_and_only_a_fresh_decision_resumes():
+    client = offline_client()
+    try:
+        assert client.want(100.0) is None  # nothing sent, nothing decided: local rule
+        client.send_telemetry(b"", 1, 100.00)
+        assert client.want(100.09) is None  # waiting, within the timeout
+        client._inbox.append((decision_for(1), 100.02))
+        client.poll(100.02)
+        assert client.want(100.05).steps == (4,)
+        client.send_telemetry(b"", 2, 100.03)  # never answered
+        assert client.want(100.12).steps == (4,)  # 90 ms: still in charge
+        assert client.want(100.14) is TIMED_OUT  # 110 ms: the controller is gone
+        assert client.want(100.145) is TIMED_OUT  # and stays gone...
+        client.send_telemetry(b"", 3, 100.15)
+        assert client.want(100.16) is TIMED_OUT, "...step 2 is still unanswered"
+        client._inbox.append((decision_for(3, steps=6), 100.16))
+        client.poll(100.16)
+        assert client.want(100.17).steps == (6,)  # ...until a fresh decision
+        assert client.counters["decisions"] == 2
+    finally:
+        client.close()
+
+
+def test_an_answer_later_than_the_timeout_is_stale_and_ignored():
+    client = offline_client()
+    try:
+        client.send_telemetry(b"", 4, 9.99)
+        client._inbox.append((decision_for(4), 10.0))
+        client.poll(10.0)
+        assert client.want(10.0).steps == (4,)
+        client.send_telemetry(b"", 5, 10.0)  # the server's last step before it goes idle
+        client._inbox.append((decision_for(5), 10.2))  # 200 ms after its telemetry
+        client.poll(10.2)  # the source polls before it asks want(): nothing is overdue now
+        assert client.counters["decisions_stale"] == 1
+        assert client.want(10.2) is TIMED_OUT, "the older decision must not stay in charge"
+    finally:
+        client.close()
+
+
+def test_out_of_order_and_unknown_step_answers_are_ignored():
+    client = offline_client()
+    try:
+        for step in (6, 7):
+            client.send_telemetry(b"", step, 1.0)
+        client._inbox.append((decision_for(7), 1.01))
+        client._inbox.append((decision_for(6), 1.01))  # older than what was accepted
+        client._inbox.append((decision_for(99), 1.01))  # answers nothing sent
+        client.poll(1.01)
+        assert client.counters["decisions"] == 1
+        assert client.counters["decisions_out_of_order"] == 1
+        assert client.counters["decisions_stale"] == 1
+        assert client.want(1.02).apply_from_step == 7 + DECISION_LAG
+    finally:
+        client.close()
+
+
+def test_the_io_thread_sleeps_until_telemetry_or_a_decision_wakes_it():
+    endpoint = ipc()
+    router = Router(endpoint)
+    client = ControllerClient(endpoint, HELLO, timeout_s=0.1)
+    try:
+        router.receive()  # HELLO sent: the next one is a second away
+        while not client._sleeping:
+            time.sleep(0.001)
+        asleep = client.counters["io_wakeups"]
+        time.sleep(0.1)  # the old client woke every 1-10 ms here
+        assert client.counters["io_wakeups"] == asleep
+        client.send_telemetry(frame(1), 1, time.monotonic())
+        identity, record = router.telemetry()  # sent at once, no polling interval
+        assert record.step_index == 1
+        router.answer(identity, 1)
+        while client.counters["io_wakeups"] < asleep + 2:  # woken by the decision
+            time.sleep(0.001)
+        settle(client, 0.02)
+        assert client.want(time.monotonic()).steps == (4,)
+    finally:
+        client.close()
+        router.close()

@@ -39,9 +39,9 @@ from sglang.srt.speculative import adaptive_spec_params as asp  # noqa: E402
 
 ORIGINAL = {"params": asp.AdaptiveSpeculativeParams}
 
-import sglang.srt.plugins  # noqa: E402
+from sglang_hooks.testing import load_plugins_as_scheduler  # noqa: E402
 
-sglang.srt.plugins.load_plugins()
+load_plugins_as_scheduler()
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType  # noqa: E402
 from sglang.srt.speculative import adaptive_runtime_state as ars  # noqa: E402
@@ -142,10 +142,10 @@ def acceptance(step: int, steps: int, batch_size: int) -> list[int]:
 
 
 def build_rank(runtime: Runtime, is_source: bool, policy_class: type | None = None,
-               gpu_seconds=None) -> RankLoop:
+               gpu_seconds=None, overrides_log: list | None = None) -> RankLoop:
     """One rank: real AdaptiveController built the way this version's EAGLEWorkerV2 does."""
     policy_class = policy_class or make_policy_class(ORIGINAL["params"], runtime)
-    worker = WorkerStandIn(7, ars.SpecRuntimeState)
+    worker = WorkerStandIn(7, ars.SpecRuntimeState, overrides_log)
     if VERSION == "0.5.15.post1":
         # AdaptiveController builds the params from its module's global, which the
         # class REPLACE rebinds in each process; bind it to this rank's class.
@@ -253,7 +253,7 @@ def test_controller_decisions_drive_the_real_adaptive_controller(tmp_path):
 
 
 def test_a_decision_applies_from_its_step_on_every_rank_and_markers_stay_internal():
-    rt = runtime()
+    rt = runtime(min_switch_steps=1)
     loop = build_rank(rt, is_source=True)
     rt.attach(loop.scheduler)  # no controller: attach markers by hand
     reqs = [ReqStandIn("a"), ReqStandIn("b")]
@@ -314,14 +314,17 @@ def test_two_ranks_apply_the_same_steps_on_every_step_under_broadcast_delays(tmp
     assert ranks[0].counters["markers_controller"] >= 30
 
 
-def test_the_fallback_rule_is_sglangs_own_rule():
-    rt = runtime(fallback="sglang")
+def test_the_fallback_rule_is_sglangs_own_rule_on_its_default_tiers():
+    """The shipped config is one flat slot: the fallback is SGLang's rule on its default
+    tiers (what ``--speculative-adaptive`` without a config file runs)."""
+    rt = runtime(fallback="sglang", min_switch_steps=1)
     loop = build_rank(rt, is_source=True)
-    reference = ORIGINAL["params"](initial_steps=7, cfg_path=CONFIG)
+    reference = ORIGINAL["params"](initial_steps=7, cfg_path=None)
     ours = loop.scheduler.adaptive.params
     seen = set()
     for step in range(1, 400):
-        size = 1 + step % 5
+        size = 1 + step % 12  # the default tiers' slots 1 and 8
+        rt.launch_step = step
         steps = ours.get_steps_for_batch(size)
         assert steps == reference.get_steps_for_batch(size)
         seen.add(steps)
@@ -329,10 +332,36 @@ def test_the_fallback_rule_is_sglangs_own_rule():
         ours.on_verify_complete(drafts, size)
         reference.on_verify_complete(drafts, size)
     assert len(seen) >= 2, "SGLang's rule should have moved (else the comparison is vacuous)"
+    flat = ORIGINAL["params"](initial_steps=7, cfg_path=CONFIG)
+    assert flat.get_steps_for_batch(64) != ours.get_steps_for_batch(64), \
+        "the flat config's own slot ignores batch size; the default tiers do not"
+
+
+def test_sglangs_rule_keeps_learning_while_the_controller_is_in_charge():
+    rt = runtime(fallback="sglang", min_switch_steps=1)
+    loop = build_rank(rt, is_source=True)
+    ours = loop.scheduler.adaptive.params
+    reference = ORIGINAL["params"](initial_steps=7, cfg_path=None)
+    rt.controller = DecisionMarker(1, "controller", 0, (1,), (7,))
+    before = reference.get_steps_for_batch(1)
+    for step in range(1, 120):
+        rt.launch_step = step
+        assert ours.get_steps_for_batch(1) == 7  # the controller's depth runs
+        rt.verify_steps = 7
+        drafts = [1, 0, 2]  # poor acceptance at depth 7
+        ours.on_verify_complete(drafts, 3)
+        own = reference._route(3).current_steps
+        reference.on_verify_complete([min(d, own) for d in drafts], 3)
+        if step % 10 == 0:  # a step that did not speculate teaches nothing
+            rt.verify_steps = 0
+            ours.on_verify_complete([0, 0, 0], 3)
+    rt.controller = None
+    assert ours.get_steps_for_batch(3) == reference.get_steps_for_batch(3) < before, \
+        "the fallback starts from live acceptance, not from where it was left"
 
 
 def test_table_rule_and_clamping_to_candidate_steps():
-    rt = runtime(fallback="table", table=((1, 3), (16, 1), (64, 0)))
+    rt = runtime(fallback="table", table=((1, 3), (16, 1), (64, 0)), min_switch_steps=1)
     loop = build_rank(rt, is_source=True)
     params = loop.scheduler.adaptive.params
     assert [params.get_steps_for_batch(b) for b in (1, 15, 16, 63, 64, 500)] == [3, 3, 1, 1, 0, 0]
@@ -565,3 +594,179 @@ def test_hook_timing_writes_per_step_percentiles(tmp_path):
     assert summary["steps"] >= 59
     assert 0 < summary["p50_us"] <= summary["p99_us"] <= summary["max_us"]
     assert summary["p50_us"] < 10_000  # the scheduler stand-in's own sleeps are excluded
+
+
+# -- ranks without the variables, switch rate ---------------------------------------------
+
+
+def test_a_rank_without_the_variables_strips_and_follows_the_sources_markers(tmp_path):
+    """Other nodes of a multi-node TP group: no SPECCTL_* there. Without the follower
+    hooks, SGLang's dispatcher would raise on the first marker (the stand-in does too)."""
+    endpoint = ipc("follow")
+    source = runtime(SOURCE, controller=endpoint, fallback="table", table=((1, 2), (16, 5)),
+                     min_switch_steps=3)
+    follower = Runtime(PluginConfig(), VERSION, ranks=SECOND, follower=True)
+    loops = [build_rank(source, True), build_rank(follower, False)]
+    reqs = [ReqStandIn(f"r{i}") for i in range(48)]
+    with serving(restless_policy("follow"), tmp_path):
+        for i in range(250):
+            broadcast = pickle.dumps(loops[0].pull())
+            batch = (BatchStandIn(reqs[:4], EXTEND, extend_num_tokens=64) if i == 0
+                     else next_batch(i, reqs))  # a server's first batch is a prefill
+            for loop in loops:
+                loop.iterate(pickle.loads(broadcast), batch.copy())
+            time.sleep(0.001)
+        for loop in loops:
+            loop.drain()
+    source.close()
+    a, b = (loop.scheduler.launched for loop in loops)
+    assert a == b and len(a) > 200
+    assert follower.local == source.local  # the announced rule, not a default
+    assert source.counters["markers_controller"] >= 10
+    assert len({s for _, s in a}) >= 3
+    assert not any(k.startswith("fault") for k in follower.counters), follower.counters
+    with pytest.raises(ValueError, match="Invalid object"):  # what the hooks prevent
+        type(loops[1].scheduler).__mro__[1].process_input_requests(
+            loops[1].scheduler, [DecisionMarker(1, "fallback", 0)])
+
+
+def test_a_follower_is_sglang_itself_until_a_source_speaks():
+    follower = Runtime(PluginConfig(), VERSION, ranks=SECOND, follower=True)
+    ours = build_rank(follower, False).scheduler.adaptive.params
+    reference = ORIGINAL["params"](initial_steps=7, cfg_path=CONFIG)
+    switched = []
+    for step in range(1, 200):
+        assert ours.get_steps_for_batch(4) == reference.get_steps_for_batch(4)
+        drafts = [min(reference.get_steps_for_batch(4), step % 3)] * 4
+        new = ours.on_verify_complete(drafts, 4)
+        assert new == reference.on_verify_complete(drafts, 4)  # immediate switches too
+        switched.append(new)
+    assert any(s is not None for s in switched)
+
+
+def _gloo_rank(rank: int, init_file: str, endpoint: str, out: str) -> None:
+    """One TP rank in its own process: SGLang's broadcast_pyobj over gloo carries the
+    request list (and the markers) from rank 0, as in ``_broadcast_reqs_across_ranks``."""
+    import json
+
+    import torch.distributed as dist
+    from sglang.srt.utils import broadcast_pyobj
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=2)
+    if rank == 0:
+        rt = runtime(SOURCE, controller=endpoint, fallback="table", table=((1, 3), (16, 1)))
+    else:  # this process has none of the SPECCTL_* variables
+        rt = Runtime(PluginConfig(), VERSION, ranks=SECOND, follower=True)
+    loop = build_rank(rt, is_source=rank == 0)
+    reqs = [ReqStandIn(f"r{i}") for i in range(48)]
+    error = None
+    try:
+        for i in range(200):
+            pulled = loop.pull() if rank == 0 else None
+            received = broadcast_pyobj(pulled or [], rank, None, src=0)
+            batch = (BatchStandIn(reqs[:4], EXTEND, extend_num_tokens=64) if i == 0
+                     else next_batch(i, reqs))
+            loop.iterate(received, batch)
+            time.sleep(0.002)
+        loop.drain()
+    except Exception as exc:  # reported to the parent, which fails the test
+        error = repr(exc)
+    rt.close()
+    Path(out).write_text(json.dumps({
+        "launched": loop.scheduler.launched, "error": error,
+        "dispatched": [type(r).__name__ for r in loop.scheduler.dispatched],
+        "faults": {k: v for k, v in rt.counters.items() if k.startswith("fault")},
+        "markers": rt.counters["markers_controller"]}))
+    dist.destroy_process_group()
+
+
+def test_two_gloo_ranks_one_without_the_variables(tmp_path):
+    import json
+    import multiprocessing
+
+    endpoint = ipc("gloo")
+    fork = multiprocessing.get_context("fork")  # the children inherit the loaded SGLang
+    with serving(restless_policy("gloo"), tmp_path):
+        ranks = [fork.Process(target=_gloo_rank, args=(r, str(tmp_path / "rdv"), endpoint,
+                                                        str(tmp_path / f"rank{r}.json")))
+                 for r in (0, 1)]
+        for process in ranks:
+            process.start()
+        for process in ranks:
+            process.join(120)
+    assert [p.exitcode for p in ranks] == [0, 0]
+    a, b = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert a["error"] is None and b["error"] is None, (a["error"], b["error"])
+    assert a["launched"] == b["launched"] and len(a["launched"]) > 150
+    assert a["markers"] >= 5 and len({s for _, s in a["launched"]}) >= 3
+    assert a["faults"] == b["faults"] == {}
+    assert a["dispatched"] == b["dispatched"] == []  # nothing but markers was sent
+
+
+def test_dwell_spaces_switches_the_same_on_every_rank():
+    ranks = [runtime(SOURCE, min_switch_steps=4), runtime(SECOND, min_switch_steps=4)]
+    loops = [build_rank(rt, is_source=rt is ranks[0]) for rt in ranks]
+    reqs = [ReqStandIn("a"), ReqStandIn("b")]
+    marker = DecisionMarker(1, "controller", apply_from_step=1, batch_grid=(1, 2), steps=(3, 6))
+    for i in range(200):
+        for loop in loops:  # the batch size alternates: the decision alternates 3 / 6
+            loop.iterate([marker] if i == 0 else [], BatchStandIn(reqs[: 1 + i % 2], DECODE))
+    for loop in loops:
+        loop.drain()
+    a, b = (loop.scheduler.launched for loop in loops)
+    assert a == b
+    switches = [i for (i, s), (_, p) in itertools.pairwise(a) if s != p]
+    assert len(switches) >= 30
+    assert min(y - x for x, y in itertools.pairwise(switches)) >= 4
+    assert ranks[0].counters["switches_held"] > 50
+
+
+def test_many_switches_leave_sglangs_overrides_log_bounded():
+    from sglang.srt.runtime_context import get_context
+
+    context = get_context()
+    if VERSION == "0.5.15.post1":  # keeps no overrides log: nothing to trim
+        rt = runtime()
+        build_rank(rt, is_source=False)
+        rt.attach(None)
+        assert not hasattr(context, "_overrides_log") and rt.trimmer is None
+        return
+    log = context._overrides_log
+    log.append(("startup", {"speculative_num_steps": 7}))
+    start = len(log)
+    rt = runtime(min_switch_steps=1)
+    loop = build_rank(rt, is_source=False, overrides_log=log)
+    reqs = [ReqStandIn("a"), ReqStandIn("b")]
+    marker = DecisionMarker(1, "controller", apply_from_step=1, batch_grid=(1, 2), steps=(3, 6))
+    for i in range(2000):
+        loop.iterate([marker] if i == 0 else [], BatchStandIn(reqs[: 1 + i % 2], DECODE))
+    loop.drain()
+    assert loop.scheduler.worker.switches >= 1999
+    assert len(log) == start + 1  # the last switch: what /server_info overlays
+    assert log[-1] == ("adaptive_spec.restore",
+                       {"speculative_num_steps": 6, "speculative_num_draft_tokens": 7})
+    assert log[start - 1] == ("startup", {"speculative_num_steps": 7})
+    assert rt.trimmer.trimmed >= 1998
+
+
+def test_sglangs_switch_log_line_is_filtered_and_counted():
+    """Installed by the plugin (configured here) on SGLang's EAGLE worker logger only."""
+    from sglang_hooks.switching import SWITCH_LOGGER, SwitchLogFilter
+
+    logger = logging.getLogger(SWITCH_LOGGER)
+    [installed] = [f for f in logger.filters if isinstance(f, SwitchLogFilter)]
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    logger.addHandler(handler)
+    level, logger.level = logger.level, logging.INFO
+    before = installed.dropped
+    try:
+        logger.info("Switch adaptive runtime state: steps 3 -> 5, draft_tokens 4 -> 6")
+        logger.info("Built adaptive runtime state steps=5: elapsed=1.00s, mem=0.10GB")
+    finally:
+        logger.removeHandler(handler)
+        logger.level = level
+    assert seen == ["Built adaptive runtime state steps=5: elapsed=1.00s, mem=0.10GB"]
+    assert installed.dropped == before + 1

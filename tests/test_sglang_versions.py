@@ -9,8 +9,10 @@ place.
 * :func:`test_inside_sglang` runs ``tests/test_sglang_inside.py`` in a subprocess
   per version (SGLang's loader runs once per process);
 * the other tests start one interpreter each to watch ``load_plugins()`` decide
-  to do nothing: no ``SPECCTL_*`` variable, a bad one, an unsupported SGLang, a
-  missing hook target.
+  what to register: in a scheduler process (full hooks; a follower without
+  ``SPECCTL_*`` variables) or another SGLang process (nothing), with a bad
+  variable, an untested SGLang (with and without the opt-in), a missing hook
+  target.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from xml.etree import ElementTree
 
 import pytest
 
+from sglang_hooks.contract import HOOK_TARGETS, OFF_SWITCH_TARGETS, POLICY_CLASS
 from sglang_hooks.testing import write_import_stand_ins
 
 REPO = Path(__file__).resolve().parents[1]
@@ -105,10 +108,15 @@ class Keep(logging.Handler):
 logging.getLogger().addHandler(Keep())
 logging.getLogger().setLevel(logging.INFO)
 logging.getLogger("sglang.srt.plugins.hook_registry").setLevel(logging.CRITICAL)
+import os, sys
 from sglang.srt.speculative import adaptive_spec_params as asp
 original = {"cls": asp.AdaptiveSpeculativeParams}
-import sglang.srt.plugins
-sglang.srt.plugins.load_plugins()
+if sys.argv[1] == "scheduler":
+    from sglang_hooks.testing import load_plugins_as_scheduler
+    load_plugins_as_scheduler()
+else:  # the HTTP server, detokenizer, DP controller
+    import sglang.srt.plugins
+    sglang.srt.plugins.load_plugins()
 from sglang.srt.plugins.hook_registry import HookRegistry
 print(json.dumps({
     "hooks": sorted(HookRegistry._hooks),
@@ -158,22 +166,28 @@ def probes(extra_path, tmp_path_factory) -> dict[str, dict]:
     """Every scenario's report, from interpreters started all at once (they are slow)."""
     root = require(NEWEST)
     tmp = tmp_path_factory.mktemp("probes")
+    untested = overlay(tmp / "version", NEWEST, metadata_version="0.5.99")
     scenarios = {
-        "active": (root, {"SPECCTL_CONTROLLER": UNUSED}),
-        "sglang_off_path": (root, {"SPECCTL_CONTROLLER": UNUSED, "SPECCTL_OFF_PATH": "sglang"}),
-        "no_variables": (root, {"SPECCTL_TIMEOUT_MS": "50"}),
-        "bad_variable": (root, {"SPECCTL_CONTROLLER": UNUSED, "SPECCTL_TIMEOUT_MS": "soon"}),
-        "unsupported_version": (overlay(tmp / "version", NEWEST, metadata_version="0.5.99"),
-                                {"SPECCTL_CONTROLLER": UNUSED}),
+        "active": (root, {"SPECCTL_CONTROLLER": UNUSED}, "scheduler"),
+        "sglang_off_path": (root, {"SPECCTL_CONTROLLER": UNUSED, "SPECCTL_OFF_PATH": "sglang"},
+                            "scheduler"),
+        "not_a_scheduler": (root, {"SPECCTL_CONTROLLER": UNUSED}, "main"),
+        "no_variables": (root, {"SPECCTL_TIMEOUT_MS": "50"}, "scheduler"),
+        "no_variables_not_a_scheduler": (root, {}, "main"),
+        "bad_variable": (root, {"SPECCTL_CONTROLLER": UNUSED, "SPECCTL_TIMEOUT_MS": "soon"},
+                         "scheduler"),
+        "unsupported_version": (untested, {"SPECCTL_CONTROLLER": UNUSED}, "scheduler"),
+        "untested_allowed": (untested, {"SPECCTL_CONTROLLER": UNUSED,
+                                        "SPECCTL_ALLOW_UNTESTED_SGLANG": "1"}, "scheduler"),
         "missing_target": (overlay(tmp / "target", NEWEST, edit=(
             "sglang/srt/managers/scheduler.py", "    def run_batch(", "    def run_batch_v2(")),
-            {"SPECCTL_CONTROLLER": UNUSED}),
+            {"SPECCTL_CONTROLLER": UNUSED, "SPECCTL_ALLOW_UNTESTED_SGLANG": "1"}, "scheduler"),
     }
     started = {
-        name: subprocess.Popen([sys.executable, "-c", PROBE], cwd=REPO, text=True,
+        name: subprocess.Popen([sys.executable, "-c", PROBE, process], cwd=REPO, text=True,
                                env=environment(path, extra_path, env),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        for name, (path, env) in scenarios.items()
+        for name, (path, env, process) in scenarios.items()
     }
     reports = {}
     for name, process in started.items():
@@ -183,23 +197,31 @@ def probes(extra_path, tmp_path_factory) -> dict[str, dict]:
     return reports
 
 
-def test_active_plugin_registers_everything(probes):
-    report = probes["active"]
-    off_switch = {target.target for target in OFF_SWITCH_TARGETS}
-    scheduler = {target.target for target in HOOK_TARGETS}
-    assert report["replaced"], report
-    assert set(report["hooks"]) == {POLICY_CLASS, *scheduler, *off_switch}, report
+EVERY_HOOK = {POLICY_CLASS, *(t.target for t in HOOK_TARGETS),
+              *(t.target for t in OFF_SWITCH_TARGETS)}
+
+
+@pytest.mark.parametrize("scenario", ["active", "sglang_off_path"])
+def test_active_plugin_registers_everything(probes, scenario):
+    """The off switch's hooks too: with SPECCTL_OFF_PATH=sglang this rank still takes part
+    in the start-up agreement of the TP group on the off path (sglang_hooks.offswitch)."""
+    report = probes[scenario]
+    assert report["replaced"] and set(report["hooks"]) == EVERY_HOOK, report
     assert any("hooks registered" in message for _, message in report["logs"])
 
 
-def test_sglang_off_path_leaves_the_forward_unhooked(probes):
-    report = probes["sglang_off_path"]
-    assert report["replaced"]
-    assert set(report["hooks"]) == {POLICY_CLASS, *(t.target for t in HOOK_TARGETS)}, report
+@pytest.mark.parametrize("scenario", ["not_a_scheduler", "no_variables_not_a_scheduler"])
+def test_other_sglang_processes_register_nothing_and_say_nothing(probes, scenario):
+    """The HTTP server, detokenizer and DP controller run no hooks."""
+    assert probes[scenario] == {"hooks": [], "replaced": False, "logs": []}
 
 
-def test_without_specctl_variables_nothing_changes(probes):
-    assert probes["no_variables"] == {"hooks": [], "replaced": False, "logs": []}
+def test_without_variables_a_scheduler_registers_a_follower(probes):
+    """Another node's ranks must strip (and follow) the source's markers."""
+    report = probes["no_variables"]
+    assert report["replaced"] and set(report["hooks"]) == EVERY_HOOK, report
+    [(level, message)] = report["logs"]
+    assert level == "INFO" and "follower hooks registered" in message
 
 
 def test_bad_configuration_patches_nothing_and_says_which_variable(probes):
@@ -209,14 +231,23 @@ def test_bad_configuration_patches_nothing_and_says_which_variable(probes):
                                           "SPECCTL_TIMEOUT_MS='soon': not a number"]]
 
 
-def test_unsupported_sglang_version_patches_nothing(probes):
+def test_untested_sglang_version_patches_nothing_without_the_opt_in(probes):
     report = probes["unsupported_version"]
     assert report["hooks"] == [] and not report["replaced"]
     [(level, message)] = report["logs"]
-    assert level == "WARNING" and "SGLang 0.5.99 is not supported" in message
+    assert level == "WARNING" and "SGLang 0.5.99 is not a tested version" in message
+    assert "SPECCTL_ALLOW_UNTESTED_SGLANG=1" in message
+
+
+def test_untested_sglang_version_that_passes_a_contract_runs_with_the_opt_in(probes):
+    report = probes["untested_allowed"]
+    assert report["replaced"] and set(report["hooks"]) == EVERY_HOOK, report
+    levels = dict((message.split(";")[0], level) for level, message in report["logs"])
+    assert levels["specctl: SGLang 0.5.99 is untested"] == "WARNING"
 
 
 def test_missing_hook_target_patches_nothing(probes):
+    """Even with the opt-in: the source must pass a tested version's contract."""
     report = probes["missing_target"]
     assert report["hooks"] == [] and not report["replaced"]
     [(level, message)] = report["logs"]

@@ -156,9 +156,10 @@ def phase_off() -> None:
         session.log("off sweep " + json.dumps({c: v["mean_tpot_ms"]
                                                for c, v in result["sweep_off"].items()}))
         save("off", result)
-        result["headline_off"] = headline()
-        session.log(f"off headline {result['headline_off']}")
-        save("off", result)
+        if os.environ.get("HEADLINE", "1") == "1":
+            result["headline_off"] = headline()
+            session.log(f"off headline {result['headline_off']}")
+            save("off", result)
         # Controller gone: every rank falls back to the explore rule, dwell 1, which
         # switches depth (0, 1, 3, 5 in a shuffled order) on every step.
         session.stop(controller, "specctl-serve")

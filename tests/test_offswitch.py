@@ -1,0 +1,237 @@
+"""The off switch (:mod:`sglang_hooks.offswitch`) on the CPU, with SGLang's pieces stood in.
+
+What only the GPU can show (the plain decode graph, greedy outputs equal to a server
+without speculation, the step costs) was measured on an H200: ``docs/OFFSWITCH.md``.
+Here: which steps run off or warm up, what the hooks hand SGLang, that the model runner
+is restored, and that the TP group agrees on the path.
+"""
+
+from __future__ import annotations
+
+import enum
+import sys
+import types
+from collections import Counter
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from sglang_hooks.offswitch import OffSwitch, all_ranks_agree
+
+
+class ForwardMode(enum.Enum):
+    DECODE = 1
+    TARGET_VERIFY = 2
+    IDLE = 3
+
+    def is_idle(self) -> bool:
+        return self is ForwardMode.IDLE
+
+
+class CaptureHiddenMode(enum.IntEnum):
+    NULL = 0
+    FULL = 2
+
+
+class SpeculativeAlgorithm(enum.Enum):
+    NONE = 0
+    EAGLE3 = 1
+
+
+@pytest.fixture
+def sglang_stand_ins(monkeypatch):
+    """The few SGLang names the off switch imports, as modules of stand-ins."""
+    modules = {
+        "sglang": {}, "sglang.srt": {}, "sglang.srt.model_executor": {},
+        "sglang.srt.model_executor.forward_batch_info": {
+            "ForwardMode": ForwardMode, "CaptureHiddenMode": CaptureHiddenMode},
+        "sglang.srt.speculative": {},
+        "sglang.srt.speculative.spec_info": {"SpeculativeAlgorithm": SpeculativeAlgorithm},
+    }
+    for name, attributes in modules.items():
+        module = types.ModuleType(name)
+        module.__dict__.update(attributes)
+        monkeypatch.setitem(sys.modules, name, module)
+
+
+def ready_switch() -> OffSwitch:
+    switch = OffSwitch(Counter())
+    switch.ready = True
+    model_runner = SimpleNamespace(decode_cuda_graph_runner="verify graphs",
+                                   attn_backend="verify backend")
+    switch.worker = SimpleNamespace(target_worker=SimpleNamespace(model_runner=model_runner),
+                                    stubbed=[])
+    switch.worker._stub_skipped_draft_extend = (
+        lambda batch, result: switch.worker.stubbed.append((batch, result)))
+    switch.runner, switch.backend = "decode graphs", "decode backend"
+    return switch
+
+
+def verify_batch(mode: ForwardMode = ForwardMode.TARGET_VERIFY) -> SimpleNamespace:
+    """A one-token verify batch: two requests with 5 and 9 tokens before this step's."""
+    return SimpleNamespace(
+        forward_mode=mode, global_forward_mode=mode, batch_size=2,
+        positions=torch.tensor([5, 9]), seq_lens=torch.tensor([5, 9]),
+        orig_seq_lens=torch.tensor([5, 9]), seq_lens_cpu=torch.tensor([5, 9]), seq_lens_sum=14,
+        spec_info=object(), spec_algorithm=SpeculativeAlgorithm.EAGLE3,
+        capture_hidden_mode=CaptureHiddenMode.FULL, forward_metadata_ready=True,
+        input_ids=torch.tensor([11, 12]), out_cache_loc=torch.tensor([100, 200]))
+
+
+def test_off_steps_and_the_warm_up_step_back_on():
+    switch = ready_switch()
+    asked = [3, 0, 0, 3, 3, 0, 5, 1]
+    ran, off = [], []
+    for steps in asked:
+        ran.append(switch.choose(steps))
+        off.append(switch.off_now)
+    # The first step back on after an off period runs SGLang's steps=0 (the draft's
+    # warm-up), which is not an off step.
+    assert ran == [3, 0, 0, 0, 3, 0, 0, 1]
+    assert off == [False, True, True, False, False, True, False, False]
+    assert switch.counters["off_steps"] == 3 and switch.counters["off_warmups"] == 2
+
+
+def test_without_the_plain_decode_path_steps_pass_through():
+    switch = OffSwitch(Counter())
+    assert [switch.choose(s) for s in (0, 0, 3, 0, 2)] == [0, 0, 3, 0, 2]
+    assert not switch.off_now and not switch.counters
+
+
+def test_an_off_step_runs_the_verify_forward_as_a_plain_decode(sglang_stand_ins):
+    switch = ready_switch()
+    switch.choose(0)
+    tp_worker = switch.worker.target_worker
+    verify = verify_batch()
+    seen = {}
+
+    def original(worker, *args, **kwargs):
+        runner = worker.model_runner
+        seen.update(graphs=runner.decode_cuda_graph_runner, backend=runner.attn_backend,
+                    batch=kwargs["forward_batch"], is_verify=kwargs["is_verify"])
+        return "logits"
+
+    out = switch.around_target_forward(original, tp_worker, batch=None, forward_batch=verify,
+                                       is_verify=True)
+    assert out == "logits"
+    assert (seen["graphs"], seen["backend"]) == ("decode graphs", "decode backend")
+    decode = seen["batch"]
+    assert decode.forward_mode is ForwardMode.DECODE
+    assert decode.global_forward_mode is ForwardMode.DECODE
+    # The input token sits at position seq_lens and a decode batch counts it.
+    assert decode.positions.tolist() == [5, 9]
+    assert decode.seq_lens.tolist() == [6, 10] and decode.seq_lens_cpu.tolist() == [6, 10]
+    assert decode.orig_seq_lens.tolist() == [6, 10] and decode.seq_lens_sum == 16
+    assert decode.spec_info is None and decode.spec_algorithm is SpeculativeAlgorithm.NONE
+    assert decode.capture_hidden_mode is CaptureHiddenMode.NULL
+    assert decode.forward_metadata_ready is False  # planned for the verify graph only
+    assert decode.input_ids is verify.input_ids and decode.out_cache_loc is verify.out_cache_loc
+    # SGLang's verify batch is left as it was, and so is the model runner.
+    assert verify.forward_mode is ForwardMode.TARGET_VERIFY and verify.seq_lens.tolist() == [5, 9]
+    assert verify.forward_metadata_ready is True
+    runner = tp_worker.model_runner
+    assert (runner.decode_cuda_graph_runner, runner.attn_backend) == (
+        "verify graphs", "verify backend")
+
+
+def test_the_model_runner_is_restored_when_the_forward_raises(sglang_stand_ins):
+    switch = ready_switch()
+    switch.choose(0)
+    tp_worker = switch.worker.target_worker
+
+    def original(worker, *args, **kwargs):
+        raise RuntimeError("CUDA error")
+
+    with pytest.raises(RuntimeError, match="CUDA error"):
+        switch.around_target_forward(original, tp_worker, batch=None,
+                                     forward_batch=verify_batch(), is_verify=True)
+    runner = tp_worker.model_runner
+    assert (runner.decode_cuda_graph_runner, runner.attn_backend) == (
+        "verify graphs", "verify backend")
+
+
+@pytest.mark.parametrize("case", ["on_step", "not_verify", "idle", "draft_worker"])
+def test_other_forwards_are_untouched(case):
+    switch = ready_switch()
+    switch.choose(3 if case == "on_step" else 0)
+    batch = verify_batch(ForwardMode.IDLE if case == "idle" else ForwardMode.TARGET_VERIFY)
+    worker = (SimpleNamespace(model_runner=None) if case == "draft_worker"
+              else switch.worker.target_worker)
+    kwargs = {"batch": None, "forward_batch": batch, "is_verify": case != "not_verify"}
+    calls = []
+
+    def original(tp_worker, *args, **kw):
+        calls.append((tp_worker, kw))
+        return "out"
+
+    assert switch.around_target_forward(original, worker, **kwargs) == "out"
+    assert calls == [(worker, kwargs)] and calls[0][1]["forward_batch"] is batch
+    assert switch.counters["off_forwards"] == 0
+
+
+@pytest.mark.parametrize("off", [True, False])
+def test_the_draft_extend_is_skipped_only_on_off_steps(off):
+    switch = ready_switch()
+    switch.choose(0 if off else 3)
+    calls = []
+    out = switch.around_draft_extend(lambda *a, **k: calls.append(a) or "extended",
+                                     "draft worker", "batch", "result")
+    if off:
+        assert out is None and calls == [] and switch.worker.stubbed == [("batch", "result")]
+    else:
+        assert out == "extended" and calls == [("draft worker", "batch", "result")]
+        assert switch.worker.stubbed == []
+
+
+def _agree(rank: int, oks: list[bool], init_file: str, results) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=len(oks))
+    try:
+        group = SimpleNamespace(world_size=len(oks), cpu_group=dist.group.WORLD)
+        results[rank] = all_ranks_agree(oks[rank], group)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("oks", [[True, True], [True, False], [False, True]])
+def test_the_tp_group_uses_the_path_only_if_every_rank_built_it(oks, tmp_path):
+    results = mp.Manager().dict()
+    mp.spawn(_agree, args=(oks, str(tmp_path / "init"), results), nprocs=len(oks), join=True)
+    assert [results[r] for r in range(len(oks))] == [all(oks)] * len(oks)
+
+
+def test_a_single_rank_agrees_with_itself():
+    group = SimpleNamespace(world_size=1, cpu_group=None)
+    assert all_ranks_agree(True, group) is True and all_ranks_agree(False, group) is False
+
+
+def test_a_rank_asked_not_to_build_still_takes_part_and_stays_off(monkeypatch):
+    calls = []
+    module = types.ModuleType("sglang.srt.distributed")
+    module.get_tp_group = lambda: SimpleNamespace(world_size=1, cpu_group=None)
+    monkeypatch.setitem(sys.modules, "sglang.srt.distributed", module)
+    monkeypatch.setattr("sglang_hooks.offswitch.all_ranks_agree",
+                        lambda ok, group: calls.append(ok) or ok)
+    switch = OffSwitch(Counter(), build=False)
+    switch.after_init_cuda_graphs(None, SimpleNamespace())
+    assert calls == [False] and not switch.ready and switch.choose(0) == 0
+    assert not switch.off_now
+
+
+def test_a_failed_build_is_counted_and_leaves_steps_zero_to_sglang(monkeypatch):
+    module = types.ModuleType("sglang.srt.distributed")
+    module.get_tp_group = lambda: SimpleNamespace(world_size=1, cpu_group=None)
+    monkeypatch.setitem(sys.modules, "sglang.srt.distributed", module)
+    switch = OffSwitch(Counter())
+
+    def fail(worker):
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(switch, "_build", fail)
+    switch.after_init_cuda_graphs(None, SimpleNamespace())
+    assert not switch.ready and switch.counters["fault_offswitch_build"] == 1
+    switch.choose(0)
+    assert not switch.off_now
