@@ -142,6 +142,10 @@ class ExportedPolicy:
                 f"{path}: field 'format_version' is {meta.get('format_version')!r}; "
                 f"this build reads version {FORMAT_VERSION}"
             )
+        for name, kind in (("feature_spec", dict), ("actions", list)):
+            if name in meta and not isinstance(meta[name], kind):
+                raise PolicyFileError(f"{path}: field {name!r} must be a JSON "
+                                      f"{'object' if kind is dict else 'array'}")
         n_layers = sum(1 for key in arrays if key.startswith("w"))
         try:
             weights = [arrays[f"w{i}"] for i in range(n_layers)]
