@@ -266,13 +266,19 @@ class ControllerServer:
         streams = list(pending.values())
         grid = policy.feature_spec.batch_grid
         rows = len(grid)
-        observations = np.concatenate([self._observation_grid(s) for s in streams])
+        grids = [self._observation_grid(s) for s in streams]
+        failed = [g is None for g in grids]
+        if any(failed):
+            blank = np.zeros((rows, policy.feature_spec.size), dtype=np.float32)
+            grids = [blank if g is None else g for g in grids]
+        observations = np.concatenate(grids)
         healthy = np.isfinite(observations).reshape(len(streams), -1).all(axis=1)
         if not healthy.all():  # estimator overflow: that stream starts afresh, none other
             for i in np.flatnonzero(~healthy):
                 streams[i].builder.reset()
                 self._count(self.metrics.stream_resets, "nonfinite")
             observations = np.nan_to_num(observations, nan=0.0, posinf=1.0, neginf=-1.0)
+        healthy &= ~np.asarray(failed)
         logits = policy.logits(observations)
         allowed = np.ones((len(streams), logits.shape[1]), dtype=bool)
         for i, stream in enumerate(streams):
@@ -306,16 +312,15 @@ class ControllerServer:
             out.append((stream, decision))
         return out
 
-    def _observation_grid(self, stream: _Stream) -> np.ndarray:
-        """The stream's grid of observations; NaN rows (reset, fallback) if its estimators fail."""
+    def _observation_grid(self, stream: _Stream) -> np.ndarray | None:
+        """The stream's grid of observations; None (stream reset) if its estimators fail."""
         try:
             return stream.builder.observation_grid()
         except Exception:  # e.g. LinAlgError: must not cost the other streams their answer
             stream.builder.reset()
             self._count(self.metrics.stream_resets, "error")
             self._log_internal_error("computing the features of server %r", stream.key[1])
-            spec = self.holder.policy.feature_spec
-            return np.full((len(spec.batch_grid), spec.size), np.nan, dtype=np.float32)
+            return None
 
     def _send(self, decisions: list[tuple[_Stream, Decision]]) -> int:
         sock, metrics = self._sock, self.metrics
