@@ -7,6 +7,10 @@ specctl_decisions_total                     counter    decisions sent (rate = de
 specctl_decision_latency_seconds            histogram  telemetry received -> decision sent
 specctl_telemetry_records_total             counter    telemetry messages accepted
 specctl_wire_errors_total{kind}             counter    rejected frames (see controller.wire)
+specctl_frames_shed_total                  counter    frames skipped unread: more than
+                                                       max_records_per_poll from one
+                                                       connection waited (an overloaded
+                                                       daemon or a flooding client)
 specctl_wire_range_errors_total{field}      counter    values outside physical ranges, by field
 specctl_streams_refused_total               counter    frames refused: their peer opens
                                                        streams too fast
@@ -46,6 +50,8 @@ class Metrics:
         self.telemetry = Counter("specctl_telemetry_records", "Telemetry messages accepted",
                                  registry=r)
         self.wire_errors = Counter("specctl_wire_errors", "Rejected frames", ["kind"],
+                                   registry=r)
+        self.frames_shed = Counter("specctl_frames_shed", "Frames shed unread under overload",
                                    registry=r)
         self.range_errors = Counter("specctl_wire_range_errors", "Out-of-range values",
                                     ["field"], registry=r)

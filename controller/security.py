@@ -199,7 +199,9 @@ def load_curve_keys(curve: CurveConfig) -> tuple[bytes, bytes]:
     if allowed:
         directory = Path(allowed)
         if not directory.is_dir():
-            raise UnsafeEndpointError(f"curve.authorized_clients_dir {directory}: no such directory")
+            raise UnsafeEndpointError(
+                f"curve.authorized_clients_dir {directory}: no such directory"
+            )
         if not any(directory.glob("*.key")):
             raise UnsafeEndpointError(
                 f"curve.authorized_clients_dir {directory}: no client certificates (*.key); "

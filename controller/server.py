@@ -2,8 +2,9 @@
 
 One ROUTER socket serves any number of SGLang servers and ranks. Each
 (connection, server, rank) stream (see :mod:`controller.streams`: a client can
-only ever touch the streams of its own connection) has its own :class:`env.features.FeatureBuilder` (the
-policy file's feature spec), so observations are built exactly as in training.
+only ever touch the streams of its own connection) has its own
+:class:`env.features.FeatureBuilder` (the policy file's feature spec), so
+observations are built exactly as in training.
 Every poll drains all pending frames, folds each stream's records into its
 builder, then evaluates the policy once for all streams that sent telemetry:
 one batched MLP forward over every stream's ``observation_grid()`` (a row per
@@ -24,7 +25,7 @@ import bisect
 import logging
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,8 +38,10 @@ from controller.security import CurveConfig, bind, check_endpoint, secure_socket
 from controller.streams import Peer, StreamKey, StreamLimits, StreamTable
 from controller.wire import (
     DECISION_LAG,
+    WIRE_VERSION,
     Decision,
     Hello,
+    Kind,
     WireError,
     apply_socket_limits,
     decode,
@@ -49,6 +52,9 @@ from env.schema import StepRecord
 
 log = logging.getLogger(__name__)
 
+#: A HELLO's first bytes: msgpack fixarray of 8, WIRE_VERSION, Kind.HELLO.
+_HELLO_HEADER = bytes([0x98, WIRE_VERSION, Kind.HELLO])
+
 
 @dataclass(frozen=True)
 class ServeOptions:
@@ -57,10 +63,17 @@ class ServeOptions:
     endpoint: str = "ipc:///tmp/specctl-serve.sock"
     shadow: bool = False
     max_streams: int = 4096
-    max_streams_per_peer: int = 16
+    max_streams_per_peer: int = 4
     new_streams_per_s: float = 20.0
     stream_idle_s: float = 600.0
     max_drain: int = 8192
+    #: Longest a poll reads frames before answering: a peer flooding the socket (ZeroMQ
+    #: hands out frames round-robin across connections) must not delay everyone's answer.
+    max_drain_s: float = 0.002
+    #: Frames of one connection (and records of one stream) handled per poll at most: the
+    #: latest; older ones are shed unread and counted. Only an overloaded daemon, or a
+    #: flooding client, has more: answers then stay fresh instead of queueing.
+    max_records_per_poll: int = 4
     log_every_s: float = 60.0
     curve: CurveConfig | None = None
     #: Users besides the daemon's own who may connect to an ipc:// endpoint.
@@ -70,11 +83,12 @@ class ServeOptions:
 class _Stream:
     """One (connection, server, rank): its feature builder and where to answer."""
 
-    __slots__ = ("allowed", "batch_size", "builder", "candidates", "identity", "key",
+    __slots__ = ("allowed", "backlog", "batch_size", "builder", "candidates", "identity", "key",
                  "last_seen", "last_step", "received", "seq")
 
-    def __init__(self, key: StreamKey, builder: FeatureBuilder) -> None:
+    def __init__(self, key: StreamKey, builder: FeatureBuilder, backlog: int) -> None:
         self.key = key
+        self.backlog: deque[StepRecord] = deque(maxlen=backlog)
         self.identity = key[0][0]
         self.builder = builder
         self.seq = 0
@@ -174,25 +188,54 @@ class ControllerServer:
     # -- frames in ------------------------------------------------------------------------
 
     def _drain(self) -> dict[StreamKey, _Stream]:
-        """Read every pending frame; returns the streams that sent telemetry."""
+        """Read the pending frames; returns the streams that sent telemetry.
+
+        Reading is cheap and decoding and folding are not, so frames are first read
+        (for up to ``max_drain_s``) and only each connection's latest
+        ``max_records_per_poll`` are handled (and every HELLO): an overloaded daemon, or
+        a connection flooding it, sheds old frames unread and answers from fresh ones,
+        instead of working through a backlog whose answers would all arrive too late.
+        """
         sock, with_user_id = self._sock, self._with_user_id
-        pending: dict[StreamKey, _Stream] = {}
+        keep = max(self.options.max_records_per_poll, 1)
+        latest: dict[Peer, deque[bytes]] = {}
+        hellos: list[tuple[Peer, bytes]] = []
+        shed = 0
+        clock = time.perf_counter
+        deadline = clock() + self.options.max_drain_s
         for _ in range(self.options.max_drain):
+            if clock() > deadline:
+                break
             try:
                 parts = sock.recv_multipart(zmq.NOBLOCK, copy=not with_user_id)
             except zmq.Again:
                 break
             if len(parts) != 2:
-                self.metrics.wire_errors.labels(kind="malformed").inc()
+                self._count(self.metrics.wire_errors, "malformed")
                 continue
             if with_user_id:  # the CURVE key ZAP admitted the connection with
-                identity, frame = parts[0].bytes, parts[1]
-                peer = (identity, frame.get("User-Id") or "")
+                frame = parts[1]
+                peer = (parts[0].bytes, frame.get("User-Id") or "")
                 frame = frame.bytes
             else:
-                peer = (parts[0], "")
-                frame = parts[1]
+                peer, frame = (parts[0], ""), parts[1]
+            if frame[:3] == _HELLO_HEADER:  # rare, and must not be shed
+                hellos.append((peer, frame))
+                continue
+            frames = latest.get(peer)
+            if frames is None:
+                frames = latest[peer] = deque(maxlen=keep)
+            elif len(frames) == keep:
+                shed += 1
+            frames.append(frame)
+        if shed:
+            self.metrics.frames_shed.inc(shed)
+        pending: dict[StreamKey, _Stream] = {}
+        for peer, frame in hellos:
             self.handle_frame(peer, frame, pending)
+        for peer, frames in latest.items():
+            for frame in frames:
+                self.handle_frame(peer, frame, pending)
         return pending
 
     def handle_frame(self, peer: Peer, frame: bytes,
@@ -228,12 +271,14 @@ class ControllerServer:
             if stream is not None:
                 stream.builder.reset()
             pending.pop(key, None)
-            self._log_internal_error("handling a frame of server %r", message.server)
+            self._log_internal_error("specctl_internal_errors_total",
+                                     "handling a frame of server %r", message.server)
 
     def _telemetry(self, stream: _Stream, record: StepRecord, received: float,
                    pending: dict[StreamKey, _Stream]) -> None:
         if record.step_index <= stream.last_step:
             stream.builder.reset()  # the server restarted: a new run
+            stream.backlog.clear()
             self.counters["stream_restarts"] += 1
         stream.last_step = record.step_index
         if record.prefill_tokens == 0:
@@ -241,7 +286,9 @@ class ControllerServer:
         stream.received = received
         pending[stream.key] = stream
         self.metrics.telemetry.inc()
-        stream.builder.update(record)
+        if len(stream.backlog) == stream.backlog.maxlen:
+            self.metrics.frames_shed.inc()
+        stream.backlog.append(record)  # folded by decide()
 
     def _hello(self, stream: _Stream, hello: Hello) -> None:
         stream.last_seen = time.monotonic()
@@ -313,13 +360,20 @@ class ControllerServer:
         return out
 
     def _observation_grid(self, stream: _Stream) -> np.ndarray | None:
-        """The stream's grid of observations; None (stream reset) if its estimators fail."""
+        """Fold the stream's new records; its grid of observations, or None (stream reset)
+        if its estimators fail."""
+        backlog = stream.backlog
         try:
-            return stream.builder.observation_grid()
+            builder = stream.builder
+            while backlog:
+                builder.update(backlog.popleft())
+            return builder.observation_grid()
         except Exception:  # e.g. LinAlgError: must not cost the other streams their answer
             stream.builder.reset()
+            backlog.clear()
             self._count(self.metrics.stream_resets, "error")
-            self._log_internal_error("computing the features of server %r", stream.key[1])
+            self._log_internal_error("specctl_stream_resets_total",
+                                     "computing the features of server %r", stream.key[1])
             return None
 
     def _send(self, decisions: list[tuple[_Stream, Decision]]) -> int:
@@ -345,16 +399,17 @@ class ControllerServer:
             child = self._children[(counter, label)] = counter.labels(str(label))
         child.inc()
 
-    def _log_internal_error(self, what: str, *args: object) -> None:
+    def _log_internal_error(self, metric: str, what: str, *args: object) -> None:
         """Log with traceback, at most once a second (a flood must not flood the log too)."""
         now = time.monotonic()
         if now >= self._next_error_log:
             self._next_error_log = now + 1.0
-            log.exception("internal error " + what + " (counted in "
-                          "specctl_internal_errors_total; serving goes on)", *args)
+            log.exception(f"internal error {what} (counted in {metric}; serving goes on)",
+                          *args)
 
     def _new_stream(self, key: StreamKey) -> _Stream:
-        stream = _Stream(key, FeatureBuilder(self.holder.policy.feature_spec, self.cost_prior))
+        stream = _Stream(key, FeatureBuilder(self.holder.policy.feature_spec, self.cost_prior),
+                         max(self.options.max_records_per_poll, 1))
         stream.last_seen = time.monotonic()
         self.metrics.streams.set(len(self.streams) + 1)
         log.debug("new stream: server %r rank %d", key[1], key[2])

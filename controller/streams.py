@@ -36,7 +36,7 @@ class StreamLimits:
     """How many streams, and how fast new ones may appear (``configs/serve.yaml``)."""
 
     max_streams: int = 4096
-    max_per_peer: int = 16
+    max_per_peer: int = 4
     new_per_s: float = 20.0
 
 

@@ -43,7 +43,6 @@ into overflow, so they are refused here, and ``WireError.field`` names the field
 from __future__ import annotations
 
 import itertools
-import math
 import reprlib
 from dataclasses import dataclass
 from enum import IntEnum
@@ -206,7 +205,9 @@ def decode(frame: bytes) -> Hello | StepRecord | Decision:
         raise WireError("garbage", f"expected an array [version, kind, ...], got {_describe(msg)}")
     version, kind = msg[0], msg[1]
     if type(version) is not int or version != WIRE_VERSION:
-        raise WireError("version", f"wire version {_describe(version)}; this build speaks {WIRE_VERSION}")
+        raise WireError(
+            "version", f"wire version {_describe(version)}; this build speaks {WIRE_VERSION}"
+        )
     if type(kind) is not int or kind not in _ARITY:
         raise WireError("kind", f"unknown message kind {_describe(kind)}")
     kind = Kind(kind)

@@ -121,12 +121,10 @@ def test_no_frame_crashes_the_daemon_or_reaches_another_connection(server, hosti
     grid = policy.feature_spec.batch_grid
     victim = (b"\x00victim-%d" % next(_victims), "")
     reference = FeatureBuilder(policy.feature_spec)
-    step = 0
-    for i in range(0, FRAMES, VICTIM_EVERY):
+    for step, i in enumerate(range(0, FRAMES, VICTIM_EVERY), start=1):
         pending: dict = {}
         for peer, frame in hostile[i:i + VICTIM_EVERY]:
             server.handle_frame(peer, frame, pending)
-        step += 1
         record = _victim_record(step)
         reference.update(record)
         server.handle_frame(victim, encode_step(record), pending)

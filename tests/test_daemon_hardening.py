@@ -6,9 +6,8 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import subprocess
-import sys
 import tempfile
+import time
 from pathlib import Path
 
 import msgpack
@@ -28,7 +27,14 @@ from controller.security import (
     peer_uid,
 )
 from controller.server import ControllerServer, ServeOptions
-from controller.wire import Hello, decode, encode_hello, encode_step, pack_telemetry
+from controller.wire import (
+    DECISION_LAG,
+    Hello,
+    decode,
+    encode_hello,
+    encode_step,
+    pack_telemetry,
+)
 from env.features import FeatureBuilder
 from env.schema import StepRecord
 
@@ -154,15 +160,30 @@ def test_a_stream_whose_features_fail_is_reset_alone(server, monkeypatch):
         "specctl_stream_resets_total", {"reason": "nonfinite"}) == 1
 
 
-def test_a_failure_while_folding_a_frame_is_counted_not_raised(server, monkeypatch):
+def test_a_failure_while_folding_records_resets_that_stream_only(server, monkeypatch):
     def broken(record):
         raise RuntimeError("bug")
 
     feed(server, HOSTILE, [encode_step(record(1))])
     (stream,) = server.streams
     monkeypatch.setattr(stream.builder, "update", broken)
-    assert feed(server, HOSTILE, [encode_step(record(2))]) == {}
+    pending: dict = {}
+    server.handle_frame(HOSTILE, encode_step(record(2)), pending)
+    server.handle_frame(VICTIM, encode_step(record(1)), pending)
+    answers = {s.key[0]: d for s, d in server.decide(pending)}
+    assert answers[HOSTILE].is_fallback and not answers[VICTIM].is_fallback
+    assert server.metrics.registry.get_sample_value(
+        "specctl_stream_resets_total", {"reason": "error"}) == 1
+
+
+def test_a_failure_while_handling_a_frame_is_counted_not_raised(server, monkeypatch):
+    def broken(candidates):
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(server, "_allowed", broken)
+    assert feed(server, HOSTILE, [encode_hello(Hello("s", 0, (1, 2)))]) == {}
     assert server.metrics.registry.get_sample_value("specctl_internal_errors_total") == 1
+    monkeypatch.undo()
     assert len(feed(server, VICTIM, [encode_step(record(1))])) == 1
 
 
@@ -429,3 +450,34 @@ def test_wire_kinds_are_counted_by_field(server):
     feed(server, HOSTILE, [frame])
     assert server.metrics.registry.get_sample_value(
         "specctl_wire_range_errors_total", {"field": "time_s"}) == 1
+
+
+def test_a_flooding_connection_is_shed_unread_and_answered_from_its_latest(policy_path):
+    server = ControllerServer(PolicyHolder(policy_path),
+                              ServeOptions(endpoint=ipc(), max_drain_s=10.0))
+    context = zmq.Context()
+    flood, victim = (context.socket(zmq.DEALER) for _ in range(2))
+    try:
+        for sock in (flood, victim):
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(server.endpoint)
+        for step in range(1, 201):
+            flood.send(encode_step(record(step, server="f")))
+        victim.send(encode_step(record(1)))
+        sent, deadline = 0, time.monotonic() + 5
+        while sent < 2 and time.monotonic() < deadline:
+            sent += server.poll_once(20)
+        assert victim.poll(2000) and not decode(victim.recv()).is_fallback
+        latest = 0
+        while flood.poll(200):
+            latest = decode(flood.recv()).apply_from_step - DECISION_LAG
+        assert latest == 200
+        assert server.metrics.registry.get_sample_value("specctl_frames_shed_total") > 0
+        # each poll handled at most max_records_per_poll of the flood's frames
+        assert server.metrics.registry.get_sample_value("specctl_telemetry_records_total") \
+            < 200
+    finally:
+        flood.close()
+        victim.close()
+        context.term()
+        server.close()
