@@ -35,7 +35,7 @@ from controller.metrics import Metrics
 from controller.policy_file import ExportedPolicy
 from controller.reload import PolicyHolder
 from controller.security import CurveConfig, bind, check_endpoint, secure_socket
-from controller.streams import Peer, StreamKey, StreamLimits, StreamTable
+from controller.streams import Peer, StreamKey, StreamLimits, StreamTable, trim_heap
 from controller.wire import (
     DECISION_LAG,
     WIRE_VERSION,
@@ -52,6 +52,8 @@ from env.schema import StepRecord
 
 log = logging.getLogger(__name__)
 
+#: Streams removed (idle or evicted) before the sweep gives freed memory back to the OS.
+_TRIM_AFTER_STREAMS = 256
 #: A HELLO's first bytes: msgpack fixarray of 8, WIRE_VERSION, Kind.HELLO.
 _HELLO_HEADER = bytes([0x98, WIRE_VERSION, Kind.HELLO])
 
@@ -155,6 +157,8 @@ class ControllerServer:
         self._next_log = time.monotonic() + options.log_every_s
         self._next_error_log = 0.0
         self._evicted = 0
+        self._freed = 0  # streams removed since the heap was last trimmed
+        self._evicted_at_sweep = 0
         holder.on_reload = self._on_reload
         self.metrics.set_policy(holder.policy.name, str(holder.path))
 
@@ -435,7 +439,12 @@ class ControllerServer:
     def _sweep(self, now: float) -> None:
         self._next_sweep = now + 10.0
         limit = self.options.stream_idle_s
-        self.streams.drop_idle(lambda s: now - s.last_seen > limit)
+        dropped = self.streams.drop_idle(lambda s: now - s.last_seen > limit)
+        self._freed += dropped + self.streams.evicted - self._evicted_at_sweep
+        self._evicted_at_sweep = self.streams.evicted
+        if self._freed >= _TRIM_AFTER_STREAMS:  # give a burst's memory back
+            self._freed = 0
+            trim_heap()
         self.metrics.streams.set(len(self.streams))
 
     def _log_summary(self, now: float) -> None:

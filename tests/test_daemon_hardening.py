@@ -481,3 +481,21 @@ def test_a_flooding_connection_is_shed_unread_and_answered_from_its_latest(polic
         victim.close()
         context.term()
         server.close()
+
+
+def test_sweeping_many_streams_gives_memory_back(policy_path, monkeypatch):
+    import controller.server as server_module
+
+    trims = []
+    monkeypatch.setattr(server_module, "trim_heap", lambda: trims.append(1) or True)
+    server = ControllerServer(PolicyHolder(policy_path), ServeOptions(
+        endpoint=f"inproc://t{next(_names)}", stream_idle_s=0.0))
+    try:
+        for k in range(300):
+            feed(server, (b"\x00c%d" % k, ""), [encode_step(record(1))])
+        server._sweep(time.monotonic() + 1.0)
+        assert len(server.streams) == 0 and trims == [1]
+        server._sweep(time.monotonic() + 1.0)
+        assert trims == [1]  # nothing new freed: no second trim
+    finally:
+        server.close()
