@@ -164,6 +164,13 @@ def _hostile(endpoint: str, victims: list[str], seconds: float, out, ready) -> N
     out.put({"hostile_sent": sent, "hostile_dropped_at_sender": dropped})
 
 
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds the process has used so far."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _rss_mb(pid: int) -> float:
     with open(f"/proc/{pid}/status") as status:
         for line in status:
@@ -173,10 +180,22 @@ def _rss_mb(pid: int) -> float:
 
 
 def run(servers: int, rate_hz: float, seconds: float, warmup_s: float, processes: int,
-        hostile: bool, timeout_s: float = 0.1) -> dict:
-    """One load run; returns the per-server coverage summary."""
+        hostile: bool, timeout_s: float = 0.1, controller_nice: int = 0,
+        pin: bool = False) -> dict:
+    """One load run; returns the per-server coverage summary.
+
+    ``controller_nice`` (negative: needs root) and ``pin`` (the controller alone on CPU 0,
+    the load generators on the others) stand in for a controller with a core of its own
+    on a machine shared with the load generators.
+    """
     endpoint = f"ipc://{tempfile.mkdtemp(prefix='sl-')}/serve.sock"
     controller = start_controller(default_policy_path(), endpoint)
+    if controller_nice:
+        os.setpriority(os.PRIO_PROCESS, controller.pid, controller_nice)
+    cpus = sorted(os.sched_getaffinity(0))
+    if pin and len(cpus) > 1:
+        for task in os.listdir(f"/proc/{controller.pid}/task"):  # every thread
+            os.sched_setaffinity(int(task), {cpus[0]})
     names = [f"good-{i}" for i in range(servers)]
     context = mp.get_context("spawn")
     out = context.Queue()
@@ -190,7 +209,11 @@ def run(servers: int, rate_hz: float, seconds: float, warmup_s: float, processes
     try:
         for worker in workers:
             worker.start()
+            if pin and len(cpus) > 1:
+                os.sched_setaffinity(worker.pid, set(cpus[1:]))
+        cpu0, wall0 = _cpu_s(controller.pid), time.monotonic()
         results = [out.get(timeout=seconds + 120) for _ in workers]
+        cpu = (_cpu_s(controller.pid) - cpu0) / (time.monotonic() - wall0)
         for worker in workers:
             worker.join()
         rss = _rss_mb(controller.pid)
@@ -206,6 +229,7 @@ def run(servers: int, rate_hz: float, seconds: float, warmup_s: float, processes
     fractions = [c["covered"] / max(c["steps"], 1) for c in counts.values()]
     return {
         "servers": servers, "rate_hz": rate_hz, "seconds": seconds, "hostile": hostile,
+        "controller_nice": controller_nice, "pinned": pin,
         "steps": sum(c["steps"] for c in counts.values()),
         "steps_per_server_per_s": float(np.mean([c["steps"] for c in counts.values()]))
         / (seconds - warmup_s),
@@ -213,7 +237,10 @@ def run(servers: int, rate_hz: float, seconds: float, warmup_s: float, processes
         "decision_fraction_mean": float(np.mean(fractions)),
         "stale_answers": sum(c["stale_answers"] for c in counts.values()),
         "telemetry_dropped_at_sender": sum(c["send_dropped"] for c in counts.values()),
-        "controller_rss_mb": rss, **extra,
+        "controller_rss_mb": rss,
+        # 1.0 = one core busy all the time (includes the workers' start-up)
+        "controller_cpu_cores": cpu,
+        "load_average_1min": os.getloadavg()[0], **extra,
     }
 
 
@@ -226,10 +253,13 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--timeout-ms", type=float, default=100.0)
     parser.add_argument("--no-hostile", action="store_true")
+    parser.add_argument("--controller-nice", type=int, default=0)
+    parser.add_argument("--pin", action="store_true",
+                        help="controller alone on the first CPU, load generators on the rest")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     result = run(args.servers, args.rate_hz, args.seconds, args.warmup, args.processes,
-                 not args.no_hostile, args.timeout_ms / 1e3)
+                 not args.no_hostile, args.timeout_ms / 1e3, args.controller_nice, args.pin)
     print(json.dumps(result, indent=2))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

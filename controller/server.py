@@ -71,7 +71,7 @@ class ServeOptions:
     max_drain: int = 8192
     #: Longest a poll reads frames before answering: a peer flooding the socket (ZeroMQ
     #: hands out frames round-robin across connections) must not delay everyone's answer.
-    max_drain_s: float = 0.002
+    max_drain_s: float = 0.010
     #: Frames of one connection (and records of one stream) handled per poll at most: the
     #: latest; older ones are shed unread and counted. Only an overloaded daemon, or a
     #: flooding client, has more: answers then stay fresh instead of queueing.
