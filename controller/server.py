@@ -75,7 +75,7 @@ class ServeOptions:
     #: Frames of one connection (and records of one stream) handled per poll at most: the
     #: latest; older ones are shed unread and counted. Only an overloaded daemon, or a
     #: flooding client, has more: answers then stay fresh instead of queueing.
-    max_records_per_poll: int = 4
+    max_records_per_poll: int = 16
     log_every_s: float = 60.0
     curve: CurveConfig | None = None
     #: Users besides the daemon's own who may connect to an ipc:// endpoint.
