@@ -53,6 +53,8 @@ def serve(cfg: DictConfig, stop: threading.Event | None = None) -> int:
         stream_idle_s=float(cfg.stream_idle_s), max_drain=int(cfg.max_drain),
         max_drain_s=float(cfg.max_drain_ms) / 1e3,
         max_records_per_poll=int(cfg.max_records_per_poll),
+        overload_busy_s=float(cfg.overload_busy_ms) / 1e3,
+        overload_records_per_poll=int(cfg.overload_records_per_poll),
         log_every_s=float(cfg.log_every_s), curve=curve,
         ipc_allowed_uids=tuple(int(u) for u in cfg.ipc_allowed_uids or ()),
     )

@@ -76,6 +76,11 @@ class ServeOptions:
     #: latest; older ones are shed unread and counted. Only an overloaded daemon, or a
     #: flooding client, has more: answers then stay fresh instead of queueing.
     max_records_per_poll: int = 16
+    #: When a round (read, decide, send) took longer than this, the next folds only
+    #: ``overload_records_per_poll`` frames per connection: a daemon short of CPU (a busy
+    #: host) otherwise spends a round folding records and answers too late for all.
+    overload_busy_s: float = 0.02
+    overload_records_per_poll: int = 2
     log_every_s: float = 60.0
     curve: CurveConfig | None = None
     #: Users besides the daemon's own who may connect to an ipc:// endpoint.
@@ -156,6 +161,7 @@ class ControllerServer:
         self._next_sweep = time.monotonic() + 10.0
         self._next_log = time.monotonic() + options.log_every_s
         self._next_error_log = 0.0
+        self._busy_s = 0.0  # how long the latest round took (read, decide, send)
         self._evicted = 0
         self._freed = 0  # streams removed since the heap was last trimmed
         self._evicted_at_sweep = 0
@@ -180,7 +186,10 @@ class ControllerServer:
             self._log_summary(now)
         if not self._poller.poll(timeout_ms):
             return 0
-        return self._send(self.decide(self._drain()))
+        started = time.perf_counter()
+        sent = self._send(self.decide(self._drain()))
+        self._busy_s = time.perf_counter() - started
+        return sent
 
     def close(self) -> None:
         """Close the socket (an ipc:// path is removed by ZeroMQ)."""
@@ -201,7 +210,11 @@ class ControllerServer:
         instead of working through a backlog whose answers would all arrive too late.
         """
         sock, with_user_id = self._sock, self._with_user_id
-        keep = max(self.options.max_records_per_poll, 1)
+        options = self.options
+        # A slow previous round means the daemon is short of CPU: fold less, answer fresher.
+        keep = (options.overload_records_per_poll if self._busy_s > options.overload_busy_s
+                else options.max_records_per_poll)
+        keep = max(keep, 1)
         latest: dict[Peer, deque[bytes]] = {}
         hellos: list[tuple[Peer, bytes]] = []
         shed = 0

@@ -501,3 +501,52 @@ def test_sweeping_many_streams_gives_memory_back(policy_path, monkeypatch):
         assert trims == [1]  # nothing new freed: no second trim
     finally:
         server.close()
+
+
+def test_with_curve_streams_are_bound_to_the_client_key(tmp_path, policy_path):
+    """With CURVE (even without an allow-list) every message carries the client's key."""
+    _, server_secret = zmq.auth.create_certificates(tmp_path, "server")
+    public, _ = zmq.auth.load_certificate(server_secret)
+    server = ControllerServer(PolicyHolder(policy_path), ServeOptions(
+        endpoint="tcp://127.0.0.1:0", curve=CurveConfig(server_secret)))
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    client_public, client_secret = zmq.curve_keypair()
+    try:
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.curve_serverkey, sock.curve_publickey = public, client_public
+        sock.curve_secretkey = client_secret
+        sock.connect(server.endpoint)
+        sock.send(encode_step(record(1)))
+        for _ in range(100):
+            if server.poll_once(20):
+                break
+        assert sock.poll(2000) and not decode(sock.recv()).is_fallback
+        (stream,) = server.streams
+        assert stream.key[0][1] == client_public.decode()
+    finally:
+        sock.close()
+        server.close()
+
+
+def test_after_a_slow_round_fewer_records_are_folded(policy_path):
+    server = ControllerServer(PolicyHolder(policy_path), ServeOptions(
+        endpoint=ipc(), max_drain_s=10.0, overload_busy_s=0.0, overload_records_per_poll=1))
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    try:
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(server.endpoint)
+        for burst in range(2):
+            for step in range(1, 51):
+                sock.send(encode_step(record(burst * 100 + step)))
+            while not sock.poll(0):
+                server.poll_once(20)
+            sock.recv()
+            time.sleep(0.2)
+            server.poll_once(20)  # the rest of the burst, if it came late
+        records = server.metrics.registry.get_sample_value("specctl_telemetry_records_total")
+        # the first round is not known slow (up to 16 kept); later rounds keep 1 each.
+        # Without the overload rule each burst of 50 would give at least 16.
+        assert records < 32
+    finally:
+        sock.close()
+        server.close()
