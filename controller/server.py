@@ -219,8 +219,9 @@ class ControllerServer:
         hellos: list[tuple[Peer, bytes]] = []
         shed = 0
         clock = time.perf_counter
-        deadline = clock() + self.options.max_drain_s
-        for _ in range(self.options.max_drain):
+        started = clock()  # the latency clock of every frame read now (an upper bound)
+        deadline = started + options.max_drain_s
+        for _ in range(options.max_drain):
             if clock() > deadline:
                 break
             try:
@@ -249,19 +250,21 @@ class ControllerServer:
             self.metrics.frames_shed.inc(shed)
         pending: dict[StreamKey, _Stream] = {}
         for peer, frame in hellos:
-            self.handle_frame(peer, frame, pending)
+            self.handle_frame(peer, frame, pending, started)
         for peer, frames in latest.items():
             for frame in frames:
-                self.handle_frame(peer, frame, pending)
+                self.handle_frame(peer, frame, pending, started)
         return pending
 
-    def handle_frame(self, peer: Peer, frame: bytes,
-                     pending: dict[StreamKey, _Stream]) -> None:
-        """Decode one frame from ``peer`` and fold it into that peer's stream; never raises.
+    def handle_frame(self, peer: Peer, frame: bytes, pending: dict[StreamKey, _Stream],
+                     received: float | None = None) -> None:
+        """Decode one frame from ``peer`` and queue it on that peer's stream; never raises.
 
         A stream that sent telemetry is added to ``pending`` (answered by :meth:`decide`).
+        ``received`` (``time.perf_counter()``, default now) starts the decision-latency clock.
         """
-        received = time.perf_counter()
+        if received is None:
+            received = time.perf_counter()
         try:
             message = decode(frame)
         except WireError as exc:
