@@ -48,8 +48,15 @@ def serve(cfg: DictConfig, stop: threading.Event | None = None) -> int:
         curve = CurveConfig(cfg.curve.secret_key_file, cfg.curve.authorized_clients_dir)
     options = ServeOptions(
         endpoint=cfg.endpoint, shadow=bool(cfg.shadow), max_streams=int(cfg.max_streams),
+        max_streams_per_peer=int(cfg.max_streams_per_peer),
+        new_streams_per_s=float(cfg.new_streams_per_s),
         stream_idle_s=float(cfg.stream_idle_s), max_drain=int(cfg.max_drain),
+        max_drain_s=float(cfg.max_drain_ms) / 1e3,
+        max_records_per_poll=int(cfg.max_records_per_poll),
+        overload_busy_s=float(cfg.overload_busy_ms) / 1e3,
+        overload_records_per_poll=int(cfg.overload_records_per_poll),
         log_every_s=float(cfg.log_every_s), curve=curve,
+        ipc_allowed_uids=tuple(int(u) for u in cfg.ipc_allowed_uids or ()),
     )
     cost_prior = None
     if cfg.profile:
@@ -63,13 +70,19 @@ def serve(cfg: DictConfig, stop: threading.Event | None = None) -> int:
                     "serving without one (profile=null) it sees unfamiliar features. "
                     "Fit one from a recorded trace (specctl-fit-profile) and pass profile=...")
     metrics = Metrics()
+    if cfg.metrics_port:  # before the ZeroMQ socket: a port in use leaves nothing bound
+        try:
+            metrics.serve(int(cfg.metrics_port), cfg.metrics_host)
+        except OSError as exc:
+            log.error("cannot serve metrics on %s:%s: %s", cfg.metrics_host, cfg.metrics_port,
+                      exc)
+            return 2
     try:
         server = ControllerServer(holder, options, metrics, cost_prior=cost_prior)
     except UnsafeEndpointError as exc:
         log.error("refusing to listen: %s", exc)
+        metrics.close()
         return 2
-    if cfg.metrics_port:
-        metrics.serve(int(cfg.metrics_port), cfg.metrics_host)
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda *_: stop.set())

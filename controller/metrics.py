@@ -7,6 +7,19 @@ specctl_decisions_total                     counter    decisions sent (rate = de
 specctl_decision_latency_seconds            histogram  telemetry received -> decision sent
 specctl_telemetry_records_total             counter    telemetry messages accepted
 specctl_wire_errors_total{kind}             counter    rejected frames (see controller.wire)
+specctl_frames_shed_total                  counter    frames skipped unread: more than
+                                                       max_records_per_poll from one
+                                                       connection waited (an overloaded
+                                                       daemon or a flooding client)
+specctl_wire_range_errors_total{field}      counter    values outside physical ranges, by field
+specctl_streams_refused_total               counter    frames refused: their peer opens
+                                                       streams too fast
+specctl_stream_evictions_total              counter    streams evicted (table or peer full)
+specctl_stream_resets_total{reason}         counter    streams reset: non-finite features
+                                                       (nonfinite) or an estimator error
+                                                       (error)
+specctl_internal_errors_total               counter    frames whose handling failed (a bug:
+                                                       logged, the daemon goes on)
 specctl_steps_chosen_total{steps}           counter    steps chosen for each stream's
                                                        current batch size
 specctl_fallback_replies_total{reason}      counter    "use your fallback" replies
@@ -38,6 +51,18 @@ class Metrics:
                                  registry=r)
         self.wire_errors = Counter("specctl_wire_errors", "Rejected frames", ["kind"],
                                    registry=r)
+        self.frames_shed = Counter("specctl_frames_shed", "Frames shed unread under overload",
+                                   registry=r)
+        self.range_errors = Counter("specctl_wire_range_errors", "Out-of-range values",
+                                    ["field"], registry=r)
+        self.streams_refused = Counter("specctl_streams_refused",
+                                       "Frames refused: peer opens streams too fast", registry=r)
+        self.stream_evictions = Counter("specctl_stream_evictions", "Streams evicted",
+                                        registry=r)
+        self.stream_resets = Counter("specctl_stream_resets", "Streams reset", ["reason"],
+                                     registry=r)
+        self.internal_errors = Counter("specctl_internal_errors", "Frames whose handling failed",
+                                       registry=r)
         self.steps_chosen = Counter("specctl_steps_chosen", "Steps chosen", ["steps"],
                                     registry=r)
         self.fallbacks = Counter("specctl_fallback_replies", "Use-your-fallback replies",

@@ -16,9 +16,11 @@ The chosen action is the arg-max logit (the deterministic PPO action).
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import itertools
 import json
+import math
 import os
 import zipfile
 from dataclasses import dataclass, field
@@ -26,10 +28,13 @@ from pathlib import Path
 
 import numpy as np
 
+from controller.wire import MAX_BATCH, MAX_GRID, MAX_NAME_CHARS
 from env.features import FeatureSpec
 
 FORMAT = "specctl-policy"
 FORMAT_VERSION = 1
+#: Largest speculation depth a decision can carry (int8 on the wire).
+MAX_STEPS = 127
 _ACTIVATIONS = {"tanh": np.tanh, "relu": lambda x: np.maximum(x, 0.0)}
 
 
@@ -124,6 +129,10 @@ class ExportedPolicy:
             meta = json.loads(arrays["meta"].tobytes().decode())
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise PolicyFileError(f"{path}: field 'meta' is not JSON ({exc})") from exc
+        if not isinstance(meta, dict):
+            raise PolicyFileError(
+                f"{path}: field 'meta' must be a JSON object, got a {type(meta).__name__}"
+            )
         if meta.get("format") != FORMAT:
             raise PolicyFileError(
                 f"{path}: field 'format' is {meta.get('format')!r}, not {FORMAT!r}"
@@ -133,6 +142,10 @@ class ExportedPolicy:
                 f"{path}: field 'format_version' is {meta.get('format_version')!r}; "
                 f"this build reads version {FORMAT_VERSION}"
             )
+        for name, kind in (("feature_spec", dict), ("actions", list)):
+            if name in meta and not isinstance(meta[name], kind):
+                raise PolicyFileError(f"{path}: field {name!r} must be a JSON "
+                                      f"{'object' if kind is dict else 'array'}")
         n_layers = sum(1 for key in arrays if key.startswith("w"))
         try:
             weights = [arrays[f"w{i}"] for i in range(n_layers)]
@@ -147,16 +160,33 @@ class ExportedPolicy:
                 name=meta.get("name", "ppo"),
                 provenance=meta.get("provenance", {}),
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except PolicyFileError as exc:
+            raise PolicyFileError(f"{path}: {exc}") from exc
+        except KeyError as exc:
+            raise PolicyFileError(f"{path}: missing field {exc}") from exc
+        except (TypeError, ValueError, AttributeError) as exc:
             raise PolicyFileError(f"{path}: {exc}") from exc
 
     def _validate(self) -> None:
+        _validate_spec(self.feature_spec)
+        if not isinstance(self.name, str) or not 0 < len(self.name) <= MAX_NAME_CHARS:
+            # Every decision carries the name: a longer one is rejected by every client.
+            raise PolicyFileError(
+                f"field 'name': must be a string of 1..{MAX_NAME_CHARS} chars, "
+                f"got {str(self.name)[:40]!r}"
+            )
+        if not isinstance(self.provenance, dict):
+            raise PolicyFileError("field 'provenance': must be a JSON object")
         if self.activation not in _ACTIVATIONS:
             raise PolicyFileError(f"field 'activation': unknown activation {self.activation!r}")
         if not self.weights or len(self.weights) != len(self.biases):
             raise PolicyFileError("fields 'w*'/'b*': need one bias per weight matrix")
         width = self.feature_spec.size
         for i, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
+            if w.dtype.kind != "f" or b.dtype.kind != "f":
+                raise PolicyFileError(
+                    f"field 'w{i}'/'b{i}': dtypes {w.dtype}/{b.dtype}, expected floats"
+                )
             if w.ndim != 2 or b.ndim != 1 or w.shape[0] != width or w.shape[1] != b.shape[0]:
                 raise PolicyFileError(
                     f"field 'w{i}': shape {w.shape} with bias {b.shape} does not follow "
@@ -170,8 +200,62 @@ class ExportedPolicy:
                 f"field 'actions': {len(self.actions)} actions but the last layer has "
                 f"{width} outputs"
             )
+        if not self.actions or any(type(a) is not int for a in self.actions):
+            raise PolicyFileError(f"field 'actions': expected a list of ints, got {self.actions}")
         if any(a < 0 or a > self.feature_spec.max_depth for a in self.actions):
             raise PolicyFileError(
                 f"field 'actions': steps must lie in 0..{self.feature_spec.max_depth}, "
                 f"got {self.actions}"
             )
+
+
+# (field, low, high, low is open): the feature spec's numbers that would pass
+# FeatureSpec's constructor yet break serving (NaN decays zero every estimate, a zero
+# ridge makes the latency regression singular). Fields absent in this build are skipped.
+_SPEC_RANGES = (
+    ("accept_decay", 0.0, 1.0, True),
+    ("latency_forgetting", 0.0, 1.0, True),
+    ("ema_alpha", 0.0, 1.0, True),
+    ("accept_prior_first", 0.0, 1.0, False),
+    ("accept_prior_strength", 0.0, 1e9, False),
+    ("latency_ridge", 0.0, 1e9, True),
+    ("speculation_prior_fraction", 0.0, 1e3, False),
+    ("draft_step_prior_fraction", 0.0, 1e3, False),
+    ("batch_scale", 0.0, 1e12, True),
+    ("waiting_scale", 0.0, 1e12, True),
+    ("switch_scale", 0.0, 1e12, True),
+)
+
+
+def _validate_spec(spec: FeatureSpec) -> None:
+    """Reject a feature spec that loads but cannot serve; the message names the field."""
+    depth = spec.max_depth
+    if type(depth) is not int or not 1 <= depth <= MAX_STEPS:
+        raise PolicyFileError(f"field 'feature_spec.max_depth': {depth!r} not an int in "
+                              f"1..{MAX_STEPS}")
+    for name in (f.name for f in dataclasses.fields(spec)):
+        value = getattr(spec, name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise PolicyFileError(f"field 'feature_spec.{name}': {value!r} is not finite")
+    for name, low, high, open_low in _SPEC_RANGES:
+        if not hasattr(spec, name):
+            continue
+        value = getattr(spec, name)
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and (
+            (low < value if open_low else low <= value) and value <= high)
+        if not ok:
+            bracket = "(" if open_low else "["
+            raise PolicyFileError(
+                f"field 'feature_spec.{name}': {value!r} not in {bracket}{low}, {high}]"
+            )
+    grid = spec.batch_grid
+    if not grid or len(grid) > MAX_GRID:
+        raise PolicyFileError(
+            f"field 'feature_spec.batch_grid': needs 1..{MAX_GRID} batch sizes, got {len(grid)}"
+        )
+    if any(type(b) is not int or not 1 <= b <= MAX_BATCH for b in grid) or any(
+            b <= a for a, b in itertools.pairwise(grid)):
+        raise PolicyFileError(
+            f"field 'feature_spec.batch_grid': must be strictly increasing ints in "
+            f"1..{MAX_BATCH}, got {list(grid)[:8]}{'...' if len(grid) > 8 else ''}"
+        )

@@ -1,8 +1,10 @@
 """The controller daemon's core: telemetry in, speculation decisions out.
 
 One ROUTER socket serves any number of SGLang servers and ranks. Each
-(server, rank) stream has its own :class:`env.features.FeatureBuilder` (the
-policy file's feature spec), so observations are built exactly as in training.
+(connection, server, rank) stream (see :mod:`controller.streams`: a client can
+only ever touch the streams of its own connection) has its own
+:class:`env.features.FeatureBuilder` (the policy file's feature spec), so
+observations are built exactly as in training.
 Every poll drains all pending frames, folds each stream's records into its
 builder, then evaluates the policy once for all streams that sent telemetry:
 one batched MLP forward over every stream's ``observation_grid()`` (a row per
@@ -11,6 +13,10 @@ latest record (latest wins): steps per grid value, restricted to the steps the
 server offers (its HELLO), ``apply_from_step = step_index + DECISION_LAG``.
 In shadow mode the decision is computed and logged but the reply says "use
 your fallback".
+
+No frame stops the daemon: :func:`controller.wire.decode` rejects bad frames
+(counted by kind), a stream whose features turn non-finite is reset, and any
+other failure while handling one frame is logged and counted, not raised.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import bisect
 import logging
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,11 +34,14 @@ import zmq
 from controller.metrics import Metrics
 from controller.policy_file import ExportedPolicy
 from controller.reload import PolicyHolder
-from controller.security import CurveConfig, apply_curve_server, check_endpoint
+from controller.security import CurveConfig, bind, check_endpoint, secure_socket
+from controller.streams import Peer, StreamKey, StreamLimits, StreamTable, trim_heap
 from controller.wire import (
     DECISION_LAG,
+    WIRE_VERSION,
     Decision,
     Hello,
+    Kind,
     WireError,
     apply_socket_limits,
     decode,
@@ -43,6 +52,11 @@ from env.schema import StepRecord
 
 log = logging.getLogger(__name__)
 
+#: Streams removed (idle or evicted) before the sweep gives freed memory back to the OS.
+_TRIM_AFTER_STREAMS = 256
+#: A HELLO's first bytes: msgpack fixarray of 8, WIRE_VERSION, Kind.HELLO.
+_HELLO_HEADER = bytes([0x98, WIRE_VERSION, Kind.HELLO])
+
 
 @dataclass(frozen=True)
 class ServeOptions:
@@ -51,22 +65,39 @@ class ServeOptions:
     endpoint: str = "ipc:///tmp/specctl-serve.sock"
     shadow: bool = False
     max_streams: int = 4096
+    max_streams_per_peer: int = 4
+    new_streams_per_s: float = 20.0
     stream_idle_s: float = 600.0
     max_drain: int = 8192
+    #: Longest a poll reads frames before answering: a peer flooding the socket (ZeroMQ
+    #: hands out frames round-robin across connections) must not delay everyone's answer.
+    max_drain_s: float = 0.010
+    #: Frames of one connection (and records of one stream) handled per poll at most: the
+    #: latest; older ones are shed unread and counted. Only an overloaded daemon, or a
+    #: flooding client, has more: answers then stay fresh instead of queueing.
+    max_records_per_poll: int = 16
+    #: When a round (read, decide, send) took longer than this, the next folds only
+    #: ``overload_records_per_poll`` frames per connection: a daemon short of CPU (a busy
+    #: host) otherwise spends a round folding records and answers too late for all.
+    overload_busy_s: float = 0.02
+    overload_records_per_poll: int = 2
     log_every_s: float = 60.0
     curve: CurveConfig | None = None
+    #: Users besides the daemon's own who may connect to an ipc:// endpoint.
+    ipc_allowed_uids: tuple[int, ...] = ()
 
 
 class _Stream:
-    """One (server, rank): its feature builder and where to answer."""
+    """One (connection, server, rank): its feature builder and where to answer."""
 
-    __slots__ = ("allowed", "batch_size", "builder", "candidates", "identity", "key",
+    __slots__ = ("allowed", "backlog", "batch_size", "builder", "candidates", "identity", "key",
                  "last_seen", "last_step", "received", "seq")
 
-    def __init__(self, key: tuple[str, int], builder: FeatureBuilder) -> None:
+    def __init__(self, key: StreamKey, builder: FeatureBuilder, backlog: int) -> None:
         self.key = key
+        self.backlog: deque[StepRecord] = deque(maxlen=backlog)
+        self.identity = key[0][0]
         self.builder = builder
-        self.identity = b""
         self.seq = 0
         self.last_step = -1
         self.batch_size = 1
@@ -85,6 +116,10 @@ class ControllerServer:
         metrics: Where to count (a private one if None).
         cost_prior: The servers' cost profile (fitted from their recorded traces),
             the prior of the features' latency model; None = telemetry only.
+
+    Raises:
+        UnsafeEndpointError: the endpoint is unsafe or cannot be bound, or the CURVE
+            key files are missing or unusable (the message says which).
     """
 
     def __init__(self, holder: PolicyHolder, options: ServeOptions,
@@ -96,7 +131,9 @@ class ControllerServer:
         self.options = options
         self.metrics = metrics or Metrics()
         self.counters: Counter[str] = Counter()
-        self._streams: dict[tuple[str, int], _Stream] = {}
+        self.streams: StreamTable[_Stream] = StreamTable(
+            StreamLimits(options.max_streams, options.max_streams_per_peer,
+                         options.new_streams_per_s), self._new_stream)
         self._shadow_steps: Counter[int] = Counter()
         self._children: dict[tuple, object] = {}
         self._policy_actions = np.asarray(holder.policy.actions)
@@ -108,15 +145,26 @@ class ControllerServer:
         sock.setsockopt(zmq.RCVHWM, 256)
         sock.setsockopt(zmq.SNDHWM, 1024)
         self._auth = None
-        if options.curve is not None:
-            self._auth = apply_curve_server(sock, self._context, options.curve)
-        sock.bind(options.endpoint)
+        try:
+            self._auth = secure_socket(sock, self._context, options.endpoint, options.curve,
+                                       options.ipc_allowed_uids)
+            bind(sock, options.endpoint)
+        except BaseException:
+            self._sock = sock
+            self.close()
+            raise
+        self._with_user_id = options.curve is not None
         self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._sock = sock
         self._poller = zmq.Poller()
         self._poller.register(sock, zmq.POLLIN)
         self._next_sweep = time.monotonic() + 10.0
         self._next_log = time.monotonic() + options.log_every_s
+        self._next_error_log = 0.0
+        self._busy_s = 0.0  # how long the latest round took (read, decide, send)
+        self._evicted = 0
+        self._freed = 0  # streams removed since the heap was last trimmed
+        self._evicted_at_sweep = 0
         holder.on_reload = self._on_reload
         self.metrics.set_policy(holder.policy.name, str(holder.path))
 
@@ -138,7 +186,10 @@ class ControllerServer:
             self._log_summary(now)
         if not self._poller.poll(timeout_ms):
             return 0
-        return self._answer(self._drain())
+        started = time.perf_counter()
+        sent = self._send(self.decide(self._drain()))
+        self._busy_s = time.perf_counter() - started
+        return sent
 
     def close(self) -> None:
         """Close the socket (an ipc:// path is removed by ZeroMQ)."""
@@ -147,63 +198,154 @@ class ControllerServer:
             self._auth.stop()
         self._context.term()
 
-    # -- internals ------------------------------------------------------------------------
+    # -- frames in ------------------------------------------------------------------------
 
-    def _drain(self) -> dict[tuple[str, int], _Stream]:
-        """Read every pending frame; returns the streams that sent telemetry."""
-        sock, streams, errors = self._sock, self._streams, self.metrics.wire_errors
-        pending: dict[tuple[str, int], _Stream] = {}
-        records = 0
-        for _ in range(self.options.max_drain):
+    def _drain(self) -> dict[StreamKey, _Stream]:
+        """Read the pending frames; returns the streams that sent telemetry.
+
+        Reading is cheap and decoding and folding are not, so frames are first read
+        (for up to ``max_drain_s``) and only each connection's latest
+        ``max_records_per_poll`` are handled (and every HELLO): an overloaded daemon, or
+        a connection flooding it, sheds old frames unread and answers from fresh ones,
+        instead of working through a backlog whose answers would all arrive too late.
+        """
+        sock, with_user_id = self._sock, self._with_user_id
+        options = self.options
+        # A slow previous round means the daemon is short of CPU: fold less, answer fresher.
+        keep = (options.overload_records_per_poll if self._busy_s > options.overload_busy_s
+                else options.max_records_per_poll)
+        keep = max(keep, 1)
+        latest: dict[Peer, deque[bytes]] = {}
+        hellos: list[tuple[Peer, bytes]] = []
+        shed = 0
+        clock = time.perf_counter
+        started = clock()  # the latency clock of every frame read now (an upper bound)
+        deadline = started + options.max_drain_s
+        for _ in range(options.max_drain):
+            if clock() > deadline:
+                break
             try:
-                parts = sock.recv_multipart(zmq.NOBLOCK)
+                parts = sock.recv_multipart(zmq.NOBLOCK, copy=not with_user_id)
             except zmq.Again:
                 break
-            received = time.perf_counter()
             if len(parts) != 2:
-                errors.labels(kind="malformed").inc()
+                self._count(self.metrics.wire_errors, "malformed")
                 continue
-            identity, frame = parts
-            try:
-                message = decode(frame)
-            except WireError as exc:
-                errors.labels(kind=exc.kind).inc()
-                continue
-            if type(message) is StepRecord:
-                key = (message.server, message.rank)
-                stream = streams.get(key) or self._new_stream(key)
-                if message.step_index <= stream.last_step:
-                    stream.builder.reset()  # the server restarted: a new run
-                    self.counters["stream_restarts"] += 1
-                stream.builder.update(message)
-                stream.last_step = message.step_index
-                if message.prefill_tokens == 0:
-                    stream.batch_size = message.batch_size
-                stream.identity = identity
-                stream.received = received
-                pending[key] = stream
-                records += 1
-            elif type(message) is Hello:
-                key = (message.server, message.rank)
-                stream = streams.get(key) or self._new_stream(key)
-                stream.identity = identity
-                if stream.candidates != message.candidate_steps:
-                    stream.candidates = message.candidate_steps
-                    stream.allowed = self._allowed(stream.candidates)
+            if with_user_id:  # the CURVE key ZAP admitted the connection with
+                frame = parts[1]
+                peer = (parts[0].bytes, frame.get("User-Id") or "")
+                frame = frame.bytes
             else:
-                errors.labels(kind="kind").inc()  # a DECISION sent to the controller
-        if records:
-            self.metrics.telemetry.inc(records)
+                peer, frame = (parts[0], ""), parts[1]
+            if frame[:3] == _HELLO_HEADER:  # rare, and must not be shed
+                hellos.append((peer, frame))
+                continue
+            frames = latest.get(peer)
+            if frames is None:
+                frames = latest[peer] = deque(maxlen=keep)
+            elif len(frames) == keep:
+                shed += 1
+            frames.append(frame)
+        if shed:
+            self.metrics.frames_shed.inc(shed)
+        pending: dict[StreamKey, _Stream] = {}
+        for peer, frame in hellos:
+            self.handle_frame(peer, frame, pending, started)
+        for peer, frames in latest.items():
+            for frame in frames:
+                self.handle_frame(peer, frame, pending, started)
         return pending
 
-    def _answer(self, pending: dict[tuple[str, int], _Stream]) -> int:
+    def handle_frame(self, peer: Peer, frame: bytes, pending: dict[StreamKey, _Stream],
+                     received: float | None = None) -> None:
+        """Decode one frame from ``peer`` and queue it on that peer's stream; never raises.
+
+        A stream that sent telemetry is added to ``pending`` (answered by :meth:`decide`).
+        ``received`` (``time.perf_counter()``, default now) starts the decision-latency clock.
+        """
+        if received is None:
+            received = time.perf_counter()
+        try:
+            message = decode(frame)
+        except WireError as exc:
+            self._count(self.metrics.wire_errors, exc.kind)
+            if exc.kind == "range":
+                self._count(self.metrics.range_errors, exc.field)
+            return
+        if type(message) is Decision:
+            self._count(self.metrics.wire_errors, "kind")  # a DECISION sent to the controller
+            return
+        key = (peer, message.server, message.rank)
+        try:
+            stream = self.streams.get_or_open(key, time.monotonic())
+            self._count_evictions()
+            if stream is None:
+                self.metrics.streams_refused.inc()
+            elif type(message) is StepRecord:
+                self._telemetry(stream, message, received, pending)
+            else:
+                self._hello(stream, message)
+        except Exception:  # a bug: one frame must not stop the daemon serving everyone
+            self.metrics.internal_errors.inc()
+            stream = self.streams.get(key)
+            if stream is not None:
+                stream.builder.reset()
+            pending.pop(key, None)
+            self._log_internal_error("specctl_internal_errors_total",
+                                     "handling a frame of server %r", message.server)
+
+    def _telemetry(self, stream: _Stream, record: StepRecord, received: float,
+                   pending: dict[StreamKey, _Stream]) -> None:
+        if record.step_index <= stream.last_step:
+            stream.builder.reset()  # the server restarted: a new run
+            stream.backlog.clear()
+            self.counters["stream_restarts"] += 1
+        stream.last_step = record.step_index
+        if record.prefill_tokens == 0:
+            stream.batch_size = record.batch_size
+        stream.received = received
+        pending[stream.key] = stream
+        self.metrics.telemetry.inc()
+        if len(stream.backlog) == stream.backlog.maxlen:
+            self.metrics.frames_shed.inc()
+        stream.backlog.append(record)  # folded by decide()
+
+    def _hello(self, stream: _Stream, hello: Hello) -> None:
+        stream.last_seen = time.monotonic()
+        if stream.candidates != hello.candidate_steps:
+            stream.candidates = hello.candidate_steps
+            stream.allowed = self._allowed(stream.candidates)
+
+    def _count_evictions(self) -> None:
+        evicted = self.streams.evicted
+        if evicted != self._evicted:
+            self.metrics.stream_evictions.inc(evicted - self._evicted)
+            self._evicted = evicted
+            self.metrics.streams.set(len(self.streams))
+
+    # -- decisions out --------------------------------------------------------------------
+
+    def decide(self, pending: dict[StreamKey, _Stream]) -> list[tuple[_Stream, Decision]]:
+        """One decision per stream in ``pending`` (a batched policy evaluation)."""
         if not pending:
-            return 0
+            return []
         policy = self.holder.policy
         streams = list(pending.values())
         grid = policy.feature_spec.batch_grid
         rows = len(grid)
-        observations = np.concatenate([s.builder.observation_grid() for s in streams])
+        grids = [self._observation_grid(s) for s in streams]
+        failed = [g is None for g in grids]
+        if any(failed):
+            blank = np.zeros((rows, policy.feature_spec.size), dtype=np.float32)
+            grids = [blank if g is None else g for g in grids]
+        observations = np.concatenate(grids)
+        healthy = np.isfinite(observations).reshape(len(streams), -1).all(axis=1)
+        if not healthy.all():  # estimator overflow: that stream starts afresh, none other
+            for i in np.flatnonzero(~healthy):
+                streams[i].builder.reset()
+                self._count(self.metrics.stream_resets, "nonfinite")
+            observations = np.nan_to_num(observations, nan=0.0, posinf=1.0, neginf=-1.0)
+        healthy &= ~np.asarray(failed)
         logits = policy.logits(observations)
         allowed = np.ones((len(streams), logits.shape[1]), dtype=bool)
         for i, stream in enumerate(streams):
@@ -211,27 +353,53 @@ class ControllerServer:
                 allowed[i] = stream.allowed
         logits = np.where(np.repeat(allowed, rows, axis=0), logits, -np.inf)
         chosen = self._policy_actions[np.argmax(logits, axis=1)].reshape(len(streams), rows)
-        sock, metrics, shadow = self._sock, self.metrics, self.options.shadow
-        sent = 0
+        metrics, shadow = self.metrics, self.options.shadow
         now = time.monotonic()
+        out = []
         for i, stream in enumerate(streams):
             stream.last_seen = now
             stream.seq += 1
             apply_from = stream.last_step + DECISION_LAG
             steps = chosen[i].tolist()
             current = steps[max(bisect.bisect_right(grid, stream.batch_size) - 1, 0)]
-            if not allowed[i].any():
+            if not healthy[i]:
+                decision = Decision.fallback(stream.seq, apply_from, policy.name)
+            elif not allowed[i].any():
                 self._count(metrics.fallbacks, "no_allowed_action")
                 decision = Decision.fallback(stream.seq, apply_from, policy.name)
             elif shadow:
                 self._shadow_steps[current] += 1
                 self._count(metrics.fallbacks, "shadow")
-                log.debug("shadow: %s rank %d step %d: steps %s for grid %s", *stream.key,
-                          stream.last_step, steps, grid)
+                log.debug("shadow: %r rank %d step %d: steps %s for grid %s", stream.key[1],
+                          stream.key[2], stream.last_step, steps, grid)
                 decision = Decision.fallback(stream.seq, apply_from, policy.name)
             else:
                 self._count(metrics.steps_chosen, current)
                 decision = Decision(stream.seq, apply_from, policy.name, *_compress(grid, steps))
+            out.append((stream, decision))
+        return out
+
+    def _observation_grid(self, stream: _Stream) -> np.ndarray | None:
+        """Fold the stream's new records; its grid of observations, or None (stream reset)
+        if its estimators fail."""
+        backlog = stream.backlog
+        try:
+            builder = stream.builder
+            while backlog:
+                builder.update(backlog.popleft())
+            return builder.observation_grid()
+        except Exception:  # e.g. LinAlgError: must not cost the other streams their answer
+            stream.builder.reset()
+            backlog.clear()
+            self._count(self.metrics.stream_resets, "error")
+            self._log_internal_error("specctl_stream_resets_total",
+                                     "computing the features of server %r", stream.key[1])
+            return None
+
+    def _send(self, decisions: list[tuple[_Stream, Decision]]) -> int:
+        sock, metrics = self._sock, self.metrics
+        sent = 0
+        for stream, decision in decisions:
             try:
                 sock.send_multipart([stream.identity, encode_decision(decision)], zmq.NOBLOCK)
             except zmq.ZMQError:  # the peer is gone or its queue is full
@@ -242,6 +410,8 @@ class ControllerServer:
         metrics.decisions.inc(sent)
         return sent
 
+    # -- internals ------------------------------------------------------------------------
+
     def _count(self, counter, label: object) -> None:
         """Increment a one-label counter; children are cached (``labels()`` takes a lock)."""
         child = self._children.get((counter, label))
@@ -249,15 +419,20 @@ class ControllerServer:
             child = self._children[(counter, label)] = counter.labels(str(label))
         child.inc()
 
-    def _new_stream(self, key: tuple[str, int]) -> _Stream:
-        if len(self._streams) >= self.options.max_streams:
-            oldest = min(self._streams.values(), key=lambda s: s.last_seen)
-            del self._streams[oldest.key]
-        stream = _Stream(key, FeatureBuilder(self.holder.policy.feature_spec, self.cost_prior))
+    def _log_internal_error(self, metric: str, what: str, *args: object) -> None:
+        """Log with traceback, at most once a second (a flood must not flood the log too)."""
+        now = time.monotonic()
+        if now >= self._next_error_log:
+            self._next_error_log = now + 1.0
+            log.exception(f"internal error {what} (counted in {metric}; serving goes on)",
+                          *args)
+
+    def _new_stream(self, key: StreamKey) -> _Stream:
+        stream = _Stream(key, FeatureBuilder(self.holder.policy.feature_spec, self.cost_prior),
+                         max(self.options.max_records_per_poll, 1))
         stream.last_seen = time.monotonic()
-        self._streams[key] = stream
-        self.metrics.streams.set(len(self._streams))
-        log.info("new stream: server %r rank %d", *key)
+        self.metrics.streams.set(len(self.streams) + 1)
+        log.debug("new stream: server %r rank %d", key[1], key[2])
         return stream
 
     def _allowed(self, candidates: tuple[int, ...] | None) -> np.ndarray | None:
@@ -272,7 +447,7 @@ class ControllerServer:
         same_spec = new.feature_spec == old.feature_spec
         if not same_spec:
             log.warning("the new policy uses another feature spec: streams start afresh")
-        for stream in self._streams.values():
+        for stream in self.streams:
             if not same_spec:
                 stream.builder = FeatureBuilder(new.feature_spec, self.cost_prior)
             stream.allowed = self._allowed(stream.candidates)
@@ -280,10 +455,13 @@ class ControllerServer:
     def _sweep(self, now: float) -> None:
         self._next_sweep = now + 10.0
         limit = self.options.stream_idle_s
-        idle = [k for k, s in self._streams.items() if now - s.last_seen > limit]
-        for key in idle:
-            del self._streams[key]
-        self.metrics.streams.set(len(self._streams))
+        dropped = self.streams.drop_idle(lambda s: now - s.last_seen > limit)
+        self._freed += dropped + self.streams.evicted - self._evicted_at_sweep
+        self._evicted_at_sweep = self.streams.evicted
+        if self._freed >= _TRIM_AFTER_STREAMS:  # give a burst's memory back
+            self._freed = 0
+            trim_heap()
+        self.metrics.streams.set(len(self.streams))
 
     def _log_summary(self, now: float) -> None:
         self._next_log = now + self.options.log_every_s

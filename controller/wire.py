@@ -32,14 +32,18 @@ decision is meant for: the answered telemetry's ``step_index`` + ``DECISION_LAG`
 (overlap scheduling launches step N+1 before step N's result is known).
 
 :func:`decode` rejects anything else with a :class:`WireError` whose ``kind``
-(``oversized``, ``garbage``, ``version``, ``kind``, ``malformed``) callers count;
-it never raises anything else.
+(``oversized``, ``garbage``, ``version``, ``kind``, ``malformed``, ``range``)
+callers count; it never raises anything else, whatever the frame (a nested array
+1,000 levels deep included). ``range`` is a well-typed value no real server can
+send (a negative or absurd latency, a batch of 10**10 requests, more accepted
+drafts than draft steps): such values would only drive the feature estimators
+into overflow, so they are refused here, and ``WireError.field`` names the field.
 """
 
 from __future__ import annotations
 
 import itertools
-import math
+import reprlib
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -62,7 +66,20 @@ MAX_NAME_CHARS = 256
 MAX_GRID = 256
 _MAX_INT = (1 << 63) - 1
 
-ERROR_KINDS = ("oversized", "garbage", "version", "kind", "malformed")
+# Physical ranges of telemetry (kind "range" outside them). Generous: an order of
+# magnitude or more beyond any server, yet small enough that the feature module's
+# regressions (squares of batch and KV terms) stay well inside float64.
+MAX_RANK = 1 << 16
+MAX_BATCH = 1 << 20
+MAX_REQUESTS = 1 << 32
+MAX_KV_TOKENS = 1 << 36
+MAX_PREFILL_TOKENS = 1 << 32
+MAX_TIME_S = 1e10
+#: A measured step latency lies in this range; 0 means "not measured".
+MIN_STEP_LATENCY_S = 1e-6
+MAX_STEP_LATENCY_S = 3600.0
+
+ERROR_KINDS = ("oversized", "garbage", "version", "kind", "malformed", "range")
 
 
 class Kind(IntEnum):
@@ -74,11 +91,13 @@ class Kind(IntEnum):
 
 
 class WireError(ValueError):
-    """A frame that is not a valid message; ``kind`` is one of :data:`ERROR_KINDS`."""
+    """A frame that is not a valid message; ``kind`` is one of :data:`ERROR_KINDS`,
+    ``field`` the offending field's name ("" when the frame as a whole is bad)."""
 
-    def __init__(self, kind: str, detail: str) -> None:
+    def __init__(self, kind: str, detail: str, field: str = "") -> None:
         super().__init__(f"{kind}: {detail}")
         self.kind = kind
+        self.field = field
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,9 +205,11 @@ def decode(frame: bytes) -> Hello | StepRecord | Decision:
         raise WireError("garbage", f"expected an array [version, kind, ...], got {_describe(msg)}")
     version, kind = msg[0], msg[1]
     if type(version) is not int or version != WIRE_VERSION:
-        raise WireError("version", f"wire version {version!r}; this build speaks {WIRE_VERSION}")
+        raise WireError(
+            "version", f"wire version {_describe(version)}; this build speaks {WIRE_VERSION}"
+        )
     if type(kind) is not int or kind not in _ARITY:
-        raise WireError("kind", f"unknown message kind {kind!r}")
+        raise WireError("kind", f"unknown message kind {_describe(kind)}")
     kind = Kind(kind)
     if len(msg) != _ARITY[kind]:
         raise WireError(
@@ -203,35 +224,44 @@ def decode(frame: bytes) -> Hello | StepRecord | Decision:
 
 def _decode_telemetry(m: list) -> StepRecord:
     server = _name(m[2], "server")
-    rank = _int(m[3], "rank")
+    rank = _int(m[3], "rank", hi=MAX_RANK)
     step_index = _int(m[4], "step_index")
-    time_s = _float(m[5], "time_s")
-    batch_size = _int(m[6], "batch_size")
-    waiting = _int(m[7], "waiting_requests")
-    running = _int(m[8], "running_requests")
-    kv_used = _int(m[9], "kv_used_tokens")
-    kv_capacity = _int(m[10], "kv_capacity_tokens")
-    prefill = _int(m[11], "prefill_tokens")
+    time_s = _float(m[5], "time_s", hi=MAX_TIME_S)
+    batch_size = _int(m[6], "batch_size", hi=MAX_BATCH)
+    waiting = _int(m[7], "waiting_requests", hi=MAX_REQUESTS)
+    running = _int(m[8], "running_requests", hi=MAX_REQUESTS)
+    kv_used = _int(m[9], "kv_used_tokens", hi=MAX_KV_TOKENS)
+    kv_capacity = _int(m[10], "kv_capacity_tokens", hi=MAX_KV_TOKENS)
+    prefill = _int(m[11], "prefill_tokens", hi=MAX_PREFILL_TOKENS)
     steps_used = _int(m[12], "steps_used", hi=127)
     accepted = m[13]
     if type(accepted) is not bytes:
         raise WireError(
-            "malformed", f"field 'accepted_drafts' must be bin, got {_describe(accepted)}"
+            "malformed", f"field 'accepted_drafts' must be bin, got {_describe(accepted)}",
+            "accepted_drafts",
         )
     total = _int(m[14], "accepted_drafts_sum")
     count = _int(m[15], "accepted_drafts_count")
-    latency = _float(m[16], "step_latency_s")
+    latency = _float(m[16], "step_latency_s", hi=MAX_STEP_LATENCY_S)
+    if 0.0 < latency < MIN_STEP_LATENCY_S:
+        raise _range("step_latency_s", f"{latency!r} s is below {MIN_STEP_LATENCY_S} s "
+                     "(0 means not measured)")
+    if kv_capacity and kv_used > kv_capacity:
+        raise _range("kv_used_tokens", f"{kv_used} > kv_capacity_tokens {kv_capacity}")
     if count != len(accepted) or count > batch_size:
         raise WireError(
             "malformed",
             f"field 'accepted_drafts_count' is {count} for {len(accepted)} entries "
-            f"and batch_size {batch_size}",
+            f"and batch_size {batch_size}", "accepted_drafts_count",
         )
     if accepted and max(accepted) > 127:
-        raise WireError("malformed", "field 'accepted_drafts': negative entries")
+        raise _range("accepted_drafts", "negative entries")
+    if accepted and max(accepted) > steps_used:
+        raise _range("accepted_drafts", f"an entry of {max(accepted)} > steps_used {steps_used}")
     if total != sum(accepted):
         raise WireError(
-            "malformed", f"field 'accepted_drafts_sum' is {total}, entries sum to {sum(accepted)}"
+            "malformed", f"field 'accepted_drafts_sum' is {total}, entries sum to {sum(accepted)}",
+            "accepted_drafts_sum",
         )
     return StepRecord(
         server=server, rank=rank, step_index=step_index, time_s=time_s, batch_size=batch_size,
@@ -265,32 +295,45 @@ def _decode_decision(m: list) -> Decision:
 
 def _decode_hello(m: list) -> Hello:
     server = _name(m[2], "server")
-    rank = _int(m[3], "rank")
+    rank = _int(m[3], "rank", hi=MAX_RANK)
     schema_version = _int(m[4], "schema_version")
+    if schema_version != SCHEMA_VERSION:
+        raise WireError("version", f"schema version {schema_version}; this build speaks "
+                        f"{SCHEMA_VERSION}", "schema_version")
     candidates = _int_list(m[5], "candidate_steps", lo=0, hi=127)
     client = _name(m[6], "client", allow_empty=True)
     pid = _int(m[7], "pid")
     return Hello(server, rank, tuple(candidates), client, pid, schema_version)
 
 
+# Bounded depth and width: a deeply nested value must not recurse (RecursionError).
+_repr = reprlib.Repr()
+_repr.maxlevel, _repr.maxlist, _repr.maxstring, _repr.maxother, _repr.maxlong = 2, 4, 40, 40, 40
+
+
 def _describe(value: object) -> str:
-    text = repr(value)
-    return f"{type(value).__name__} {text[:40]}{'...' if len(text) > 40 else ''}"
+    return f"{type(value).__name__} {_repr.repr(value)}"
+
+
+def _range(name: str, detail: str) -> WireError:
+    return WireError("range", f"field {name!r}: {detail}", name)
 
 
 def _int(value: object, name: str, hi: int = _MAX_INT) -> int:
-    if type(value) is not int or not 0 <= value <= hi:
-        raise WireError(
-            "malformed", f"field {name!r} must be an int in [0, {hi}], got {_describe(value)}"
-        )
+    if type(value) is not int:
+        raise WireError("malformed", f"field {name!r} must be an int, got {_describe(value)}",
+                        name)
+    if not 0 <= value <= hi:
+        raise _range(name, f"{_describe(value)} not in [0, {hi}]")
     return value
 
 
-def _float(value: object, name: str) -> float:
-    if type(value) not in (float, int) or not math.isfinite(value) or value < 0:
-        raise WireError(
-            "malformed", f"field {name!r} must be a finite number >= 0, got {_describe(value)}"
-        )
+def _float(value: object, name: str, hi: float) -> float:
+    if type(value) not in (float, int):
+        raise WireError("malformed", f"field {name!r} must be a number, got {_describe(value)}",
+                        name)
+    if not 0 <= value <= hi:  # False for NaN too
+        raise _range(name, f"{_describe(value)} not in [0, {hi}]")
     return float(value)
 
 
@@ -298,25 +341,29 @@ def _name(value: object, name: str, allow_empty: bool = False) -> str:
     if type(value) is not str or len(value) > MAX_NAME_CHARS or not (value or allow_empty):
         raise WireError(
             "malformed", f"field {name!r} must be a string of 1..{MAX_NAME_CHARS} chars, "
-            f"got {_describe(value)}"
+            f"got {_describe(value)}", name,
         )
     return value
 
 
 def _int_list(value: object, name: str, lo: int, hi: int) -> list[int]:
     if type(value) is not list or len(value) > MAX_GRID:
-        raise WireError("malformed", f"field {name!r} must be a list of <= {MAX_GRID} ints")
+        raise WireError("malformed", f"field {name!r} must be a list of <= {MAX_GRID} ints",
+                        name)
     for v in value:
         if type(v) is not int or not lo <= v <= hi:
             raise WireError(
-                "malformed", f"field {name!r}: entry {_describe(v)} not an int in [{lo}, {hi}]"
+                "malformed", f"field {name!r}: entry {_describe(v)} not an int in [{lo}, {hi}]",
+                name,
             )
     return value
 
 
 def apply_socket_limits(sock: object) -> None:
-    """Set the options every specctl socket shares: size cap, no linger."""
+    """Set the options every specctl socket shares: size cap, no linger, IPv6 allowed."""
     import zmq  # local: keeps this module importable for pure encode/decode use
 
     sock.setsockopt(zmq.MAXMSGSIZE, TRANSPORT_MAX_MSG_BYTES)
     sock.setsockopt(zmq.LINGER, 0)
+    # Without it ZeroMQ cannot bind or connect tcp://[::1]:PORT (IPv4 still works).
+    sock.setsockopt(zmq.IPV6, 1)

@@ -55,7 +55,8 @@ def test_env_and_controller_observations_are_identical(tmp_path):
                 last = released[-1].step_index
                 for _ in range(100):  # until the controller has folded in every record
                     server.poll_once(100)
-                    stream = server._streams.get((sim.server, 0))
+                    stream = next((s for s in server.streams if s.key[1:] == (sim.server, 0)),
+                                  None)
                     if stream is not None and stream.last_step == last:
                         break
                 assert stream.last_step == last

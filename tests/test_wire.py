@@ -10,12 +10,18 @@ from hypothesis import strategies as st
 
 from controller.wire import (
     ERROR_KINDS,
+    MAX_BATCH,
     MAX_FRAME_BYTES,
+    MAX_KV_TOKENS,
+    MAX_STEP_LATENCY_S,
+    MIN_STEP_LATENCY_S,
+    TRANSPORT_MAX_MSG_BYTES,
     WIRE_VERSION,
     Decision,
     Hello,
     Kind,
     WireError,
+    apply_socket_limits,
     decode,
     encode_decision,
     encode_hello,
@@ -24,8 +30,9 @@ from controller.wire import (
 )
 from env.schema import STEP_FIELDS, StepRecord
 
-ints = st.integers(0, 2**40)
+ints = st.integers(0, 2**32)
 times = st.floats(0, 1e7, allow_nan=False, allow_infinity=False)
+latencies = st.just(0.0) | st.floats(MIN_STEP_LATENCY_S, MAX_STEP_LATENCY_S)
 
 
 @st.composite
@@ -33,12 +40,14 @@ def step_records(draw) -> StepRecord:
     batch = draw(st.integers(0, 300))
     steps = draw(st.integers(0, 7))
     accepted = draw(st.lists(st.integers(0, steps), max_size=batch)) if steps else []
+    capacity = draw(st.integers(0, MAX_KV_TOKENS))
     return StepRecord(
         server=draw(st.text(min_size=1, max_size=40)), rank=draw(st.integers(0, 1024)),
-        step_index=draw(ints), time_s=draw(times), batch_size=batch,
-        waiting_requests=draw(ints), running_requests=draw(ints), kv_used_tokens=draw(ints),
-        kv_capacity_tokens=draw(ints), prefill_tokens=draw(ints), steps_used=steps,
-        accepted_drafts=np.array(accepted, dtype=np.int8), step_latency_s=draw(times),
+        step_index=draw(st.integers(0, 2**62)), time_s=draw(times), batch_size=batch,
+        waiting_requests=draw(ints), running_requests=draw(ints),
+        kv_used_tokens=draw(st.integers(0, capacity or MAX_KV_TOKENS)),
+        kv_capacity_tokens=capacity, prefill_tokens=draw(ints), steps_used=steps,
+        accepted_drafts=np.array(accepted, dtype=np.int8), step_latency_s=draw(latencies),
     )
 
 
@@ -103,18 +112,18 @@ def _telemetry(**changes) -> list:
     (msgpack.packb([True, 2]), "version"),
     (msgpack.packb([WIRE_VERSION, 9]), "kind"),
     (msgpack.packb([WIRE_VERSION, 2, "s"]), "malformed"),
-    (msgpack.packb(_telemetry(rank=-1)), "malformed"),
+    (msgpack.packb(_telemetry(rank=-1)), "range"),
     (msgpack.packb(_telemetry(rank=True)), "malformed"),
     (msgpack.packb(_telemetry(server="")), "malformed"),
     (msgpack.packb(_telemetry(server="x" * 300)), "malformed"),
-    (msgpack.packb(_telemetry(time=float("nan"))), "malformed"),
+    (msgpack.packb(_telemetry(time=float("nan"))), "range"),
     (msgpack.packb(_telemetry(latency="fast")), "malformed"),
     (msgpack.packb(_telemetry(accepted=[1, 2]), use_bin_type=True), "malformed"),
     (msgpack.packb(_telemetry(total=4), use_bin_type=True), "malformed"),
     (msgpack.packb(_telemetry(count=1), use_bin_type=True), "malformed"),
     (msgpack.packb(_telemetry(batch=1), use_bin_type=True), "malformed"),
     (msgpack.packb(_telemetry(accepted=bytes([255, 4]), total=259), use_bin_type=True),
-     "malformed"),  # int8 -1
+     "range"),  # int8 -1
     (msgpack.packb([WIRE_VERSION, 3, 1, 2, "p", 1, [], []]), "malformed"),
     (msgpack.packb([WIRE_VERSION, 3, 1, 2, "p", 0, [1], [3]]), "malformed"),
     (msgpack.packb([WIRE_VERSION, 3, 1, 2, "p", 1, [8, 1], [3, 2]]), "malformed"),
@@ -124,6 +133,80 @@ def _telemetry(**changes) -> list:
 ])
 def test_bad_frames_are_rejected_with_their_kind(frame, kind):
     assert _kind(frame) == kind
+
+
+# Values of the right type that no server can send: each names its field.
+@pytest.mark.parametrize(("changes", "field"), [
+    (dict(time=-1.0), "time_s"),
+    (dict(time=float("inf")), "time_s"),
+    (dict(latency=-0.01), "step_latency_s"),
+    (dict(latency=1e308), "step_latency_s"),  # issue 10 #3: poisoned the stream for good
+    (dict(latency=5e-324), "step_latency_s"),  # (and its reciprocal overflowed)
+    (dict(latency=MAX_STEP_LATENCY_S * 2), "step_latency_s"),
+    (dict(latency=float("nan")), "step_latency_s"),
+    (dict(batch=10**10), "batch_size"),  # issue 10 #2: made the latency model singular
+    (dict(batch=MAX_BATCH + 1), "batch_size"),
+    (dict(waiting=-3), "waiting_requests"),
+    (dict(running=2**40), "running_requests"),
+    (dict(kv=2**40, cap=2**40), "kv_used_tokens"),
+    (dict(kv=101, cap=100), "kv_used_tokens"),
+    (dict(prefill=2**40), "prefill_tokens"),
+    (dict(steps=1), "accepted_drafts"),  # 2 accepted drafts from 1 draft step
+    (dict(rank=2**20), "rank"),
+])
+def test_out_of_range_values_are_rejected_naming_the_field(changes, field):
+    with pytest.raises(WireError) as info:
+        decode(msgpack.packb(_telemetry(**changes), use_bin_type=True))
+    assert info.value.kind == "range" and info.value.field == field
+    assert field in str(info.value)
+
+
+def test_pack_telemetry_with_an_absurd_batch_is_rejected_at_decode():
+    """The exact frame of issue 10 #2."""
+    frame = pack_telemetry("s", 0, 1, 0.5, 10**10, 0, 1, 10, 100, 0, 0, b"", 0, 0.01)
+    with pytest.raises(WireError, match="batch_size"):
+        decode(frame)
+
+
+def test_zero_latency_means_not_measured_and_passes():
+    assert decode(msgpack.packb(_telemetry(latency=0), use_bin_type=True)).step_latency_s == 0.0
+
+
+def test_hello_of_another_schema_version_is_rejected():
+    frame = msgpack.packb([WIRE_VERSION, 1, "s", 0, 99, [0, 1], "c", 1])
+    with pytest.raises(WireError) as info:
+        decode(frame)
+    assert info.value.kind == "version" and info.value.field == "schema_version"
+
+
+@pytest.mark.parametrize("frame", [
+    b"\x91" * 1010 + b"\xc0",  # issue 10 #1: RecursionError describing it
+    b"\x92" + b"\x91" * 1010 + b"\xc0\x02",  # ...as the version
+    b"\x92\x01" + b"\x91" * 1010 + b"\xc0",  # ...as the kind
+    # ...as a HELLO's server name, 7 valid items around it
+    b"\x98\x01\x01" + b"\x91" * 1010 + b"\xc0"
+    + b"".join(msgpack.packb(v) for v in (0, 1, [0], "c", 1)),
+])
+def test_deeply_nested_frames_are_rejected_not_recursed_into(frame):
+    with pytest.raises(WireError) as info:
+        decode(frame)
+    assert info.value.kind in ERROR_KINDS
+    assert len(str(info.value)) < 200
+
+
+def test_every_socket_gets_the_transport_size_cap():
+    import zmq
+
+    context = zmq.Context()
+    try:
+        for kind in (zmq.ROUTER, zmq.DEALER):
+            sock = context.socket(kind)
+            apply_socket_limits(sock)
+            assert sock.getsockopt(zmq.MAXMSGSIZE) == TRANSPORT_MAX_MSG_BYTES == 1 << 20
+            assert sock.getsockopt(zmq.LINGER) == 0 and sock.getsockopt(zmq.IPV6) == 1
+            sock.close()
+    finally:
+        context.term()
 
 
 def test_well_formed_telemetry_frame_passes():
