@@ -5,8 +5,9 @@
 #   .h200/whl-a, .h200/whl-b  the pinned SGLang 0.5.15.post1 wheels for Python 3.12 (list:
 #                             wheels.txt, from shared/tools/sglang-h200/RECIPE.md), with
 #                             sglang-kernel trimmed to 16 MiB, plus specctl's own needs and a
-#                             wheel of this project; split in two so that each half travels
-#                             with the working tree under the 64 MiB limit of one call
+#                             wheel of this project (sglang_specctl-*.whl); split in two so
+#                             that each half travels with the working tree under the 64 MiB
+#                             limit of one call
 #   .h200/models/{target,draft}  config-only model folders (Llama-3.1-8B shape, EAGLE-3 head)
 #   .h200/site/sitecustomize.py  a stand-in for SGLang's DSA attention backend module, whose
 #                             imports (cutlass, deep_gemm) are not available there
