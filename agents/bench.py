@@ -23,6 +23,8 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from agents import checks
+from agents.cli import hydra_app
 from agents.policies import make_policy
 from agents.report import plot_sweep, sweep_table
 from env.factory import make_acceptance, make_closed_loop, make_profile, make_scheduler_config
@@ -101,10 +103,22 @@ def write_outputs(document: dict, out_dir: Path, plot: bool = True) -> None:
                    title=f"profile {document['profile']}")
 
 
-@hydra.main(config_path="pkg://configs", config_name="bench", version_base=None)
+def check_settings(settings: Mapping[str, Any]) -> None:
+    """Every name, file and number of a bench config, before the sweep starts."""
+    profile = checks.profile("profile", settings["profile"])
+    checks.concurrency("concurrency", settings["concurrency"])
+    checks.workload("workload", settings["workload"])
+    if "ppo" in settings["policies"]:
+        checks.policy_file("policy_path", settings.get("policy_path"))
+    checks.policies("policies", settings["policies"], profile=profile,
+                    max_depth=int(settings["max_depth"]), policy_path=settings.get("policy_path"))
+
+
+@hydra_app("bench", prog="specctl-bench")
 def main(cfg: DictConfig) -> None:
     """Hydra entry point of ``specctl-bench``."""
     settings = OmegaConf.to_container(cfg, resolve=True)
+    check_settings(settings)
     document = run_sweep(settings)
     out_dir = Path(hydra.core.hydra_config.HydraConfig.get().runtime.output_dir)
     write_outputs(document, out_dir, plot=bool(cfg.plot))

@@ -20,9 +20,9 @@ import sys  # noqa: E402
 import threading  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
+from agents.cli import hydra_app  # noqa: E402
 from controller.default_policy import default_policy_path  # noqa: E402
 from controller.metrics import Metrics  # noqa: E402
 from controller.policy_file import PolicyFileError  # noqa: E402
@@ -101,7 +101,7 @@ def serve(cfg: DictConfig, stop: threading.Event | None = None) -> int:
     return 0
 
 
-@hydra.main(config_path="pkg://configs", config_name="serve", version_base=None)
+@hydra_app("serve", prog="specctl-serve")
 def main(cfg: DictConfig) -> None:
     """Console entry point (``specctl-serve``)."""
     code = serve(cfg)

@@ -22,8 +22,10 @@ Keys:
 
 Prints the per-point errors, the median and the worst, and how many decode steps
 were left out as non-physical (more than 100x the median step). Refuses (exit
-status 1, naming the coefficients and the data they need) a trace that cannot
-determine the free coefficients, e.g. one (batch size, depth) cell for six of them.
+status 2, naming the coefficients and the data they need) a trace that cannot
+determine the free coefficients, e.g. one (batch size, depth) cell for six of them;
+any other mistake (a missing or unreadable trace, an unknown key) is one line and
+exit status 2 as well (``SPECCTL_DEBUG=1`` shows the traceback).
 """
 
 from __future__ import annotations
@@ -31,7 +33,15 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from env.cost_model import DEFAULT_FREE, fit_profile_from_trace, load_profile, save_profile
+from agents import checks
+from agents.cli import UsageError, reported
+from env.cost_model import (
+    COEFFICIENTS,
+    DEFAULT_FREE,
+    fit_profile_from_trace,
+    load_profile,
+    save_profile,
+)
 from env.trace_format import read_trace
 
 _KEYS = {"trace", "out", "template", "draft_extend", "free", "name", "per_cell"}
@@ -44,13 +54,20 @@ def _parse(argv: Sequence[str]) -> dict[str, str]:
     for item in argv:
         key, sep, value = item.lstrip("+").partition("=")
         if not sep:
-            raise SystemExit(f"expected key=value, got {item!r} (see --help)")
+            raise UsageError(f"expected key=value, got {item!r} (see --help)")
         if key not in _KEYS:
-            raise SystemExit(f"unknown key {key!r}; known keys: {sorted(_KEYS)}")
+            raise UsageError(f"unknown key {key!r}; known keys: {', '.join(sorted(_KEYS))}")
         args[key] = value
     if "trace" not in args:
-        raise SystemExit("missing trace=PATH (see --help)")
+        raise UsageError("missing trace=PATH (see --help)")
     return args
+
+
+def _flag(args: dict[str, str], key: str) -> bool:
+    value = args.get(key, "true").lower()
+    if value not in _TRUE | _FALSE:
+        raise UsageError(f"{key}={value}: expected true or false")
+    return value in _TRUE
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -59,21 +76,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(a in ("-h", "--help") for a in argv):
         print(__doc__)
         return 0
-    args = _parse(argv)
-    flag = args.get("draft_extend", "true").lower()
-    if flag not in _TRUE | _FALSE:
-        raise SystemExit(f"draft_extend must be true or false, got {flag!r}")
+    with reported("specctl-fit-profile"):
+        return _fit(_parse(argv))
+
+
+def _fit(args: dict[str, str]) -> int:
+    draft_extend, per_cell = _flag(args, "draft_extend"), _flag(args, "per_cell")
     free = tuple(f for f in args.get("free", ",".join(DEFAULT_FREE)).split(",") if f)
-    per_cell = args.get("per_cell", "true").lower()
-    if per_cell not in _TRUE | _FALSE:
-        raise SystemExit(f"per_cell must be true or false, got {per_cell!r}")
-    try:
-        template = load_profile(args.get("template", "h200_llama31_8b"))
-        trace = read_trace(args["trace"])
-        profile, report = fit_profile_from_trace(trace, template, draft_extend=flag in _TRUE,
-                                                 free=free, per_cell=per_cell in _TRUE)
-    except (OSError, ValueError) as exc:  # bad file, bad trace, nothing to fit: say which
-        raise SystemExit(f"specctl-fit-profile: {exc}") from None
+    unknown = [f for f in free if f not in COEFFICIENTS]
+    if unknown or not free:
+        raise UsageError(f"free={args.get('free', '')}: unknown coefficient(s) {unknown}; "
+                         f"choose from {', '.join(COEFFICIENTS)}")
+    name = args.get("template", "h200_llama31_8b")
+    template = checks.setting("template", name, lambda: load_profile(name))
+    if not any(c in args["trace"] for c in "*?["):  # a glob is the reader's to expand
+        checks.existing_file("trace", args["trace"])
+    trace = checks.setting("trace", args["trace"], lambda: read_trace(args["trace"]))
+    # Nothing to fit (e.g. one cell for six coefficients) is a property of the trace.
+    profile, report = checks.setting("trace", args["trace"], lambda: fit_profile_from_trace(
+        trace, template, draft_extend=draft_extend, free=free, per_cell=per_cell))
     if "name" in args:
         profile = profile.replace(name=args["name"])
     provenance = dict(profile.provenance)

@@ -307,10 +307,10 @@ def test_fit_profile_from_trace_and_cli(tmp_path, capsys):
     cli_profile = load_profile(out)
     assert cli_profile.name == "mine"
     assert "trace.parquet" in cli_profile.provenance["calibrated_to"]
-    with pytest.raises(SystemExit):
-        fit_profile_main(["out=x.yaml"])
-    with pytest.raises(SystemExit):
-        fit_profile_main([f"trace={path}", "bogus=1"])
+    for argv in (["out=x.yaml"], [f"trace={path}", "bogus=1"]):
+        with pytest.raises(SystemExit) as exit_:
+            fit_profile_main(argv)
+        assert exit_.value.code == 2
     with pytest.raises(ValueError, match="cell has 5 decode steps"):
         fit_profile_from_trace(read_trace(path), template)  # 270 distinct cells
 

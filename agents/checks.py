@@ -1,0 +1,103 @@
+"""Checks of a command's settings before any work starts.
+
+Each check builds what the setting names (a profile, a policy, a workload), in the parent
+process and before any worker starts, and turns a failure into a :class:`UsageError`
+naming the key, the value and what is wrong or valid: ``profile=nosuch: unknown profile
+'nosuch': ... shipped profiles [...]`` rather than a traceback from a worker process minutes
+later. :mod:`agents.cli` prints it as one line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from agents.cli import UsageError, one_line, user_error_types
+
+T = TypeVar("T")
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(_show(v) for v in value) + "]"
+    if isinstance(value, Mapping):
+        return "{" + ",".join(f"{k}:{_show(v)}" for k, v in value.items()) + "}"
+    return "null" if value is None else str(value)
+
+
+def setting(key: str, value: Any, build: Callable[[], T]) -> T:
+    """``build()``, with any failure to build from ``value`` reported against ``key``.
+
+    ``ValueError`` counts here (it does not in :func:`agents.cli.user_error_types`): the
+    builder is handed nothing but this one user-given value.
+    """
+    try:
+        return build()
+    except (*user_error_types(), ValueError) as exc:
+        raise UsageError(f"{key}={_show(value)}: {one_line(exc)}") from exc
+
+
+def existing_file(key: str, path: str | Path) -> Path:
+    """``path`` as a Path, if something exists there (what it holds is the reader's to check)."""
+    resolved = Path(path).expanduser()
+    if not resolved.exists():
+        raise UsageError(f"{key}={path}: no such file")
+    return resolved
+
+
+def profile(key: str, spec: Any):
+    """The cost profile a shipped name, a YAML path or a ``{profile: ...}`` entry names."""
+    from env.factory import make_profile
+
+    name = spec.get("profile") if isinstance(spec, Mapping) else spec
+    if name is None:
+        raise UsageError(f"{key}={_show(spec)}: expected a shipped profile name or a YAML path")
+    return setting(key, spec, lambda: make_profile(name))
+
+
+def concurrency(key: str, values: Sequence[Any]) -> list[int]:
+    """Concurrency levels: whole numbers >= 1."""
+    out = []
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise UsageError(f"{key}={_show(list(values))}: every concurrency must be a whole "
+                             f"number >= 1, got {value!r}")
+        out.append(value)
+    if not out:
+        raise UsageError(f"{key}=[]: give at least one concurrency, e.g. {key}=[1,16,64]")
+    return out
+
+
+def policy_file(key: str, path: str | None):
+    """An exported policy file (``None``: the shipped default)."""
+    from controller.default_policy import default_policy_path
+    from controller.policy_file import ExportedPolicy
+
+    if path is not None:
+        existing_file(key, path)
+    return setting(key, path, lambda: ExportedPolicy.load(path or default_policy_path()))
+
+
+def policies(key: str, names: Sequence[str], *, profile, max_depth: int,
+             policy_path: str | None = None) -> None:
+    """Every policy name builds (``ppo`` from ``policy_path``, checked by :func:`policy_file`)."""
+    from agents.policies import make_policy
+
+    if not names:
+        raise UsageError(f"{key}=[]: give at least one policy, e.g. {key}=[no_spec,static_3]")
+    for name in names:
+        setting(key, list(names), lambda n=name: make_policy(
+            str(n), profile=profile, max_depth=max_depth, policy_path=policy_path))
+
+
+def workload(key: str, cfg: Mapping[str, Any]) -> None:
+    """A workload entry: its trace file exists and reads (``path``), or its name is known."""
+    from env.factory import make_workload
+
+    path = cfg.get("path")
+    if path:
+        existing_file(f"{key}.path", path)
+        setting(f"{key}.path", path, lambda: make_workload(cfg))
+    else:
+        setting(f"{key}.name", cfg.get("name"), lambda: make_workload(cfg))

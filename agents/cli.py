@@ -1,0 +1,117 @@
+"""What every specctl console script shares: a user mistake ends in one line and exit status 2.
+
+A mistake on the command line or in an input file (an unknown profile or policy name, a
+missing or malformed trace, profile or policy file, a value out of range) raises one of
+:func:`user_error_types`; the console scripts print its message as one line,
+``specctl-bench: error: profile=nosuch: unknown profile ...``, and exit with status 2,
+the convention of argparse and Hydra for usage errors. Anything else is a bug and keeps
+its traceback. ``SPECCTL_DEBUG=1`` (or Hydra's ``HYDRA_FULL_ERROR=1``) shows the full
+traceback of user mistakes too.
+
+Worker processes need nothing of their own: :mod:`concurrent.futures` re-raises a worker's
+exception in the parent with its type and message, where :func:`reported` catches it.
+
+This module imports only the light modules that define those error types (no torch), so
+``specctl-serve`` and ``specctl-fit-profile`` use it as well.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+#: Exit status of a user mistake (argparse and Hydra use 2 for usage errors).
+USAGE_EXIT = 2
+#: Set to 1 to see the full traceback of a user mistake.
+DEBUG_VARIABLE = "SPECCTL_DEBUG"
+
+T = TypeVar("T")
+
+
+class UsageError(ValueError):
+    """A command-line value that cannot work; the message names the key, the value and
+    what is valid (see :mod:`agents.checks`)."""
+
+
+def user_error_types() -> tuple[type[BaseException], ...]:
+    """The exception types that mean a user mistake rather than a bug.
+
+    Each module's own error type already says which file, line or field is wrong; plain
+    ``OSError`` subclasses cover paths that do not exist or cannot be read.
+    """
+    from controller.policy_file import PolicyFileError
+    from controller.security import UnsafeEndpointError
+    from env.cost_model import ProfileError, UnidentifiableFitError
+    from env.trace_format import DataFileError
+
+    return (UsageError, ProfileError, UnidentifiableFitError, DataFileError, PolicyFileError,
+            UnsafeEndpointError, FileNotFoundError, IsADirectoryError, NotADirectoryError,
+            PermissionError)
+
+
+def debugging() -> bool:
+    """Whether the user asked for full tracebacks."""
+    return any(os.environ.get(name, "") not in ("", "0")
+               for name in (DEBUG_VARIABLE, "HYDRA_FULL_ERROR"))
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception's message on one line (OSError's ``[Errno 2]`` prefix left out)."""
+    if isinstance(exc, OSError) and exc.strerror and exc.filename is not None:
+        text = f"{exc.filename}: {exc.strerror.lower()}"
+    else:
+        text = str(exc) or type(exc).__name__
+    return " ".join(text.split())
+
+
+@contextmanager
+def reported(prog: str) -> Iterator[None]:
+    """Turn a user mistake raised inside the block into one line on stderr and exit 2."""
+    try:
+        yield
+    except user_error_types() as exc:
+        if debugging():
+            raise
+        print(f"{prog}: error: {one_line(exc)}", file=sys.stderr)
+        raise SystemExit(USAGE_EXIT) from None
+
+
+def hydra_app(config_name: str, prog: str) -> Callable[[Callable[[Any], T]], Callable[..., T]]:
+    """``hydra.main`` for a specctl command, with :func:`reported` around the task.
+
+    Hydra itself reports a bad override or an unknown config option (a few lines naming
+    the key and the choices) and exits with status 1; that is a user mistake too, so the
+    command exits with :data:`USAGE_EXIT` when it happens before the task starts. The
+    task's return value (a sweeper's objective) is passed through.
+    """
+    import hydra
+
+    def decorate(task: Callable[[Any], T]) -> Callable[..., T]:
+        started = False
+
+        @functools.wraps(task)
+        def guarded(cfg: Any) -> T:
+            nonlocal started
+            started = True
+            with reported(prog):
+                return task(cfg)
+
+        app = hydra.main(config_path="pkg://configs", config_name=config_name,
+                         version_base=None)(guarded)
+
+        @functools.wraps(task)
+        def main(*args: Any, **kwargs: Any) -> T:
+            try:
+                return app(*args, **kwargs)
+            except SystemExit as exc:
+                if exc.code == 1 and not started:  # Hydra's own report of a config mistake
+                    raise SystemExit(USAGE_EXIT) from None
+                raise
+
+        return main
+
+    return decorate
