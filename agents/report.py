@@ -9,26 +9,65 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt
+from rich import box
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 
 
-def sweep_table(results: Mapping[str, Mapping[str, Mapping]], title: str,
-                metric: str = "throughput_tok_s", console: Console | None = None) -> Table:
-    """Print (and return) policy x concurrency for one metric."""
-    concurrencies = sorted({int(c) for cells in results.values() for c in cells})
-    table = Table(title=title)
-    table.add_column("policy")
-    for c in concurrencies:
-        table.add_column(f"C={c}", justify="right")
-    for policy, cells in results.items():
-        row = []
-        for c in concurrencies:
-            value = cells.get(str(c), {}).get(metric)
-            row.append("-" if value is None else f"{value:,.1f}")
-        table.add_row(policy, *row)
-    (console or Console()).print(table)
+def _cell(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.1f}"
+
+
+def _header(policy: str) -> str:
+    # Policy names are snake_case: break at the first underscore so that a column is as
+    # narrow as its longer half ("sglang" over "adaptive") rather than the whole name.
+    return policy.replace("_", "\n", 1)
+
+
+def _table(title: str | None, concurrencies: list[int], cells: Mapping[str, list[str]],
+           policies: list[str]) -> Table:
+    table = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left")
+    table.add_column("C", justify="right", no_wrap=True)
+    for policy in policies:
+        table.add_column(_header(policy), justify="right", no_wrap=True)
+    for row, c in enumerate(concurrencies):
+        table.add_row(str(c), *(cells[p][row] for p in policies))
     return table
+
+
+def _width(console: Console, concurrencies: list[int], cells: Mapping[str, list[str]],
+           policies: list[str]) -> int:
+    table = _table(None, concurrencies, cells, policies)
+    unbounded = console.options.update_width(10_000)  # measured as if nothing were cut
+    return Measurement.get(console, unbounded, table).maximum
+
+
+def sweep_table(results: Mapping[str, Mapping[str, Mapping]], title: str,
+                metric: str = "throughput_tok_s", console: Console | None = None) -> list[Table]:
+    """Print (and return) one metric by concurrency (rows) and policy (columns).
+
+    Columns that do not fit the console's width (80 when the output is redirected) go into
+    further tables below the first, so that no cell is ever cut short.
+    """
+    console = console or Console()
+    concurrencies = sorted({int(c) for cells in results.values() for c in cells})
+    cells = {p: [_cell(results[p].get(str(c), {}).get(metric)) for c in concurrencies]
+             for p in results}
+    groups: list[list[str]] = [[]]
+    for policy in results:  # greedily, in the given order
+        if groups[-1] and _width(console, concurrencies, cells,
+                                 [*groups[-1], policy]) > console.width:
+            groups.append([])
+        groups[-1].append(policy)
+    tables = []
+    for i, group in enumerate(groups):
+        table = _table(title if i == 0 else None, concurrencies, cells, group)
+        console.print(table)
+        tables.append(table)
+    return tables
 
 
 def plot_sweep(results: Mapping[str, Mapping[str, Mapping]], path: Path, title: str = "") -> None:

@@ -2,8 +2,9 @@
 
 ``python -m env.calibration`` rewrites the three YAML files under
 ``env/profiles`` and the workload preset ``configs/workload/h200_measured.yaml``
-(the H200 fits need the measured data under ``shared/measured/``; without it
-the shipped H200 profile is kept and the other two are derived from it). It
+(the H200 fits read the measurements shipped in ``env/data/measured/``, a copy of
+the project's ``shared/measured/``; without them the shipped H200 profile is kept
+and the other two are derived from it). It
 simulates a few hundred thousand steps: about a minute on two cores.
 
 Three calibrations:
@@ -614,8 +615,9 @@ SGLANG_SPEC_DEFAULT_MAX_RUNNING_REQUESTS = 48
 
 
 def default_measured_dir() -> Path:
-    """``shared/measured/h200-sglang-0.5.15`` beside the repository checkout."""
-    return Path(__file__).resolve().parents[2] / "shared" / "measured" / "h200-sglang-0.5.15"
+    """The H200 measurements, shipped in ``env/data/measured/h200-sglang-0.5.15`` (a copy of
+    the project's ``shared/measured/`` folder, so that an installed package can refit)."""
+    return Path(__file__).resolve().parent / "data" / "measured" / "h200-sglang-0.5.15"
 
 
 def read_h200_points(measured_dir: str | Path | None = None) -> LatencyPoints:

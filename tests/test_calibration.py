@@ -4,7 +4,7 @@ Each sweep below is the README's command line, composed by Hydra from
 ``configs/bench.yaml`` and run by :func:`agents.bench.run_sweep`, the code path
 of ``specctl-bench`` (without the output files). The targets are the
 published / measured numbers themselves (``shared/anchors/PUBLISHED.md``,
-``shared/measured/h200-sglang-0.5.15``), so a drifting profile fails here.
+``env/data/measured/h200-sglang-0.5.15``, shipped), so a drifting profile fails here.
 The rest checks the simulator-in-the-loop machinery of :mod:`env.calibration`.
 """
 
@@ -26,8 +26,7 @@ from env.cost_model import load_profile
 from env.simulator import SchedulerConfig, Simulator
 from env.workloads import ClosedLoop
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-MEASURED = SHARED / "measured" / "h200-sglang-0.5.15"
+MEASURED = calibration.default_measured_dir()  # shipped with the package
 PRESET = Path(__file__).resolve().parents[1] / "configs" / "workload" / "h200_measured.yaml"
 
 # -- the README commands (specctl-bench overrides) -----------------------------------
@@ -97,10 +96,6 @@ def measured_sweep() -> dict[tuple[int, int], float]:
     return cells
 
 
-needs_measured = pytest.mark.skipif(not MEASURED.is_dir(),
-                                    reason="shared/ measured data not present")
-
-
 # -- end to end ---------------------------------------------------------------------
 
 
@@ -124,7 +119,6 @@ def test_h100_reproduces_table_3(h100_results, batch, speedup):
     assert got == pytest.approx(speedup, rel=H100_TOLERANCE.get(batch, TOLERANCE))
 
 
-@needs_measured
 def test_h200_reproduces_measured_sweep(h200_results):
     measured = measured_sweep()
     assert len(measured) == 42
@@ -140,7 +134,6 @@ def test_h200_reproduces_measured_sweep(h200_results):
     assert h200_results["no_spec"]["64"] < h200_results["no_spec"]["48"]
 
 
-@needs_measured
 def test_h200_profile_stays_fitted_to_step_latencies():
     report = calibration.FitReport.evaluate(load_profile("h200_llama31_8b"),
                                             calibration.read_h200_points(MEASURED))
@@ -163,7 +156,6 @@ def test_blackwell_and_h100_cells_are_the_recorded_ones(blackwell_results, h100_
             assert got == pytest.approx(row["simulated_tok_s"], rel=RECORDED), row["label"]
 
 
-@needs_measured
 def test_h200_cells_are_the_recorded_ones(h200_results):
     sweep = load_profile("h200_llama31_8b").provenance["sweep"]
     measured = measured_sweep()

@@ -34,8 +34,7 @@ from env.fit_profile import main as fit_profile_main
 from env.schema import StepRecord
 from env.trace_format import read_trace, write_trace
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-MEASURED = SHARED / "measured" / "h200-sglang-0.5.15"
+MEASURED = calibration.default_measured_dir()  # shipped with the package
 NAMES = ["blackwell_tp8", "h100_llama31_8b", "h200_llama31_8b", "h200_llama31_8b_recorded"]
 
 
@@ -165,7 +164,6 @@ def test_nnls_matches_brute_force(seed, m, n):
     assert np.sum((a @ x - b) ** 2) == pytest.approx(best, rel=1e-7, abs=1e-9)
 
 
-@pytest.mark.skipif(not MEASURED.is_dir(), reason="shared/ measured data not present")
 def test_h200_profile_fits_measured_data():
     profile = load_profile("h200_llama31_8b")
     points = calibration.read_h200_points(MEASURED)
@@ -221,7 +219,6 @@ def _assert_same(shipped, regenerated, where="") -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not MEASURED.is_dir(), reason="shared/ measured data not present")
 def test_calibration_regenerates_the_shipped_files(tmp_path, capsys):
     """``python -m env.calibration`` writes exactly the shipped profiles and preset (~1-2 min:
     it simulates every target cell several times)."""
