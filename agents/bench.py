@@ -15,7 +15,6 @@ import json
 import logging
 import math
 from collections.abc import Mapping
-from concurrent.futures import ProcessPoolExecutor
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from agents import checks
 from agents.cli import hydra_app
 from agents.policies import make_policy
+from agents.progress import run_all
 from agents.report import plot_sweep, sweep_table
 from env.factory import make_acceptance, make_closed_loop, make_profile, make_scheduler_config
 from env.features import FeatureSpec
@@ -67,13 +67,9 @@ def run_sweep(settings: Mapping[str, Any]) -> dict:
     """Every (policy, concurrency) cell; returns the ``results.json`` document."""
     settings = dict(settings)
     cells = [(p, int(c)) for p in settings["policies"] for c in settings["concurrency"]]
-    workers = max(1, int(settings.get("workers", 1)))
-    if workers == 1:
-        outcomes = [run_cell(settings, p, c) for p, c in cells]
-    else:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            futures = [pool.submit(run_cell, settings, p, c) for p, c in cells]
-            outcomes = [f.result() for f in futures]
+    outcomes = run_all(run_cell, [(settings, p, c) for p, c in cells],
+                       workers=max(1, int(settings.get("workers", 1))),
+                       desc=f"sweep {settings['profile']}")
     results: dict[str, dict[str, dict]] = {}
     for (policy, concurrency), outcome in zip(cells, outcomes, strict=True):
         results.setdefault(policy, {})[str(concurrency)] = {
@@ -122,8 +118,9 @@ def main(cfg: DictConfig) -> None:
     document = run_sweep(settings)
     out_dir = Path(hydra.core.hydra_config.HydraConfig.get().runtime.output_dir)
     write_outputs(document, out_dir, plot=bool(cfg.plot))
-    sweep_table(document["results"], title=f"{cfg.profile}: output tok/s by concurrency")
-    log.info("wrote %s", out_dir / "results.json")
+    sweep_table(document["results"],
+                title=f"output tok/s, {cfg.profile}")
+    log.info("results in %s (results.json%s)", out_dir, ", throughput.png" if cfg.plot else "")
 
 
 if __name__ == "__main__":
