@@ -13,17 +13,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from agents.cli import UsageError, one_line, user_error_types
+from agents.cli import UsageError, one_line, show, user_error_types
 
 T = TypeVar("T")
-
-
-def _show(value: Any) -> str:
-    if isinstance(value, list | tuple):
-        return "[" + ",".join(_show(v) for v in value) + "]"
-    if isinstance(value, Mapping):
-        return "{" + ",".join(f"{k}:{_show(v)}" for k, v in value.items()) + "}"
-    return "null" if value is None else str(value)
 
 
 def setting(key: str, value: Any, build: Callable[[], T]) -> T:
@@ -35,7 +27,7 @@ def setting(key: str, value: Any, build: Callable[[], T]) -> T:
     try:
         return build()
     except (*user_error_types(), ValueError) as exc:
-        raise UsageError(f"{key}={_show(value)}: {one_line(exc)}") from exc
+        raise UsageError(f"{key}={show(value)}: {one_line(exc)}") from exc
 
 
 def existing_file(key: str, path: str | Path) -> Path:
@@ -52,7 +44,7 @@ def profile(key: str, spec: Any):
 
     name = spec.get("profile") if isinstance(spec, Mapping) else spec
     if name is None:
-        raise UsageError(f"{key}={_show(spec)}: expected a shipped profile name or a YAML path")
+        raise UsageError(f"{key}={show(spec)}: expected a shipped profile name or a YAML path")
     return setting(key, spec, lambda: make_profile(name))
 
 
@@ -61,7 +53,7 @@ def concurrency(key: str, values: Sequence[Any]) -> list[int]:
     out = []
     for value in values:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise UsageError(f"{key}={_show(list(values))}: every concurrency must be a whole "
+            raise UsageError(f"{key}={show(list(values))}: every concurrency must be a whole "
                              f"number >= 1, got {value!r}")
         out.append(value)
     if not out:

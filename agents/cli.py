@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import textwrap
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -80,15 +81,71 @@ def reported(prog: str) -> Iterator[None]:
         raise SystemExit(USAGE_EXIT) from None
 
 
+def show(value: Any) -> str:
+    """A config value as it is written on the command line (``null``, ``true``, ``[a,b]``)."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if value is None:
+        return "null"
+    if isinstance(value, list | tuple) or type(value).__name__ == "ListConfig":
+        return "[" + ",".join(show(v) for v in value) + "]"
+    if isinstance(value, dict) or type(value).__name__ == "DictConfig":
+        return "{" + ",".join(f"{k}:{show(v)}" for k, v in value.items()) + "}"
+    return str(value)
+
+
+def _names(names: list[str]) -> str:
+    # The help texts put the list after a 13-character label ("  profiles   ").
+    return textwrap.fill(", ".join(names), width=88, initial_indent=" " * 13,
+                         subsequent_indent=" " * 13).lstrip()
+
+
+def _workload_names() -> str:
+    from importlib import resources
+
+    folder = resources.files("configs").joinpath("workload")
+    return _names(sorted(p.name[: -len(".yaml")] for p in folder.iterdir()
+                         if p.name.endswith(".yaml")))
+
+
+def _profile_names() -> str:
+    from env.cost_model import shipped_profiles
+
+    return _names(shipped_profiles())
+
+
+def _policy_names() -> str:
+    from agents.policies import POLICY_NAMES
+
+    return _names(list(POLICY_NAMES))
+
+
+def register_help_resolvers() -> None:
+    """``${specctl_profiles:}``, ``${specctl_policies:}``, ``${specctl_workloads:}``: the
+    valid names, as the ``--help`` texts (``configs/hydra/help/*.yaml``) list them, read
+    from what ships so that they cannot go stale; ``${specctl_show:${key}}``: a value as
+    it is written on the command line."""
+    from omegaconf import OmegaConf
+
+    for name, function in (("specctl_profiles", _profile_names),
+                           ("specctl_policies", _policy_names),
+                           ("specctl_workloads", _workload_names), ("specctl_show", show)):
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, function)
+
+
 def hydra_app(config_name: str, prog: str) -> Callable[[Callable[[Any], T]], Callable[..., T]]:
     """``hydra.main`` for a specctl command, with :func:`reported` around the task.
 
     Hydra itself reports a bad override or an unknown config option (a few lines naming
     the key and the choices) and exits with status 1; that is a user mistake too, so the
     command exits with :data:`USAGE_EXIT` when it happens before the task starts. The
-    task's return value (a sweeper's objective) is passed through.
+    task's return value (a sweeper's objective) is passed through. ``--help`` prints the
+    app's own ``hydra/help`` config (``configs/hydra/help/<config_name>.yaml``).
     """
     import hydra
+
+    register_help_resolvers()
 
     def decorate(task: Callable[[Any], T]) -> Callable[..., T]:
         started = False
