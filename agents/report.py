@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt
@@ -70,19 +71,47 @@ def sweep_table(results: Mapping[str, Mapping[str, Mapping]], title: str,
     return tables
 
 
-def plot_sweep(results: Mapping[str, Mapping[str, Mapping]], path: Path, title: str = "") -> None:
-    """Throughput against concurrency, one line per policy (log-scale concurrency)."""
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for policy, cells in results.items():
+#: Marker and line style per line, so that lines with equal values stay apart: a later
+#: line's smaller marker is drawn on top of an earlier one's larger marker.
+_MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "<", ">")
+_STYLES = ("-", "--", "-.", ":")
+
+
+def plot_sweep(results: Mapping[str, Mapping[str, Mapping]], path: Path, title: str = "",
+               baseline: str = "no_spec") -> None:
+    """Throughput against concurrency, one line per policy (log-scale concurrency); below
+    it, each policy's throughput relative to ``baseline`` (when it was run)."""
+    relative = baseline in results
+    fig, axes = plt.subplots(2 if relative else 1, 1, figsize=(7.5, 7 if relative else 4.5),
+                             sharex=True, squeeze=False)
+    top = axes[0][0]
+    for k, (policy, cells) in enumerate(results.items()):
         xs = sorted(int(c) for c in cells)
-        ys = [cells[str(c)]["throughput_tok_s"] for c in xs]
-        ax.plot(xs, ys, marker="o", label=policy)
-    ax.set_xscale("log")
-    ax.set_xlabel("concurrent clients")
-    ax.set_ylabel("output tokens / s")
-    ax.set_title(title)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+        ys = np.array([cells[str(c)]["throughput_tok_s"] for c in xs])
+        style = {"marker": _MARKERS[k % len(_MARKERS)], "linestyle": _STYLES[k % len(_STYLES)],
+                 "markersize": max(3.0, 9.0 - 0.8 * k), "label": policy, "zorder": 2 + k,
+                 "alpha": 0.9}
+        top.plot(xs, ys, **style)
+        if relative:
+            base = np.array([results[baseline].get(str(c), {}).get("throughput_tok_s", np.nan)
+                             for c in xs], dtype=float)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                axes[1][0].plot(xs, ys / base, **style)
+    top.set_xscale("log")
+    top.set_ylabel("output tokens / s")
+    top.set_title(title + "\n(simulated; C clients each sending the next request when the "
+                  "last finishes)", fontsize=10)
+    top.legend(fontsize=8, title="policy", title_fontsize=8)
+    if relative:
+        bottom = axes[1][0]
+        bottom.axhline(1.0, color="grey", linewidth=0.8)
+        bottom.set_ylabel(f"throughput / {baseline}'s\n(> 1: faster than {baseline})")
+    for (ax,) in axes:
+        ax.grid(True, alpha=0.3)
+    concurrencies = sorted({int(c) for cells in results.values() for c in cells})
+    axes[-1][0].set_xticks(concurrencies, [str(c) for c in concurrencies], fontsize=8)
+    axes[-1][0].minorticks_off()
+    axes[-1][0].set_xlabel("concurrent clients C")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
