@@ -93,3 +93,42 @@ def workload(key: str, cfg: Mapping[str, Any]) -> None:
         setting(f"{key}.path", path, lambda: make_workload(cfg))
     else:
         setting(f"{key}.name", cfg.get("name"), lambda: make_workload(cfg))
+
+
+def _named_profiles(cfg: Any) -> list[tuple[str, Any]]:
+    """(key, entry) of every server the run uses: ``profile=`` or each ``env.profiles`` entry
+    (``random`` stands for randomised servers and names no profile)."""
+    if cfg.get("profile"):
+        return [("profile", cfg.profile)]
+    entries = list(cfg.env.get("profiles") or [])
+    return [(f"env.profiles[{i}]", e) for i, e in enumerate(entries) if e != "random"]
+
+
+def run_config(cfg: Any, *, policy_key: str | None = None) -> None:
+    """The settings ``specctl-eval`` and ``specctl-train`` share, before any work starts:
+    servers, the workload, the policy file (``policy_key``), and, when an evaluation will
+    run, its policy names and concurrencies."""
+    from omegaconf import OmegaConf
+
+    profiles = [profile(key, entry) for key, entry in _named_profiles(cfg)]
+    workload_cfg = OmegaConf.to_container(cfg.workload, resolve=True) if "workload" in cfg else {}
+    if workload_cfg.get("path"):
+        workload("workload", workload_cfg)
+    policy_path = cfg.get(policy_key) if policy_key else None
+    if policy_key:
+        policy_file(policy_key, policy_path)
+    max_depth = int(cfg.env.max_depth)
+    teacher = cfg.get("agent", {}).get("pretrain", {}).get("teacher")
+    if teacher and profiles:
+        from agents.policies import make_policy
+
+        setting("agent.pretrain.teacher", teacher, lambda: make_policy(
+            str(teacher), profile=profiles[0], max_depth=max_depth))
+    if "eval" in cfg and cfg.get("evaluate", True) and profiles:
+        ev = cfg.eval
+        for key in ("policies", "sweep_policies"):
+            names = [str(n) for n in ev.get(key) or [] if str(n) != "ppo" or policy_key]
+            if names:
+                policies(f"eval.{key}", names, profile=profiles[0], max_depth=max_depth,
+                         policy_path=policy_path)
+        concurrency("eval.sweep_concurrency", list(ev.sweep_concurrency))

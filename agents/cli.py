@@ -94,6 +94,16 @@ def show(value: Any) -> str:
     return str(value)
 
 
+def _current(value: Any) -> str:
+    """``(now VALUE)`` for a ``--help`` text; a long list goes on lines of its own."""
+    text = show(value)
+    if len(text) <= 40:
+        return f"(now {text})"
+    items = ", ".join(show(v) for v in value)
+    return "(now\n" + textwrap.fill(f"[{items}])", width=88, initial_indent=" " * 30,
+                                    subsequent_indent=" " * 31)
+
+
 def _names(names: list[str]) -> str:
     # The help texts put the list after a 13-character label ("  profiles   ").
     return textwrap.fill(", ".join(names), width=88, initial_indent=" " * 13,
@@ -123,13 +133,13 @@ def _policy_names() -> str:
 def register_help_resolvers() -> None:
     """``${specctl_profiles:}``, ``${specctl_policies:}``, ``${specctl_workloads:}``: the
     valid names, as the ``--help`` texts (``configs/hydra/help/*.yaml``) list them, read
-    from what ships so that they cannot go stale; ``${specctl_show:${key}}``: a value as
-    it is written on the command line."""
+    from what ships so that they cannot go stale; ``${specctl_current:${key}}``: a key's
+    current value as it is written on the command line."""
     from omegaconf import OmegaConf
 
     for name, function in (("specctl_profiles", _profile_names),
                            ("specctl_policies", _policy_names),
-                           ("specctl_workloads", _workload_names), ("specctl_show", show)):
+                           ("specctl_workloads", _workload_names), ("specctl_current", _current)):
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, function)
 

@@ -10,7 +10,8 @@ output directory:
   "sweep_by_profile": {...}, "scenarios": [...], "checks": {...}}``;
 * ``report.md``: the tables and the target checks;
 * ``throughput_<profile>.png`` (throughput vs concurrency) and
-  ``policy_map_<profile>.png`` (steps chosen against batch size and acceptance).
+  ``policy_map_<profile>.png`` (the depth the policy chooses, by concurrency and
+  acceptance, in the sweep's own rollouts: :mod:`agents.policy_map`).
 
     specctl-eval                                  # the shipped default policy
     specctl-eval policy=outputs/train/.../policy.npz workload.path=my_trace.parquet
@@ -22,30 +23,27 @@ import json
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import hydra
-import matplotlib
 import numpy as np
 from omegaconf import DictConfig
 
+from agents import checks
 from agents.bench import run_sweep
+from agents.cli import hydra_app
 from agents.config import env_config
 from agents.policies import make_policy
+from agents.policy_map import plot_policy_map, policy_map
+from agents.progress import run_all
 from agents.report import plot_sweep
 from controller.default_policy import default_policy_path
-from controller.policy_file import ExportedPolicy
-from env.features import FeatureBuilder, FeatureSpec
+from env.features import FeatureSpec
 from env.rollout import DecisionLoop, rollout
 from env.scenarios import ScenarioSampler
-from env.schema import StepRecord
 from env.simulator import Simulator
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 
 log = logging.getLogger(__name__)
 
@@ -85,11 +83,7 @@ def evaluate_workloads(env: Mapping[str, Any], policies: Sequence[str], policy_p
     scenarios = _scenarios(env_json, windows, seed)
     tasks = [(env_json, windows, seed, i, p, policy_path)
              for i in range(len(scenarios)) for p in policies]
-    if workers > 1:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            outcomes = list(pool.map(_run_scenario, *zip(*tasks, strict=True), chunksize=4))
-    else:
-        outcomes = [_run_scenario(*task) for task in tasks]
+    outcomes = run_all(_run_scenario, tasks, workers=workers, desc="held-out windows")
 
     details: list[dict] = []
     for i, scenario in enumerate(scenarios):
@@ -184,54 +178,23 @@ def target_checks(document: dict, policy: str = "ppo") -> dict:
     return checks
 
 
-def policy_map(exported: ExportedPolicy, profile, path: Path,
-               batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128, 256),
-               accept_rates: Sequence[float] = (0.2, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)) -> np.ndarray:
-    """Steps the policy chooses against batch size and per-position acceptance rate.
-
-    The telemetry fed to the feature builder is synthetic but consistent: steps
-    at every depth with the profile's latency at that batch size and geometric
-    acceptance at the given rate.
-    """
-    rng = np.random.default_rng(0)
-    spec = exported.feature_spec
-    chosen = np.zeros((len(accept_rates), len(batch_sizes)), dtype=int)
-    for i, alpha in enumerate(accept_rates):
-        for j, batch in enumerate(batch_sizes):
-            builder = FeatureBuilder(spec)
-            kv = batch * 1500
-            for step in range(64):
-                depth = step % (spec.max_depth + 1)
-                accepted = np.minimum(rng.geometric(1 - alpha, batch) - 1, depth).astype(np.int8)
-                latency = profile.step_latency_s(batch, depth, kv, 0)
-                builder.update(StepRecord(
-                    server="map", rank=0, step_index=step, time_s=step * latency,
-                    batch_size=batch, waiting_requests=0, running_requests=batch,
-                    kv_used_tokens=kv, kv_capacity_tokens=profile.server.kv_capacity_tokens,
-                    prefill_tokens=0, steps_used=depth,
-                    accepted_drafts=accepted if depth else np.zeros(0, np.int8),
-                    step_latency_s=latency))
-            chosen[i, j] = exported.act(builder.observation(batch).vector)
-    fig, ax = plt.subplots(figsize=(7, 4))
-    image = ax.imshow(chosen, origin="lower", aspect="auto", cmap="viridis",
-                      vmin=0, vmax=spec.max_depth)
-    ax.set_xticks(range(len(batch_sizes)), [str(b) for b in batch_sizes])
-    ax.set_yticks(range(len(accept_rates)), [f"{a:.1f}" for a in accept_rates])
-    for (i, j), steps in np.ndenumerate(chosen):
-        ax.text(j, i, str(steps), ha="center", va="center", color="w", fontsize=8)
-    ax.set_xlabel("batch size")
-    ax.set_ylabel("per-position acceptance rate")
-    ax.set_title(f"{exported.name}: speculation steps chosen ({profile.name})")
-    fig.colorbar(image, ax=ax, label="steps")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return chosen
+#: What the report's numbers mean, at its top.
+READING_GUIDE = (
+    "Every number is from the simulator (`env/`): tok/s is output tokens per second of "
+    "simulated time, mean TPOT the mean time per output token of finished requests.",
+    "",
+    "*Oracle fraction*: a policy's throughput divided by that of `oracle` in the same "
+    "window, averaged over windows. The oracle knows every request's true acceptance and "
+    "picks, step by step, the depth that makes the current step fastest in tokens per "
+    "second, ignoring what that does to later steps (queueing, the cost of turning "
+    "speculation back on). It is a reference, not an upper bound: a fraction above 1 "
+    "means a policy did better than that greedy hindsight rule.",
+)
 
 
 def write_report(document: dict, out_dir: Path, title: str) -> None:
     """``report.md`` with the workload table, the sweep and the target checks."""
-    lines = [f"# {title}", ""]
+    lines = [f"# {title}", "", *READING_GUIDE, ""]
     for name, table in document["workloads"].items():
         lines += [f"## Workload `{name}` (held-out windows)", "",
                   "| policy | tok/s | mean TPOT ms | oracle fraction |", "|---|---|---|---|"]
@@ -266,8 +229,9 @@ def run_evaluation(cfg: DictConfig, policy_path: str | None, out_dir: Path) -> d
                                   int(ev.workers))
     sweep_profiles = list(ev.sweep_profiles or env["profiles"])
     document["sweep_by_profile"] = {}
+    sweep_settings = {}
     for profile in sweep_profiles:
-        settings = {
+        sweep_settings[profile] = settings = {
             "profile": profile, "acceptance": env.get("acceptance"),
             "max_depth": env["max_depth"], "policies": list(ev.sweep_policies),
             "policy_path": path, "concurrency": list(ev.sweep_concurrency),
@@ -285,26 +249,26 @@ def run_evaluation(cfg: DictConfig, policy_path: str | None, out_dir: Path) -> d
     document["policy"] = path
     document["checks"] = target_checks(document) if "ppo" in policies else {}
     if ev.policy_map and "ppo" in policies:
-        from env.factory import make_profile
-
-        exported = ExportedPolicy.load(path)
+        document["policy_map"] = {}
         for profile in sweep_profiles:
-            policy_map(exported, make_profile(profile), out_dir / f"policy_map_{profile}.png")
+            result = policy_map({**sweep_settings[profile], "policies": ["ppo"]}, "ppo")
+            plot_policy_map(result, out_dir / f"policy_map_{profile}.png", env["max_depth"])
+            document["policy_map"][profile] = result.as_dict()
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "results.json").write_text(json.dumps(document, indent=2))
     write_report(document, out_dir, title=f"specctl evaluation of {Path(path).name}")
     return document
 
 
-@hydra.main(config_path="pkg://configs", config_name="eval", version_base=None)
+@hydra_app("eval", prog="specctl-eval")
 def main(cfg: DictConfig) -> None:
     """Hydra entry point of ``specctl-eval``."""
+    checks.run_config(cfg, policy_key="policy")
     out_dir = Path(hydra.core.hydra_config.HydraConfig.get().runtime.output_dir)
     document = run_evaluation(cfg, cfg.policy, out_dir)
     for name, table in document["workloads"].items():
         log.info("%s: %s", name, {p: round(v["throughput_tok_s"], 1) for p, v in table.items()})
-    log.info("checks: %s", json.dumps(document["checks"]))
-    log.info("wrote %s", out_dir / "report.md")
+    log.info("report: %s (results.json and plots beside it)", out_dir / "report.md")
 
 
 if __name__ == "__main__":

@@ -261,6 +261,11 @@ class ExportedPolicyAdapter(Policy):
         return int(self.exported.act(obs.vector))
 
 
+#: The policy names ``make_policy`` knows (``static_<d>``: any depth 0..max_depth).
+POLICY_NAMES = ("no_spec", "static_<d>", "table", "sglang_adaptive", "goodput_greedy", "oracle",
+                "ppo")
+
+
 def make_policy(name: str, *, profile=None, max_depth: int = 7, policy_path: str | None = None,
                 skip_zero_step_draft_extend: bool = False) -> Policy:
     """Build a policy from its command-line name (see the module docstring)."""
@@ -289,7 +294,4 @@ def make_policy(name: str, *, profile=None, max_depth: int = 7, policy_path: str
         from controller.policy_file import ExportedPolicy
 
         return ExportedPolicyAdapter(ExportedPolicy.load(policy_path or default_policy_path()))
-    raise ValueError(
-        f"unknown policy {name!r}; choose from no_spec, static_<d>, table, sglang_adaptive, "
-        "goodput_greedy, oracle, ppo"
-    )
+    raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")

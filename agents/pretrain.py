@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 from stable_baselines3 import PPO
+from tqdm.auto import tqdm
 
 from agents.export import export_ppo
 from agents.policies import make_policy
@@ -47,7 +48,7 @@ class Demonstrations:
 
 
 def collect(env_cfg: dict[str, Any], teacher: str, steps: int, gamma: float, seed: int,
-            student: PPO | None = None) -> Demonstrations:
+            student: PPO | None = None, desc: str = "teacher steps") -> Demonstrations:
     """``steps`` decisions in training scenarios, labelled by ``teacher``.
 
     The teacher acts, or the ``student`` (its deterministic action, through the
@@ -59,7 +60,9 @@ def collect(env_cfg: dict[str, Any], teacher: str, steps: int, gamma: float, see
     observations, actions, rewards, ends = [], [], [], []
     obs, _ = env.reset(seed=seed)
     policy = _teacher_for(env, teacher)
+    bar = tqdm(total=steps, desc=desc, unit="step", disable=None, leave=False)
     while len(actions) < steps:
+        bar.update()
         label = policy.act(env.last_observation)
         observations.append(obs)
         actions.append(label)
@@ -70,6 +73,7 @@ def collect(env_cfg: dict[str, Any], teacher: str, steps: int, gamma: float, see
         if terminated or truncated:
             obs, _ = env.reset()
             policy = _teacher_for(env, teacher)
+    bar.close()
     returns = np.zeros(len(rewards))
     running = 0.0
     for i in range(len(rewards) - 1, -1, -1):
@@ -89,10 +93,11 @@ def merge(a: Demonstrations, b: Demonstrations) -> Demonstrations:
 def dagger(model: PPO, env_cfg: dict[str, Any], teacher: str, steps: int, rounds: int,
            gamma: float, seed: int, epochs: int = 20) -> dict[str, float]:
     """Teacher-driven round, then ``rounds - 1`` student-driven rounds, refitting each time."""
-    demos = collect(env_cfg, teacher, steps, gamma, seed)
+    demos = collect(env_cfg, teacher, steps, gamma, seed, desc=f"kick-start 1/{rounds}")
     stats = kickstart(model, demos, epochs=epochs, seed=seed)
     for r in range(1, rounds):
-        demos = merge(demos, collect(env_cfg, teacher, steps, gamma, seed + r, student=model))
+        demos = merge(demos, collect(env_cfg, teacher, steps, gamma, seed + r, student=model,
+                                     desc=f"kick-start {r + 1}/{rounds}"))
         stats = kickstart(model, demos, epochs=epochs, seed=seed + r)
     return stats
 

@@ -26,7 +26,6 @@ stable-baselines3's PPO:
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import time
 import warnings
@@ -41,7 +40,10 @@ from stable_baselines3 import PPO
 from stable_baselines3.common.callbacks import CallbackList, CheckpointCallback, EvalCallback
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
+from tqdm.auto import tqdm
 
+from agents import checks
+from agents.cli import hydra_app
 from agents.config import env_config
 from agents.evaluate import run_evaluation
 from agents.export import export_ppo
@@ -139,8 +141,10 @@ def train(cfg: DictConfig, out_dir: Path) -> Path:
     log.info("trained %d steps in %.0f s; exported %s", provenance["total_timesteps"], train_s,
              policy_path)
     if cfg.evaluate:
-        document = run_evaluation(cfg, str(policy_path), out_dir)
-        log.info("checks: %s", json.dumps(document["checks"]))
+        run_evaluation(cfg, str(policy_path), out_dir)
+        log.info("report: %s", out_dir / "report.md")
+    log.info("outputs in %s: policy.npz (serve it: specctl-serve policy=%s), tb/ "
+             "(tensorboard --logdir %s), checkpoints/", out_dir, policy_path, out_dir / "tb")
     return policy_path
 
 
@@ -151,7 +155,8 @@ def validation_scores(candidates: dict[str, ExportedPolicy], env_cfg: dict[str, 
     rng = np.random.default_rng(seed + 424_242)  # not the training episodes' stream
     spec = next(iter(candidates.values())).feature_spec
     ratios: dict[str, list[float]] = {name: [] for name in candidates}
-    for _ in range(scenarios):
+    for _ in tqdm(range(scenarios), desc="validation", unit="scenario", disable=None,
+                  leave=False):
         scenario = sampler.sample(rng)
         throughput = {}
         for name, exported in candidates.items():
@@ -185,9 +190,10 @@ def check_export(model: PPO, exported, env: SpecDecodeEnv, seed: int, steps: int
                            f"of {steps} observations")
 
 
-@hydra.main(config_path="pkg://configs", config_name="train", version_base=None)
+@hydra_app("train", prog="specctl-train")
 def main(cfg: DictConfig) -> None:
     """Hydra entry point of ``specctl-train``."""
+    checks.run_config(cfg)
     out_dir = Path(hydra.core.hydra_config.HydraConfig.get().runtime.output_dir)
     train(cfg, out_dir)
 

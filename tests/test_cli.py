@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
@@ -19,12 +20,30 @@ REPO = Path(__file__).resolve().parents[1]
 
 def run_command(module: str, *args: str, tmp_path: Path, debug: bool = False
                 ) -> subprocess.CompletedProcess:
+    """The command as a user runs it, in its own process."""
     env = {k: v for k, v in os.environ.items() if k not in ("SPECCTL_DEBUG", "HYDRA_FULL_ERROR")}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
     if debug:
         env["SPECCTL_DEBUG"] = "1"
     return subprocess.run([sys.executable, "-m", module, *args, f"hydra.run.dir={tmp_path}"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+
+
+def invoke(module: str, *args: str, tmp_path: Path, capsys, monkeypatch
+           ) -> subprocess.CompletedProcess:
+    """The command's entry point called in this process (the same code path as
+    :func:`run_command`, without a new interpreter importing torch for each case)."""
+    main = importlib.import_module(module).main
+    monkeypatch.delenv("SPECCTL_DEBUG", raising=False)
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    monkeypatch.setattr(sys, "argv", [module, *args, f"hydra.run.dir={tmp_path}"])
+    code = 0
+    try:
+        main()
+    except SystemExit as exc:
+        code = exc.code
+    captured = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, captured.out, captured.err)
 
 
 def assert_one_line(result: subprocess.CompletedProcess, prog: str, starts: str) -> None:
@@ -43,10 +62,37 @@ def assert_one_line(result: subprocess.CompletedProcess, prog: str, starts: str)
      "no such file"),
     (["workload.path=README.md"], "workload.path=README.md: ", "unrecognised workload format"),
 ])
-def test_bench_mistakes_are_one_line(tmp_path, args, starts, says):
-    result = run_command("agents.bench", *args, "plot=false", tmp_path=tmp_path)
+def test_bench_mistakes_are_one_line(tmp_path, capsys, monkeypatch, args, starts, says):
+    result = invoke("agents.bench", *args, "plot=false", tmp_path=tmp_path, capsys=capsys,
+                    monkeypatch=monkeypatch)
     assert_one_line(result, "specctl-bench", starts)
     assert says in result.stderr
+
+
+@pytest.mark.parametrize(("args", "starts", "says"), [
+    (["profile=nosuch"], "profile=nosuch: ", "blackwell_tp8"),
+    (["eval.policies=[no_spec,nosuch]"], "eval.policies=[no_spec,nosuch]: ", "goodput_greedy"),
+    (["workload.path=/nonexistent"], "workload.path=/nonexistent: ", "no such file"),
+    (["eval.sweep_concurrency=[0]"], "eval.sweep_concurrency=[0]: ", ">= 1"),
+    (["policy=/nonexistent.npz"], "policy=/nonexistent.npz: ", "no such file"),
+    (["workload.path=README.md"], "workload.path=README.md: ", "unrecognised workload format"),
+])
+def test_eval_mistakes_are_one_line(tmp_path, capsys, monkeypatch, args, starts, says):
+    result = invoke("agents.evaluate", *args, tmp_path=tmp_path, capsys=capsys,
+                    monkeypatch=monkeypatch)
+    assert_one_line(result, "specctl-eval", starts)
+    assert says in result.stderr
+
+
+@pytest.mark.parametrize(("args", "starts"), [
+    (["profile=nosuch"], "profile=nosuch: "),
+    (["workload.path=/nonexistent"], "workload.path=/nonexistent: "),
+    (["agent.pretrain.teacher=nosuch"], "agent.pretrain.teacher=nosuch: "),
+])
+def test_train_mistakes_are_one_line(tmp_path, capsys, monkeypatch, args, starts):
+    result = invoke("agents.train", *args, tmp_path=tmp_path, capsys=capsys,
+                    monkeypatch=monkeypatch)
+    assert_one_line(result, "specctl-train", starts)
 
 
 def test_a_hydra_config_mistake_exits_2(tmp_path):
@@ -63,6 +109,11 @@ def test_the_debug_switch_shows_the_traceback(tmp_path):
 
 def _fail_in_worker(name: str) -> None:
     load_profile(name)
+
+
+def test_a_mistake_is_one_line_in_a_real_process(tmp_path):
+    result = run_command("agents.bench", "profile=nosuch", tmp_path=tmp_path)
+    assert_one_line(result, "specctl-bench", "profile=nosuch: ")
 
 
 def test_a_worker_process_mistake_is_one_line(capsys):
@@ -91,3 +142,21 @@ def test_checks_name_the_key_and_the_valid_values(tmp_path):
     with pytest.raises(UsageError, match=r"^policies=\[no_spec,static_x\]: .*static_<depth>"):
         checks.policies("policies", ["no_spec", "static_x"], profile=profile, max_depth=7)
     checks.policies("policies", ["no_spec", "static_3", "oracle"], profile=profile, max_depth=7)
+
+
+@pytest.mark.parametrize(("module", "prog"), [
+    ("agents.bench", "specctl-bench"), ("agents.evaluate", "specctl-eval"),
+    ("agents.train", "specctl-train"), ("controller.cli", "specctl-serve"),
+])
+def test_help_is_the_commands_own(tmp_path, capsys, monkeypatch, module, prog):
+    from env.cost_model import shipped_profiles
+
+    result = invoke(module, "--help", tmp_path=tmp_path, capsys=capsys, monkeypatch=monkeypatch)
+    assert result.returncode == 0, result.stderr
+    text = result.stdout
+    assert text.startswith(f"{prog}: ")
+    assert "powered by Hydra" not in text and "== Configuration groups ==" not in text
+    for name in shipped_profiles():
+        assert name in text
+    if prog != "specctl-serve":
+        assert "goodput_greedy" in text and "azure_conv" in text
