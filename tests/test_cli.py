@@ -36,7 +36,9 @@ def invoke(module: str, *args: str, tmp_path: Path, capsys, monkeypatch
     main = importlib.import_module(module).main
     monkeypatch.delenv("SPECCTL_DEBUG", raising=False)
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
-    monkeypatch.setattr(sys, "argv", [module, *args, f"hydra.run.dir={tmp_path}"])
+    # Hydra's logging set-up would disable every logger already created (other tests').
+    monkeypatch.setattr(sys, "argv", [module, *args, f"hydra.run.dir={tmp_path}",
+                                      "hydra/job_logging=none", "hydra/hydra_logging=none"])
     code = 0
     try:
         main()
