@@ -72,7 +72,7 @@ def _run_scenario(env_json: str, windows: int, seed: int, index: int, policy_nam
                         == "profile" else None)
     policy = make_policy(policy_name, profile=scenario.profile, max_depth=int(env["max_depth"]),
                          policy_path=policy_path,
-                         skip_zero_step_draft_extend=scenario.config.skip_zero_step_draft_extend)
+                         sim_config=scenario.config)
     result = rollout(loop, policy, seed=scenario.seed).as_dict()
     result["scenario"] = scenario.label
     return result

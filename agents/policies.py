@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from env.features import Observation
+from env.simulator import SchedulerConfig
 
 #: vLLM V1's documented EAGLE-3 example: [[min_batch, max_batch, steps], ...].
 VLLM_EAGLE3_TABLE: tuple[tuple[int, int, int], ...] = (
@@ -194,19 +195,17 @@ class GoodputGreedyPolicy(Policy):
 
     name = "goodput_greedy"
 
-    def __init__(self, profile, max_depth: int, skip_zero_step_draft_extend: bool = False) -> None:
+    def __init__(self, profile, max_depth: int, sim_config: SchedulerConfig | None = None) -> None:
         self.profile = profile
         self.max_depth = max_depth
-        self.skip_zero = skip_zero_step_draft_extend
+        self.config = sim_config or SchedulerConfig()
 
     def act(self, obs: Observation) -> int:
         batch = max(obs.batch_size, 1)
         best, best_rate = 0, -math.inf
         for depth in range(self.max_depth + 1):
             latency = self.profile.step_latency_s(
-                batch, depth, obs.kv_used_tokens, 0,
-                draft_extend=bool(depth) or not self.skip_zero,
-            )
+                batch, depth, obs.kv_used_tokens, 0, **self.config.latency_flags(depth))
             rate = batch * (1.0 + obs.expected_accepted[depth]) / latency
             if rate > best_rate:
                 best, best_rate = depth, rate
@@ -240,10 +239,8 @@ class OraclePolicy(Policy):
         best, best_rate = 0, -math.inf
         for depth in range(self.max_depth + 1):
             tokens = np.minimum(sim.true_accepted(depth) + 1, remaining).sum() if depth else n
-            latency = self.profile.step_latency_s(
-                n, depth, sim.kv_used, 0,
-                draft_extend=bool(depth) or not cfg.skip_zero_step_draft_extend,
-            )
+            latency = self.profile.step_latency_s(n, depth, sim.kv_used, 0,
+                                                  **cfg.latency_flags(depth))
             rate = tokens / latency
             if rate > best_rate:
                 best, best_rate = depth, rate
@@ -262,7 +259,7 @@ class ExportedPolicyAdapter(Policy):
 
 
 def make_policy(name: str, *, profile=None, max_depth: int = 7, policy_path: str | None = None,
-                skip_zero_step_draft_extend: bool = False) -> Policy:
+                sim_config: SchedulerConfig | None = None) -> Policy:
     """Build a policy from its command-line name (see the module docstring)."""
     if name == "no_spec":
         return StaticPolicy(0)
@@ -281,7 +278,7 @@ def make_policy(name: str, *, profile=None, max_depth: int = 7, policy_path: str
     if name in ("goodput_greedy", "oracle") and profile is None:
         raise ValueError(f"policy {name!r} needs a cost profile")
     if name == "goodput_greedy":
-        return GoodputGreedyPolicy(profile, max_depth, skip_zero_step_draft_extend)
+        return GoodputGreedyPolicy(profile, max_depth, sim_config)
     if name == "oracle":
         return OraclePolicy(profile, max_depth)
     if name == "ppo":

@@ -100,7 +100,7 @@ def dagger(model: PPO, env_cfg: dict[str, Any], teacher: str, steps: int, rounds
 def _teacher_for(env: SpecDecodeEnv, name: str):
     scenario = env.scenario
     policy = make_policy(name, profile=scenario.profile, max_depth=env.max_depth,
-                         skip_zero_step_draft_extend=scenario.config.skip_zero_step_draft_extend)
+                         sim_config=scenario.config)
     policy.reset(env.simulator)
     return policy
 

@@ -45,7 +45,7 @@ H200_COMMAND = [
     "profile=h200_llama31_8b",
     "policies=[no_spec,static_1,static_2,static_3,static_5,static_7]",
     "concurrency=[1,4,8,16,32,48,64]", "horizon_s=null", "requests_per_client=1",
-    "workload=h200_measured",
+    "workload=h200_measured", "sim.zero_step=sglang_steps0",
 ]
 
 # -- the targets, from PUBLISHED.md -------------------------------------------------
