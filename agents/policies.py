@@ -12,8 +12,13 @@ batch size of the step being decided. Names, as used on the command line and in
 ``table``              static per-batch-size table (vLLM V1 "dynamic SD" style)
 ``sglang_adaptive``    SGLang 0.5.23 ``--speculative-adaptive``: EMA of accepted drafts per
                        batch-size bucket, re-decided every few verify steps, hysteresis
-``goodput_greedy``     online acceptance estimate + the cost model: the depth maximising
-                       expected tokens per second (TurboSpec-like)
+``goodput_greedy``     online acceptance estimate + the cost profile handed to the
+                       controller: the depth maximising expected tokens per second
+                       (TurboSpec-like); with the true profile it is the kick-start teacher
+``goodput_online``     the same rule on the feature module's estimates (profile as prior,
+                       corrected by measured step latencies), probing a depth whose cost
+                       has not been measured lately: the best hand-written rule on the
+                       inputs the learned policy sees
 ``oracle``             hindsight: knows every request's true acceptance, picks the
                        per-step best (not achievable online; an upper reference)
 ``ppo``                an exported PPO policy (see :mod:`controller.policy_file`)
@@ -212,6 +217,51 @@ class GoodputGreedyPolicy(Policy):
         return best
 
 
+class GoodputOnlinePolicy(Policy):
+    """Greedy expected tokens per second on the observation's own estimates.
+
+    Latency per depth is the feature module's prediction (the handed profile, if
+    any, corrected by measured latencies; a depth not measured lately costs the
+    prior's guess), so it explores: until depths 0, 1 and the deepest (which
+    identify the latency model's off, speculation and per-draft terms) have each
+    been measured, it runs the least measured of them every ``warmup_gap``
+    decisions (a few, because telemetry lags); after that, every
+    ``probe_every`` decisions, the least measured depth if it has fewer than
+    ``min_samples`` recent measurements.
+    """
+
+    name = "goodput_online"
+
+    def __init__(self, max_depth: int, probe_every: int = 32, min_samples: float = 3.0,
+                 warmup_gap: int = 4) -> None:
+        self.max_depth = max_depth
+        self.probe_every = probe_every
+        self.min_samples = min_samples
+        self.warmup_gap = warmup_gap
+        self._key_depths = np.array(sorted({0, 1, max_depth}))
+        self.reset()
+
+    def reset(self, sim=None) -> None:
+        self._decisions = 0
+        self._last_probe = -10**9
+
+    def act(self, obs: Observation) -> int:
+        self._decisions += 1
+        samples = obs.cost_samples
+        since = self._decisions - self._last_probe
+        if samples.size:
+            key = samples[self._key_depths]
+            if key.min() < 1.0 and since >= self.warmup_gap:
+                self._last_probe = self._decisions
+                return int(self._key_depths[int(np.argmin(key))])
+            least = int(np.argmin(samples))
+            if samples[least] < self.min_samples and since >= self.probe_every:
+                self._last_probe = self._decisions
+                return least
+        rate = (1.0 + obs.expected_accepted) / obs.latency_pred_s
+        return int(np.argmax(rate[: self.max_depth + 1]))
+
+
 class OraclePolicy(Policy):
     """Hindsight per-step best: true acceptance of every running request, true cost.
 
@@ -275,6 +325,8 @@ def make_policy(name: str, *, profile=None, max_depth: int = 7, policy_path: str
         return StaticTablePolicy(max_depth=max_depth)
     if name == "sglang_adaptive":
         return SGLangAdaptivePolicy(max_depth=max_depth, initial_steps=max_depth)
+    if name == "goodput_online":
+        return GoodputOnlinePolicy(max_depth)
     if name in ("goodput_greedy", "oracle") and profile is None:
         raise ValueError(f"policy {name!r} needs a cost profile")
     if name == "goodput_greedy":
@@ -288,5 +340,5 @@ def make_policy(name: str, *, profile=None, max_depth: int = 7, policy_path: str
         return ExportedPolicyAdapter(ExportedPolicy.load(policy_path or default_policy_path()))
     raise ValueError(
         f"unknown policy {name!r}; choose from no_spec, static_<d>, table, sglang_adaptive, "
-        "goodput_greedy, oracle, ppo"
+        "goodput_greedy, goodput_online, oracle, ppo"
     )

@@ -157,9 +157,8 @@ def validation_scores(candidates: dict[str, ExportedPolicy], env_cfg: dict[str, 
         for name, exported in candidates.items():
             sim = Simulator(scenario.profile, scenario.acceptance, scenario.workload,
                             scenario.config, seed=scenario.seed)
-            prior = scenario.profile if env_cfg.get("cost_prior", "profile") == "profile" else None
             loop = DecisionLoop(sim, spec, int(env_cfg["feedback_lag"]), scenario.horizon_s,
-                                cost_prior=prior)
+                                cost_prior=scenario.prior)
             throughput[name] = rollout(loop, ExportedPolicyAdapter(exported, name)).throughput_tok_s
         first = next(iter(throughput.values()))
         if first > 0:

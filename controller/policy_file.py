@@ -29,7 +29,9 @@ import numpy as np
 from env.features import FeatureSpec
 
 FORMAT = "specctl-policy"
-FORMAT_VERSION = 1
+#: 2: feature spec version 2 (the observation gained per-depth cost confidence and the
+#: cost profile's presence and error; steps 0 means the plugin's real off switch).
+FORMAT_VERSION = 2
 _ACTIVATIONS = {"tanh": np.tanh, "relu": lambda x: np.maximum(x, 0.0)}
 
 
@@ -131,7 +133,9 @@ class ExportedPolicy:
         if meta.get("format_version") != FORMAT_VERSION:
             raise PolicyFileError(
                 f"{path}: field 'format_version' is {meta.get('format_version')!r}; "
-                f"this build reads version {FORMAT_VERSION}"
+                f"this build reads version {FORMAT_VERSION} only (version 1 policies were "
+                "trained on the old observation and on steps=0 costing SGLang's steps=0, "
+                "not a real off switch: retrain with specctl-train)"
             )
         n_layers = sum(1 for key in arrays if key.startswith("w"))
         try:

@@ -104,3 +104,19 @@ def test_oracle_picks_the_true_per_step_best():
         tokens = np.minimum(sim.true_accepted(d) + 1, remaining).sum() if d else len(remaining)
         rates.append(tokens / profile.step_latency_s(16, d, sim.kv_used, 0))
     assert choice == int(np.argmax(rates))
+
+
+def test_goodput_online_measures_off_one_and_deepest_before_trusting_its_model():
+    from agents.policies import GoodputOnlinePolicy
+
+    policy = GoodputOnlinePolicy(max_depth=7, warmup_gap=1)
+    builder = FeatureBuilder()
+    probes = []
+    for i in range(12):
+        action = policy.act(builder.observation(8))
+        probes.append(action)
+        builder.update(_verify(i, 8, action, min(action, 1)))
+    assert {0, 1, 7} <= set(probes[:3])
+    # Measured: speculation at this server costs nothing extra, drafts are accepted:
+    # after the probes it speculates.
+    assert probes[-1] > 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -72,8 +73,9 @@ def test_train_and_eval_commands_end_to_end(tmp_path):
         "agent.n_envs=2", "agent.eval_every_steps=512", "agent.eval_episodes=1",
         "agent.checkpoint_every_steps=512", "agent.pretrain.steps_per_round=500",
         "agent.pretrain.rounds=2", "agent.pretrain.epochs=2",
-        "eval.windows=1", "eval.workers=1", "eval.sweep_concurrency=[1,8]",
-        "eval.sweep_horizon_s=2", "eval.policies=[no_spec,static_3,goodput_greedy,oracle,ppo]",
+        "eval.windows=1", "eval.workers=1", "eval.horizon_s=2", "eval.prior_modes=[exact,none]",
+        "eval.sweep_concurrency=[1,8]", "eval.sweep_horizon_s=2",
+        "eval.policies=[no_spec,static_3,goodput_greedy,goodput_online,oracle,ppo]",
         "eval.sweep_policies=[no_spec,static_3,ppo]", "eval.policy_map=true",
     ]
     train_dir = tmp_path / "train"
@@ -88,15 +90,24 @@ def test_train_and_eval_commands_end_to_end(tmp_path):
     assert any((train_dir / "checkpoints").glob("ppo_*.zip"))
 
     eval_dir = tmp_path / "eval"
-    subprocess.run([sys.executable, "-m", "agents.evaluate", *tiny[:4], *tiny[-6:],
-                    f"policy={train_dir / 'policy.npz'}", f"hydra.run.dir={eval_dir}"],
-                   check=True, capture_output=True, timeout=600)
+    # A profile given as a YAML path (plots are named by its stem), its eval settings.
+    profile_yaml = Path(__file__).resolve().parents[1] / "env" / "profiles" / "h200_llama31_8b.yaml"
+    subprocess.run([sys.executable, "-m", "agents.evaluate", f"profile={profile_yaml}",
+                    tiny[0], *tiny[2:4], *tiny[-9:], f"policy={train_dir / 'policy.npz'}",
+                    f"hydra.run.dir={eval_dir}"], check=True, capture_output=True, timeout=600)
     document = json.loads((eval_dir / "results.json").read_text())
+    assert (eval_dir / "throughput_h200_llama31_8b.png").exists()
     table = document["workloads"]["fixed"]
-    assert set(table) == {"no_spec", "static_3", "goodput_greedy", "oracle", "ppo"}
+    assert set(table) == {"no_spec", "static_3", "goodput_greedy", "goodput_online", "oracle",
+                          "ppo"}
     for row in table.values():
-        assert set(row) >= {"throughput_tok_s", "mean_tpot_ms", "oracle_fraction"}
-    assert table["oracle"]["oracle_fraction"] == 1.0
+        assert set(row) >= {"throughput_tok_s", "mean_tpot_ms", "oracle_fraction", "off_share"}
+    # The reference is the better of the per-step oracle and every fixed depth run.
+    assert max(table[p]["oracle_fraction"] for p in ("oracle", "no_spec", "static_3")) <= 1.0
+    assert set(document["cells"]) == {"h200_llama31_8b/fixed/exact",
+                                      "h200_llama31_8b/fixed/none"}
+    # No profile handed: goodput_greedy has nothing to run on and is left out there.
+    assert "goodput_greedy" not in document["cells"]["h200_llama31_8b/fixed/none"]
     assert set(document["sweep"]) == {"no_spec", "static_3", "ppo"}
     assert set(document["sweep"]["ppo"]) == {"1", "8"}
     assert "Target checks" in (eval_dir / "report.md").read_text()
