@@ -190,12 +190,61 @@ class SGLangAdaptivePolicy(Policy):
         slot.current = cands[idx]
 
 
+class _GreedyRule:
+    """What both goodput rules share: hysteresis and probing acceptance while off.
+
+    * A switch needs ``1 + hysteresis`` times the current depth's expected rate:
+      near break-even a myopic rule flips on and off, and every return from off
+      drafts from a cold state.
+    * While off, no acceptance is measured, so an estimate made under different
+      traffic would keep speculation off for good. Off steps earn a probing
+      budget (``probe_share`` of their predicted time); once it covers the extra
+      cost of ``probe_steps`` steps at ``probe_depth``, the rule speculates for
+      that many steps (the first one back drafts from a cold state and the
+      feature module leaves it out, so a probe is two steps).
+    """
+
+    def __init__(self, max_depth: int, hysteresis: float = 0.03, probe_share: float = 0.01,
+                 probe_depth: int = 1, probe_steps: int = 2) -> None:
+        self.max_depth = max_depth
+        self.hysteresis = hysteresis
+        self.probe_share = probe_share
+        self.probe_depth = min(probe_depth, max_depth)
+        self.probe_steps = probe_steps
+        self.reset()
+
+    def reset(self, sim=None) -> None:
+        self._budget_s = 0.0
+        self._last = 0
+        self._probing = 0
+
+    def choose(self, rate: np.ndarray, latency_s: np.ndarray) -> int:
+        """The depth to run, given the expected rate and latency of every depth."""
+        best = int(np.argmax(rate))
+        current = min(self._last, len(rate) - 1)
+        if rate[best] <= rate[current] * (1.0 + self.hysteresis):
+            best = current
+        if self._probing:
+            self._probing -= 1
+            return self.probe_depth
+        if best == 0:
+            self._budget_s += self.probe_share * float(latency_s[0])
+            extra = self.probe_steps * float(latency_s[self.probe_depth] - latency_s[0])
+            if self._budget_s >= extra > 0:
+                self._budget_s = 0.0
+                self._probing = self.probe_steps - 1
+                best = self.probe_depth
+        self._last = best
+        return best
+
+
 class GoodputGreedyPolicy(Policy):
     """Maximise expected tokens per second of the next step under the cost model.
 
     Expected accepted drafts per request at depth d come from the observation's
     online acceptance estimate; step latency from the cost profile at the
-    decided batch size and the reported KV use (TurboSpec/SmartSpec-style).
+    decided batch size and the reported KV use (TurboSpec/SmartSpec-style),
+    with the hysteresis and acceptance probing of :class:`_GreedyRule`.
     """
 
     name = "goodput_greedy"
@@ -204,17 +253,18 @@ class GoodputGreedyPolicy(Policy):
         self.profile = profile
         self.max_depth = max_depth
         self.config = sim_config or SchedulerConfig()
+        self.rule = _GreedyRule(max_depth)
+
+    def reset(self, sim=None) -> None:
+        self.rule.reset()
 
     def act(self, obs: Observation) -> int:
         batch = max(obs.batch_size, 1)
-        best, best_rate = 0, -math.inf
-        for depth in range(self.max_depth + 1):
-            latency = self.profile.step_latency_s(
-                batch, depth, obs.kv_used_tokens, 0, **self.config.latency_flags(depth))
-            rate = batch * (1.0 + obs.expected_accepted[depth]) / latency
-            if rate > best_rate:
-                best, best_rate = depth, rate
-        return best
+        latency = np.array([self.profile.step_latency_s(
+            batch, depth, obs.kv_used_tokens, 0, **self.config.latency_flags(depth))
+            for depth in range(self.max_depth + 1)])
+        rate = batch * (1.0 + obs.expected_accepted[: self.max_depth + 1]) / latency
+        return self.rule.choose(rate, latency)
 
 
 class GoodputOnlinePolicy(Policy):
@@ -227,7 +277,7 @@ class GoodputOnlinePolicy(Policy):
     been measured, it runs the least measured of them every ``warmup_gap``
     decisions (a few, because telemetry lags); after that, every
     ``probe_every`` decisions, the least measured depth if it has fewer than
-    ``min_samples`` recent measurements.
+    ``min_samples`` recent measurements. Otherwise as :class:`_GreedyRule`.
     """
 
     name = "goodput_online"
@@ -239,11 +289,13 @@ class GoodputOnlinePolicy(Policy):
         self.min_samples = min_samples
         self.warmup_gap = warmup_gap
         self._key_depths = np.array(sorted({0, 1, max_depth}))
+        self.rule = _GreedyRule(max_depth)
         self.reset()
 
     def reset(self, sim=None) -> None:
         self._decisions = 0
         self._last_probe = -10**9
+        self.rule.reset()
 
     def act(self, obs: Observation) -> int:
         self._decisions += 1
@@ -258,8 +310,9 @@ class GoodputOnlinePolicy(Policy):
             if samples[least] < self.min_samples and since >= self.probe_every:
                 self._last_probe = self._decisions
                 return least
-        rate = (1.0 + obs.expected_accepted) / obs.latency_pred_s
-        return int(np.argmax(rate[: self.max_depth + 1]))
+        latency = obs.latency_pred_s[: self.max_depth + 1]
+        rate = (1.0 + obs.expected_accepted[: self.max_depth + 1]) / latency
+        return self.rule.choose(rate, latency)
 
 
 class OraclePolicy(Policy):

@@ -74,8 +74,12 @@ def build_model(env_cfg: dict[str, Any], agent: DictConfig, seed: int, out_dir: 
                **{k: agent[k] for k in _PPO_KEYS})
 
 
-def train(cfg: DictConfig, out_dir: Path) -> Path:
-    """Train, export and (optionally) evaluate; returns the exported policy's path."""
+def train(cfg: DictConfig, out_dir: Path) -> tuple[Path, float | None]:
+    """Train, export and (optionally) evaluate.
+
+    Returns the exported policy's path and its score: the mean oracle fraction of the
+    policy over the evaluation's cells (None without an evaluation).
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
     env_cfg = env_config(cfg)
     agent = cfg.agent
@@ -98,6 +102,7 @@ def train(cfg: DictConfig, out_dir: Path) -> Path:
                                       best_model_save_path=str(out_dir / "best"),
                                       log_path=str(out_dir / "eval"), deterministic=True))
     started = time.perf_counter()
+    score = None
     pretrain = agent.pretrain
     spec = FeatureSpec(max_depth=int(env_cfg["max_depth"]))
     kickstart_stats, kickstarted, kickstarted_state = None, None, None
@@ -140,8 +145,10 @@ def train(cfg: DictConfig, out_dir: Path) -> Path:
              policy_path)
     if cfg.evaluate:
         document = run_evaluation(cfg, str(policy_path), out_dir)
+        fractions = [c["oracle_fraction"] for c in document["checks"].get("cells", {}).values()]
+        score = float(np.mean(fractions)) if fractions else None
         log.info("checks: %s", json.dumps(document["checks"]))
-    return policy_path
+    return policy_path, score
 
 
 def validation_scores(candidates: dict[str, ExportedPolicy], env_cfg: dict[str, Any],
@@ -185,10 +192,10 @@ def check_export(model: PPO, exported, env: SpecDecodeEnv, seed: int, steps: int
 
 
 @hydra.main(config_path="pkg://configs", config_name="train", version_base=None)
-def main(cfg: DictConfig) -> None:
-    """Hydra entry point of ``specctl-train``."""
+def main(cfg: DictConfig) -> float | None:
+    """Hydra entry point of ``specctl-train``; returns the score a sweeper maximises."""
     out_dir = Path(hydra.core.hydra_config.HydraConfig.get().runtime.output_dir)
-    train(cfg, out_dir)
+    return train(cfg, out_dir)[1]
 
 
 if __name__ == "__main__":

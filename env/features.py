@@ -13,6 +13,8 @@ The observation holds only what a server can know online:
 * acceptance: per draft position k, the conditional acceptance rate
   ``alpha_k = P(draft k accepted | drafts 1..k-1 accepted)``, estimated from
   exponentially decayed counts with a prior that falls back to position k-1
+  (the first speculative step after an off period is left out: it drafts from a
+  cold draft state)
   (chain drafting makes every depth's acceptance observable from per-request
   accepted counts: a request that accepted ``a`` drafts at depth ``d`` is a
   success at positions 1..a and, if ``a < d``, a failure at ``a + 1``);
@@ -255,6 +257,9 @@ class FeatureBuilder:
         self._batch_size = batch
 
         steps = min(max(record.steps_used, 0), spec.max_depth)
+        # The first speculative step after speculation was off drafts from a cold draft
+        # state: its acceptance says how re-entry goes, not how this traffic accepts.
+        reentry = steps > 0 and self._steps_used == 0
         if steps != self._steps_used:
             self._steps_since_switch = 0
         else:
@@ -291,7 +296,7 @@ class FeatureBuilder:
                 self._throughput_ema += alpha * (rate - self._throughput_ema)
 
         accepted = record.accepted_drafts
-        if steps > 0 and accepted.size:
+        if steps > 0 and accepted.size and not reentry:
             counts = np.bincount(np.minimum(accepted, steps), minlength=steps + 1)
             # at_least[k] = requests that accepted >= k drafts, k = 0..steps
             at_least = np.cumsum(counts[::-1])[::-1]

@@ -111,3 +111,23 @@ def test_train_and_eval_commands_end_to_end(tmp_path):
     assert set(document["sweep"]) == {"no_spec", "static_3", "ppo"}
     assert set(document["sweep"]["ppo"]) == {"1", "8"}
     assert "Target checks" in (eval_dir / "report.md").read_text()
+
+
+def test_training_sweep_runs_through_hydras_local_launcher(tmp_path):
+    """``specctl-train -m``: the basic (local) launcher runs one job per value; the
+    Slurm / Ray launchers and the Optuna sweeper plug into the same path."""
+    tiny = [
+        "env.horizon_s=1", "profile=h200_llama31_8b", "workload=fixed",
+        "env.workloads=[{name: fixed, kind: closed, concurrency: [4]}]",
+        "env.random_server_share=0", "agent.total_timesteps=128", "agent.n_steps=64",
+        "agent.batch_size=32", "agent.n_envs=1", "agent.vec_env=dummy",
+        "agent.eval_every_steps=0", "agent.checkpoint_every_steps=0",
+        "agent.pretrain.teacher=null", "evaluate=false",
+    ]
+    sweep_dir = tmp_path / "sweep"
+    subprocess.run([sys.executable, "-m", "agents.train", "-m", *tiny,
+                    "agent.learning_rate=1e-4,3e-4", f"hydra.sweep.dir={sweep_dir}"],
+                   check=True, capture_output=True, timeout=600)
+    rates = sorted(ExportedPolicy.load(sweep_dir / str(job) / "policy.npz")
+                   .provenance["agent"]["learning_rate"] for job in (0, 1))
+    assert rates == [1e-4, 3e-4]
