@@ -215,13 +215,14 @@ class _GreedyRule:
 
     def reset(self, sim=None) -> None:
         self._budget_s = 0.0
-        self._last = 0
         self._probing = 0
 
-    def choose(self, rate: np.ndarray, latency_s: np.ndarray) -> int:
-        """The depth to run, given the expected rate and latency of every depth."""
+    def choose(self, rate: np.ndarray, latency_s: np.ndarray, current: int) -> int:
+        """The depth to run, given the expected rate and latency of every depth and the
+        depth the server ran last as telemetry shows it (observable, unlike this rule's
+        own last choice, so a policy imitating the rule can see what it reacts to)."""
         best = int(np.argmax(rate))
-        current = min(self._last, len(rate) - 1)
+        current = min(max(current, 0), len(rate) - 1)
         if rate[best] <= rate[current] * (1.0 + self.hysteresis):
             best = current
         if self._probing:
@@ -234,7 +235,6 @@ class _GreedyRule:
                 self._budget_s = 0.0
                 self._probing = self.probe_steps - 1
                 best = self.probe_depth
-        self._last = best
         return best
 
 
@@ -264,7 +264,7 @@ class GoodputGreedyPolicy(Policy):
             batch, depth, obs.kv_used_tokens, 0, **self.config.latency_flags(depth))
             for depth in range(self.max_depth + 1)])
         rate = batch * (1.0 + obs.expected_accepted[: self.max_depth + 1]) / latency
-        return self.rule.choose(rate, latency)
+        return self.rule.choose(rate, latency, obs.steps_used)
 
 
 class GoodputOnlinePolicy(Policy):
@@ -312,7 +312,7 @@ class GoodputOnlinePolicy(Policy):
                 return least
         latency = obs.latency_pred_s[: self.max_depth + 1]
         rate = (1.0 + obs.expected_accepted[: self.max_depth + 1]) / latency
-        return self.rule.choose(rate, latency)
+        return self.rule.choose(rate, latency, obs.steps_used)
 
 
 class OraclePolicy(Policy):

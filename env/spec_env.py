@@ -157,7 +157,9 @@ class SpecDecodeEnv(gym.Env):
         self._carry = 0.0
         done = outcome.truncated or outcome.terminated
         vector = obs.vector if obs is not None else np.zeros(self.feature_spec.size, np.float32)
-        return vector, float(reward), outcome.terminated, outcome.truncated and done, self._info()
+        info = self._info()
+        info["step_latency_s"] = outcome.record.step_latency_s
+        return vector, float(reward), outcome.terminated, outcome.truncated and done, info
 
     @property
     def simulator(self) -> Simulator:
