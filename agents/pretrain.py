@@ -134,8 +134,8 @@ def kickstart(model: PPO, demos: Demonstrations, epochs: int = 20, batch_size: i
     for _ in range(epochs):
         for index in torch.randperm(n, generator=generator).split(batch_size):
             values, log_prob, _ = policy.evaluate_actions(obs[index], actions[index])
-            loss = -(weights[index] * log_prob).mean() + 0.5 * torch.nn.functional.mse_loss(values.flatten(),
-                                                                         returns[index])
+            value_loss = torch.nn.functional.mse_loss(values.flatten(), returns[index])
+            loss = -(weights[index] * log_prob).mean() + 0.5 * value_loss
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
