@@ -204,7 +204,7 @@ def test_simulate_throughput_is_what_the_bench_runs():
     setup = calibration.h200_sweep_setup(start_interval_s=0.004, client_overhead_s=0.02)
     settings = {
         "profile": "h200_llama31_8b", "acceptance": None, "max_depth": setup.max_depth,
-        "sim": {"skip_zero_step_draft_extend": False}, "workload": setup.workload_config(),
+        "sim": setup.sim_overrides(), "workload": setup.workload_config(),
         "requests_per_client": 1, "seed": setup.seed, "feedback_lag": setup.feedback_lag,
         "horizon_s": None,
     }

@@ -42,8 +42,10 @@ COSTLY_ENV = {**TINY_ENV, "horizon_s": 4.0, "profiles": ["blackwell_tp8"]}
 def test_ppo_from_scratch_improves_over_a_random_policy():
     torch.set_num_threads(1)
     env = SpecDecodeEnv(COSTLY_ENV)
+    # 1e-3: with the 48-entry observation (feature spec 2) 3e-4 no longer learns to
+    # turn speculation off within this small budget.
     model = PPO("MlpPolicy", env, seed=0, device="cpu", n_steps=256, batch_size=64,
-                learning_rate=3e-4, gamma=0.9, policy_kwargs={"net_arch": [32, 32]})
+                learning_rate=1e-3, gamma=0.9, policy_kwargs={"net_arch": [32, 32]})
     rng = np.random.default_rng(0)
     random_return = _mean_return(SpecDecodeEnv(COSTLY_ENV), lambda obs: int(rng.integers(0, 8)))
     model.learn(total_timesteps=6000)
