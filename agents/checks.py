@@ -96,12 +96,15 @@ def workload(key: str, cfg: Mapping[str, Any]) -> None:
 
 
 def _named_profiles(cfg: Any) -> list[tuple[str, Any]]:
-    """(key, entry) of every server the run uses: ``profile=`` or each ``env.profiles`` entry
-    (``random`` stands for randomised servers and names no profile)."""
+    """(key, entry) of every server the run uses: ``profile=``, or each ``env.profiles`` and
+    ``eval.families`` entry (``random`` stands for randomised servers and names no profile)."""
     if cfg.get("profile"):
         return [("profile", cfg.profile)]
-    entries = list(cfg.env.get("profiles") or [])
-    return [(f"env.profiles[{i}]", e) for i, e in enumerate(entries) if e != "random"]
+    named = [(f"env.profiles[{i}]", e) for i, e in enumerate(cfg.env.get("profiles") or [])]
+    if "eval" in cfg and cfg.get("evaluate", True):  # the servers the evaluation runs
+        named += [(f"eval.families[{i}]", e)
+                  for i, e in enumerate(cfg.eval.get("families") or [])]
+    return [(key, entry) for key, entry in named if entry != "random"]
 
 
 def run_config(cfg: Any, *, policy_key: str | None = None) -> None:
