@@ -65,10 +65,16 @@ def test_shipped_files_match_sources_sha256():
     checked = 0
     for section in sections:
         name = section.split("`")[1]
-        digest = re.search(r"sha256 `([0-9a-f]{64})`", section).group(1)
-        assert hashlib.sha256((DATA / name).read_bytes()).hexdigest() == digest, name
-        checked += 1
-    assert checked == 4
+        if name.endswith("/"):  # a folder: "`file` `digest`" for each of its files
+            files = re.findall(r"`([^`/]+)` `([0-9a-f]{64})`", section)
+            assert {f for f, _ in files} == {p.name for p in (DATA / name).iterdir()}, name
+            pairs = [(DATA / name / f, digest) for f, digest in files]
+        else:
+            pairs = [(DATA / name, re.search(r"sha256 `([0-9a-f]{64})`", section).group(1))]
+        for path, digest in pairs:
+            assert hashlib.sha256(path.read_bytes()).hexdigest() == digest, path
+            checked += 1
+    assert checked == 4 + 5  # the public files, the measured H200 folder
 
 
 def test_reading_azure_conv_is_fast():
