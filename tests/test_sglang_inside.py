@@ -74,6 +74,7 @@ from sglang_hooks.testing import (  # noqa: E402
     WorkerStandIn,
     hooked_classes,
     socket_dir,
+    wait_until,
 )
 
 CONFIG = str(adaptive_config_path())
@@ -460,31 +461,43 @@ def test_controller_killed_and_restarted_mid_stream(tmp_path):
 
 
 class RawController:
-    """A hand-written controller: answers telemetry after ``delay_s`` with ``reply(record)``."""
+    """A hand-written controller: answers each telemetry with ``reply(record)``, held
+    until ``delay_s`` after it arrived on ``clock`` (the test's manual clock)."""
 
-    def __init__(self, endpoint: str, reply, delay_s: float = 0.0) -> None:
+    def __init__(self, endpoint: str, reply, clock: ManualClock, delay_s: float = 0.0) -> None:
         self.context = zmq.Context()
         self.sock = self.context.socket(zmq.ROUTER)
         self.sock.bind(endpoint)
-        self.reply, self.delay_s = reply, delay_s
+        self.reply, self.clock, self.delay_s = reply, clock, delay_s
+        self.lock = threading.Lock()
+        self.queue: list[tuple[float, bytes, list[bytes]]] = []
+        #: Step of the newest telemetry received (-1: none yet); replies sent so far.
+        self.last_step, self.replies = -1, 0
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
-        queue: list[tuple[float, bytes, list[bytes]]] = []
         while not self.stop.is_set():
             if self.sock.poll(1):
                 identity, frame = self.sock.recv_multipart()
                 message = decode(frame)
                 if isinstance(message, StepRecord):
-                    queue.append((time.monotonic() + self.delay_s, identity,
-                                  self.reply(message)))
-            now = time.monotonic()
-            while queue and queue[0][0] <= now:
-                _, identity, frames = queue.pop(0)
-                for frame in frames:
-                    self.sock.send_multipart([identity, frame])
+                    with self.lock:
+                        self.queue.append((self.clock() + self.delay_s, identity,
+                                           self.reply(message)))
+                        self.last_step = message.step_index
+            with self.lock:
+                while self.queue and self.queue[0][0] <= self.clock():
+                    _, identity, frames = self.queue.pop(0)
+                    for frame in frames:
+                        self.sock.send_multipart([identity, frame])
+                    self.replies += 1
+
+    def nothing_due(self) -> bool:
+        """Every reply due by the clock's time has been sent."""
+        with self.lock:
+            return not self.queue or self.queue[0][0] > self.clock()
 
     def close(self) -> None:
         self.stop.set()
@@ -498,19 +511,47 @@ def _decision(record: StepRecord, steps: int) -> bytes:
                                     (1,), (steps,)))
 
 
+def run_lockstep(loop: RankLoop, rt: Runtime, raw: RawController, clock: ManualClock,
+                 iterations: int) -> None:
+    """``run_single`` at 2 ms a step on ``clock``, each step taken only once the
+    controller has the previous step's telemetry and the client every reply due: what
+    arrives when is set by the clock, never by how loaded the machine is."""
+    reqs = [ReqStandIn(f"r{i}") for i in range(48)]
+
+    def taken() -> int:  # replies the scheduler thread's side has seen (one decision each)
+        rt.client.poll(clock())
+        counters = rt.client.counters
+        return (counters["decisions"] + counters["decisions_stale"]
+                + counters["decisions_out_of_order"])
+
+    for i in range(iterations):
+        loop.iterate(pickle.loads(pickle.dumps(loop.pull())), next_batch(i, reqs))
+        if raw.last_step < 0:  # not connected yet: what was sent is dropped
+            time.sleep(0.001)
+            continue
+        wait_until(lambda: raw.last_step >= loop.scheduler.forward_ct - 1, "telemetry")
+        clock.advance(0.002)
+        wait_until(lambda: raw.nothing_due() and taken() >= raw.replies, "replies")
+    loop.drain()
+
+
 @pytest.mark.parametrize(("delay_s", "in_charge"), [(0.15, False), (0.005, True)])
 def test_slow_controller_is_ignored_fast_one_is_followed(tmp_path, delay_s, in_charge):
+    clock = ManualClock()
     endpoint = ipc(f"raw-{delay_s}")
-    raw = RawController(endpoint, lambda r: [_decision(r, 4)], delay_s=delay_s)
-    rt = runtime(controller=endpoint, fallback="table", table=((1, 1),), timeout_s=0.05)
+    raw = RawController(endpoint, lambda r: [_decision(r, 4)], clock, delay_s=delay_s)
+    rt = runtime(controller=endpoint, fallback="table", table=((1, 1),), timeout_s=0.05,
+                 monotonic=clock)
     loop = build_rank(rt, is_source=True)
     try:
-        run_single(loop, 200, sleep_s=0.002)
+        run_lockstep(loop, rt, raw, clock, 200)
+        stale = rt.client.counters["decisions_stale"]
     finally:
         raw.close()
         rt.close()
     late = {s for i, s in loop.scheduler.launched if i > 120}
     assert late == ({4} if in_charge else {1})
+    assert (stale > 0) is not in_charge
     assert not any(k.startswith("fault") for k in rt.counters), rt.counters
 
 
@@ -521,16 +562,19 @@ def test_garbage_and_oversized_replies_are_counted_and_survived(tmp_path):
         return [b"\xc1garbage", b"\x00" * (MAX_FRAME_BYTES + 10),
                 encode_decision(Decision(0, 0, "x"))[:-3], _decision(record, 3)]
 
-    raw = RawController(endpoint, reply)
-    rt = runtime(controller=endpoint, fallback="table", table=((1, 1),))
+    clock = ManualClock()
+    raw = RawController(endpoint, reply, clock)
+    rt = runtime(controller=endpoint, fallback="table", table=((1, 1),), monotonic=clock)
     loop = build_rank(rt, is_source=True)
     try:
-        run_single(loop, 120, sleep_s=0.002)
+        run_lockstep(loop, rt, raw, clock, 120)
         counters = dict(rt.client.counters)
     finally:
         raw.close()
         rt.close()
-    assert {s for i, s in loop.scheduler.launched if i > 60} == {3}
+    steps = [s for _, s in loop.scheduler.launched]
+    assert 3 in steps and set(steps[steps.index(3):]) == {3}
+    assert len(steps) - steps.index(3) > 60
     assert counters["wire_error_garbage"] > 10 and counters["wire_error_oversized"] > 10
     assert not any(k.startswith("fault") for k in rt.counters), rt.counters
 
