@@ -7,7 +7,15 @@ import time
 import numpy as np
 import zmq
 
-from controller.wire import DECISION_LAG, Decision, Hello, decode, encode_decision, encode_step
+from controller.wire import (
+    DECISION_LAG,
+    Decision,
+    Hello,
+    decode,
+    encode_decision,
+    encode_hello,
+    encode_step,
+)
 from env.schema import StepRecord
 from sglang_hooks.client import TIMED_OUT, ControllerClient
 from sglang_hooks.testing import ManualClock, socket_dir, wait_until
@@ -243,3 +251,59 @@ def test_the_io_thread_sleeps_until_telemetry_or_a_decision_wakes_it():
     finally:
         client.close()
         router.close()
+
+
+# -- what the mutation run (scripts/mutation.py sglang_hooks/client.py) found unchecked -----
+
+
+def test_bad_frames_are_counted_one_by_one_and_the_decision_after_them_taken():
+    clock = ManualClock()
+    endpoint = ipc()
+    router = Router(endpoint)
+    client = ControllerClient(endpoint, HELLO, timeout_s=0.1, monotonic=clock)
+    try:
+        assert client.endpoint == endpoint
+        identity, _ = router.receive()
+        client.send_telemetry(frame(1), 1, clock())
+        router.telemetry()
+        for bad in (b"\xc1garbage", b"\xc1more", encode_hello(HELLO)):  # HELLO: wrong kind
+            router.sock.send_multipart([identity, bad])
+        router.answer(identity, 1)
+        handled(client, clock, 1)
+        assert client.counters["wire_error_garbage"] == 2
+        assert client.counters["wire_error_kind"] == 1
+        assert client.want(clock()).steps == (4,)
+    finally:
+        client.close()
+        router.close()
+
+
+def test_an_answer_exactly_at_the_timeout_is_still_fresh():
+    client = offline_client(timeout_s=0.125)  # binary fractions: exact differences
+    try:
+        client.send_telemetry(b"", 1, 1.0)
+        assert client.want(1.125) is None, "overdue only after the timeout"
+        client._inbox.append((decision_for(1), 1.125))
+        client.poll(1.125)
+        assert client.counters["decisions"] == 1 and client.want(1.125).steps == (4,)
+    finally:
+        client.close()
+
+
+def test_repeated_and_late_answers_are_each_counted():
+    client = offline_client()
+    try:
+        for step in (1, 2, 3):
+            client.send_telemetry(b"", step, 1.0)
+        client._inbox.extend([(decision_for(2), 1.01), (decision_for(2), 1.01),  # twice
+                              (decision_for(1), 1.01)])
+        client.poll(1.01)
+        assert client.counters["decisions"] == 1
+        assert client.counters["decisions_out_of_order"] == 2, "a repeat is out of order"
+        client.send_telemetry(b"", 4, 2.0)
+        client.send_telemetry(b"", 5, 2.0)
+        client._inbox.extend([(decision_for(3), 2.5), (decision_for(4), 2.5)])  # both stale
+        client.poll(2.5)
+        assert client.counters["decisions_stale"] == 2
+    finally:
+        client.close()
