@@ -13,6 +13,9 @@ Tests in ``tests/test_sglang_inside.py`` need one pinned SGLang on the path (the
 in a subprocess of ``tests/test_sglang_versions.py`` in the normal suite); for mutation
 they run in-process against ``.sglang/<SGLANG_VERSION>`` (default 0.5.23).
 
+After adding tests, ``--retest`` runs the mutants that were not killed last time again
+(mutmut keeps earlier results, and a mutant it has a result for is not rerun unless named).
+
 Exit status: 0 when every module reaches ``--min-score`` (default 0: report only).
 """
 
@@ -107,12 +110,19 @@ def mutmut(work: Path, env: dict[str, str], *args: str, capture: bool = True) ->
     return done.stdout or ""
 
 
+def not_killed(work: Path, env: dict[str, str], statuses: tuple[str, ...] = ()) -> list[str]:
+    """Names of the mutants with any result but killed (or only with ``statuses``)."""
+    rows = [line.rsplit(":", 1) for line in mutmut(work, env, "results").splitlines()
+            if ":" in line]
+    return [name.strip() for name, status in rows
+            if not statuses or status.strip() in statuses]
+
+
 def summarize(module: str, work: Path, env: dict[str, str]) -> dict:
     """Killed / total and every survivor's diff, into ``work/summary.md``."""
     mutmut(work, env, "export-cicd-stats")
     stats = json.loads((work / "mutants" / "mutmut-cicd-stats.json").read_text())
-    survivors = [line.split(":")[0].strip()
-                 for line in mutmut(work, env, "results").splitlines() if ":" in line]
+    survivors = not_killed(work, env)
     diffs = [mutmut(work, env, "show", name) for name in survivors]
     killed, total = stats["killed"], stats["total"]
     score = killed / total if total else 1.0
@@ -131,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("modules", nargs="+", help="e.g. env/trace_format.py")
     parser.add_argument("--max-children", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--retest", action="store_true",
+                        help="run the mutants not killed last time again (after new tests)")
     parser.add_argument("--min-score", type=float, default=0.0,
                         help="fail (exit 1) if a module's killed fraction is below this")
     args = parser.parse_args(argv)
@@ -144,7 +156,13 @@ def main(argv: list[str] | None = None) -> int:
         work = scratch_copy(module, tests)
         env = environment(tests, stand_ins)
         print(f"mutation: {module} against {' '.join(tests)} in {work}", flush=True)
+        # Timeouts (a hang: caught) are not rerun; they cost the most.
+        again = (not_killed(work, env, ("survived", "no tests"))
+                 if args.retest and (work / "mutants").is_dir() else [])
         mutmut(work, env, "run", "--max-children", str(args.max_children), capture=False)
+        if again:
+            mutmut(work, env, "run", "--max-children", str(args.max_children), *again,
+                   capture=False)
         results.append(summarize(module, work, env))
         r = results[-1]
         print(f"mutation: {module}: killed {r['killed']} / {r['total']} "

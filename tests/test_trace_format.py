@@ -280,6 +280,47 @@ def test_metadata_errors(tmp_path):
         read_trace(not_parquet)
 
 
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"specctl.format": None}, "not a specctl trace (no 'specctl.format' key)"),
+    ({"specctl.format": b"\xffx"}, "wrong format tag '\ufffdx', expected 'specctl-trace'"),
+    ({"specctl.schema_version": None}, "unsupported schema version ''"),
+    ({"specctl.schema_version": b"\xff"}, "unsupported schema version '\ufffd'"),
+    ({"specctl.meta": b"{"}, "'specctl.meta' is not valid JSON: "),
+    ({"specctl.meta": b"\xff"}, "'specctl.meta' is not valid JSON: "),
+    ({"specctl.meta": b"[1]"}, "'specctl.meta' must be a JSON object"),
+])
+def test_metadata_errors_name_the_file(tmp_path, changes, message):
+    path = write_trace(tmp_path / "t.parquet", make_requests(), [])
+    table = pq.read_table(path)
+    meta = dict(table.schema.metadata)
+    for key, value in changes.items():
+        if value is None:
+            del meta[key.encode()]
+        else:
+            meta[key.encode()] = value
+    pq.write_table(table.replace_schema_metadata(meta), path)
+    with pytest.raises(TraceFormatError) as exc:
+        read_trace(path)
+    assert (exc.value.file, exc.value.where, exc.value.field) == (str(path), None, None)
+    assert exc.value.message.startswith(message), exc.value.message
+
+
+def test_a_file_without_specctl_meta_reads_as_empty_meta(tmp_path):
+    path = write_trace(tmp_path / "t.parquet", make_requests(), [])
+    table = pq.read_table(path)
+    meta = {k: v for k, v in table.schema.metadata.items() if k != b"specctl.meta"}
+    pq.write_table(table.replace_schema_metadata(meta), path)
+    assert read_trace(path).meta == {}
+
+
+def test_empty_request_columns_have_the_columns_types():
+    empty, full = RequestColumns.empty(), RequestColumns.from_records(make_requests())
+    assert len(empty) == 0
+    for name in RequestColumns.__dataclass_fields__:
+        assert getattr(empty, name).dtype == getattr(full, name).dtype, name
+        assert getattr(empty, name).shape == (0,), name
+
+
 def test_column_errors(tmp_path):
     path = write_trace(tmp_path / "t.parquet", make_requests(), make_steps(2))
     table = pq.read_table(path)
