@@ -6,8 +6,8 @@ looked up in ``[tool.specctl-mutation.tests]`` of ``pyproject.toml``. Each modul
 its own scratch copy of the work tree, ``.mutation/<module>/`` (git-ignored; mutmut keeps
 its results there, so a rerun only retests what changed), whose ``pyproject.toml`` gets
 the shared ``[tool.mutmut]`` settings narrowed to that module and its tests. The score and
-every surviving mutant's diff go to ``.mutation/<module>/summary.md``; the scores of the
-run to ``.mutation/summary.md``.
+every mutant not killed (with its diff, given ``--diffs``) go to
+``.mutation/<module>/summary.md``; the scores of the run to ``.mutation/summary.md``.
 
 Tests in ``tests/test_sglang_inside.py`` need one pinned SGLang on the path (they run
 in a subprocess of ``tests/test_sglang_versions.py`` in the normal suite); for mutation
@@ -118,23 +118,28 @@ def not_killed(work: Path, env: dict[str, str], statuses: tuple[str, ...] = ()) 
             if not statuses or status.strip() in statuses]
 
 
-def summarize(module: str, work: Path, env: dict[str, str]) -> dict:
-    """Killed / total and every survivor's diff, into ``work/summary.md``."""
+def summarize(module: str, work: Path, env: dict[str, str], diffs: bool) -> dict:
+    """Killed / total and every other mutant (with its diff if asked: one mutmut
+    process per mutant, slow), into ``work/summary.md``."""
     mutmut(work, env, "export-cicd-stats")
     stats = json.loads((work / "mutants" / "mutmut-cicd-stats.json").read_text())
-    survivors = not_killed(work, env)
-    diffs = [mutmut(work, env, "show", name) for name in survivors]
+    rows = [line.strip() for line in mutmut(work, env, "results").splitlines() if ":" in line]
+    survivors = [row.rsplit(":", 1)[0] for row in rows]
     killed, total = stats["killed"], stats["total"]
     score = killed / total if total else 1.0
     lines = [f"# Mutation score of {module}", "",
              f"killed {killed} / {total} ({100 * score:.1f} %); " + ", ".join(
                  f"{key} {value}" for key, value in stats.items()
                  if key not in ("killed", "total") and value), "",
-             "## Not killed", ""]
-    lines += [f"```diff\n{diff.strip()}\n```" for diff in diffs] or ["none"]
+             f"## Not killed (`cd {work} && mutmut show NAME` shows one)", ""]
+    if diffs:
+        lines += [f"```diff\n{mutmut(work, env, 'show', name).strip()}\n```"
+                  for name in survivors]
+    else:
+        lines += [f"* {row}" for row in rows]
     (work / "summary.md").write_text("\n".join(lines) + "\n")
     return {"module": module, "killed": killed, "total": total, "score": score,
-            "not_killed": survivors}
+            "not_killed": survivors, "stats": stats}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -143,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-children", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--retest", action="store_true",
                         help="run the mutants not killed last time again (after new tests)")
+    parser.add_argument("--diffs", action="store_true",
+                        help="write every surviving mutant's diff to the summary (slow)")
     parser.add_argument("--min-score", type=float, default=0.0,
                         help="fail (exit 1) if a module's killed fraction is below this")
     args = parser.parse_args(argv)
@@ -163,14 +170,16 @@ def main(argv: list[str] | None = None) -> int:
         if again:
             mutmut(work, env, "run", "--max-children", str(args.max_children), *again,
                    capture=False)
-        results.append(summarize(module, work, env))
+        results.append(summarize(module, work, env, args.diffs))
         r = results[-1]
         print(f"mutation: {module}: killed {r['killed']} / {r['total']} "
               f"({100 * r['score']:.1f} %), not killed: {len(r['not_killed'])} "
-              f"(diffs in {work / 'summary.md'})", flush=True)
-    table = ["| module | killed / total | score | not killed |", "|---|---|---|---|"]
+              f"(listed in {work / 'summary.md'})", flush=True)
+    table = ["| module | killed / total | score | timeout | survived | no tests |",
+             "|---|---|---|---|---|---|"]
     table += [f"| `{r['module']}` | {r['killed']} / {r['total']} | {100 * r['score']:.1f} % "
-              f"| {len(r['not_killed'])} |" for r in results]
+              f"| {r['stats']['timeout']} | {r['stats']['survived']} "
+              f"| {r['stats']['no_tests']} |" for r in results]
     (WORK / "summary.md").write_text("\n".join(table) + "\n")
     print("\n".join(table))
     return 0 if all(r["score"] >= args.min_score for r in results) else 1
