@@ -3,27 +3,43 @@
 :func:`env.cost_model.fit_profile_from_trace` reduces decode steps to one median per
 (batch size, depth) cell, which keeps the per-request term but throws away how latency
 grows with the KV cache at a fixed batch size, and uses prefill steps only for one
-per-token number. Under a replayed workload both matter: requests with long prompts make
-the KV cache four to twenty times larger than in a 256-token explore run at the same batch
-size, and prefill steps of tens to thousands of tokens take a large share of the time.
+per-token number. Under a replayed workload both matter: long prompts make the KV cache
+several times larger than in a 256-token explore run at the same batch size, and prefill
+steps of tens to thousands of tokens take a large share of the time.
 
-Here decode steps are grouped by (batch size, depth, KV bin) and prefill steps by the
-log2 bin of their token count, each group contributes its median latency (weighted by
-the square root of its size), and the free coefficients (``c_kv`` among them) are fitted
-jointly by :func:`env.cost_model.fit_profile`. With depth-0 steps only, leave
-``c_prefill_token`` out of the free set: its column (prompt tokens) is ``c_token``'s
-(batch + prompt) less ``c_request``'s (batch), so ``c_token`` carries the prompt's cost.
+**Points.** Decode steps are grouped by (batch size, depth, KV bin), prefill steps by the
+log2 bin of their token count; each group gives its *mean* latency (the simulator adds
+latencies up; steps over ``OUTLIER_RATIO`` x the group median are idle time and left
+out), weighted by the square root of its size. Before that, what a prefill costs its
+neighbours is moved onto it (:func:`prefill_attributed`). The free coefficients are
+fitted jointly by :func:`env.cost_model.fit_profile` (NNLS on relative errors).
 
-Steps are taken as the simulator runs them: a prefill step is ``batch_size = 0`` with
-the prompt tokens it computed, and depth-0 steps are the plain decode of the plugin's
-off path (``draft_extend=False``) unless told otherwise. Depth-0 steps within
-``switch_guard`` steps of a speculative step are left out: a warm-up (SGLang's own
-steps=0, run once when speculation comes back) is recorded as depth 0 as well, and
-costs about a verify step, not a plain decode.
+**KV is paid on the speculative path only.** The traces put the cost of a cached token
+read by a plain decode step (the off path, a server without speculation) at 0-4 ns on the
+dense model and 0 on the MoE, but at about 420 ns on verify steps (dense: 422 ns fitted to
+the 256-token explore trace and the off trace, 447 ns with the long-context headline trace
+added): a verify step, like SGLang's own steps=0, runs the target in ``TARGET_VERIFY``
+mode through the extend-attention kernel over the whole prefix with a custom mask, far
+slower per token than the decode kernel (docs/OFFSWITCH.md). A prefill step's latency
+does not grow with the cache the other requests hold (dense off trace). So
+:class:`SpecPathKVProfile` charges ``c_kv`` per cached token only on decode steps on the
+speculative path (depth > 0, or depth 0 with the draft extend: SGLang's steps=0), and
+:func:`load_points` passes the KV of those steps only. (Until the cost model has a
+speculative-path KV coefficient of its own, this subclass carries the meaning; the
+profile's provenance says ``kv_term: speculative_path``.)
+
+Steps are taken as the simulator runs them: a prefill step is ``batch_size = 0`` with the
+prompt tokens it computed; depth-0 steps are the plain decode of the plugin's off path
+(``draft_extend=False``) unless told otherwise. Depth-0 steps within ``switch_guard``
+steps of a speculative step are left out: a warm-up (SGLang's own steps=0, run once when
+speculation comes back) is recorded as depth 0 too and costs about a verify step.
+With depth-0 steps only, ``c_request`` (batch), ``c_token`` (batch + prompt) and
+``c_prefill_token`` (prompt) are dependent: free two of them, not three.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -31,19 +47,68 @@ import numpy as np
 
 from env.cost_model import CostProfile, FitReport, LatencyPoints, fit_profile
 
+#: A step this many times slower than its group's median is idle time, not work.
+OUTLIER_RATIO = 5.0
 #: Decode steps are binned by KV use in bins of this many tokens.
 KV_BIN_TOKENS = 4096
+#: Provenance key and value marking a profile whose ``c_kv`` is the speculative path's.
+KV_TERM = ("kv_term", "speculative_path")
+
+
+def speculative_kv(batch_size, depth, kv_tokens, prefill_tokens=0, draft_extend=True):
+    """The KV tokens a step pays ``c_kv`` for: those of decode steps on the speculative path."""
+    b, d, kv, pf, ext = np.broadcast_arrays(np.asarray(batch_size), np.asarray(depth),
+                                            np.asarray(kv_tokens, dtype=np.float64),
+                                            np.asarray(prefill_tokens),
+                                            np.asarray(draft_extend, dtype=bool))
+    return np.where((b > 0) & (pf == 0) & ((d > 0) | ext), kv, 0.0)
+
+
+@dataclass(frozen=True)
+class SpecPathKVProfile(CostProfile):
+    """A :class:`CostProfile` whose ``c_kv`` is paid by speculative-path decode steps only."""
+
+    @classmethod
+    def of(cls, profile: CostProfile) -> SpecPathKVProfile:
+        """The same coefficients and limits, with the speculative-path KV term."""
+        values = {f.name: getattr(profile, f.name) for f in dataclasses.fields(profile) if f.init}
+        values["provenance"] = {**profile.provenance, KV_TERM[0]: KV_TERM[1]}
+        return cls(**values)
+
+    def step_latency_s(self, batch_size: int, depth: int, kv_tokens: int = 0,
+                       prefill_tokens: int = 0, draft_extend: bool = True) -> float:
+        on_path = batch_size > 0 and not prefill_tokens and (depth > 0 or draft_extend)
+        return super().step_latency_s(batch_size, depth, kv_tokens if on_path else 0,
+                                      prefill_tokens, draft_extend)
+
+    def step_latency_array(self, batch_size, depth, kv_tokens=0, prefill_tokens=0,
+                           draft_extend=True) -> np.ndarray:
+        kv = speculative_kv(batch_size, depth, kv_tokens, prefill_tokens, draft_extend)
+        return super().step_latency_array(batch_size, depth, kv, prefill_tokens, draft_extend)
+
+
+def with_kv_term(profile: CostProfile) -> CostProfile:
+    """``profile`` as a :class:`SpecPathKVProfile` if its provenance marks it so."""
+    if profile.provenance.get(KV_TERM[0]) == KV_TERM[1]:
+        return SpecPathKVProfile.of(profile)
+    return profile
 
 
 @dataclass(frozen=True)
 class StepArrays:
-    """One server's steps, in step order (the lowest rank of a recorded trace)."""
+    """One server's steps, in step order (the lowest rank of a recorded trace).
+
+    ``prefills_measured=False`` keeps the run's prefill steps out of the fit: on a server
+    with the radix (prefix) cache on, a prefill step counts only the tokens the cache did
+    not hold, so its latency says nothing about a prefill of that many tokens.
+    """
 
     batch_size: np.ndarray
     depth: np.ndarray
     kv_tokens: np.ndarray
     prefill_tokens: np.ndarray
     latency_s: np.ndarray
+    prefills_measured: bool = True
 
     def __post_init__(self) -> None:
         n = len(self.latency_s)
@@ -53,7 +118,7 @@ class StepArrays:
                                  f"expected {n} (one per step)")
 
     @classmethod
-    def from_trace(cls, trace) -> StepArrays:
+    def from_trace(cls, trace, prefills_measured: bool = True) -> StepArrays:
         """The steps of a :class:`~env.trace_format.Trace`, lowest rank, in step order."""
         cols = trace.step_columns()
         if not len(cols):
@@ -68,7 +133,41 @@ class StepArrays:
                    cols.steps_used[keep][order].astype(np.int64),
                    cols.kv_used_tokens[keep][order].astype(np.float64),
                    cols.prefill_tokens[keep][order].astype(np.int64),
-                   cols.step_latency_s[keep][order].astype(np.float64))
+                   cols.step_latency_s[keep][order].astype(np.float64), prefills_measured)
+
+
+def prefill_attributed(run: StepArrays, kv_bin_tokens: int = KV_BIN_TOKENS) -> np.ndarray:
+    """``run``'s step latencies with what prefills cost their neighbours moved onto them.
+
+    With overlap scheduling the plugin times a step from the previous result to its own,
+    so part of a prefill's cost lands on the decode step before it (twice a clean decode
+    step in the dense off trace: 11-15 ms against 5-7 ms) and some on the one after. The
+    simulator charges a prefill's cost to the prefill step, so a decode step next to a
+    prefill keeps the median of its group's clean steps (same batch, depth and KV bin,
+    no prefill next to them) and its excess goes to the adjacent prefill (the next
+    step if that is one, else the previous). Sums are kept. (A decode step holds no idle
+    time: the server does not idle with requests running; idle time lands on the prefill
+    of the next arrival, and :func:`load_points` leaves such steps out.)
+    """
+    latency = run.latency_s.copy()
+    prefill = run.prefill_tokens > 0
+    decode = ~prefill & (run.batch_size > 0) & (latency > 0)
+    prev_pf = np.r_[False, prefill[:-1]]
+    next_pf = np.r_[prefill[1:], False]
+    keys = list(zip(run.batch_size.tolist(), run.depth.tolist(),
+                    (run.kv_tokens // kv_bin_tokens).astype(np.int64).tolist(), strict=True))
+    clean: dict[tuple, list[float]] = {}
+    for i in np.flatnonzero(decode & ~prev_pf & ~next_pf):
+        clean.setdefault(keys[i], []).append(latency[i])
+    medians = {k: float(np.median(v)) for k, v in clean.items()}
+    for i in np.flatnonzero(decode & (prev_pf | next_pf)):
+        base = medians.get(keys[i])
+        if base is None or latency[i] <= base:
+            continue
+        target = i + 1 if next_pf[i] else i - 1
+        latency[target] += latency[i] - base
+        latency[i] = base
+    return latency
 
 
 def load_points(steps: StepArrays | Sequence[StepArrays], *, draft_extend: bool = False,
@@ -89,10 +188,11 @@ def load_points(steps: StepArrays | Sequence[StepArrays], *, draft_extend: bool 
     for run in runs:
         spec = (run.depth > 0).astype(np.int64)
         window = np.convolve(spec, np.ones(2 * switch_guard + 1, dtype=np.int64), "same")
-        ok = run.latency_s > 0
+        latency = prefill_attributed(run, kv_bin_tokens)
+        ok = latency > 0
         decode = ok & (run.prefill_tokens == 0) & (run.batch_size > 0)
         decode &= (run.depth > 0) | (window == 0)
-        prefill = ok & (run.prefill_tokens > 0)
+        prefill = ok & (run.prefill_tokens > 0) & run.prefills_measured
         kv_bin = np.floor(run.kv_tokens / kv_bin_tokens).astype(np.int64)
         pf_bin = np.floor(np.log2(np.maximum(run.prefill_tokens, 1))).astype(np.int64)
         for i in np.flatnonzero(decode | prefill):
@@ -100,7 +200,7 @@ def load_points(steps: StepArrays | Sequence[StepArrays], *, draft_extend: bool 
                 keys.append((0, 0, -1, int(pf_bin[i])))
             else:
                 keys.append((int(run.batch_size[i]), int(run.depth[i]), int(kv_bin[i]), -1))
-            values.append((run.kv_tokens[i], run.prefill_tokens[i], run.latency_s[i]))
+            values.append((run.kv_tokens[i], run.prefill_tokens[i], latency[i]))
     if not keys:
         raise ValueError("no decode or prefill step with a positive latency")
     key_arr = np.array(keys)
@@ -110,19 +210,30 @@ def load_points(steps: StepArrays | Sequence[StepArrays], *, draft_extend: bool 
     rows = []
     for g in np.flatnonzero(counts >= min_steps):
         member = val_arr[inverse == g]
-        rows.append((groups[g][0], groups[g][1], *np.median(member, axis=0),
-                     np.sqrt(counts[g])))
+        latency = member[:, 2]
+        # The simulator adds step latencies up, so a group's point is its *mean* latency
+        # (steps next to a prefill are slower and count), leaving out steps over
+        # OUTLIER_RATIO x the group's median: idle time before a step, not work.
+        work = latency <= OUTLIER_RATIO * np.median(latency)
+        rows.append((groups[g][0], groups[g][1], *np.median(member[:, :2], axis=0),
+                     latency[work].mean(), np.sqrt(counts[g])))
     if not rows:
         raise ValueError(f"no group of steps has {min_steps} members")
     b, d, kv, pf, lat, w = (np.array(col, dtype=np.float64) for col in zip(*rows, strict=True))
-    return LatencyPoints(batch_size=b, depth=d, kv_tokens=kv, prefill_tokens=pf, latency_s=lat,
-                         weight=w, draft_extend=np.where(pf > 0, True, draft_extend))
+    ext = np.where(pf > 0, True, draft_extend)
+    return LatencyPoints(batch_size=b, depth=d, kv_tokens=speculative_kv(b, d, kv, pf, ext),
+                         prefill_tokens=pf, latency_s=lat, weight=w, draft_extend=ext)
 
 
 def fit_load_profile(steps: StepArrays | Sequence[StepArrays], template: CostProfile,
                      free: Sequence[str], *, draft_extend: bool = False,
                      ties: dict[str, tuple[str, float]] | None = None,
-                     ) -> tuple[CostProfile, FitReport]:
-    """Fit ``free`` coefficients to :func:`load_points` of ``steps`` (others from ``template``)."""
+                     ) -> tuple[SpecPathKVProfile, FitReport]:
+    """Fit ``free`` coefficients to :func:`load_points` of ``steps`` (others from ``template``).
+
+    The points carry the speculative-path KV only, so the fitted ``c_kv`` is that term's
+    and the result is a :class:`SpecPathKVProfile`.
+    """
     points = load_points(steps, draft_extend=draft_extend)
-    return fit_profile(points, template=template, free=free, ties=ties)
+    profile, report = fit_profile(points, template=template, free=free, ties=ties)
+    return SpecPathKVProfile.of(profile), report

@@ -41,6 +41,7 @@ from agents.policies import make_policy
 from env.acceptance import SGLangSimulatedAcceptance
 from env.cost_model import CostProfile, load_profile
 from env.features import FeatureSpec
+from env.load_fit import with_kv_term
 from env.rollout import DecisionLoop, rollout
 from env.simulator import SchedulerConfig, Simulator
 from env.workloads import ClosedLoop, Workload
@@ -162,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         names[key] = value
     if not names:
         parser.error("give at least one --profile MODEL=PATH_OR_NAME")
-    profiles = {k: load_profile(v) for k, v in names.items()}
+    # A profile fitted by env.load_fit charges c_kv on the speculative path only.
+    profiles = {k: with_kv_term(load_profile(v)) for k, v in names.items()}
     prior = load_profile(args.prior)
     client = OmegaConf.load(REPO / "configs/workload/h200_measured.yaml")
     out = Path(args.out or args.runs[0])

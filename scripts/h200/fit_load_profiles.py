@@ -33,17 +33,20 @@ from env.trace_format import read_trace
 REPO = Path(__file__).resolve().parents[2]
 #: The shared measurements (``/work/shared`` next to the worktrees; ``--shared`` elsewhere).
 SHARED = REPO.parents[1] / "shared/measured/h200-sglang-0.5.15-offswitch/results"
-#: Coefficients a plain decode + prefill trace identifies. c_prefill_token is not among
-#: them: at depth 0 its column (prompt tokens) is c_token's (batch + prompt) less
-#: c_request's (batch), so c_token carries the prompt's per-token cost.
-BASE = ("c_fixed", "c_request", "c_token", "c_kv")
-#: Speculative terms (c_verify_token is left at 0: with c_request, c_token, c_draft_token
-#: and c_prefill_token free its column is a combination of theirs).
-SPEC = ("c_verify", "c_draft", "c_draft_token")
+#: Coefficients a plain decode + prefill trace identifies. At depth 0 the columns of
+#: c_request (batch), c_token (batch + prompt) and c_prefill_token (prompt) are dependent:
+#: c_token stays at 0 there (a decode step's per-token cost is in c_request) so that the
+#: prompt's per-token cost, several times a decode token's, goes to c_prefill_token and
+#: not into every decode step.
+BASE = ("c_fixed", "c_request", "c_prefill_token")
+#: Speculative terms, c_kv among them (``env.load_fit``: KV is paid on the speculative path
+#: only). c_token is identified by the depths; c_verify_token is left at 0 (with c_request,
+#: c_token, c_draft_token and c_prefill_token free its column is a combination of theirs).
+SPEC = ("c_token", "c_kv", "c_verify", "c_draft", "c_draft_token")
 MOE_ACTIVE_FRACTION = 8 / 128  # Qwen3-30B-A3B: top-8 of 128 experts
 
 
-def steps_of(path: Path, scratch: Path) -> StepArrays:
+def steps_of(path: Path, scratch: Path, prefills_measured: bool = True) -> StepArrays:
     """The steps of a trace folder or a ``.tar.gz`` holding one."""
     if path.name.endswith(".tar.gz"):
         target = scratch / path.name.removesuffix(".tar.gz")
@@ -53,7 +56,7 @@ def steps_of(path: Path, scratch: Path) -> StepArrays:
         if len(folders) != 1:
             raise ValueError(f"{path}: expected one trace folder inside, found {folders}")
         path = folders[0]
-    return StepArrays.from_trace(read_trace(path))
+    return StepArrays.from_trace(read_trace(path), prefills_measured)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,9 +77,12 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as scratch:
         for model, (off_path, explore_path, template, moe) in sources.items():
             off = steps_of(off_path, Path(scratch))
-            explore = steps_of(explore_path, Path(scratch))
+            # The explore servers ran with the radix cache on: their prefill steps count
+            # uncached tokens only, so only their decode steps are used.
+            explore = steps_of(explore_path, Path(scratch), prefills_measured=False)
             free = BASE + (("c_moe",) if moe else ())
-            template = template.replace(moe_active_fraction=moe, c_kv=0.0, c_prefill_token=0.0)
+            template = template.replace(moe_active_fraction=moe, c_kv=0.0, c_token=0.0,
+                                        c_prefill_token=0.0)
             for kind, steps, names in (("nospec", [off], free), ("spec", [off, explore],
                                                                   free + SPEC)):
                 profile, report = fit_load_profile(steps, template, names)
