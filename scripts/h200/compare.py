@@ -183,7 +183,9 @@ def main(argv: list[str] | None = None) -> int:
             file = cell.source.split(":")[0]
             per_model.setdefault(cell.model, []).append({
                 "cell": cell.key(), "use": "fit-run" if file in args.fitted_on else "held-out",
-                "group": f"{Path(run).name}/{file.split('_replay')[0]}",
+                # policies are ranked within one run directory, server kind and acceptance
+                "group": f"{Path(run).name}/{cell.model} {cell.server}"
+                         + ("" if cell.acceptance is None else f"@{cell.acceptance:g}"),
                 **cell.to_dict(),
                 "measured_tok_s": cell.throughput_tok_s,
                 "simulated_tok_s": sim["throughput_tok_s"],
