@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 from env.cost_model import load_profile, save_profile
-from env.load_fit import StepArrays, fit_load_profile
+from env.load_fit import KV_TERM, StepArrays, fit_load_profile
 from env.trace_format import read_trace
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,6 +44,11 @@ BASE = ("c_fixed", "c_request", "c_prefill_token")
 #: c_token, c_draft_token and c_prefill_token free its column is a combination of theirs).
 SPEC = ("c_token", "c_kv", "c_verify", "c_draft", "c_draft_token")
 MOE_ACTIVE_FRACTION = 8 / 128  # Qwen3-30B-A3B: top-8 of 128 experts
+#: The MoE's shape (shared/measured/h200-sglang-0.5.15-offswitch/models_moe/target/config.json).
+MOE_MODEL = {"name": "Qwen3-30B-A3B (shape), EAGLE-3 draft head (1 layer)", "params_b": 30.5,
+             "layers": 48, "hidden": 2048, "attention_heads": 32, "kv_heads": 4,
+             "head_dim": 128, "experts": 128, "experts_per_token": 8,
+             "kv_bytes_per_token": 2 * 48 * 4 * 128 * 2}
 
 
 def steps_of(path: Path, scratch: Path, prefills_measured: bool = True) -> StepArrays:
@@ -83,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
             free = BASE + (("c_moe",) if moe else ())
             template = template.replace(moe_active_fraction=moe, c_kv=0.0, c_token=0.0,
                                         c_prefill_token=0.0)
+            if moe:
+                template = template.replace(model=MOE_MODEL)
             for kind, steps, names in (("nospec", [off], free), ("spec", [off, explore],
                                                                   free + SPEC)):
                 profile, report = fit_load_profile(steps, template, names)
@@ -91,10 +98,14 @@ def main(argv: list[str] | None = None) -> int:
                     description=f"{model} model on one H200 (SGLang 0.5.15.post1), "
                                 f"{'without speculation' if kind == 'nospec' else 'EAGLE-3'}; "
                                 "env.load_fit on every decode and prefill step",
-                    provenance={**profile.provenance,
+                    # Only this fit's provenance: the template's describes another fit.
+                    provenance={KV_TERM[0]: KV_TERM[1], "fit": profile.provenance["fit"],
                                 "fitted_to": [off_path.name]
                                 + ([explore_path.name] if kind == "spec" else []),
-                                "method": "scripts/h200/fit_load_profiles.py"})
+                                "method": "scripts/h200/fit_load_profiles.py (env.load_fit)",
+                                "server": "--disable-radix-cache --max-running-requests 48 "
+                                          "(off trace); explore trace: radix cache on, "
+                                          "decode steps only"})
                 save_profile(profile, out / f"{model}_{kind}.yaml")
                 print(f"{model} {kind}: {report.summary()}")
                 print("  " + ", ".join(f"{k}={v * 1e6:.3f}us" for k, v in
