@@ -11,7 +11,8 @@ and ``fidelity_<model>.md`` to ``--out`` (default: the first run directory).
 The client is modelled as the load generator drives the server (``loadgen.py``):
 
 * ``one_batch``: C requests of 256 prompt / 128 output tokens at once (start interval and
-  per-request client overhead from ``configs/workload/h200_measured.yaml``);
+  per-request client overhead from ``--client``, default
+  ``configs/workload/h200_measured.yaml``; ``fit_client.py`` fits them);
 * ``closed``: C clients back to back for the run's seconds;
 * ``headline``: ``session.headline_workload(seconds)``, open-loop arrivals.
 
@@ -153,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the profile the real controller was started with (PPO's prior)")
     parser.add_argument("--fitted-on", nargs="*", default=[],
                         help="run files whose traces the profiles were fitted to")
+    parser.add_argument("--client", default=str(REPO / "configs/workload/h200_measured.yaml"),
+                        help="YAML with start_interval_s and client_overhead_s "
+                             "(e.g. from fit_client.py)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     names: dict[str, str] = {}
@@ -166,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     # A profile fitted by env.load_fit charges c_kv on the speculative path only.
     profiles = {k: with_kv_term(load_profile(v)) for k, v in names.items()}
     prior = load_profile(args.prior)
-    client = OmegaConf.load(REPO / "configs/workload/h200_measured.yaml")
+    client = OmegaConf.load(args.client)
     out = Path(args.out or args.runs[0])
     out.mkdir(parents=True, exist_ok=True)
     per_model: dict[str, list[dict]] = {}
