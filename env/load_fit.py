@@ -172,7 +172,7 @@ def prefill_attributed(run: StepArrays, kv_bin_tokens: int = KV_BIN_TOKENS) -> n
 
 def load_points(steps: StepArrays | Sequence[StepArrays], *, draft_extend: bool = False,
                 switch_guard: int = 5, min_steps: int = 3,
-                kv_bin_tokens: int = KV_BIN_TOKENS) -> LatencyPoints:
+                kv_bin_tokens: int = KV_BIN_TOKENS, plain_only: bool = False) -> LatencyPoints:
     """Group medians of decode and prefill steps as fit points (see the module docstring).
 
     Args:
@@ -182,6 +182,8 @@ def load_points(steps: StepArrays | Sequence[StepArrays], *, draft_extend: bool 
         switch_guard: Depth-0 steps this close to a speculative step are left out.
         min_steps: Groups with fewer steps are left out (a lone step says little).
         kv_bin_tokens: Width of the KV bins of decode steps.
+        plain_only: Leave out speculative decode steps (to fit a server without
+            speculation from the off path's steps).
     """
     runs = [steps] if isinstance(steps, StepArrays) else list(steps)
     keys, values = [], []
@@ -191,7 +193,7 @@ def load_points(steps: StepArrays | Sequence[StepArrays], *, draft_extend: bool 
         latency = prefill_attributed(run, kv_bin_tokens)
         ok = latency > 0
         decode = ok & (run.prefill_tokens == 0) & (run.batch_size > 0)
-        decode &= (run.depth > 0) | (window == 0)
+        decode &= ((run.depth > 0) & (not plain_only)) | (window == 0)
         prefill = ok & (run.prefill_tokens > 0) & run.prefills_measured
         kv_bin = np.floor(run.kv_tokens / kv_bin_tokens).astype(np.int64)
         pf_bin = np.floor(np.log2(np.maximum(run.prefill_tokens, 1))).astype(np.int64)
@@ -228,12 +230,12 @@ def load_points(steps: StepArrays | Sequence[StepArrays], *, draft_extend: bool 
 def fit_load_profile(steps: StepArrays | Sequence[StepArrays], template: CostProfile,
                      free: Sequence[str], *, draft_extend: bool = False,
                      ties: dict[str, tuple[str, float]] | None = None,
-                     ) -> tuple[SpecPathKVProfile, FitReport]:
+                     plain_only: bool = False) -> tuple[SpecPathKVProfile, FitReport]:
     """Fit ``free`` coefficients to :func:`load_points` of ``steps`` (others from ``template``).
 
     The points carry the speculative-path KV only, so the fitted ``c_kv`` is that term's
     and the result is a :class:`SpecPathKVProfile`.
     """
-    points = load_points(steps, draft_extend=draft_extend)
+    points = load_points(steps, draft_extend=draft_extend, plain_only=plain_only)
     profile, report = fit_profile(points, template=template, free=free, ties=ties)
     return SpecPathKVProfile.of(profile), report
