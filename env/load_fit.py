@@ -14,19 +14,15 @@ out), weighted by the square root of its size. Before that, what a prefill costs
 neighbours is moved onto it (:func:`prefill_attributed`). The free coefficients are
 fitted jointly by :func:`env.cost_model.fit_profile` (NNLS on relative errors).
 
-**KV is paid on the speculative path only.** The traces put the cost of a cached token
-read by a plain decode step (the off path, a server without speculation) at 0-4 ns on the
-dense model and 0 on the MoE, but at about 420 ns on verify steps (dense: 422 ns fitted to
-the 256-token explore trace and the off trace, 447 ns with the long-context headline trace
-added): a verify step, like SGLang's own steps=0, runs the target in ``TARGET_VERIFY``
-mode through the extend-attention kernel over the whole prefix with a custom mask, far
-slower per token than the decode kernel (docs/OFFSWITCH.md). A prefill step's latency
-does not grow with the cache the other requests hold (dense off trace). So
-:class:`SpecPathKVProfile` charges ``c_kv`` per cached token only on decode steps on the
-speculative path (depth > 0, or depth 0 with the draft extend: SGLang's steps=0), and
-:func:`load_points` passes the KV of those steps only. (Until the cost model has a
-speculative-path KV coefficient of its own, this subclass carries the meaning; the
-profile's provenance says ``kv_term: speculative_path``.)
+**KV is paid on the speculative path** (``c_steps0_kv`` of :mod:`env.cost_model`). The
+traces put the cost of a cached token read by a plain decode step (the off path, a server
+without speculation) at 0-4 ns on the dense model and 0 on the MoE, but at about 420 ns on
+verify steps (dense: 422 ns fitted to the 256-token explore trace and the off trace, 447 ns
+with the long-context headline trace added): a verify step, like SGLang's own steps=0,
+runs the target in ``TARGET_VERIFY`` mode through the extend-attention kernel over the
+whole prefix with a custom mask. A prefill step's latency does not grow with the cache the
+other requests hold (dense off trace). So the fits here leave ``c_kv`` at 0 and free
+``c_steps0_kv``; each point says whether it ran on the speculative path.
 
 Steps are taken as the simulator runs them: a prefill step is ``batch_size = 0`` with the
 prompt tokens it computed; depth-0 steps are the plain decode of the plugin's off path
@@ -39,7 +35,6 @@ With depth-0 steps only, ``c_request`` (batch), ``c_token`` (batch + prompt) and
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -51,49 +46,6 @@ from env.cost_model import CostProfile, FitReport, LatencyPoints, fit_profile
 OUTLIER_RATIO = 5.0
 #: Decode steps are binned by KV use in bins of this many tokens.
 KV_BIN_TOKENS = 4096
-#: Provenance key and value marking a profile whose ``c_kv`` is the speculative path's.
-KV_TERM = ("kv_term", "speculative_path")
-
-
-def speculative_kv(batch_size, depth, kv_tokens, prefill_tokens=0, draft_extend=True):
-    """The KV tokens a step pays ``c_kv`` for: those of decode steps on the speculative path."""
-    b, d, kv, pf, ext = np.broadcast_arrays(np.asarray(batch_size), np.asarray(depth),
-                                            np.asarray(kv_tokens, dtype=np.float64),
-                                            np.asarray(prefill_tokens),
-                                            np.asarray(draft_extend, dtype=bool))
-    return np.where((b > 0) & (pf == 0) & ((d > 0) | ext), kv, 0.0)
-
-
-@dataclass(frozen=True)
-class SpecPathKVProfile(CostProfile):
-    """A :class:`CostProfile` whose ``c_kv`` is paid by speculative-path decode steps only."""
-
-    @classmethod
-    def of(cls, profile: CostProfile) -> SpecPathKVProfile:
-        """The same coefficients and limits, with the speculative-path KV term."""
-        values = {f.name: getattr(profile, f.name) for f in dataclasses.fields(profile) if f.init}
-        values["provenance"] = {**profile.provenance, KV_TERM[0]: KV_TERM[1]}
-        return cls(**values)
-
-    def step_latency_s(self, batch_size: int, depth: int, kv_tokens: int = 0,
-                       prefill_tokens: int = 0, draft_extend: bool = True) -> float:
-        on_path = batch_size > 0 and not prefill_tokens and (depth > 0 or draft_extend)
-        return super().step_latency_s(batch_size, depth, kv_tokens if on_path else 0,
-                                      prefill_tokens, draft_extend)
-
-    def step_latency_array(self, batch_size, depth, kv_tokens=0, prefill_tokens=0,
-                           draft_extend=True) -> np.ndarray:
-        kv = speculative_kv(batch_size, depth, kv_tokens, prefill_tokens, draft_extend)
-        return super().step_latency_array(batch_size, depth, kv, prefill_tokens, draft_extend)
-
-
-def with_kv_term(profile: CostProfile) -> CostProfile:
-    """``profile`` as a :class:`SpecPathKVProfile` if its provenance marks it so."""
-    if profile.provenance.get(KV_TERM[0]) == KV_TERM[1]:
-        return SpecPathKVProfile.of(profile)
-    return profile
-
-
 @dataclass(frozen=True)
 class StepArrays:
     """One server's steps, in step order (the lowest rank of a recorded trace).
@@ -223,19 +175,14 @@ def load_points(steps: StepArrays | Sequence[StepArrays], *, draft_extend: bool 
         raise ValueError(f"no group of steps has {min_steps} members")
     b, d, kv, pf, lat, w = (np.array(col, dtype=np.float64) for col in zip(*rows, strict=True))
     ext = np.where(pf > 0, True, draft_extend)
-    return LatencyPoints(batch_size=b, depth=d, kv_tokens=speculative_kv(b, d, kv, pf, ext),
-                         prefill_tokens=pf, latency_s=lat, weight=w, draft_extend=ext)
+    return LatencyPoints(batch_size=b, depth=d, kv_tokens=kv, prefill_tokens=pf, latency_s=lat,
+                         weight=w, draft_extend=ext, speculative_path=(d > 0) | ext)
 
 
 def fit_load_profile(steps: StepArrays | Sequence[StepArrays], template: CostProfile,
                      free: Sequence[str], *, draft_extend: bool = False,
                      ties: dict[str, tuple[str, float]] | None = None,
-                     plain_only: bool = False) -> tuple[SpecPathKVProfile, FitReport]:
-    """Fit ``free`` coefficients to :func:`load_points` of ``steps`` (others from ``template``).
-
-    The points carry the speculative-path KV only, so the fitted ``c_kv`` is that term's
-    and the result is a :class:`SpecPathKVProfile`.
-    """
+                     plain_only: bool = False) -> tuple[CostProfile, FitReport]:
+    """Fit ``free`` coefficients to :func:`load_points` of ``steps`` (others from ``template``)."""
     points = load_points(steps, draft_extend=draft_extend, plain_only=plain_only)
-    profile, report = fit_profile(points, template=template, free=free, ties=ties)
-    return SpecPathKVProfile.of(profile), report
+    return fit_profile(points, template=template, free=free, ties=ties)

@@ -10,25 +10,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from env.cost_model import CostProfile, ServerLimits
-from env.load_fit import (
-    SpecPathKVProfile,
-    StepArrays,
-    fit_load_profile,
-    load_points,
-    prefill_attributed,
-    with_kv_term,
-)
+from env.load_fit import StepArrays, fit_load_profile, load_points, prefill_attributed
 
 SERVER = ServerLimits(max_running_requests=64, kv_capacity_tokens=200_000,
                       chunked_prefill_tokens=8192)
 #: Depth-0 columns of c_request (batch), c_token (batch + prompt) and c_prefill_token
 #: (prompt) are dependent: a plain-decode fit frees two of them.
 PLAIN = ("c_fixed", "c_request", "c_prefill_token")
-SPEC = ("c_fixed", "c_request", "c_token", "c_prefill_token", "c_kv", "c_verify", "c_draft")
+SPEC = ("c_fixed", "c_request", "c_token", "c_prefill_token", "c_steps0_kv", "c_verify",
+        "c_draft")
 
 
-def truth_profile(**coefficients: float) -> SpecPathKVProfile:
-    return SpecPathKVProfile.of(CostProfile("truth", SERVER, **coefficients))
+def truth_profile(**coefficients: float) -> CostProfile:
+    return CostProfile("truth", SERVER, **coefficients)
 
 
 def synthetic_steps(truth: CostProfile, rng: np.random.Generator, n: int = 4000,
@@ -46,7 +40,9 @@ def synthetic_steps(truth: CostProfile, rng: np.random.Generator, n: int = 4000,
     if spec_every:
         for start in range(spec_every // 2, n - 20, spec_every):
             depth[start:start + 20] = rng.choice([1, 3, 5])
-    latency = truth.step_latency_array(batch, depth, kv, prefill, draft_extend=prefill > 0)
+    # depth-0 decode steps are the off path: a plain decode, not on the speculative path
+    latency = truth.step_latency_array(batch, depth, kv, prefill, draft_extend=prefill > 0,
+                                       speculative_path=depth > 0)
     if spec_every:
         warm = np.flatnonzero((depth[1:] > 0) & (depth[:-1] == 0) & (batch[:-1] > 0))
         latency[warm] *= warmup_factor
@@ -68,43 +64,36 @@ def test_plain_fit_recovers_per_request_and_prefill_costs(fixed, request, prefil
 @given(kv=st.floats(5e-8, 8e-7), verify=st.floats(1e-4, 2e-3), seed=st.integers(0, 2**16))
 def test_spec_fit_recovers_speculative_path_kv_cost(kv, verify, seed):
     truth = truth_profile(c_fixed=5e-3, c_request=4e-5, c_token=5e-6, c_prefill_token=1e-5,
-                          c_kv=kv, c_verify=verify, c_draft=2e-4)
+                          c_steps0_kv=kv, c_verify=verify, c_draft=2e-4)
     steps = synthetic_steps(truth, np.random.default_rng(seed), spec_every=60)
     fitted, _ = fit_load_profile(steps, CostProfile("template", SERVER), SPEC, ties={})
-    assert isinstance(fitted, SpecPathKVProfile)
-    assert fitted.c_kv == pytest.approx(kv, rel=0.05)
+    assert fitted.c_steps0_kv == pytest.approx(kv, rel=0.05)
+    assert fitted.c_kv == 0.0
     # the plain decode steps, the majority, were made without any KV cost and stay so
-    assert fitted.step_latency_s(32, 0, 40_000, draft_extend=False) == pytest.approx(
-        truth.step_latency_s(32, 0, 0, draft_extend=False), rel=0.02)
+    plain = {"draft_extend": False, "speculative_path": False}
+    assert fitted.step_latency_s(32, 0, 40_000, **plain) == pytest.approx(
+        truth.step_latency_s(32, 0, 0, **plain), rel=0.02)
 
 
 @given(batch=st.integers(1, 64), depth=st.integers(0, 7), prefill=st.integers(1, 8192),
        kv=st.integers(0, 200_000))
-def test_kv_is_paid_by_speculative_path_decode_steps_only(batch, depth, prefill, kv):
-    profile = truth_profile(c_fixed=5e-3, c_request=4e-5, c_kv=4e-7, c_verify=1e-3)
-    base = CostProfile("plain", SERVER, c_fixed=5e-3, c_request=4e-5, c_verify=1e-3)
-    # prefill steps and plain decode steps: no KV term at all
-    assert profile.step_latency_s(0, 0, kv, prefill) == base.step_latency_s(0, 0, 0, prefill)
-    assert profile.step_latency_s(batch, 0, kv, draft_extend=False) == pytest.approx(
-        base.step_latency_s(batch, 0, 0, draft_extend=False))
-    # verify steps and SGLang's steps=0 (draft extend): linear in the KV tokens
-    for d, ext in ((max(depth, 1), True), (0, True)):
-        extra = profile.step_latency_s(batch, d, kv, draft_extend=ext) - base.step_latency_s(
-            batch, d, 0, draft_extend=ext)
+def test_c_steps0_kv_is_paid_by_speculative_path_decode_steps_only(batch, depth, prefill, kv):
+    profile = truth_profile(c_fixed=5e-3, c_request=4e-5, c_steps0_kv=4e-7, c_verify=1e-3)
+    base = profile.replace(c_steps0_kv=0.0)
+    # prefill steps and plain decode steps (off path): no such term
+    assert profile.step_latency_s(0, 0, kv, prefill) == base.step_latency_s(0, 0, kv, prefill)
+    off = {"draft_extend": False, "speculative_path": False}
+    assert profile.step_latency_s(batch, 0, kv, **off) == base.step_latency_s(batch, 0, kv, **off)
+    # verify steps and SGLang's steps=0: linear in the KV tokens
+    for d in (max(depth, 1), 0):
+        extra = profile.step_latency_s(batch, d, kv) - base.step_latency_s(batch, d, kv)
         assert extra == pytest.approx(4e-7 * kv, abs=1e-12)
     array = profile.step_latency_array([batch, batch, 0], [depth, 0, 0], kv, [0, 0, prefill],
-                                       [True, False, True])
-    scalar = [profile.step_latency_s(batch, depth, kv, 0, True),
-              profile.step_latency_s(batch, 0, kv, 0, False),
-              profile.step_latency_s(0, 0, kv, prefill, True)]
+                                       [True, False, True], [True, False, True])
+    scalar = [profile.step_latency_s(batch, depth, kv, 0, True, True),
+              profile.step_latency_s(batch, 0, kv, 0, False, False),
+              profile.step_latency_s(0, 0, kv, prefill, True, True)]
     assert array == pytest.approx(scalar)
-
-
-def test_with_kv_term_reads_the_provenance_mark():
-    plain = CostProfile("p", SERVER, c_fixed=1e-3, c_kv=1e-7)
-    assert type(with_kv_term(plain)) is CostProfile
-    marked = SpecPathKVProfile.of(plain)
-    assert type(with_kv_term(plain.replace(provenance=marked.provenance))) is SpecPathKVProfile
 
 
 def test_prefill_cost_recorded_on_its_neighbour_is_moved_back_and_recovered():
@@ -132,12 +121,12 @@ def test_warm_up_steps_next_to_speculation_are_left_out():
     points = load_points(steps)
     decode0 = (points.depth == 0) & (points.prefill_tokens == 0)
     predicted = truth.step_latency_array(points.batch_size[decode0], 0, 0, 0,
-                                         draft_extend=False)
+                                         draft_extend=False, speculative_path=False)
     assert np.all(points.latency_s[decode0] < 1.5 * predicted)
     unguarded = load_points(steps, switch_guard=0)
     d0 = (unguarded.depth == 0) & (unguarded.prefill_tokens == 0)
     assert np.any(unguarded.latency_s[d0] > 1.5 * truth.step_latency_array(
-        unguarded.batch_size[d0], 0, 0, 0, draft_extend=False))
+        unguarded.batch_size[d0], 0, 0, 0, draft_extend=False, speculative_path=False))
 
 
 def test_step_arrays_reject_ragged_columns():

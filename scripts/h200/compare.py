@@ -16,10 +16,11 @@ The client is modelled as the load generator drives the server (``loadgen.py``):
 * ``closed``: C clients back to back for the run's seconds;
 * ``headline``: ``session.headline_workload(seconds)``, open-loop arrivals.
 
-Server kinds: ``nospec`` and the plugin's off path (``spec_off``) run depth 0 without the
-draft extend (a plain decode); ``spec_sglang0`` (SGLang's own steps=0) runs depth 0 with
-the draft extend. A profile key ``<model>.<server>`` overrides ``<model>`` for that server
-kind. PPO runs with the prior profile the real controller was given (``--prior``).
+Server kinds: ``nospec`` and the plugin's off path (``spec_off``) run depth 0 as a plain
+decode (``sim.zero_step=off``); ``spec_sglang0`` (SGLang's own steps=0) runs it on the
+speculative path with the draft extend (``zero_step=sglang_steps0``). A profile key
+``<model>.<server>`` overrides ``<model>`` for that server kind. PPO runs with the prior
+profile the real controller was given (``--prior``).
 ``--fitted-on`` names files whose cells the profiles' traces came from: those cells are
 marked ``fit-run`` in the table, all others ``held-out``.
 """
@@ -42,7 +43,6 @@ from agents.policies import make_policy
 from env.acceptance import SGLangSimulatedAcceptance
 from env.cost_model import CostProfile, load_profile
 from env.features import FeatureSpec
-from env.load_fit import with_kv_term
 from env.rollout import DecisionLoop, rollout
 from env.simulator import SchedulerConfig, Simulator
 from env.workloads import ClosedLoop, Workload
@@ -70,14 +70,15 @@ def workload_of(cell: Cell, client) -> tuple[object, float | None]:
 def simulate(cell: Cell, profile: CostProfile, prior: CostProfile, client, seed: int = 0) -> dict:
     """Replay one cell; throughput (tok/s) and mean TPOT (ms)."""
     workload, horizon = workload_of(cell, client)
-    plain_zero = cell.server in ("nospec", "spec_off")
+    # A depth-0 step is a plain decode on a server without speculation and on the plugin's
+    # off path; SGLang's own steps=0 (the old plugin) stays on the speculative path.
+    zero_step = "sglang_steps0" if cell.server == "spec_sglang0" else "off"
     config = SchedulerConfig.from_profile(profile, max_running_requests=cell.max_running,
-                                          skip_zero_step_draft_extend=plain_zero)
+                                          zero_step=zero_step)
     # No simulated acceptance: random draft weights accept nothing.
     acceptance = SGLangSimulatedAcceptance(cell.acceptance or 1.0)
     sim = Simulator(profile, acceptance, workload, config, seed=seed)
-    policy = make_policy(cell.policy, profile=profile,
-                         skip_zero_step_draft_extend=plain_zero)
+    policy = make_policy(cell.policy, profile=profile, sim_config=config)
     result = rollout(DecisionLoop(sim, FeatureSpec(), 3, horizon, cost_prior=prior), policy)
     return {"throughput_tok_s": result.throughput_tok_s, "mean_tpot_ms": result.mean_tpot_ms}
 
@@ -167,8 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         names[key] = value
     if not names:
         parser.error("give at least one --profile MODEL=PATH_OR_NAME")
-    # A profile fitted by env.load_fit charges c_kv on the speculative path only.
-    profiles = {k: with_kv_term(load_profile(v)) for k, v in names.items()}
+    profiles = {k: load_profile(v) for k, v in names.items()}
     prior = load_profile(args.prior)
     client = OmegaConf.load(args.client)
     out = Path(args.out or args.runs[0])

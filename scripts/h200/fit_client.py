@@ -31,7 +31,6 @@ from compare import simulate
 from measured_runs import read_run_dir
 
 from env.cost_model import load_profile
-from env.load_fit import with_kv_term
 
 #: Candidate start intervals (seconds).
 INTERVALS = (0.0, 0.0005, 0.001, 0.002, 0.003, 0.0041)
@@ -49,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     overhead = float(OmegaConf.load(args.base).client_overhead_s)
-    profile = with_kv_term(load_profile(args.profile))
+    profile = load_profile(args.profile)
     cells = [c for run in args.runs for c in read_run_dir(run)[0]
              if c.workload == "one_batch" and c.source.split(":")[0] in args.files]
     if not cells:

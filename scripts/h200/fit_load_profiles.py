@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 from env.cost_model import load_profile, save_profile
-from env.load_fit import KV_TERM, StepArrays, fit_load_profile
+from env.load_fit import StepArrays, fit_load_profile
 from env.trace_format import read_trace
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,10 +39,11 @@ SHARED = REPO.parents[1] / "shared/measured/h200-sglang-0.5.15-offswitch/results
 #: prompt's per-token cost, several times a decode token's, goes to c_prefill_token and
 #: not into every decode step.
 BASE = ("c_fixed", "c_request", "c_prefill_token")
-#: Speculative terms, c_kv among them (``env.load_fit``: KV is paid on the speculative path
-#: only). c_token is identified by the depths; c_verify_token is left at 0 (with c_request,
-#: c_token, c_draft_token and c_prefill_token free its column is a combination of theirs).
-SPEC = ("c_token", "c_kv", "c_verify", "c_draft", "c_draft_token")
+#: Speculative terms, the verify-mode KV cost c_steps0_kv among them (``env.load_fit``:
+#: KV is paid on the speculative path; c_kv, a plain decode's, stays 0). c_token is
+#: identified by the depths; c_verify_token is left at 0 (with c_request, c_token,
+#: c_draft_token and c_prefill_token free its column is a combination of theirs).
+SPEC = ("c_token", "c_steps0_kv", "c_verify", "c_draft", "c_draft_token")
 MOE_ACTIVE_FRACTION = 8 / 128  # Qwen3-30B-A3B: top-8 of 128 experts
 #: The MoE's shape (shared/measured/h200-sglang-0.5.15-offswitch/models_moe/target/config.json).
 MOE_MODEL = {"name": "Qwen3-30B-A3B (shape), EAGLE-3 draft head (1 layer)", "params_b": 30.5,
@@ -50,7 +51,7 @@ MOE_MODEL = {"name": "Qwen3-30B-A3B (shape), EAGLE-3 draft head (1 layer)", "par
              "head_dim": 128, "experts": 128, "experts_per_token": 8,
              "kv_bytes_per_token": 2 * 48 * 4 * 128 * 2}
 #: The MoE's verify-mode KV cost per cached token relative to the dense model's. Its own
-#: traces cannot identify c_kv (every request holds ~330 tokens in both, so the KV column
+#: traces cannot identify c_steps0_kv (every request holds ~330 tokens in both, so the KV column
 #: moves with the per-request ones). The verify step's extend attention runs ~15x slower
 #: per token than the memory bound (dense: ~450 ns against 27 ns for 128 KiB at 4.8 TB/s),
 #: so it is taken to scale with the work per cached token, layers x query heads x head
@@ -96,12 +97,14 @@ def main(argv: list[str] | None = None) -> int:
             explore = steps_of(explore_path, Path(scratch), prefills_measured=False)
             free = BASE + (("c_moe",) if moe else ())
             template = template.replace(moe_active_fraction=moe, c_kv=0.0, c_token=0.0,
-                                        c_prefill_token=0.0)
+                                        c_prefill_token=0.0, c_steps0=0.0,
+                                        c_steps0_request=0.0, c_steps0_kv=0.0)
             spec = SPEC
             if moe:
-                # dense first (dict order): the MoE's c_kv is the dense fit's times the prior
-                template = template.replace(model=MOE_MODEL, c_kv=MOE_KV_VS_DENSE * dense_kv)
-                spec = tuple(n for n in SPEC if n != "c_kv")
+                # dense first (dict order): the MoE's KV cost is the dense fit's times the prior
+                template = template.replace(model=MOE_MODEL,
+                                            c_steps0_kv=MOE_KV_VS_DENSE * dense_kv)
+                spec = tuple(n for n in SPEC if n != "c_steps0_kv")
             for kind, steps, names in (("nospec", [off], free), ("spec", [off, explore],
                                                                   free + spec)):
                 profile, report = fit_load_profile(steps, template, names,
@@ -112,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                                 f"{'without speculation' if kind == 'nospec' else 'EAGLE-3'}; "
                                 "env.load_fit on every decode and prefill step",
                     # Only this fit's provenance: the template's describes another fit.
-                    provenance={KV_TERM[0]: KV_TERM[1], "fit": profile.provenance["fit"],
+                    provenance={"fit": profile.provenance["fit"],
                                 "fitted_to": [off_path.name]
                                 + ([explore_path.name] if kind == "spec" else []),
                                 "method": "scripts/h200/fit_load_profiles.py (env.load_fit)",
@@ -122,11 +125,11 @@ def main(argv: list[str] | None = None) -> int:
                 if moe and kind == "spec":
                     profile = profile.replace(provenance={
                         **profile.provenance,
-                        "c_kv": f"prior: {MOE_KV_VS_DENSE:g} x the dense fit's "
+                        "c_steps0_kv": f"prior: {MOE_KV_VS_DENSE:g} x the dense fit's "
                                 f"{dense_kv * 1e9:.0f} ns (scripts/h200/fit_load_profiles.py, "
                                 "MOE_KV_VS_DENSE); not identifiable from the MoE traces"})
                 if not moe and kind == "spec":
-                    dense_kv = profile.c_kv
+                    dense_kv = profile.c_steps0_kv
                 save_profile(profile, out / f"{model}_{kind}.yaml")
                 print(f"{model} {kind}: {report.summary()}")
                 print("  " + ", ".join(f"{k}={v * 1e6:.3f}us" for k, v in
