@@ -15,7 +15,8 @@ With ``T = batch * (depth + 1) + prefill_tokens`` target tokens::
             + max(depth - 1, 0) * (c_draft + c_draft_token * batch)  # draft forwards
             + [extend] * (c_extend + c_extend_token * T)          # draft extend after verify
             + [batch > cuda_graph_max_bs] * (c_eager + c_eager_token * batch)  # no CUDA graph
-            + [spec path] * (c_steps0 + c_steps0_request * batch)   # speculative decode path
+            + [spec path] * (c_steps0 + c_steps0_request * batch   # speculative decode path
+                             + c_steps0_kv * kv_tokens)                # verify-mode attention
 
 Every coefficient is in seconds (per unit of its term) and non-negative:
 
@@ -60,6 +61,11 @@ Every coefficient is in seconds (per unit of its term) and non-negative:
   plain decode graph, ``speculative_path=False``) does not. It is *part of*
   every speculative step's cost, so fitting it moves cost out of ``c_fixed`` /
   ``c_request`` without changing any speculative or steps=0 latency.
+* ``c_steps0_kv``: per cached token, on the speculative path only: the verify-mode
+  target forward attends over each request's whole prefix with SGLang's
+  extend-attention kernel and a custom mask, far slower per token than the decode
+  kernel (H200 traces, ``docs/FIDELITY.md``: about 450 ns per cached token on a
+  Llama-3.1-8B shape against 0-4 ns for a plain decode step, which ``c_kv`` holds).
 
 Three kinds of depth-0 decode step:
 
@@ -115,6 +121,7 @@ COEFFICIENTS: tuple[str, ...] = (
     "c_prefill_token",
     "c_steps0",
     "c_steps0_request",
+    "c_steps0_kv",
 )
 
 #: Coefficients :func:`fit_profile` fits by default (the rest keep the template's values).
@@ -201,6 +208,7 @@ class CostProfile:
     c_prefill_token: float = 0.0
     c_steps0: float = 0.0
     c_steps0_request: float = 0.0
+    c_steps0_kv: float = 0.0
     #: Experts per token over experts (k/E) of an MoE model; 0 for a dense one.
     moe_active_fraction: float = 0.0
     description: str = ""
@@ -278,7 +286,8 @@ class CostProfile:
         if batch_size > self._cg_max:
             latency += self.c_eager + self.c_eager_token * batch_size
         if batch_size and (depth > 0 or speculative_path):
-            latency += self.c_steps0 + self.c_steps0_request * batch_size
+            latency += (self.c_steps0 + self.c_steps0_request * batch_size
+                        + self.c_steps0_kv * kv_tokens)
         if prefill_tokens:
             latency += self.c_prefill_token * prefill_tokens
         return latency
@@ -374,6 +383,7 @@ def design_matrix(
         "c_prefill_token": pf,
         "c_steps0": spec_path,
         "c_steps0_request": spec_path * b,
+        "c_steps0_kv": spec_path * kv,
     }
     return np.stack([columns[name] for name in COEFFICIENTS], axis=1)
 
@@ -529,6 +539,8 @@ class LatencyPoints:
         latency_s: Its measured latency (e.g. a median), > 0.
         weight: Optional per-point weight (e.g. sample count); default 1.
         draft_extend: Whether the draft extend ran at depth 0; default True.
+        speculative_path: Whether a depth-0 decode step ran on the speculative path
+            (SGLang's steps=0) rather than a plain decode; default True.
     """
 
     batch_size: np.ndarray
@@ -538,6 +550,7 @@ class LatencyPoints:
     latency_s: np.ndarray
     weight: np.ndarray | None = None
     draft_extend: np.ndarray | None = None
+    speculative_path: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = np.asarray(self.latency_s).size
@@ -545,7 +558,7 @@ class LatencyPoints:
             value = getattr(self, f.name)
             if value is None:
                 continue
-            dtype = bool if f.name == "draft_extend" else np.float64
+            dtype = bool if f.name in ("draft_extend", "speculative_path") else np.float64
             arr = np.asarray(value, dtype=dtype).ravel()
             if arr.size == 1 and n > 1:
                 arr = np.full(n, arr[0], dtype=dtype)
@@ -614,8 +627,9 @@ class FitReport:
     ) -> FitReport:
         """Errors of ``profile`` on ``points``."""
         ext = points.draft_extend if points.draft_extend is not None else True
+        sp = points.speculative_path if points.speculative_path is not None else True
         predicted = profile.step_latency_array(
-            points.batch_size, points.depth, points.kv_tokens, points.prefill_tokens, ext
+            points.batch_size, points.depth, points.kv_tokens, points.prefill_tokens, ext, sp
         )
         rel = (predicted - points.latency_s) / points.latency_s
         abs_rel = np.abs(rel)
@@ -792,6 +806,7 @@ _IDENTIFIED_BY = {
     "c_eager": "batch sizes above and below cuda_graph_max_bs",
     "c_eager_token": "several batch sizes above cuda_graph_max_bs",
     "c_prefill_token": "prefill steps of several lengths",
+    "c_steps0_kv": "KV use that varies apart from the batch size on speculative-path steps",
 }
 
 
@@ -865,12 +880,14 @@ def fit_profile(
     check_fit_spec(free, ties)
 
     ext = pts.draft_extend if pts.draft_extend is not None else True
+    sp = pts.speculative_path if pts.speculative_path is not None else True
     design = design_matrix(
         pts.batch_size,
         pts.depth,
         pts.kv_tokens,
         pts.prefill_tokens,
         ext,
+        sp,
         moe_active_fraction=template.moe_active_fraction,
         cuda_graph_max_bs=template.server.cuda_graph_max_bs,
     )

@@ -875,7 +875,7 @@ def _concat_requests(parts: list[RequestColumns], files: list[Path]) -> RequestC
     ids = merged.request_id.astype(str)
     uniq, counts = np.unique(ids, return_counts=True)
     if (counts > 1).any():
-        dup = uniq[counts > 1][0]
+        dup = str(uniq[counts > 1][0])  # not numpy's repr, np.str_('...')
         owners = [str(f) for f, p in zip(files, parts, strict=True) if dup in set(p.request_id)]
         raise TraceFormatError(
             ", ".join(owners), None, "request_id", f"duplicate id {dup!r} across files"

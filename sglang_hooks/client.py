@@ -25,6 +25,7 @@ import os
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 
 import zmq
 import zmq.auth
@@ -60,13 +61,17 @@ class ControllerClient:
         timeout_s: Longest a telemetry message may wait for its decision.
         curve_server_key: The controller's CURVE public key (Z85), or None.
         curve_client_cert: This client's CURVE certificate file (None: fresh keys).
+        monotonic: The clock that stamps a decision's arrival; the same one as the
+            ``now`` of the other methods (the socket's own timers use real time).
     """
 
     def __init__(self, endpoint: str, hello: Hello, timeout_s: float,
                  curve_server_key: str | None = None,
-                 curve_client_cert: str | None = None) -> None:
+                 curve_client_cert: str | None = None,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self.endpoint = endpoint
         self.timeout_s = timeout_s
+        self._monotonic = monotonic
         self.counters: Counter[str] = Counter()
         self._sent: deque[tuple[int, float]] = deque(maxlen=_SENT_WINDOW)
         self._latest: Decision | None = None
@@ -115,6 +120,11 @@ class ControllerClient:
             self._latest = None  # only a fresh decision puts the controller back in charge
             self._overdue = True
         return TIMED_OUT if self._overdue else self._latest
+
+    @property
+    def answered_step(self) -> int:
+        """The telemetry step the newest accepted decision answers (-1: none yet)."""
+        return self._latest_answers
 
     def close(self) -> None:
         """Stop the I/O thread, close the socket (drops anything unsent)."""
@@ -244,7 +254,7 @@ class ControllerClient:
             if type(message) is not Decision:
                 counters["wire_error_kind"] += 1
                 continue
-            self._inbox.append((message, time.monotonic()))
+            self._inbox.append((message, self._monotonic()))
 
 
 def client_name(version: str) -> str:

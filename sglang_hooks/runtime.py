@@ -50,6 +50,7 @@ import os
 import socket
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from controller.wire import Hello
@@ -104,11 +105,15 @@ class Runtime:
             from the scheduler on the first ``process_input_requests`` call.
         follower: No ``SPECCTL_*`` variables here: never the source, and SGLang's
             own behaviour until a source announces its rule.
+        monotonic: The clock of step times and of the controller timeout (tests drive
+            a manual one, so that no assertion depends on how loaded the machine is).
     """
 
     def __init__(self, cfg: PluginConfig, version: str, ranks: Ranks | None = None,
-                 follower: bool = False) -> None:
+                 follower: bool = False,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self.cfg = cfg
+        self.monotonic = monotonic
         self.version = version
         self.follower = follower
         #: The local rule every rank runs when the controller is not in charge (None:
@@ -212,7 +217,8 @@ class Runtime:
         if cfg.controller and not cfg.record_explore:
             hello = Hello(self.server, self.rank, candidates, client_name(self.version))
             self.client = ControllerClient(cfg.controller, hello, cfg.timeout_s,
-                                           cfg.curve_server_key, cfg.curve_client_cert)
+                                           cfg.curve_server_key, cfg.curve_client_cert,
+                                           monotonic=self.monotonic)
         if cfg.record_dir:
             from sglang_hooks.recorder import start_recorder
 
@@ -256,7 +262,7 @@ class Runtime:
             if not self._announced:  # the first thing every rank hears from the source
                 self._announced = True
                 result.append(self.local)
-            marker = self._source_marker(time.monotonic())
+            marker = self._source_marker(self.monotonic())
             if marker is not None:
                 result.append(marker)
         except Exception as exc:
@@ -309,7 +315,7 @@ class Runtime:
         if self.is_source:
             try:
                 batch = args[0] if args else kwargs["batch"]
-                slot = self._capture_launch(scheduler, batch, step, time.monotonic())
+                slot = self._capture_launch(scheduler, batch, step, self.monotonic())
             except Exception as exc:
                 self.fault("launch", exc)
         previous = self._ran[(step - 1) % _RING]
@@ -351,7 +357,7 @@ class Runtime:
         result = original(scheduler, *args, **kwargs)
         self._processing = None
         try:
-            now = time.monotonic()
+            now = self.monotonic()
             if slot is not None and not slot.sent:
                 self._send(slot, now)
             self._last_result_end = now
@@ -477,7 +483,7 @@ class Runtime:
             )
 
     def _record_arrivals(self, recv_reqs: Any) -> None:
-        now = time.monotonic()
+        now = self.monotonic()
         for item in recv_reqs:
             for req in getattr(item, "batch", None) or (item,):
                 rid = getattr(req, "rid", None)

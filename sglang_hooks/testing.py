@@ -13,9 +13,12 @@ real one (``AdaptiveController``) with a :class:`WorkerStandIn`.
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import itertools
+import shutil
 import sys
+import tempfile
 import time
 import types
 from collections import deque
@@ -62,6 +65,46 @@ def load_plugins_as_scheduler() -> None:
     exec(f"def {function}():\n    from sglang.srt.plugins import load_plugins\n"
          "    load_plugins()\n", namespace)
     namespace[function]()
+
+
+def socket_dir() -> str:
+    """A short folder for ``ipc://`` sockets (their paths must stay under 107
+    characters, too short for pytest's ``tmp_path``), removed when the process exits."""
+    path = tempfile.mkdtemp(prefix="sc-")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
+def wait_until(condition: Callable[[], bool], what: str, deadline_s: float = 60.0) -> None:
+    """Poll ``condition`` until it holds. The deadline only turns a hang into a failure:
+    nothing a test asserts may depend on how soon it holds."""
+    give_up = time.monotonic() + deadline_s
+    while not condition():
+        if time.monotonic() > give_up:
+            raise AssertionError(f"gave up after {deadline_s} s waiting for {what}")
+        time.sleep(0.001)
+
+
+class ManualClock:
+    """A monotonic clock that moves only when told (:meth:`advance`, :meth:`sleep_until`).
+
+    Given to a :class:`~sglang_hooks.runtime.Runtime` and a :class:`SchedulerStandIn`,
+    it makes step latencies and the controller timeout depend on what a test does,
+    not on how loaded the machine is. Read from any thread (a float is read atomically).
+    """
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+    def sleep_until(self, when: float) -> None:
+        """What ``time.sleep(when - now)`` does to a real clock."""
+        self.now = max(self.now, when)
 
 
 class ForwardModeStandIn:
@@ -162,12 +205,15 @@ class SchedulerStandIn:
 
     def __init__(self, adaptive: Any, worker: WorkerStandIn,
                  acceptance: Callable[[int, int, int], list[int]], port: int = 30000,
-                 gpu_seconds: Callable[[int], float] | None = None) -> None:
+                 gpu_seconds: Callable[[int], float] | None = None,
+                 clock: ManualClock | None = None) -> None:
         self.adaptive = adaptive
         #: Optional GPU model: a launched step runs ``gpu_seconds(steps)`` after the
         #: previous one finished, and its result is ready only then (the real
-        #: ``process_batch_result`` blocks on the copy of its results).
+        #: ``process_batch_result`` blocks on the copy of its results), on ``clock``
+        #: (None: real time and real sleeps).
         self.gpu_seconds = gpu_seconds
+        self.clock = clock
         self._gpu_free_at = 0.0
         self.worker = worker
         self.acceptance = acceptance
@@ -199,14 +245,16 @@ class SchedulerStandIn:
             self.launched.append((self.forward_ct, self.worker.speculative_num_steps))
             steps = self.worker.speculative_num_steps
         if self.gpu_seconds is not None:
-            self._gpu_free_at = (max(time.monotonic(), self._gpu_free_at)
-                                 + self.gpu_seconds(steps))
+            now = self.clock() if self.clock is not None else time.monotonic()
+            self._gpu_free_at = max(now, self._gpu_free_at) + self.gpu_seconds(steps)
             batch.done_at = self._gpu_free_at
         return steps
 
     def process_batch_result(self, batch: BatchStandIn, result: int) -> None:
         done_at = getattr(batch, "done_at", None)
-        if done_at is not None:
+        if done_at is not None and self.clock is not None:
+            self.clock.sleep_until(done_at)
+        elif done_at is not None:
             time.sleep(max(0.0, done_at - time.monotonic()))
         if batch.forward_mode.is_decode():
             drafts = self.acceptance(batch.forward_iter, result, len(batch.reqs))

@@ -31,6 +31,7 @@ from env.cost_model import (
     shipped_profiles,
 )
 from env.fit_profile import main as fit_profile_main
+from env.off_cost import dense_h200_points, fit_off_path
 from env.schema import StepRecord
 from env.trace_format import read_trace, write_trace
 
@@ -179,8 +180,9 @@ def test_h200_profile_fits_measured_data():
     assert len(points) == 67
     assert report.median_abs_error < 0.05
     assert report.worst_abs_error < 0.10
-    # The shipped YAML is what the calibration code produces.
-    refit, _ = calibration.calibrate_h200(MEASURED)
+    # The shipped YAML is what the calibration code produces: the step-latency fit, then
+    # the off path's terms from the off-switch measurements (python -m env.calibration).
+    refit, _ = fit_off_path(calibration.calibrate_h200(MEASURED)[0], dense_h200_points())
     for name in COEFFICIENTS:
         assert getattr(profile, name) == pytest.approx(getattr(refit, name), rel=1e-9)
     # SGLang's cap on running requests under speculation (the measured server's).
@@ -235,7 +237,8 @@ def test_calibration_regenerates_the_shipped_files(tmp_path, capsys):
                       str(tmp_path / "configs"), "--measured", str(MEASURED)])
     assert "worst |error|" in capsys.readouterr().out
     shipped_dir = Path(calibration.__file__).parent / "profiles"
-    for name in NAMES:
+    # h200_qwen3_30b_a3b is fitted by specctl-fit-profile and env.off_cost instead.
+    for name in (n for n in NAMES if n != "h200_qwen3_30b_a3b"):
         _assert_same(yaml.safe_load((shipped_dir / f"{name}.yaml").read_text()),
                      yaml.safe_load((tmp_path / "profiles" / f"{name}.yaml").read_text()), name)
     preset = "workload/h200_measured.yaml"

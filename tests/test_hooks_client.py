@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
-import tempfile
 import time
 
 import numpy as np
 import zmq
 
-from controller.wire import DECISION_LAG, Decision, Hello, decode, encode_decision, encode_step
+from controller.wire import (
+    DECISION_LAG,
+    Decision,
+    Hello,
+    decode,
+    encode_decision,
+    encode_hello,
+    encode_step,
+)
 from env.schema import StepRecord
 from sglang_hooks.client import TIMED_OUT, ControllerClient
+from sglang_hooks.testing import ManualClock, socket_dir, wait_until
 
-_SOCKETS = tempfile.mkdtemp(prefix="sc-")
+_SOCKETS = socket_dir()
 _names = iter(range(10**6))
 HELLO = Hello("s", 0, tuple(range(8)))
 
@@ -53,89 +61,102 @@ class Router:
         self.sock.close(0)
 
 
-def settle(client: ControllerClient, seconds: float = 0.2) -> None:
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        client.poll(time.monotonic())
-        time.sleep(0.005)
+def handled(client: ControllerClient, clock: ManualClock, decisions: int) -> None:
+    """Wait until the scheduler thread's side has taken ``decisions`` decisions in all
+    (accepted, stale or out of order): counted, never timed."""
+    counters = client.counters
+
+    def done() -> bool:
+        client.poll(clock())
+        return (counters["decisions"] + counters["decisions_stale"]
+                + counters["decisions_out_of_order"]) >= decisions
+
+    wait_until(done, f"{decisions} decisions")
+
+
+# Over a real socket, on a manual clock: the clock moves only where a test says, so a
+# loaded machine cannot push a step past the timeout.
 
 
 def test_decisions_are_followed_until_the_controller_goes_quiet():
+    clock = ManualClock()
     endpoint = ipc()
     router = Router(endpoint)
-    client = ControllerClient(endpoint, HELLO, timeout_s=0.1)
+    client = ControllerClient(endpoint, HELLO, timeout_s=0.1, monotonic=clock)
     try:
-        settle(client)
         _, hello = router.receive()
         assert hello == HELLO
-        assert client.want(time.monotonic()) is None  # nothing decided yet: local rule
-        client.send_telemetry(frame(1), 1, time.monotonic())
+        assert client.want(clock()) is None  # nothing decided yet: local rule
+        client.send_telemetry(frame(1), 1, clock())
         identity, record = router.telemetry()
+        clock.advance(0.01)
         router.answer(identity, record.step_index)
-        settle(client)
-        decision = client.want(time.monotonic())
+        handled(client, clock, 1)
+        decision = client.want(clock())
         assert isinstance(decision, Decision) and decision.steps == (4,)
 
-        client.send_telemetry(frame(2), 2, time.monotonic())  # never answered
-        settle(client, 0.05)
-        assert client.want(time.monotonic()) == decision  # within the timeout
-        settle(client, 0.1)
-        assert client.want(time.monotonic()) is TIMED_OUT
+        client.send_telemetry(frame(2), 2, clock())  # never answered
+        clock.advance(0.09)
+        assert client.want(clock()) == decision  # within the timeout
+        clock.advance(0.02)
+        assert client.want(clock()) is TIMED_OUT
 
-        client.send_telemetry(frame(3), 3, time.monotonic())
+        client.send_telemetry(frame(3), 3, clock())
         router.telemetry()
         identity, record = router.telemetry()
         router.answer(identity, record.step_index, steps=6)
-        settle(client)
-        assert client.want(time.monotonic()).steps == (6,)  # resumed
+        handled(client, clock, 2)
+        assert client.want(clock()).steps == (6,)  # resumed
     finally:
         client.close()
         router.close()
 
 
 def test_late_and_out_of_order_decisions_are_dropped():
+    clock = ManualClock()
     endpoint = ipc()
     router = Router(endpoint)
-    client = ControllerClient(endpoint, HELLO, timeout_s=0.05)
+    client = ControllerClient(endpoint, HELLO, timeout_s=0.05, monotonic=clock)
     try:
-        settle(client)
         router.receive()
         for step in (1, 2):
-            client.send_telemetry(frame(step), step, time.monotonic())
+            client.send_telemetry(frame(step), step, clock())
         identity, _ = router.telemetry()
         router.telemetry()
-        time.sleep(0.08)
+        clock.advance(0.08)
         router.answer(identity, 1)  # answers step 1, 80 ms after it was sent: stale
-        settle(client, 0.05)
+        handled(client, clock, 1)
         assert client.counters["decisions_stale"] == 1
-        assert client.want(time.monotonic()) is TIMED_OUT
-        client.send_telemetry(frame(3), 3, time.monotonic())
+        assert client.want(clock()) is TIMED_OUT
+        client.send_telemetry(frame(3), 3, clock())
         router.telemetry()
         router.answer(identity, 3)
         router.answer(identity, 2)  # older than what was just accepted
-        settle(client, 0.05)
+        handled(client, clock, 3)
         assert client.counters["decisions"] == 1
         assert client.counters["decisions_out_of_order"] == 1
-        assert client.want(time.monotonic()).apply_from_step == 3 + DECISION_LAG
+        assert client.want(clock()).apply_from_step == 3 + DECISION_LAG
     finally:
         client.close()
         router.close()
 
 
-def test_a_missing_controller_costs_nothing_and_means_fallback():
-    client = ControllerClient(ipc(), HELLO, timeout_s=0.01)  # nobody listens there
+def test_a_missing_controller_means_dropped_telemetry_and_fallback():
+    """Never a blocked send (a blocked one would hang here); what it costs per step is
+    measured in benchmarks/bench_online.py, not asserted here."""
+    clock = ManualClock()
+    client = ControllerClient(ipc(), HELLO, timeout_s=0.01, monotonic=clock)  # nobody there
     try:
-        started = time.perf_counter()
         for step in range(10_000):
-            client.send_telemetry(frame(step), step, time.monotonic())
-            client.poll(time.monotonic())
-        elapsed = time.perf_counter() - started
-        assert elapsed < 1.0  # a few microseconds per step, never a blocked send
-        time.sleep(0.05)  # let the I/O thread try what is queued
+            client.send_telemetry(frame(step), step, clock())
+            client.poll(clock())
         counters = client.counters
+        wait_until(lambda: counters["telemetry_dropped"]
+                   + counters["telemetry_backlog_dropped"] == 10_000, "every send dropped")
         assert counters["telemetry_sent"] == 0
-        assert counters["telemetry_dropped"] + counters["telemetry_backlog_dropped"] == 10_000
-        assert client.want(time.monotonic()) is TIMED_OUT
+        assert client.want(clock()) is None, "not overdue within the timeout"
+        clock.advance(0.011)
+        assert client.want(clock()) is TIMED_OUT
     finally:
         client.close()
 
@@ -210,24 +231,79 @@ def test_out_of_order_and_unknown_step_answers_are_ignored():
 
 
 def test_the_io_thread_sleeps_until_telemetry_or_a_decision_wakes_it():
+    clock = ManualClock()
     endpoint = ipc()
     router = Router(endpoint)
-    client = ControllerClient(endpoint, HELLO, timeout_s=0.1)
+    client = ControllerClient(endpoint, HELLO, timeout_s=0.1, monotonic=clock)
     try:
         router.receive()  # HELLO sent: the next one is a second away
-        while not client._sleeping:
-            time.sleep(0.001)
+        wait_until(lambda: client._sleeping, "the I/O thread asleep")
         asleep = client.counters["io_wakeups"]
         time.sleep(0.1)  # the old client woke every 1-10 ms here
         assert client.counters["io_wakeups"] == asleep
-        client.send_telemetry(frame(1), 1, time.monotonic())
+        client.send_telemetry(frame(1), 1, clock())
         identity, record = router.telemetry()  # sent at once, no polling interval
         assert record.step_index == 1
         router.answer(identity, 1)
-        while client.counters["io_wakeups"] < asleep + 2:  # woken by the decision
-            time.sleep(0.001)
-        settle(client, 0.02)
-        assert client.want(time.monotonic()).steps == (4,)
+        wait_until(lambda: client.counters["io_wakeups"] >= asleep + 2, "woken by the decision")
+        handled(client, clock, 1)
+        assert client.want(clock()).steps == (4,)
     finally:
         client.close()
         router.close()
+
+
+# -- what the mutation run (scripts/mutation.py sglang_hooks/client.py) found unchecked -----
+
+
+def test_bad_frames_are_counted_one_by_one_and_the_decision_after_them_taken():
+    clock = ManualClock()
+    endpoint = ipc()
+    router = Router(endpoint)
+    client = ControllerClient(endpoint, HELLO, timeout_s=0.1, monotonic=clock)
+    try:
+        assert client.endpoint == endpoint
+        identity, _ = router.receive()
+        client.send_telemetry(frame(1), 1, clock())
+        router.telemetry()
+        for bad in (b"\xc1garbage", b"\xc1more", encode_hello(HELLO)):  # HELLO: wrong kind
+            router.sock.send_multipart([identity, bad])
+        router.answer(identity, 1)
+        handled(client, clock, 1)
+        assert client.counters["wire_error_garbage"] == 2
+        assert client.counters["wire_error_kind"] == 1
+        assert client.want(clock()).steps == (4,)
+    finally:
+        client.close()
+        router.close()
+
+
+def test_an_answer_exactly_at_the_timeout_is_still_fresh():
+    client = offline_client(timeout_s=0.125)  # binary fractions: exact differences
+    try:
+        client.send_telemetry(b"", 1, 1.0)
+        assert client.want(1.125) is None, "overdue only after the timeout"
+        client._inbox.append((decision_for(1), 1.125))
+        client.poll(1.125)
+        assert client.counters["decisions"] == 1 and client.want(1.125).steps == (4,)
+    finally:
+        client.close()
+
+
+def test_repeated_and_late_answers_are_each_counted():
+    client = offline_client()
+    try:
+        for step in (1, 2, 3):
+            client.send_telemetry(b"", step, 1.0)
+        client._inbox.extend([(decision_for(2), 1.01), (decision_for(2), 1.01),  # twice
+                              (decision_for(1), 1.01)])
+        client.poll(1.01)
+        assert client.counters["decisions"] == 1
+        assert client.counters["decisions_out_of_order"] == 2, "a repeat is out of order"
+        client.send_telemetry(b"", 4, 2.0)
+        client.send_telemetry(b"", 5, 2.0)
+        client._inbox.extend([(decision_for(3), 2.5), (decision_for(4), 2.5)])  # both stale
+        client.poll(2.5)
+        assert client.counters["decisions_stale"] == 2
+    finally:
+        client.close()

@@ -74,3 +74,13 @@ def test_a_tuple_request_list_gets_a_stripped_copy():
     scheduler = Scheduler()
     args, kwargs = rt.before_process_input_requests(scheduler, (Req(1), decision(1)))
     assert args[0] is scheduler and [r.rid for r in args[1]] == [1] and kwargs == {}
+
+
+@pytest.mark.parametrize(("batch_size", "expected"), [
+    (0, 5), (1, 5), (7, 5),  # below and inside the first grid interval
+    (8, 3), (31, 3),  # from a grid value up to the next
+    (32, 1), (10_000, 1),  # the last value holds for every larger batch
+])
+def test_steps_for_looks_up_the_grid_interval_of_the_batch_size(batch_size, expected):
+    marker = DecisionMarker(1, "controller", 5, (1, 8, 32), (5, 3, 1))
+    assert marker.steps_for(batch_size) == expected

@@ -18,7 +18,6 @@ import pickle
 import random
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from contextlib import contextmanager
@@ -69,10 +68,13 @@ from sglang_hooks.testing import (  # noqa: E402
     DECODE,
     EXTEND,
     BatchStandIn,
+    ManualClock,
     RankLoop,
     ReqStandIn,
     WorkerStandIn,
     hooked_classes,
+    socket_dir,
+    wait_until,
 )
 
 CONFIG = str(adaptive_config_path())
@@ -84,7 +86,7 @@ SOURCE, SECOND = Ranks(0, 2, 0, 1, 0, False), Ranks(1, 2, 0, 1, 0, False)
 
 # -- helpers ------------------------------------------------------------------------------
 
-_SOCKETS = tempfile.mkdtemp(prefix="sc-")  # ipc paths must stay under 107 characters
+_SOCKETS = socket_dir()
 
 
 def ipc(name: str) -> str:
@@ -142,7 +144,8 @@ def acceptance(step: int, steps: int, batch_size: int) -> list[int]:
 
 
 def build_rank(runtime: Runtime, is_source: bool, policy_class: type | None = None,
-               gpu_seconds=None, overrides_log: list | None = None) -> RankLoop:
+               gpu_seconds=None, overrides_log: list | None = None,
+               clock: ManualClock | None = None) -> RankLoop:
     """One rank: real AdaptiveController built the way this version's EAGLEWorkerV2 does."""
     policy_class = policy_class or make_policy_class(ORIGINAL["params"], runtime)
     worker = WorkerStandIn(7, ars.SpecRuntimeState, overrides_log)
@@ -160,13 +163,14 @@ def build_rank(runtime: Runtime, is_source: bool, policy_class: type | None = No
             worker, policy_class(initial_steps=worker.speculative_num_steps, cfg_path=CONFIG))
     adaptive.init_states(None)
     scheduler_class, receiver_class = hooked_classes(runtime)
-    scheduler = scheduler_class(adaptive, worker, acceptance, gpu_seconds=gpu_seconds)
+    scheduler = scheduler_class(adaptive, worker, acceptance, gpu_seconds=gpu_seconds,
+                                clock=clock)
     return RankLoop(scheduler, receiver_class(is_source))
 
 
-def runtime(ranks: Ranks = SOURCE, **cfg) -> Runtime:
+def runtime(ranks: Ranks = SOURCE, monotonic=time.monotonic, **cfg) -> Runtime:
     cfg.setdefault("server", "test")
-    return Runtime(PluginConfig(**cfg), VERSION, ranks=ranks)
+    return Runtime(PluginConfig(**cfg), VERSION, ranks=ranks, monotonic=monotonic)
 
 
 def next_batch(i: int, reqs: list[ReqStandIn]) -> BatchStandIn:
@@ -386,70 +390,114 @@ def _serve_process(policy: ExportedPolicy, tmp_path: Path, endpoint: str) -> sub
 
 
 def test_controller_killed_and_restarted_mid_stream(tmp_path):
+    """Time is a manual clock: 2 ms a step while the controller keeps pace (or is dead);
+    held while a live controller's answer is on its way, however loaded the machine."""
+    clock = ManualClock()
     endpoint = ipc("serve")
-    rt = runtime(controller=endpoint, fallback="table", table=((1, 2),), timeout_s=0.05)
+    rt = runtime(controller=endpoint, fallback="table", table=((1, 2),), timeout_s=0.05,
+                 monotonic=clock)
     loop = build_rank(rt, is_source=True)
+    reqs = [ReqStandIn(f"r{i}") for i in range(48)]
     process = _serve_process(constant_policy(6), tmp_path, endpoint)
+    launched = loop.scheduler.launched
     events: dict[str, int] = {}
+    give_up = time.monotonic() + 120  # a hang guard only
 
-    def chaos(i: int) -> None:
-        nonlocal process
-        if i == 100:
-            process.kill()
-            process.wait()
-            events["killed"] = loop.scheduler.forward_ct
-        if i == 250:
-            process = _serve_process(constant_policy(6), tmp_path, endpoint)
-            events["restarted"] = loop.scheduler.forward_ct
+    def kept_pace() -> bool:
+        """The controller answered the telemetry of the step whose result was just
+        processed (forward_ct is the one in flight)."""
+        rt.client.poll(clock())
+        return rt.client.answered_step >= loop.scheduler.forward_ct - 1
+
+    def run_until(done, alive: bool) -> None:
+        i = 0
+        while not done():
+            assert time.monotonic() < give_up, f"stuck at {events}, counters {rt.counters}"
+            pulled = loop.pull()
+            loop.iterate(pickle.loads(pickle.dumps(pulled)), next_batch(i, reqs))
+            i += 1
+            if not alive or kept_pace():
+                clock.advance(0.002)
+            else:
+                time.sleep(0.001)  # let the live controller's answer arrive
+
+    def steps_after(step: int) -> list[int]:
+        return [s for i, s in launched if i > step]
+
+    def followed(after_step: int, count: int) -> bool:
+        """``count`` decode steps launched since the controller's 6 first ran."""
+        steps = steps_after(after_step)
+        return 6 in steps and len(steps) - steps.index(6) >= count
 
     try:
-        run_single(loop, 700, sleep_s=0.002, on_iteration=chaos)
+        # in charge for 100 decode steps, then killed
+        run_until(lambda: followed(0, 100), alive=True)
+        process.kill()
+        process.wait()
+        events["killed"] = loop.scheduler.forward_ct
+        # dead for 200 decode steps
+        run_until(lambda: len(steps_after(events["killed"])) >= 200, alive=False)
+        process = _serve_process(constant_policy(6), tmp_path, endpoint)
+        events["restarted"] = loop.scheduler.forward_ct
+        # back, and followed for 150 decode steps
+        run_until(lambda: followed(events["restarted"], 150), alive=True)
+        loop.drain()
     finally:
         process.kill()
+        process.wait()
         rt.close()
-    launched = loop.scheduler.launched
-    before = [s for i, s in launched if 30 < i <= events["killed"]]
-    assert set(before) == {6}
+    before = [s for i, s in launched if i <= events["killed"]]
+    assert set(before[before.index(6):]) == {6}
     dead = [(i, s) for i, s in launched if events["killed"] < i <= events["restarted"]]
     fallback_from = next(i for i, s in dead if s == 2)
-    # Timeout 50 ms at ~2-3 ms per step: fallback well within ~40 steps of the kill,
-    # and then steadily until the controller is back.
+    # Timeout 50 ms at 2 ms per step: fallback within ~40 steps of the kill, and then
+    # steadily until the controller is back.
     assert fallback_from - events["killed"] < 40
     assert all(s == 2 for i, s in dead if i >= fallback_from)
-    back = [s for i, s in launched if i > events["restarted"]]
-    assert 6 in back, "decisions resume once the controller is back"
-    assert set(back[back.index(6):]) == {6}
-    assert len(back) - back.index(6) > 100
+    back = steps_after(events["restarted"])
+    assert set(back[back.index(6):]) == {6}, "decisions resume and stay once it is back"
     assert rt.counters["timeouts"] >= 1
     assert not any(k.startswith("fault") for k in rt.counters), rt.counters
 
 
 class RawController:
-    """A hand-written controller: answers telemetry after ``delay_s`` with ``reply(record)``."""
+    """A hand-written controller: answers each telemetry with ``reply(record)``, held
+    until ``delay_s`` after it arrived on ``clock`` (the test's manual clock)."""
 
-    def __init__(self, endpoint: str, reply, delay_s: float = 0.0) -> None:
+    def __init__(self, endpoint: str, reply, clock: ManualClock, delay_s: float = 0.0) -> None:
         self.context = zmq.Context()
         self.sock = self.context.socket(zmq.ROUTER)
         self.sock.bind(endpoint)
-        self.reply, self.delay_s = reply, delay_s
+        self.reply, self.clock, self.delay_s = reply, clock, delay_s
+        self.lock = threading.Lock()
+        self.queue: list[tuple[float, bytes, list[bytes]]] = []
+        #: Step of the newest telemetry received (-1: none yet); replies sent so far.
+        self.last_step, self.replies = -1, 0
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
-        queue: list[tuple[float, bytes, list[bytes]]] = []
         while not self.stop.is_set():
             if self.sock.poll(1):
                 identity, frame = self.sock.recv_multipart()
                 message = decode(frame)
                 if isinstance(message, StepRecord):
-                    queue.append((time.monotonic() + self.delay_s, identity,
-                                  self.reply(message)))
-            now = time.monotonic()
-            while queue and queue[0][0] <= now:
-                _, identity, frames = queue.pop(0)
-                for frame in frames:
-                    self.sock.send_multipart([identity, frame])
+                    with self.lock:
+                        self.queue.append((self.clock() + self.delay_s, identity,
+                                           self.reply(message)))
+                        self.last_step = message.step_index
+            with self.lock:
+                while self.queue and self.queue[0][0] <= self.clock():
+                    _, identity, frames = self.queue.pop(0)
+                    for frame in frames:
+                        self.sock.send_multipart([identity, frame])
+                    self.replies += 1
+
+    def nothing_due(self) -> bool:
+        """Every reply due by the clock's time has been sent."""
+        with self.lock:
+            return not self.queue or self.queue[0][0] > self.clock()
 
     def close(self) -> None:
         self.stop.set()
@@ -463,19 +511,47 @@ def _decision(record: StepRecord, steps: int) -> bytes:
                                     (1,), (steps,)))
 
 
+def run_lockstep(loop: RankLoop, rt: Runtime, raw: RawController, clock: ManualClock,
+                 iterations: int) -> None:
+    """``run_single`` at 2 ms a step on ``clock``, each step taken only once the
+    controller has the previous step's telemetry and the client every reply due: what
+    arrives when is set by the clock, never by how loaded the machine is."""
+    reqs = [ReqStandIn(f"r{i}") for i in range(48)]
+
+    def taken() -> int:  # replies the scheduler thread's side has seen (one decision each)
+        rt.client.poll(clock())
+        counters = rt.client.counters
+        return (counters["decisions"] + counters["decisions_stale"]
+                + counters["decisions_out_of_order"])
+
+    for i in range(iterations):
+        loop.iterate(pickle.loads(pickle.dumps(loop.pull())), next_batch(i, reqs))
+        if raw.last_step < 0:  # not connected yet: what was sent is dropped
+            time.sleep(0.001)
+            continue
+        wait_until(lambda: raw.last_step >= loop.scheduler.forward_ct - 1, "telemetry")
+        clock.advance(0.002)
+        wait_until(lambda: raw.nothing_due() and taken() >= raw.replies, "replies")
+    loop.drain()
+
+
 @pytest.mark.parametrize(("delay_s", "in_charge"), [(0.15, False), (0.005, True)])
 def test_slow_controller_is_ignored_fast_one_is_followed(tmp_path, delay_s, in_charge):
+    clock = ManualClock()
     endpoint = ipc(f"raw-{delay_s}")
-    raw = RawController(endpoint, lambda r: [_decision(r, 4)], delay_s=delay_s)
-    rt = runtime(controller=endpoint, fallback="table", table=((1, 1),), timeout_s=0.05)
+    raw = RawController(endpoint, lambda r: [_decision(r, 4)], clock, delay_s=delay_s)
+    rt = runtime(controller=endpoint, fallback="table", table=((1, 1),), timeout_s=0.05,
+                 monotonic=clock)
     loop = build_rank(rt, is_source=True)
     try:
-        run_single(loop, 200, sleep_s=0.002)
+        run_lockstep(loop, rt, raw, clock, 200)
+        stale = rt.client.counters["decisions_stale"]
     finally:
         raw.close()
         rt.close()
     late = {s for i, s in loop.scheduler.launched if i > 120}
     assert late == ({4} if in_charge else {1})
+    assert (stale > 0) is not in_charge
     assert not any(k.startswith("fault") for k in rt.counters), rt.counters
 
 
@@ -486,16 +562,19 @@ def test_garbage_and_oversized_replies_are_counted_and_survived(tmp_path):
         return [b"\xc1garbage", b"\x00" * (MAX_FRAME_BYTES + 10),
                 encode_decision(Decision(0, 0, "x"))[:-3], _decision(record, 3)]
 
-    raw = RawController(endpoint, reply)
-    rt = runtime(controller=endpoint, fallback="table", table=((1, 1),))
+    clock = ManualClock()
+    raw = RawController(endpoint, reply, clock)
+    rt = runtime(controller=endpoint, fallback="table", table=((1, 1),), monotonic=clock)
     loop = build_rank(rt, is_source=True)
     try:
-        run_single(loop, 120, sleep_s=0.002)
+        run_lockstep(loop, rt, raw, clock, 120)
         counters = dict(rt.client.counters)
     finally:
         raw.close()
         rt.close()
-    assert {s for i, s in loop.scheduler.launched if i > 60} == {3}
+    steps = [s for _, s in loop.scheduler.launched]
+    assert 3 in steps and set(steps[steps.index(3):]) == {3}
+    assert len(steps) - steps.index(3) > 60
     assert counters["wire_error_garbage"] > 10 and counters["wire_error_oversized"] > 10
     assert not any(k.startswith("fault") for k in rt.counters), rt.counters
 
@@ -559,26 +638,31 @@ def test_exploration_is_the_same_on_every_rank():
 
 
 def test_step_latency_is_the_steps_own_gpu_time_under_overlap(tmp_path):
-    """Launch-to-launch would report step N-1's duration under overlap scheduling."""
+    """Launch-to-launch would report step N-1's duration under overlap scheduling.
+    The GPU runs on a manual clock, so the expected latencies are exact."""
     from env.trace_format import read_trace
 
     def gpu_seconds(steps: int) -> float:
         return 0.004 + 0.003 * steps  # 4 ms plain decode, +3 ms per draft step
 
-    rt = runtime(record_dir=str(tmp_path / "trace"), record_explore=True, explore_dwell=1)
-    loop = build_rank(rt, is_source=True, gpu_seconds=gpu_seconds)
+    clock = ManualClock()
+    rt = runtime(record_dir=str(tmp_path / "trace"), record_explore=True, explore_dwell=1,
+                 monotonic=clock)
+    loop = build_rank(rt, is_source=True, gpu_seconds=gpu_seconds, clock=clock)
     reqs = [ReqStandIn(f"g{i}") for i in range(4)]
     for _ in range(120):
         loop.iterate([], BatchStandIn(reqs, DECODE))  # depth changes every step
     loop.drain()
     rt.close()
     steps = read_trace(sorted((tmp_path / "trace").glob("*.parquet"))).steps[5:]
-    own = np.array([s.step_latency_s - gpu_seconds(s.steps_used) for s in steps[1:]])
-    previous = np.array([s.step_latency_s - gpu_seconds(p.steps_used)
-                         for p, s in itertools.pairwise(steps)])
-    assert np.median(np.abs(own)) < 0.0015
-    # consecutive depths differ, so the previous step's time is >= 3 ms off
-    assert np.median(np.abs(previous)) > 0.002
+    assert len(steps) > 100
+    own = np.array([s.step_latency_s - gpu_seconds(s.steps_used) for s in steps])
+    assert np.abs(own).max() < 1e-6
+    # the previous step's GPU time is off by 3 ms per depth of difference
+    pairs = [(p, s) for p, s in itertools.pairwise(steps) if p.steps_used != s.steps_used]
+    assert len(pairs) > 100
+    previous = np.array([abs(s.step_latency_s - gpu_seconds(p.steps_used)) for p, s in pairs])
+    assert previous.min() > 0.003 - 1e-6
 
 
 def test_hook_timing_writes_per_step_percentiles(tmp_path):

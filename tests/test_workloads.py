@@ -350,7 +350,8 @@ def test_a_prompt_longer_than_the_kv_cache_is_left_out_of_the_load_and_reported(
         sampler = ScenarioSampler({"horizon_s": 10.0, "held_out_fraction": 0.2,
                                    "profiles": ["h200_llama31_8b"], "workloads": [spec]})
         with caplog.at_level("WARNING", logger="env.scenarios"):
-            scenarios[name] = [sampler.open_loop(spec, "h200_llama31_8b", 1.0, f, 0.0, 0)
+            server = sampler.server("h200_llama31_8b", np.random.default_rng(0))
+            scenarios[name] = [sampler.open_loop(spec, server, 1.0, f, 0.0, 0)
                                for f in (0.1, 0.5, 0.9)]
     np.testing.assert_allclose([s.workload.mean_rate for s in scenarios["dirty"]],
                                [s.workload.mean_rate for s in scenarios["clean"]], rtol=0.01)

@@ -1,19 +1,28 @@
-"""Simulated vs measured: replay the H200 session's workloads in the simulator.
+"""Simulated vs measured for any recorded H200 run directory: one fidelity table per model.
 
-    python scripts/h200/compare.py [--results docs/results/h200] [--profile NAME_OR_PATH]
+    python scripts/h200/compare.py RUN_DIR [RUN_DIR ...] --profile dense=PATH_OR_NAME \
+        [--profile moe=PATH] [--profile dense.nospec=PATH] [--out DIR] [--fitted-on FILE ...]
 
-Reads what ``session.py`` measured (``sweep_real.json``, ``plain_static3.json``,
-``headline_*.json``), runs the same workloads in the simulator with the given
-profile, and writes ``fidelity.json`` and ``fidelity.md`` next to the results:
+Reads every measured cell of the run directories (``measured_runs.read_run_dir``: the
+layouts of ``session.py``, ``offswitch.py`` and ``run_phases.py``), replays each one's
+workload in the simulator with the model's profile, and writes ``fidelity_<model>.json``
+and ``fidelity_<model>.md`` to ``--out`` (default: the first run directory).
 
-* the one-batch sweep (C requests at once, 256-token prompts, 128 output tokens,
-  the measured load generator's client model from ``configs/workload/h200_measured.yaml``)
-  for static depths and the PPO policy;
-* the headline replay (Azure conv arrivals whose rate rises and falls, from
-  ``session.headline_workload``) for steps 0, static 3, SGLang's adaptive rule and PPO.
+The client is modelled as the load generator drives the server (``loadgen.py``):
 
-The PPO policy runs with the cost profile the real controller used as its prior
-(``controller_prior_profile.yaml``) so both sides see the same features.
+* ``one_batch``: C requests of 256 prompt / 128 output tokens at once (start interval and
+  per-request client overhead from ``--client``, default
+  ``configs/workload/h200_measured.yaml``; ``fit_client.py`` fits them);
+* ``closed``: C clients back to back for the run's seconds;
+* ``headline``: ``session.headline_workload(seconds)``, open-loop arrivals.
+
+Server kinds: ``nospec`` and the plugin's off path (``spec_off``) run depth 0 as a plain
+decode (``sim.zero_step=off``); ``spec_sglang0`` (SGLang's own steps=0) runs it on the
+speculative path with the draft extend (``zero_step=sglang_steps0``). A profile key
+``<model>.<server>`` overrides ``<model>`` for that server kind. PPO runs with the prior
+profile the real controller was given (``--prior``).
+``--fitted-on`` names files whose cells the profiles' traces came from: those cells are
+marked ``fit-run`` in the table, all others ``held-out``.
 """
 
 from __future__ import annotations
@@ -28,90 +37,176 @@ from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from agents.policies import SGLangAdaptivePolicy, make_policy
+from measured_runs import Cell, read_run_dir
+
+from agents.policies import make_policy
 from env.acceptance import SGLangSimulatedAcceptance
-from env.cost_model import load_profile
+from env.cost_model import CostProfile, load_profile
 from env.features import FeatureSpec
 from env.rollout import DecisionLoop, rollout
 from env.simulator import SchedulerConfig, Simulator
 from env.workloads import ClosedLoop, Workload
 
 REPO = Path(__file__).resolve().parents[2]
+#: Target of issue 13: throughput and mean TPOT within this relative error.
+TOLERANCE = 0.10
 
 
-def simulate(profile, workload, policy, prior=None, horizon_s=None, seed=0) -> dict:
-    sim = Simulator(profile, SGLangSimulatedAcceptance(3.5), workload,
-                    SchedulerConfig.from_profile(profile), seed=seed)
-    result = rollout(DecisionLoop(sim, FeatureSpec(), 3, horizon_s, cost_prior=prior), policy)
+def workload_of(cell: Cell, client) -> tuple[object, float | None]:
+    """The simulator workload and horizon that replay ``cell``'s load generator."""
+    if cell.workload == "headline":
+        from session import headline_workload
+
+        arrivals, prompts, outputs = headline_workload(cell.seconds)
+        return Workload("headline", np.asarray(arrivals), np.asarray(prompts, np.int32),
+                        np.asarray(outputs, np.int32)), None
+    per_client = 1 if cell.workload == "one_batch" else None
+    loop = ClosedLoop(cell.concurrency, 256, 128, requests_per_client=per_client,
+                      start_interval_s=float(client.start_interval_s),
+                      client_overhead_s=float(client.client_overhead_s))
+    return loop, cell.seconds if cell.workload == "closed" else None
+
+
+def simulate(cell: Cell, profile: CostProfile, prior: CostProfile, client, seed: int = 0) -> dict:
+    """Replay one cell; throughput (tok/s) and mean TPOT (ms)."""
+    workload, horizon = workload_of(cell, client)
+    # A depth-0 step is a plain decode on a server without speculation and on the plugin's
+    # off path; SGLang's own steps=0 (the old plugin) stays on the speculative path.
+    zero_step = "sglang_steps0" if cell.server == "spec_sglang0" else "off"
+    config = SchedulerConfig.from_profile(profile, max_running_requests=cell.max_running,
+                                          zero_step=zero_step)
+    # No simulated acceptance: random draft weights accept nothing.
+    acceptance = SGLangSimulatedAcceptance(cell.acceptance or 1.0)
+    sim = Simulator(profile, acceptance, workload, config, seed=seed)
+    policy = make_policy(cell.policy, profile=profile, sim_config=config)
+    result = rollout(DecisionLoop(sim, FeatureSpec(), 3, horizon, cost_prior=prior), policy)
     return {"throughput_tok_s": result.throughput_tok_s, "mean_tpot_ms": result.mean_tpot_ms}
 
 
-def policy_for(name: str, profile):
-    if name == "sglang_adaptive":  # SGLang's default config, as the plain server ran it
-        return SGLangAdaptivePolicy(initial_steps=7)
-    return make_policy(name, profile=profile)
+def profile_for(cell: Cell, profiles: dict[str, CostProfile]) -> CostProfile | None:
+    return profiles.get(f"{cell.model}.{cell.server}") or profiles.get(cell.model)
 
 
-def main() -> None:
+def rel(sim: float, measured: float) -> float:
+    return sim / measured - 1.0
+
+
+def table(model: str, rows: list[dict], profiles: dict[str, str]) -> str:
+    """The Markdown fidelity table of one model."""
+    lines = [f"# Fidelity, {model}: measured vs simulated", "",
+             "Profiles: " + ", ".join(f"`{k}` = {v}" for k, v in sorted(profiles.items())
+                                      if k.split(".")[0] == model), "",
+             "| cell | use | radix | tok/s measured | simulated | error | TPOT ms measured "
+             "| simulated | error | within 10% |", "|---" * 10 + "|"]
+    for r in rows:
+        ok = abs(r["tok_s_error"]) <= TOLERANCE and abs(r["tpot_error"]) <= TOLERANCE
+        lines.append(
+            f"| {r['cell']} | {r['use']} | {'on' if r['radix_cache'] else 'off'} "
+            f"| {r['measured_tok_s']:,.0f} | {r['simulated_tok_s']:,.0f} "
+            f"| {r['tok_s_error']:+.1%} | {r['measured_tpot_ms']:.1f} "
+            f"| {r['simulated_tpot_ms']:.1f} | {r['tpot_error']:+.1%} | {'yes' if ok else 'NO'} |")
+    within = sum(abs(r["tok_s_error"]) <= TOLERANCE and abs(r["tpot_error"]) <= TOLERANCE
+                 for r in rows)
+    lines += ["", f"{within} of {len(rows)} cells within {TOLERANCE:.0%} on both."]
+    for group, ranked in rankings(rows).items():
+        lines.append(f"* ranking by throughput, {group}: measured {' > '.join(ranked[0])}; "
+                     f"simulated {' > '.join(ranked[1])}"
+                     f" ({'same' if ranked[0] == ranked[1] else 'DIFFERENT'})")
+    return "\n".join(lines) + "\n"
+
+
+def rankings(rows: list[dict]) -> dict[str, tuple[list[str], list[str]]]:
+    """Policies ranked by measured and by simulated throughput, per workload of one server run."""
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        if r["workload"] == "headline" or r["workload"] == "closed":
+            load = r["cell"].split(" ")[1:3]
+            groups.setdefault(f"{r['group']} {' '.join(load)}", []).append(r)
+    out = {}
+    for name, members in groups.items():
+        if len({m["policy"] for m in members}) < 2:
+            continue
+        out[name] = (ranked(members, "measured_tok_s"), ranked(members, "simulated_tok_s"))
+    return out
+
+
+#: Throughputs closer than this (relative) are a tie: run-to-run noise of a replay.
+TIE = 0.01
+
+
+def ranked(members: list[dict], key: str) -> list[str]:
+    """Policies by ``key``, best first; a policy within TIE of the one before joins it ("a=b")."""
+    order = sorted(members, key=lambda m: -m[key])
+    out: list[str] = []
+    for prev, m in zip([None, *order], order, strict=False):
+        if prev is not None and prev[key] - m[key] <= TIE * prev[key]:
+            out[-1] = "=".join(sorted([*out[-1].split("="), m["policy"]]))
+        else:
+            out.append(m["policy"])
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--results", default=str(REPO / "docs/results/h200"))
-    parser.add_argument("--profile", default="h200_llama31_8b_recorded")
-    args = parser.parse_args()
-    results = Path(args.results)
-    profile = load_profile(args.profile)
-    prior = load_profile(results / "controller_prior_profile.yaml")
-    client = OmegaConf.load(REPO / "configs/workload/h200_measured.yaml")
-    report = {"profile": profile.name, "sweep": {}, "headline": {}}
-
-    real_sweep = json.loads((results / "sweep_real.json").read_text())
-    real_plain = json.loads((results / "plain_static3.json").read_text())
-    for name in ("static_0", "static_1", "static_3", "static_7", "ppo"):
-        for c, measured in real_sweep[name].items():
-            loop = ClosedLoop(int(c), 256, 128, requests_per_client=1,
-                              start_interval_s=float(client.start_interval_s),
-                              client_overhead_s=float(client.client_overhead_s))
-            sim = simulate(profile, loop, policy_for(name, profile), prior)
-            report["sweep"].setdefault(name, {})[c] = {
-                "measured": measured["throughput_tok_s"], "simulated": sim["throughput_tok_s"]}
-    for c, measured in real_plain.items():
-        if c.isdigit():
-            report["sweep"].setdefault("static_3_no_plugin", {})[c] = {
-                "measured": measured["throughput_tok_s"],
-                "simulated": report["sweep"]["static_3"][c]["simulated"]}
-
-    from session import headline_workload
-
-    arrivals, prompts, outputs = headline_workload()
-    workload = Workload("headline", np.asarray(arrivals), np.asarray(prompts, np.int32),
-                        np.asarray(outputs, np.int32))
-    measured = {}
-    for file in ("headline_real.json", "headline_sglang.json", "headline_static3.json"):
-        measured.update({k: v for k, v in json.loads((results / file).read_text()).items()
-                         if k != "workload"})
-    for name in ("static_0", "static_3", "sglang_adaptive", "ppo"):
-        sim = simulate(profile, workload, policy_for(name, profile), prior)
-        report["headline"][name] = {
-            "measured_tok_s": measured[name]["throughput_tok_s"],
-            "simulated_tok_s": sim["throughput_tok_s"],
-            "measured_tpot_ms": measured[name]["mean_tpot_ms"],
-            "simulated_tpot_ms": sim["mean_tpot_ms"],
-        }
-    (results / "fidelity.json").write_text(json.dumps(report, indent=2))
-    lines = [f"Simulated ({profile.name}) vs measured on the H200, output tok/s", "",
-             "| policy | " + " | ".join(f"C={c}" for c in real_sweep["static_0"]) + " |",
-             "|---" * (len(real_sweep["static_0"]) + 1) + "|"]
-    for name, cells in report["sweep"].items():
-        lines.append(f"| {name} | " + " | ".join(
-            f"{v['measured']:,.0f} / {v['simulated']:,.0f} "
-            f"({v['simulated'] / v['measured'] - 1:+.0%})" for v in cells.values()) + " |")
-    lines += ["", "| headline policy | measured tok/s | simulated | measured TPOT ms | simulated |",
-              "|---|---|---|---|---|"]
-    for name, v in report["headline"].items():
-        lines.append(f"| {name} | {v['measured_tok_s']:,.0f} | {v['simulated_tok_s']:,.0f} | "
-                     f"{v['measured_tpot_ms']:.1f} | {v['simulated_tpot_ms']:.1f} |")
-    (results / "fidelity.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    parser.add_argument("runs", nargs="+", help="recorded run directories")
+    parser.add_argument("--profile", action="append", default=[],
+                        help="MODEL[.SERVER]=PATH_OR_NAME (e.g. dense=h200_llama31_8b_recorded)")
+    parser.add_argument("--prior", default="h200_llama31_8b_recorded",
+                        help="the profile the real controller was started with (PPO's prior)")
+    parser.add_argument("--fitted-on", nargs="*", default=[],
+                        help="run files whose traces the profiles were fitted to")
+    parser.add_argument("--client", default=str(REPO / "configs/workload/h200_measured.yaml"),
+                        help="YAML with start_interval_s and client_overhead_s "
+                             "(e.g. from fit_client.py)")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    names: dict[str, str] = {}
+    for item in args.profile:
+        key, sep, value = item.partition("=")
+        if not sep or not value:
+            parser.error(f"--profile {item!r}: expected MODEL[.SERVER]=PATH_OR_NAME")
+        names[key] = value
+    if not names:
+        parser.error("give at least one --profile MODEL=PATH_OR_NAME")
+    profiles = {k: load_profile(v) for k, v in names.items()}
+    prior = load_profile(args.prior)
+    client = OmegaConf.load(args.client)
+    out = Path(args.out or args.runs[0])
+    out.mkdir(parents=True, exist_ok=True)
+    per_model: dict[str, list[dict]] = {}
+    for run in args.runs:
+        cells, skipped = read_run_dir(run)
+        for name, why in skipped.items():
+            print(f"skipped {run}/{name}: {why}", file=sys.stderr)
+        for cell in cells:
+            profile = profile_for(cell, profiles)
+            if profile is None:
+                print(f"skipped {cell.source}: no --profile for {cell.model}", file=sys.stderr)
+                continue
+            sim = simulate(cell, profile, prior, client)
+            file = cell.source.split(":")[0]
+            per_model.setdefault(cell.model, []).append({
+                "cell": cell.key(), "use": "fit-run" if file in args.fitted_on else "held-out",
+                # policies are ranked within one run directory, server kind and acceptance
+                "group": f"{Path(run).name}/{cell.model} {cell.server}"
+                         + ("" if cell.acceptance is None else f"@{cell.acceptance:g}"),
+                **cell.to_dict(),
+                "measured_tok_s": cell.throughput_tok_s,
+                "simulated_tok_s": sim["throughput_tok_s"],
+                "tok_s_error": rel(sim["throughput_tok_s"], cell.throughput_tok_s),
+                "measured_tpot_ms": cell.mean_tpot_ms,
+                "simulated_tpot_ms": sim["mean_tpot_ms"],
+                "tpot_error": rel(sim["mean_tpot_ms"], cell.mean_tpot_ms),
+            })
+    for model, rows in per_model.items():
+        (out / f"fidelity_{model}.json").write_text(json.dumps(
+            {"profiles": {k: v for k, v in names.items() if k.split(".")[0] == model},
+             "prior": args.prior, "runs": args.runs, "cells": rows}, indent=2))
+        text = table(model, rows, names)
+        (out / f"fidelity_{model}.md").write_text(text)
+        print(text)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -1,0 +1,188 @@
+"""Fit a cost profile to every step of a recorded trace, KV use and prefill included.
+
+:func:`env.cost_model.fit_profile_from_trace` reduces decode steps to one median per
+(batch size, depth) cell, which keeps the per-request term but throws away how latency
+grows with the KV cache at a fixed batch size, and uses prefill steps only for one
+per-token number. Under a replayed workload both matter: long prompts make the KV cache
+several times larger than in a 256-token explore run at the same batch size, and prefill
+steps of tens to thousands of tokens take a large share of the time.
+
+**Points.** Decode steps are grouped by (batch size, depth, KV bin), prefill steps by the
+log2 bin of their token count; each group gives its *mean* latency (the simulator adds
+latencies up; steps over ``OUTLIER_RATIO`` x the group median are idle time and left
+out), weighted by the square root of its size. Before that, what a prefill costs its
+neighbours is moved onto it (:func:`prefill_attributed`). The free coefficients are
+fitted jointly by :func:`env.cost_model.fit_profile` (NNLS on relative errors).
+
+**KV is paid on the speculative path** (``c_steps0_kv`` of :mod:`env.cost_model`). The
+traces put the cost of a cached token read by a plain decode step (the off path, a server
+without speculation) at 0-4 ns on the dense model and 0 on the MoE, but at about 420 ns on
+verify steps (dense: 422 ns fitted to the 256-token explore trace and the off trace, 447 ns
+with the long-context headline trace added): a verify step, like SGLang's own steps=0,
+runs the target in ``TARGET_VERIFY`` mode through the extend-attention kernel over the
+whole prefix with a custom mask. A prefill step's latency does not grow with the cache the
+other requests hold (dense off trace). So the fits here leave ``c_kv`` at 0 and free
+``c_steps0_kv``; each point says whether it ran on the speculative path.
+
+Steps are taken as the simulator runs them: a prefill step is ``batch_size = 0`` with the
+prompt tokens it computed; depth-0 steps are the plain decode of the plugin's off path
+(``draft_extend=False``) unless told otherwise. Depth-0 steps within ``switch_guard``
+steps of a speculative step are left out: a warm-up (SGLang's own steps=0, run once when
+speculation comes back) is recorded as depth 0 too and costs about a verify step.
+With depth-0 steps only, ``c_request`` (batch), ``c_token`` (batch + prompt) and
+``c_prefill_token`` (prompt) are dependent: free two of them, not three.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from env.cost_model import CostProfile, FitReport, LatencyPoints, fit_profile
+
+#: A step this many times slower than its group's median is idle time, not work.
+OUTLIER_RATIO = 5.0
+#: Decode steps are binned by KV use in bins of this many tokens.
+KV_BIN_TOKENS = 4096
+@dataclass(frozen=True)
+class StepArrays:
+    """One server's steps, in step order (the lowest rank of a recorded trace).
+
+    ``prefills_measured=False`` keeps the run's prefill steps out of the fit: on a server
+    with the radix (prefix) cache on, a prefill step counts only the tokens the cache did
+    not hold, so its latency says nothing about a prefill of that many tokens.
+    """
+
+    batch_size: np.ndarray
+    depth: np.ndarray
+    kv_tokens: np.ndarray
+    prefill_tokens: np.ndarray
+    latency_s: np.ndarray
+    prefills_measured: bool = True
+
+    def __post_init__(self) -> None:
+        n = len(self.latency_s)
+        for name in ("batch_size", "depth", "kv_tokens", "prefill_tokens"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"StepArrays.{name} has {len(getattr(self, name))} entries, "
+                                 f"expected {n} (one per step)")
+
+    @classmethod
+    def from_trace(cls, trace, prefills_measured: bool = True) -> StepArrays:
+        """The steps of a :class:`~env.trace_format.Trace`, lowest rank, in step order."""
+        cols = trace.step_columns()
+        if not len(cols):
+            raise ValueError("the trace holds no step records")
+        servers = cols.server.astype(str)
+        if len(np.unique(servers)) != 1:
+            raise ValueError(f"the trace holds several servers {sorted(set(servers))}; "
+                             "fit one server at a time")
+        keep = cols.rank == cols.rank.min()
+        order = np.lexsort((cols.step_index[keep], cols.time_s[keep]))
+        return cls(cols.batch_size[keep][order].astype(np.int64),
+                   cols.steps_used[keep][order].astype(np.int64),
+                   cols.kv_used_tokens[keep][order].astype(np.float64),
+                   cols.prefill_tokens[keep][order].astype(np.int64),
+                   cols.step_latency_s[keep][order].astype(np.float64), prefills_measured)
+
+
+def prefill_attributed(run: StepArrays, kv_bin_tokens: int = KV_BIN_TOKENS) -> np.ndarray:
+    """``run``'s step latencies with what prefills cost their neighbours moved onto them.
+
+    With overlap scheduling the plugin times a step from the previous result to its own,
+    so part of a prefill's cost lands on the decode step before it (twice a clean decode
+    step in the dense off trace: 11-15 ms against 5-7 ms) and some on the one after. The
+    simulator charges a prefill's cost to the prefill step, so a decode step next to a
+    prefill keeps the median of its group's clean steps (same batch, depth and KV bin,
+    no prefill next to them) and its excess goes to the adjacent prefill (the next
+    step if that is one, else the previous). Sums are kept. (A decode step holds no idle
+    time: the server does not idle with requests running; idle time lands on the prefill
+    of the next arrival, and :func:`load_points` leaves such steps out.)
+    """
+    latency = run.latency_s.copy()
+    prefill = run.prefill_tokens > 0
+    decode = ~prefill & (run.batch_size > 0) & (latency > 0)
+    prev_pf = np.r_[False, prefill[:-1]]
+    next_pf = np.r_[prefill[1:], False]
+    keys = list(zip(run.batch_size.tolist(), run.depth.tolist(),
+                    (run.kv_tokens // kv_bin_tokens).astype(np.int64).tolist(), strict=True))
+    clean: dict[tuple, list[float]] = {}
+    for i in np.flatnonzero(decode & ~prev_pf & ~next_pf):
+        clean.setdefault(keys[i], []).append(latency[i])
+    medians = {k: float(np.median(v)) for k, v in clean.items()}
+    for i in np.flatnonzero(decode & (prev_pf | next_pf)):
+        base = medians.get(keys[i])
+        if base is None or latency[i] <= base:
+            continue
+        target = i + 1 if next_pf[i] else i - 1
+        latency[target] += latency[i] - base
+        latency[i] = base
+    return latency
+
+
+def load_points(steps: StepArrays | Sequence[StepArrays], *, draft_extend: bool = False,
+                switch_guard: int = 5, min_steps: int = 3,
+                kv_bin_tokens: int = KV_BIN_TOKENS, plain_only: bool = False) -> LatencyPoints:
+    """Group medians of decode and prefill steps as fit points (see the module docstring).
+
+    Args:
+        steps: One or more servers' steps (each in step order).
+        draft_extend: Whether depth-0 decode steps ran the draft extend (SGLang's own
+            steps=0) rather than a plain decode.
+        switch_guard: Depth-0 steps this close to a speculative step are left out.
+        min_steps: Groups with fewer steps are left out (a lone step says little).
+        kv_bin_tokens: Width of the KV bins of decode steps.
+        plain_only: Leave out speculative decode steps (to fit a server without
+            speculation from the off path's steps).
+    """
+    runs = [steps] if isinstance(steps, StepArrays) else list(steps)
+    keys, values = [], []
+    for run in runs:
+        spec = (run.depth > 0).astype(np.int64)
+        window = np.convolve(spec, np.ones(2 * switch_guard + 1, dtype=np.int64), "same")
+        latency = prefill_attributed(run, kv_bin_tokens)
+        ok = latency > 0
+        decode = ok & (run.prefill_tokens == 0) & (run.batch_size > 0)
+        decode &= ((run.depth > 0) & (not plain_only)) | (window == 0)
+        prefill = ok & (run.prefill_tokens > 0) & run.prefills_measured
+        kv_bin = np.floor(run.kv_tokens / kv_bin_tokens).astype(np.int64)
+        pf_bin = np.floor(np.log2(np.maximum(run.prefill_tokens, 1))).astype(np.int64)
+        for i in np.flatnonzero(decode | prefill):
+            if prefill[i]:
+                keys.append((0, 0, -1, int(pf_bin[i])))
+            else:
+                keys.append((int(run.batch_size[i]), int(run.depth[i]), int(kv_bin[i]), -1))
+            values.append((run.kv_tokens[i], run.prefill_tokens[i], latency[i]))
+    if not keys:
+        raise ValueError("no decode or prefill step with a positive latency")
+    key_arr = np.array(keys)
+    val_arr = np.array(values)
+    groups, inverse, counts = np.unique(key_arr, axis=0, return_inverse=True, return_counts=True)
+    inverse = inverse.ravel()
+    rows = []
+    for g in np.flatnonzero(counts >= min_steps):
+        member = val_arr[inverse == g]
+        latency = member[:, 2]
+        # The simulator adds step latencies up, so a group's point is its *mean* latency
+        # (steps next to a prefill are slower and count), leaving out steps over
+        # OUTLIER_RATIO x the group's median: idle time before a step, not work.
+        work = latency <= OUTLIER_RATIO * np.median(latency)
+        rows.append((groups[g][0], groups[g][1], *np.median(member[:, :2], axis=0),
+                     latency[work].mean(), np.sqrt(counts[g])))
+    if not rows:
+        raise ValueError(f"no group of steps has {min_steps} members")
+    b, d, kv, pf, lat, w = (np.array(col, dtype=np.float64) for col in zip(*rows, strict=True))
+    ext = np.where(pf > 0, True, draft_extend)
+    return LatencyPoints(batch_size=b, depth=d, kv_tokens=kv, prefill_tokens=pf, latency_s=lat,
+                         weight=w, draft_extend=ext, speculative_path=(d > 0) | ext)
+
+
+def fit_load_profile(steps: StepArrays | Sequence[StepArrays], template: CostProfile,
+                     free: Sequence[str], *, draft_extend: bool = False,
+                     ties: dict[str, tuple[str, float]] | None = None,
+                     plain_only: bool = False) -> tuple[CostProfile, FitReport]:
+    """Fit ``free`` coefficients to :func:`load_points` of ``steps`` (others from ``template``)."""
+    points = load_points(steps, draft_extend=draft_extend, plain_only=plain_only)
+    return fit_profile(points, template=template, free=free, ties=ties)

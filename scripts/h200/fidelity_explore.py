@@ -1,0 +1,138 @@
+"""Recording design for the next GPU session: the steps a load-aware cost model needs.
+
+Not run yet (written without a GPU; see docs/FIDELITY.md). Phases, each its own server
+with ``offswitch.py``'s flags (``--disable-radix-cache``, ``--max-running-requests 48``,
+``--context-length 4096``), writing ``$OUT/fidelity_<phase>.json`` and, where recorded,
+``$OUT/fidelity_<phase>_trace.tar.gz``:
+
+    MODELS=.h200/models      python scripts/h200/fidelity_explore.py record   # dense
+    MODELS=.h200/models_moe  python scripts/h200/fidelity_explore.py record   # MoE
+    python scripts/h200/fidelity_explore.py nospec    # end-to-end, server without speculation
+    ACC=2.5 python scripts/h200/fidelity_explore.py holdout   # end-to-end, per policy
+
+* ``record``: EAGLE-3 + plugin in record-explore mode (every candidate depth 0, 1, 3, 5 at
+  every load, dwell 4; depth 0 is the plugin's off path = plain decode):
+  - **KV apart from batch**: one batch of C requests for every C in {1, 8, 32, 48} and
+    prompt length in {64, 512, 1536, 3584} (128 output tokens), so the cached tokens per
+    step range from 64 to 48 x 3,712 (near the context limit) at every batch size;
+  - **prefill sizes, alone and mixed with decode**: single prompts of
+    {16, 64, 256, 512, 1024, 2048, 3968} tokens, sent while a background batch of
+    B in {0, 16, 40} long-output requests decodes;
+  - **state after a prefill** (the MoE's 1.14-1.54x slower speculative steps until a steps-0
+    step ran): the same background batches with one 256-token prompt every 0.5 s.
+* ``nospec``: a server without speculation, the same record-free workloads end to end
+  (the plugin records only on speculative servers, so its steps are the off path's).
+* ``holdout``: end-to-end runs never used by a fit: the 40 s headline at two fresh seeds and
+  closed loops C = 1, 16, 64 for 10 s each, per policy (``POLICIES``, default
+  static_0, static_3, ppo) with ``SGLANG_SIMULATE_ACC_LEN=$ACC``.
+
+Every request gets fresh prompt ids (a seed never used before in this session, from
+``SEEDS``), so even a server with the radix cache on could not hit earlier prompts.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import loadgen
+import offswitch
+import session
+
+URL, RUN = session.URL, session.RUN
+CONCURRENCY = [1, 8, 32, 48]
+PROMPTS = [64, 512, 1536, 3584]  # + 128 output tokens stays under --context-length 4096
+PREFILLS = [16, 64, 256, 512, 1024, 2048, 3968]
+BACKGROUND = [0, 16, 40]
+#: One fresh seed per request batch: prompt ids are drawn from it (loadgen).
+SEEDS = itertools.count(int(os.environ.get("SEED0", "10000")))
+
+
+def with_background(batch: int, seconds: float, work) -> dict:
+    """Run ``work()`` while ``batch`` closed-loop clients of long outputs decode."""
+    result: dict = {}
+    if batch:
+        thread = threading.Thread(target=lambda: result.update(background=loadgen.closed_loop(
+            URL, batch, seconds, prompt=256, output=1024, seed=next(SEEDS))))
+        thread.start()
+        time.sleep(1.0)  # the background batch is decoding before the probe starts
+    result["probe"] = work()
+    if batch:
+        thread.join()
+    return result
+
+
+def phase_record() -> None:
+    session.CANDIDATES = offswitch.CANDIDATES
+    env = {**offswitch.plugin_env("trace-fidelity"), "SPECCTL_RECORD_EXPLORE": "1",
+           "SPECCTL_EXPLORE_DWELL": "4"}  # no controller runs: every rank explores
+    server = offswitch.start("record", spec=True, env=env)
+    out: dict = {"model": offswitch.MODELS.name, "kv_grid": {}, "prefill": {}, "state": {}}
+    try:
+        for prompt, c in itertools.product(PROMPTS, CONCURRENCY):
+            out["kv_grid"][f"{prompt}x{c}"] = loadgen.one_batch(URL, c, prompt=prompt,
+                                                                 output=128, seed=next(SEEDS))
+        for batch, length in itertools.product(BACKGROUND, PREFILLS):
+            out["prefill"][f"{length}@{batch}"] = with_background(
+                batch, 4.0, lambda n=length: loadgen.one_batch(URL, 1, prompt=n, output=8,
+                                                               seed=next(SEEDS)))
+        for batch in BACKGROUND[1:]:
+            arrivals = [0.5 * i for i in range(12)]
+            out["state"][str(batch)] = with_background(batch, 8.0, lambda a=arrivals: (
+                loadgen.replay(URL, a, [256] * len(a), [8] * len(a), seed=next(SEEDS))))
+        session.save(f"fidelity_record_{offswitch.MODELS.name}.json", out)
+    finally:
+        session.stop(server, "record")
+        if (RUN / "trace-fidelity").exists():
+            session.pack(RUN / "trace-fidelity",
+                         f"fidelity_record_{offswitch.MODELS.name}_trace.tar.gz")
+
+
+def end_to_end() -> dict:
+    arrivals, prompts, outputs = session.headline_workload()
+    result = {f"headline_seed{s}": loadgen.replay(URL, arrivals, prompts, outputs, seed=s)
+              for s in (next(SEEDS), next(SEEDS))}
+    for c in (1, 16, 64):
+        result[f"closed_{c}"] = loadgen.closed_loop(URL, c, 10.0, seed=next(SEEDS))
+    return result
+
+
+def phase_nospec() -> None:
+    server = offswitch.start("nospec", spec=False, env={})
+    try:
+        session.save(f"fidelity_nospec_{offswitch.MODELS.name}.json",
+                     {"model": offswitch.MODELS.name, **end_to_end()})
+    finally:
+        session.stop(server, "nospec")
+
+
+def phase_holdout() -> None:
+    session.CANDIDATES = offswitch.CANDIDATES
+    policies = session.write_policies()
+    served = RUN / "policy.npz"
+    shutil.copy(policies["static_3"], served)
+    controller = session.start_controller(served, "h200_llama31_8b_recorded")
+    env = {**offswitch.plugin_env("trace-holdout"), "SGLANG_SIMULATE_ACC_LEN": offswitch.ACC}
+    server = offswitch.start("holdout", spec=True, env=env)
+    out: dict = {"model": offswitch.MODELS.name, "acceptance": float(offswitch.ACC)}
+    try:
+        for name in os.environ.get("POLICIES", "static_0,static_3,ppo").split(","):
+            session.serve_policy(served, policies[name])
+            out[name] = end_to_end()
+            session.save(f"fidelity_holdout_{offswitch.MODELS.name}.json", out)
+    finally:
+        session.stop(server, "holdout")
+        session.stop(controller, "specctl-serve")
+
+
+if __name__ == "__main__":
+    RUN.mkdir(parents=True, exist_ok=True)
+    {"record": phase_record, "nospec": phase_nospec, "holdout": phase_holdout}[sys.argv[1]]()
+    print(json.dumps({"done": sys.argv[1]}))

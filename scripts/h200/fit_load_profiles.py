@@ -1,0 +1,141 @@
+"""Fit the load-aware profiles of docs/FIDELITY.md from recorded traces (no GPU needed).
+
+    python scripts/h200/fit_load_profiles.py --out docs/results/h200/fidelity
+
+Per model, two profiles (``env.load_fit``: group medians of every decode and prefill step):
+
+* ``<model>_nospec.yaml``: the server without speculation, fitted to the plain-decode and
+  prefill steps of the plugin's off path under a constant steps-0 policy (the off trace of
+  ``offswitch.py off``; off is within 0.5-3% of a server without speculation on the MoE and
+  2-8% on the dense model, ``docs/OFFSWITCH.md``). The no-speculation server's own runs
+  are never seen by the fit.
+* ``<model>_spec.yaml``: the same steps plus the speculative steps of the record-mode
+  explore trace, jointly: base terms, KV, prefill, verify and draft terms.
+
+Traces: ``docs/results/h200/offswitch/<model>_off_trace.tar.gz`` and the explore traces
+(``docs/results/h200/trace-explore``; ``shared/measured/h200-sglang-0.5.15-offswitch/
+results/moe_acc25_trace_explore.tar.gz``). Depth-0 steps of explore traces are SGLang's
+own steps=0 (a verify forward), not a plain decode: ``env.load_fit`` leaves out depth-0
+steps next to speculative ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tarfile
+import tempfile
+from pathlib import Path
+
+from env.cost_model import load_profile, save_profile
+from env.load_fit import StepArrays, fit_load_profile
+from env.trace_format import read_trace
+
+REPO = Path(__file__).resolve().parents[2]
+#: The shared measurements (``/work/shared`` next to the worktrees; ``--shared`` elsewhere).
+SHARED = REPO.parents[1] / "shared/measured/h200-sglang-0.5.15-offswitch/results"
+#: Coefficients a plain decode + prefill trace identifies. At depth 0 the columns of
+#: c_request (batch), c_token (batch + prompt) and c_prefill_token (prompt) are dependent:
+#: c_token stays at 0 there (a decode step's per-token cost is in c_request) so that the
+#: prompt's per-token cost, several times a decode token's, goes to c_prefill_token and
+#: not into every decode step.
+BASE = ("c_fixed", "c_request", "c_prefill_token")
+#: Speculative terms, the verify-mode KV cost c_steps0_kv among them (``env.load_fit``:
+#: KV is paid on the speculative path; c_kv, a plain decode's, stays 0). c_token is
+#: identified by the depths; c_verify_token is left at 0 (with c_request, c_token,
+#: c_draft_token and c_prefill_token free its column is a combination of theirs).
+SPEC = ("c_token", "c_steps0_kv", "c_verify", "c_draft", "c_draft_token")
+MOE_ACTIVE_FRACTION = 8 / 128  # Qwen3-30B-A3B: top-8 of 128 experts
+#: The MoE's shape (shared/measured/h200-sglang-0.5.15-offswitch/models_moe/target/config.json).
+MOE_MODEL = {"name": "Qwen3-30B-A3B (shape), EAGLE-3 draft head (1 layer)", "params_b": 30.5,
+             "layers": 48, "hidden": 2048, "attention_heads": 32, "kv_heads": 4,
+             "head_dim": 128, "experts": 128, "experts_per_token": 8,
+             "kv_bytes_per_token": 2 * 48 * 4 * 128 * 2}
+#: The MoE's verify-mode KV cost per cached token relative to the dense model's. Its own
+#: traces cannot identify c_steps0_kv (every request holds ~330 tokens in both, so the KV column
+#: moves with the per-request ones). The verify step's extend attention runs ~15x slower
+#: per token than the memory bound (dense: ~450 ns against 27 ns for 128 KiB at 4.8 TB/s),
+#: so it is taken to scale with the work per cached token, layers x query heads x head
+#: dim: 48 x 32 x 128 (Qwen3-30B-A3B) over 32 x 32 x 128 (Llama-3.1-8B) = 1.5. A prior
+#: from the dense fit and the two shapes, not a fit to any MoE run.
+MOE_KV_VS_DENSE = (48 * 32 * 128) / (32 * 32 * 128)
+
+
+def steps_of(path: Path, scratch: Path, prefills_measured: bool = True) -> StepArrays:
+    """The steps of a trace folder or a ``.tar.gz`` holding one."""
+    if path.name.endswith(".tar.gz"):
+        target = scratch / path.name.removesuffix(".tar.gz")
+        with tarfile.open(path) as tar:
+            tar.extractall(target, filter="data")
+        folders = [p for p in target.iterdir() if p.is_dir()]
+        if len(folders) != 1:
+            raise ValueError(f"{path}: expected one trace folder inside, found {folders}")
+        path = folders[0]
+    return StepArrays.from_trace(read_trace(path), prefills_measured)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(REPO / "docs/results/h200/fidelity"))
+    parser.add_argument("--shared", default=str(SHARED))
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    offswitch = REPO / "docs/results/h200/offswitch"
+    sources = {
+        "dense": (offswitch / "dense_off_trace.tar.gz", REPO / "docs/results/h200/trace-explore",
+                  load_profile("h200_llama31_8b_recorded"), 0.0),
+        "moe": (offswitch / "moe_off_trace.tar.gz",
+                Path(args.shared) / "moe_acc25_trace_explore.tar.gz",
+                load_profile("h200_llama31_8b_recorded"), MOE_ACTIVE_FRACTION),
+    }
+    dense_kv = None
+    with tempfile.TemporaryDirectory() as scratch:
+        for model, (off_path, explore_path, template, moe) in sources.items():
+            off = steps_of(off_path, Path(scratch))
+            # The explore servers ran with the radix cache on: their prefill steps count
+            # uncached tokens only, so only their decode steps are used.
+            explore = steps_of(explore_path, Path(scratch), prefills_measured=False)
+            free = BASE + (("c_moe",) if moe else ())
+            template = template.replace(moe_active_fraction=moe, c_kv=0.0, c_token=0.0,
+                                        c_prefill_token=0.0, c_steps0=0.0,
+                                        c_steps0_request=0.0, c_steps0_kv=0.0)
+            spec = SPEC
+            if moe:
+                # dense first (dict order): the MoE's KV cost is the dense fit's times the prior
+                template = template.replace(model=MOE_MODEL,
+                                            c_steps0_kv=MOE_KV_VS_DENSE * dense_kv)
+                spec = tuple(n for n in SPEC if n != "c_steps0_kv")
+            for kind, steps, names in (("nospec", [off], free), ("spec", [off, explore],
+                                                                  free + spec)):
+                profile, report = fit_load_profile(steps, template, names,
+                                                   plain_only=kind == "nospec")
+                profile = profile.replace(
+                    name=f"h200_{model}_{kind}_load",
+                    description=f"{model} model on one H200 (SGLang 0.5.15.post1), "
+                                f"{'without speculation' if kind == 'nospec' else 'EAGLE-3'}; "
+                                "env.load_fit on every decode and prefill step",
+                    # Only this fit's provenance: the template's describes another fit.
+                    provenance={"fit": profile.provenance["fit"],
+                                "fitted_to": [off_path.name]
+                                + ([explore_path.name] if kind == "spec" else []),
+                                "method": "scripts/h200/fit_load_profiles.py (env.load_fit)",
+                                "server": "--disable-radix-cache --max-running-requests 48 "
+                                          "(off trace); explore trace: radix cache on, "
+                                          "decode steps only"})
+                if moe and kind == "spec":
+                    profile = profile.replace(provenance={
+                        **profile.provenance,
+                        "c_steps0_kv": f"prior: {MOE_KV_VS_DENSE:g} x the dense fit's "
+                                f"{dense_kv * 1e9:.0f} ns (scripts/h200/fit_load_profiles.py, "
+                                "MOE_KV_VS_DENSE); not identifiable from the MoE traces"})
+                if not moe and kind == "spec":
+                    dense_kv = profile.c_steps0_kv
+                save_profile(profile, out / f"{model}_{kind}.yaml")
+                print(f"{model} {kind}: {report.summary()}")
+                print("  " + ", ".join(f"{k}={v * 1e6:.3f}us" for k, v in
+                                       profile.coefficients.items() if k in names))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,188 @@
+"""Measured cells of any recorded H200 run directory, in one flat form.
+
+A *cell* is one end-to-end measurement: a model, a server configuration, an acceptance, a
+workload, a policy, and the measured output throughput and mean TPOT. The three layouts
+the project's sessions have written are recognised by file name and keys:
+
+* ``offswitch.py`` (``docs/results/h200/offswitch``): ``<model>_nospec*.json`` (a server
+  without speculation: ``sweep``, ``headline``), ``<model>_off*.json`` (the plugin's off
+  path under a constant steps-0 policy: ``sweep_off``, ``headline_off``; ``sweep_switching``
+  runs the explore rule and is skipped), ``<model>_acc<A>_replay.json``
+  (``headline_<policy>`` at simulated acceptance A). Every server with
+  ``--disable-radix-cache``, ``--max-running-requests 48``, 40 s headline.
+* ``session.py`` (``docs/results/h200``): ``sweep_real.json`` (``{policy: {C: ...}}``,
+  one batch), ``headline_real.json`` / ``headline_static3.json`` / ``headline_sglang.json``
+  (``{policy: ...}``), dense, acceptance 3.5, radix cache on, SGLang's own steps=0.
+* ``run_phases.py`` (``shared/measured/h200-sglang-0.5.15-offswitch/results``):
+  ``moe_acc<AA>_closed.json`` (5 s closed loops), ``moe_acc<AA>_headline.json``,
+  ``*_nospec_server*.json``; radix cache on, ``--max-running-requests 64``.
+
+Unknown files are listed in ``skipped`` with the reason, never silently dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+#: Server kinds: no speculation at all; speculation with the plugin's off path
+#: (steps 0 = plain decode); speculation with SGLang's own steps=0 (the old plugin).
+SERVERS = ("nospec", "spec_off", "spec_sglang0")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One measured end-to-end result (see the module docstring)."""
+
+    model: str  # "dense" (Llama-3.1-8B shape) or "moe" (Qwen3-30B-A3B shape)
+    server: str  # one of SERVERS
+    acceptance: float | None  # SGLANG_SIMULATE_ACC_LEN; None = none simulated
+    workload: str  # "one_batch", "closed" or "headline"
+    concurrency: int | None  # C for one_batch / closed
+    seconds: float | None  # closed-loop length or headline length
+    policy: str
+    radix_cache: bool
+    max_running: int
+    source: str  # file and key it came from
+    throughput_tok_s: float
+    mean_tpot_ms: float
+
+    def key(self) -> str:
+        """A short unique label of the cell (without the source)."""
+        load = (f"C={self.concurrency}" if self.workload != "headline"
+                else f"{self.seconds:g}s")
+        acc = "" if self.acceptance is None else f"@{self.acceptance:g}"
+        return f"{self.server}{acc} {self.workload} {load} {self.policy}"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _model(name: str, data: dict) -> str:
+    tag = str(data.get("model", ""))
+    if name.startswith("moe") or tag.endswith("moe"):
+        return "moe"
+    return "dense"
+
+
+def _cell(base: dict, result: dict, source: str, **kw) -> Cell:
+    try:
+        return Cell(**base, **kw, source=source,
+                    throughput_tok_s=float(result["throughput_tok_s"]),
+                    mean_tpot_ms=float(result["mean_tpot_ms"]))
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"{source}: not a load-generator summary ({exc})") from exc
+
+
+def _offswitch(path: Path, data: dict) -> list[Cell]:
+    name = path.name
+    model = _model(name, data)
+    common = {"model": model, "radix_cache": False, "max_running": 48}
+    cells = []
+    if "_nospec" in name:
+        base = {**common, "server": "nospec", "acceptance": None}
+        for c, r in data.get("sweep", {}).items():
+            cells.append(_cell(base, r, f"{name}:sweep.{c}", workload="one_batch",
+                               concurrency=int(c), seconds=None, policy="no_spec"))
+        if "headline" in data:
+            cells.append(_cell(base, data["headline"], f"{name}:headline", workload="headline",
+                               concurrency=None, seconds=40.0, policy="no_spec"))
+    elif "_off" in name:
+        base = {**common, "server": "spec_off", "acceptance": None}
+        for c, r in data.get("sweep_off", {}).items():
+            cells.append(_cell(base, r, f"{name}:sweep_off.{c}", workload="one_batch",
+                               concurrency=int(c), seconds=None, policy="static_0"))
+        if "headline_off" in data:
+            cells.append(_cell(base, data["headline_off"], f"{name}:headline_off",
+                               workload="headline", concurrency=None, seconds=40.0,
+                               policy="static_0"))
+    elif name.endswith("_replay.json"):
+        base = {**common, "server": "spec_off", "acceptance": float(data["acceptance"])}
+        for key, r in data.items():
+            if key.startswith("headline_"):
+                cells.append(_cell(base, r, f"{name}:{key}", workload="headline",
+                                   concurrency=None, seconds=40.0,
+                                   policy=key[len("headline_"):]))
+    return cells
+
+
+def _session(path: Path, data: dict) -> list[Cell]:
+    base = {"model": "dense", "server": "spec_sglang0", "acceptance": 3.5, "radix_cache": True,
+            "max_running": 48}
+    name = path.name
+    cells = []
+    if name == "sweep_real.json":
+        for policy, per_c in data.items():
+            for c, r in per_c.items():
+                if c.isdigit():
+                    cells.append(_cell(base, r, f"{name}:{policy}.{c}", workload="one_batch",
+                                       concurrency=int(c), seconds=None, policy=policy))
+    else:
+        for policy, r in data.items():
+            if policy != "workload":
+                cells.append(_cell(base, r, f"{name}:{policy}", workload="headline",
+                                   concurrency=None, seconds=40.0, policy=policy))
+    return cells
+
+
+def _phases(path: Path, data: dict) -> list[Cell]:
+    name = path.name
+    match = re.match(r"moe_acc(\d)(\d)_(closed|headline)\.json$", name)
+    common = {"model": _model(name, data), "radix_cache": True, "max_running": 64}
+    cells = []
+    if match:
+        acc = float(f"{match[1]}.{match[2]}")
+        base = {**common, "server": "spec_sglang0", "acceptance": acc}
+        # acceptance 1.1 headlines were 30 s (585 requests), 2.5 ones 40 s
+        seconds = 30.0 if acc < 2 else 40.0
+        for policy, r in data.items():
+            if match[3] == "closed":
+                for c, rc in r.items():
+                    cells.append(_cell(base, rc, f"{name}:{policy}.{c}", workload="closed",
+                                       concurrency=int(c), seconds=5.0, policy=policy))
+            else:
+                cells.append(_cell(base, r, f"{name}:{policy}", workload="headline",
+                                   concurrency=None, seconds=seconds, policy=policy))
+    elif "nospec_server" in name:
+        base = {**common, "server": "nospec", "acceptance": None}
+        if name.startswith("dense"):
+            base["max_running"] = 48
+        for key, r in data.items():
+            if key.isdigit():
+                cells.append(_cell(base, r, f"{name}:{key}", workload="one_batch"
+                                   if name.startswith("dense") else "closed",
+                                   concurrency=int(key),
+                                   seconds=None if name.startswith("dense") else 5.0,
+                                   policy="no_spec"))
+    return cells
+
+
+def read_run_dir(folder: str | Path) -> tuple[list[Cell], dict[str, str]]:
+    """Every recognised cell under ``folder`` and, per skipped JSON file, why."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"run directory {folder} does not exist")
+    cells: list[Cell] = []
+    skipped: dict[str, str] = {}
+    for path in sorted(folder.glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: invalid JSON at line {exc.lineno}: {exc.msg}") from exc
+        name = path.name
+        if re.match(r"(dense|moe)_(nospec(_run\d+)?|off(_run\d+)?|acc[\d.]+_replay)\.json$", name):
+            found = _offswitch(path, data)
+        elif name in ("sweep_real.json", "headline_real.json", "headline_static3.json",
+                      "headline_sglang.json"):
+            found = _session(path, data)
+        elif name.startswith("moe_acc") or "nospec_server" in name:
+            found = _phases(path, data)
+        else:
+            found = []
+        if found:
+            cells += found
+        else:
+            skipped[name] = "no recognised layout (see scripts/h200/measured_runs.py)"
+    return cells, skipped

@@ -1,0 +1,67 @@
+"""scripts/h200/compare.py and measured_runs.py: rankings with ties, layouts, one simulated cell."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts/h200"))
+
+import compare
+from measured_runs import Cell, read_run_dir
+
+
+def row(policy: str, measured: float, simulated: float) -> dict:
+    return {"policy": policy, "measured_tok_s": measured, "simulated_tok_s": simulated}
+
+
+def test_ranking_joins_policies_within_one_percent():
+    rows = [row("a", 1000.0, 900.0), row("b", 995.0, 1000.0), row("c", 800.0, 700.0)]
+    assert compare.ranked(rows, "measured_tok_s") == ["a=b", "c"]
+    assert compare.ranked(rows, "simulated_tok_s") == ["b", "a", "c"]
+
+
+def test_rankings_compare_policies_of_one_run_and_load():
+    rows = [{**row(p, m, s), "workload": "headline", "group": "run/dense spec_off@3.5",
+             "cell": f"spec_off@3.5 headline 40s {p}"}
+            for p, m, s in (("static_3", 2400.0, 2400.0), ("static_0", 2000.0, 2100.0))]
+    rows.append({**row("no_spec", 9999.0, 1.0), "workload": "headline",
+                 "group": "run/dense nospec", "cell": "nospec headline 40s no_spec"})
+    ranks = compare.rankings(rows)
+    assert ranks == {"run/dense spec_off@3.5 headline 40s": (["static_3", "static_0"],
+                                                             ["static_3", "static_0"])}
+
+
+def test_phases_layout_closed_loops_and_unrecognised_files(tmp_path):
+    summary = {"throughput_tok_s": 100.0, "mean_tpot_ms": 5.0}
+    (tmp_path / "moe_acc25_closed.json").write_text(json.dumps(
+        {"static_3": {"1": summary, "16": summary}}))
+    (tmp_path / "moe_acc11_skipextend_closed.json").write_text(json.dumps({"static_0": {}}))
+    cells, skipped = read_run_dir(tmp_path)
+    assert sorted(c.key() for c in cells) == ["spec_sglang0@2.5 closed C=1 static_3",
+                                              "spec_sglang0@2.5 closed C=16 static_3"]
+    assert all(c.radix_cache and c.max_running == 64 and c.seconds == 5.0 for c in cells)
+    assert list(skipped) == ["moe_acc11_skipextend_closed.json"]
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        read_run_dir(tmp_path / "missing")
+
+
+def test_one_batch_cell_is_simulated_with_the_cells_server_limits():
+    from omegaconf import OmegaConf
+
+    from env.cost_model import CostProfile, ServerLimits
+
+    profile = CostProfile("p", ServerLimits(64, 100_000, 8192), c_fixed=5e-3, c_request=1e-4)
+    client = OmegaConf.create({"start_interval_s": 0.0, "client_overhead_s": 0.0})
+    base = dict(model="dense", server="nospec", acceptance=None, workload="one_batch",
+                seconds=None, policy="no_spec", radix_cache=False, source="x",
+                throughput_tok_s=1.0, mean_tpot_ms=1.0)
+    small = compare.simulate(Cell(**base, concurrency=8, max_running=4), profile, profile, client)
+    large = compare.simulate(Cell(**base, concurrency=8, max_running=8), profile, profile, client)
+    # a decode step of b requests takes c_fixed + c_request * b: 5.4 ms at 4, 5.8 ms at 8
+    assert large["mean_tpot_ms"] == pytest.approx(5.8, rel=1e-6)
+    assert small["mean_tpot_ms"] == pytest.approx(5.4, rel=1e-6)
+    assert large["throughput_tok_s"] > small["throughput_tok_s"]
