@@ -27,10 +27,6 @@ from env.simulator import SchedulerConfig, Simulator
 from env.workloads import ClosedLoop
 
 MEASURED = calibration.default_measured_dir()  # shipped with the package
-STALE_PROFILES = pytest.mark.xfail(strict=True, reason=(
-    "the shipped profiles predate the policy merge's calibration code (no c_steps0 keys, "
-    "other h200 coefficients): run python -m env.calibration or update the test; these "
-    "tests were skipped without ../shared until the measurements shipped in env/data"))
 PRESET = Path(__file__).resolve().parents[1] / "configs" / "workload" / "h200_measured.yaml"
 
 # -- the README commands (specctl-bench overrides) -----------------------------------
@@ -160,7 +156,6 @@ def test_blackwell_and_h100_cells_are_the_recorded_ones(blackwell_results, h100_
             assert got == pytest.approx(row["simulated_tok_s"], rel=RECORDED), row["label"]
 
 
-@STALE_PROFILES
 def test_h200_cells_are_the_recorded_ones(h200_results):
     sweep = load_profile("h200_llama31_8b").provenance["sweep"]
     measured = measured_sweep()

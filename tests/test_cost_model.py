@@ -37,9 +37,9 @@ from env.trace_format import read_trace, write_trace
 
 MEASURED = calibration.default_measured_dir()  # shipped with the package
 STALE_PROFILES = pytest.mark.xfail(strict=True, reason=(
-    "the shipped profiles predate the policy merge's calibration code (no c_steps0 keys, "
-    "other h200 coefficients): run python -m env.calibration or update the test; these "
-    "tests were skipped without ../shared until the measurements shipped in env/data"))
+    "the shipped profiles lack the c_steps0 keys env.calibration now writes (policy "
+    "merge): regenerate them or update the test; it was skipped without ../shared until "
+    "the measurements shipped in env/data"))
 NAMES = ["blackwell_tp8", "h100_llama31_8b", "h200_llama31_8b", "h200_llama31_8b_recorded",
          "h200_qwen3_30b_a3b"]
 
@@ -172,7 +172,6 @@ def test_nnls_matches_brute_force(seed, m, n):
     assert np.sum((a @ x - b) ** 2) == pytest.approx(best, rel=1e-7, abs=1e-9)
 
 
-@STALE_PROFILES
 def test_h200_profile_fits_measured_data():
     profile = load_profile("h200_llama31_8b")
     points = calibration.read_h200_points(MEASURED)
