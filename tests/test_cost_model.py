@@ -36,10 +36,6 @@ from env.schema import StepRecord
 from env.trace_format import read_trace, write_trace
 
 MEASURED = calibration.default_measured_dir()  # shipped with the package
-STALE_PROFILES = pytest.mark.xfail(strict=True, reason=(
-    "the shipped profiles lack the c_steps0 keys env.calibration now writes (policy "
-    "merge): regenerate them or update the test; it was skipped without ../shared until "
-    "the measurements shipped in env/data"))
 NAMES = ["blackwell_tp8", "h100_llama31_8b", "h200_llama31_8b", "h200_llama31_8b_recorded",
          "h200_qwen3_30b_a3b"]
 
@@ -227,7 +223,6 @@ def _assert_same(shipped, regenerated, where="") -> None:
         assert shipped == regenerated, where
 
 
-@STALE_PROFILES
 @pytest.mark.slow
 def test_calibration_regenerates_the_shipped_files(tmp_path, capsys):
     """``python -m env.calibration`` writes exactly the shipped profiles and preset (~1-2 min:
