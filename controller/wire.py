@@ -160,6 +160,23 @@ def pack_telemetry(
     ])
 
 
+def telemetry_bytes(accepted: object, steps_used: int, batch_size: int) -> tuple[bytes, int]:
+    """A step's per-request accepted drafts (SGLang's list of ints) as TELEMETRY carries
+    them: int8 bytes, at most ``batch_size`` entries, empty for a step that did not
+    speculate; and their sum. Entries outside 0..255 are clipped to 0..127 (the frame is
+    then valid); 128..255 or more than ``steps_used`` pass and :func:`decode` refuses them.
+    """
+    if steps_used <= 0 or not accepted:
+        return b"", 0
+    try:
+        blob = bytes(accepted)
+    except ValueError:  # outside 0..255
+        blob = bytes(min(max(int(a), 0), 127) for a in accepted)
+    if len(blob) > batch_size:
+        blob = blob[:batch_size]
+    return blob, sum(blob)
+
+
 def encode_step(record: StepRecord) -> bytes:
     """One TELEMETRY frame from a step record (``request_ids`` are not sent)."""
     accepted = np.asarray(record.accepted_drafts, dtype=np.int8)

@@ -53,7 +53,7 @@ from collections import Counter
 from typing import Any
 
 from controller.wire import Hello
-from sglang_hooks.client import TIMED_OUT, ControllerClient, client_name
+from sglang_hooks.client import ControllerClient, client_name
 from sglang_hooks.compat import Ranks, read_ranks
 from sglang_hooks.config import PluginConfig
 from sglang_hooks.marker import CONTROLLER, FALLBACK, DecisionMarker, RuleMarker, strip_markers
@@ -140,9 +140,8 @@ class Runtime:
         self._ran = [-1] * _RING  # depth run per launched step (every rank)
         self._pending: DecisionMarker | None = None
         self._last_seq = -1
-        self._marker_seq = 0
-        self._attached_key: tuple | None = None
-        self._last_want: object = None
+        #: The marker the source attached last (None: none yet).
+        self._attached: DecisionMarker | None = None
         self._broken = False
         self._slots = [_Slot() for _ in range(_RING)]
         self._processing: _Slot | None = None
@@ -256,7 +255,10 @@ class Runtime:
             if not self._announced:  # the first thing every rank hears from the source
                 self._announced = True
                 result.append(self.local)
-            marker = self._source_marker(time.monotonic())
+            now = time.monotonic()
+            if now >= self._next_summary:
+                self._summary(now)
+            marker = self._source_marker()
             if marker is not None:
                 result.append(marker)
         except Exception as exc:
@@ -373,38 +375,27 @@ class Runtime:
 
     # -- source rank internals -----------------------------------------------------------
 
-    def _source_marker(self, now: float) -> DecisionMarker | None:
-        """A marker for every rank if what they should run has changed, else None."""
-        if now >= self._next_summary:
-            self._summary(now)
-        want = self._want(now)
-        if want is None or want is self._last_want:
-            return None
-        self._last_want = want
-        if want is TIMED_OUT or want.is_fallback:
-            policy = "" if want is TIMED_OUT else want.policy
-            marker = DecisionMarker(0, FALLBACK, 0, policy=policy)  # at once
-        else:
-            marker = DecisionMarker(0, CONTROLLER, want.apply_from_step, want.batch_grid,
-                                    want.steps, want.policy)
-        if marker.key == self._attached_key:
-            return None
-        if want is TIMED_OUT:
-            self.counters["timeouts"] += 1
-        self._attached_key = marker.key
-        self._marker_seq += 1
-        self.counters[f"markers_{marker.mode}"] += 1
-        return marker._replace(seq=self._marker_seq)
+    def _source_marker(self) -> DecisionMarker | None:
+        """The marker to attach for every rank if what they should run has changed.
 
-    def _want(self, now: float):
-        """The client's latest word (a Decision, TIMED_OUT or None)."""
+        The client's I/O thread ages decisions and builds the markers; here it is one
+        attribute read and an identity check.
+        """
         if self._broken:  # one last fallback marker if the controller was in charge
-            in_charge = self._attached_key is not None and self._attached_key[0] == CONTROLLER
-            return TIMED_OUT if in_charge else None
-        if self.client is None:
-            return None
-        self.client.poll(now)
-        return self.client.want(now)
+            last = self._attached
+            if last is None or last.mode != CONTROLLER:
+                return None
+            marker = DecisionMarker(last.seq + 1, FALLBACK, 0)
+        else:
+            client = self.client
+            marker = client.marker if client is not None else None
+            if marker is None or marker is self._attached:
+                return None
+        self._attached = marker
+        self.counters[f"markers_{marker.mode}"] += 1
+        if marker.mode == FALLBACK and not marker.policy:
+            self.counters["timeouts"] += 1
+        return marker
 
     def _capture_launch(self, scheduler: Any, batch: Any, step: int, now: float) -> _Slot | None:
         if self._broken:
@@ -451,29 +442,19 @@ class Runtime:
         if start is None or slot.t_launch - start > _IDLE_GAP_S:
             start = slot.t_launch
         latency = now - start
-        accepted = slot.accepted
-        steps = slot.steps_used
-        if steps > 0 and accepted:
-            try:  # drafts <= steps <= 127, so int8 on the wire (checked by decode)
-                blob = bytes(accepted)
-            except ValueError:  # outside 0..255: clip
-                blob = bytes(min(max(int(a), 0), 127) for a in accepted)
-            if len(blob) > slot.batch_size:
-                blob = blob[: slot.batch_size]
-            total = sum(blob)
-        else:
-            blob, total = b"", 0
-        if self.client is not None:  # packed and sent on the client's I/O thread
+        # The accepted drafts go as SGLang gave them (a fresh list per step): the
+        # client's I/O thread and the recorder's thread turn them into bytes.
+        if self.client is not None:
             self.client.send_telemetry((
                 self.server, self.rank, slot.step, slot.t_launch, slot.batch_size,
                 slot.waiting, slot.running, slot.kv_used, slot.kv_capacity, slot.prefill,
-                steps, blob, total, latency,
+                slot.steps_used, slot.accepted, latency,
             ), slot.step, now)
         if self.recorder is not None:
             self.recorder.add_step(
                 slot.step, slot.t_launch, slot.batch_size, slot.waiting, slot.running,
-                slot.kv_used, slot.kv_capacity, slot.prefill, steps, blob, latency,
-                slot.request_ids,
+                slot.kv_used, slot.kv_capacity, slot.prefill, slot.steps_used, slot.accepted,
+                latency, slot.request_ids,
             )
 
     def _record_arrivals(self, recv_reqs: Any) -> None:
