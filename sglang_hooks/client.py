@@ -145,17 +145,20 @@ class ControllerClient:
     """Sends telemetry, receives decisions; every method is cheap and non-blocking.
 
     Args:
-        endpoint: Controller address (``ipc://...`` or ``tcp://...``).
+        endpoint: Controller address (``ipc://...`` or ``tcp://...``); None: no
+            controller (local decisions only).
         hello: What to introduce this server as (resent every second, so a
             restarted controller learns it again).
         timeout_s: Longest a telemetry message may wait for its decision.
         curve_server_key: The controller's CURVE public key (Z85), or None.
         curve_client_cert: This client's CURVE certificate file (None: fresh keys).
+        local: Local decision mode (:mod:`sglang_hooks.local`): each telemetry is
+            answered on the I/O thread; the controller's answers are ignored.
     """
 
-    def __init__(self, endpoint: str, hello: Hello, timeout_s: float,
+    def __init__(self, endpoint: str | None, hello: Hello, timeout_s: float,
                  curve_server_key: str | None = None,
-                 curve_client_cert: str | None = None) -> None:
+                 curve_client_cert: str | None = None, local: object = None) -> None:
         self.endpoint = endpoint
         self.timeout_s = timeout_s
         self.counters: Counter[str] = Counter()
@@ -175,8 +178,10 @@ class ControllerClient:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
+        self._local = local
         self._context = zmq.Context(io_threads=1)
-        self._sock = self._socket(endpoint, curve_server_key, curve_client_cert)
+        self._sock = (self._socket(endpoint, curve_server_key, curve_client_cert)
+                      if endpoint else None)
         self._thread = threading.Thread(target=self._run, args=(encode_hello(hello),),
                                         name="specctl-client", daemon=True)
         self._thread.start()
@@ -254,10 +259,12 @@ class ControllerClient:
     def _run(self, hello: bytes) -> None:
         sock, counters, outbox, wake = self._sock, self.counters, self._outbox, self._wake_r
         age = self._age
+        local = self._local
         poller = zmq.Poller()
-        poller.register(sock, zmq.POLLIN)
+        if sock is not None:
+            poller.register(sock, zmq.POLLIN)
         poller.register(wake, zmq.POLLIN)
-        next_hello = 0.0
+        next_hello = 0.0 if sock is not None else float("inf")
         last_telemetry = -_ACTIVE_S
         try:
             while not self._stop:
@@ -266,7 +273,7 @@ class ControllerClient:
                     # Serving: look every _POLL_S instead of being woken, so queuing
                     # telemetry costs the scheduler thread no system call.
                     time.sleep(_POLL_S)  # GIL released
-                    if sock.get(zmq.EVENTS) & zmq.POLLIN:
+                    if sock is not None and sock.get(zmq.EVENTS) & zmq.POLLIN:
                         self._receive(sock)
                 else:
                     self._block(poller, sock, wake, next_hello)
@@ -283,11 +290,14 @@ class ControllerClient:
                     payload, step, queued = outbox.popleft()
                     age.sent(step, queued)
                     frame = payload if type(payload) is bytes else telemetry_frame(*payload)
-                    try:
-                        sock.send(frame, zmq.NOBLOCK)
-                        counters["telemetry_sent"] += 1
-                    except zmq.Again:
-                        counters["telemetry_dropped"] += 1
+                    if sock is not None:
+                        try:
+                            sock.send(frame, zmq.NOBLOCK)
+                            counters["telemetry_sent"] += 1
+                        except zmq.Again:
+                            counters["telemetry_dropped"] += 1
+                    if local is not None:
+                        self._decide_locally(frame)
                 self._publish(time.monotonic())
         except Exception:  # never let a bug here go unnoticed, nor reach SGLang
             counters["client_thread_failed"] += 1
@@ -296,12 +306,22 @@ class ControllerClient:
             self.current = TIMED_OUT
             self._set_marker(marker_for(TIMED_OUT))
         finally:
-            sock.close(linger=0)
+            if sock is not None:
+                sock.close(linger=0)
             self._context.term()
+
+    def _decide_locally(self, frame: bytes) -> None:
+        try:
+            decision = self._local.decide(frame)
+        except WireError as exc:  # what the daemon would have refused: no answer
+            self.counters[f"local_wire_error_{exc.kind}"] += 1
+            return
+        self.counters["local_decisions"] += 1
+        self._age.accept(decision, time.monotonic())
 
     def _block(self, poller, sock, wake: int, next_hello: float) -> None:
         """Idle: sleep until a decision, a wake-up, the next HELLO or a deadline is due."""
-        wake_at = next_hello
+        wake_at = min(next_hello, time.monotonic() + HELLO_INTERVAL_S)  # inf: no controller
         deadline = self._age.deadline()
         if deadline is not None and deadline < wake_at:
             wake_at = deadline
@@ -334,6 +354,9 @@ class ControllerClient:
                 continue
             if type(message) is not Decision:
                 counters["wire_error_kind"] += 1
+                continue
+            if self._local is not None:  # decided here: the hub's answer is not needed
+                counters["remote_decisions_ignored"] += 1
                 continue
             self._age.accept(message, time.monotonic())
 

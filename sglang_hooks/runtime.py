@@ -208,10 +208,15 @@ class Runtime:
         """Make this runtime the source rank: open the client and the recorder."""
         cfg = self.cfg
         candidates = tuple(self.policy.candidate_steps) if self.policy is not None else ()
-        if cfg.controller and not cfg.record_explore:
+        if (cfg.controller or cfg.policy) and not cfg.record_explore:
+            local = None
+            if cfg.policy:
+                from sglang_hooks.local import LocalDecisions
+
+                local = LocalDecisions(cfg.policy, candidates, cfg.profile)
             hello = Hello(self.server, self.rank, candidates, client_name(self.version))
             self.client = ControllerClient(cfg.controller, hello, cfg.timeout_s,
-                                           cfg.curve_server_key, cfg.curve_client_cert)
+                                           cfg.curve_server_key, cfg.curve_client_cert, local)
         if cfg.record_dir:
             from sglang_hooks.recorder import start_recorder
 
@@ -222,8 +227,9 @@ class Runtime:
                       "controller": cfg.controller},
             )
         self.is_source = True
-        log.info("specctl: source rank of server %r: controller=%s, rule=%s, recording=%s",
-                 self.server, cfg.controller if self.client else None, cfg.rule, cfg.record_dir)
+        log.info("specctl: source rank of server %r: controller=%s, local policy=%s, rule=%s, "
+                 "recording=%s", self.server, cfg.controller if self.client else None,
+                 cfg.policy if self.client else None, cfg.rule, cfg.record_dir)
 
     def close(self) -> None:
         """Stop the client and the recorder (tests and clean shutdown)."""
