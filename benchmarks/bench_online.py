@@ -18,6 +18,8 @@ Not a test: run it, read the table, keep the JSON. Medians over ``--runs`` (defa
     ``specctl-serve`` and against a bare pyzmq ROUTER + msgpack echo (the floor).
     Reported: the fraction of steps answered within the plugin's timeout, latency of
     the answered steps, and latency of all steps (an unanswered one counts as never).
+(d) ``local``: the plugin's local decision mode at 1 kHz: from telemetry queued (as
+    the hooks queue it) to the decision on it, made on the client's I/O thread.
 (c) ``throughput``: 128 streams, each keeping one telemetry message in flight
     (closed loop), against ``specctl-serve`` and the echo: decisions per second and
     per CPU-second of the answering process.
@@ -236,6 +238,9 @@ def bench_hooks(sglang_path: Path, iterations: int, workdir: Path) -> dict:
         "source_recording": Runtime(
             PluginConfig(server="b", controller=endpoint, record_dir=str(workdir / "rec")),
             version, ranks=Ranks(0, 2, 0, 1, 0, False)),
+        # Local decision mode: the policy evaluated on the I/O thread of this process.
+        "source_local": Runtime(PluginConfig(server="f", policy=str(policy)), version,
+                                ranks=Ranks(0, 2, 0, 1, 0, False)),
         "other_rank": Runtime(PluginConfig(server="c", controller=endpoint), version,
                               ranks=Ranks(1, 2, 0, 1, 0, False)),
     }
@@ -470,6 +475,50 @@ def bench_throughput(server: str, policy: Path, processes: int, streams: int, se
             "streams": processes * streams, "client_processes": processes}
 
 
+# -- (d) local decision mode -------------------------------------------------------------
+
+
+def bench_local(policy: Path, seconds: float, rate_hz: float = 1000.0,
+                timeout_s: float = 0.1) -> dict:
+    """Telemetry to decision in the plugin's local mode: a step's telemetry is queued as
+    the hooks queue it, and the time until the client's I/O thread has decided on it is
+    taken by this (the scheduler's) thread, looking every 20 us with the GIL released."""
+    from controller.wire import Hello
+    from sglang_hooks.client import ControllerClient
+    from sglang_hooks.local import LocalDecisions
+
+    candidates = tuple(range(8))
+    client = ControllerClient(None, Hello("local", 0, candidates), timeout_s,
+                              local=LocalDecisions(str(policy), candidates))
+    accepted = [int(a) for a in np.random.default_rng(0).integers(0, 4, size=32)]
+    latencies, sent = [], 0
+    try:
+        period = 1.0 / rate_hz
+        start = time.perf_counter()
+        step, next_send = 0, start
+        while time.perf_counter() < start + seconds:
+            step += 1
+            queued = time.perf_counter()
+            client.send_telemetry(("local", 0, step, queued, 32, 4, 32, 50_000, 500_000, 0, 3,
+                                   accepted, 0.012), step, time.monotonic())
+            sent += 1
+            next_send += period
+            while time.perf_counter() < max(next_send, queued + timeout_s):
+                current = client.current
+                if (current is not None and not isinstance(current, str)
+                        and current.apply_from_step == step + DECISION_LAG):
+                    latencies.append((time.perf_counter() - queued) * 1e6)
+                    break
+                time.sleep(0.00002)
+            time.sleep(max(0.0, next_send - time.perf_counter()))
+        counters = dict(client.counters)
+    finally:
+        client.close()
+    answered = np.asarray(latencies)
+    return {"telemetry_to_decision_us": _pct(answered), "sent": sent,
+            "answered_fraction": answered.size / max(sent, 1), "counters": counters}
+
+
 # -- main -------------------------------------------------------------------------------
 
 #: Per run: (name, where in the run's results, where the floor is, "ratio" or "value").
@@ -481,6 +530,8 @@ SUMMARY = (
      ("hooks_us", "empty_hooks", "added_cpu_p50")),
     ("plugin CPU per step, other rank, added (us, p50)",
      ("hooks_us", "other_rank", "added_cpu_p50"), ("hooks_us", "empty_hooks", "added_cpu_p50")),
+    ("plugin CPU per step, source in local mode, added (us, p50)",
+     ("hooks_us", "source_local", "added_cpu_p50"), ("hooks_us", "empty_hooks", "added_cpu_p50")),
     ("plugin time per step, source, own clock (us, p50)",
      ("hooks_us", "source_clock", "p50_us"), ("hooks_us", "empty_hooks", "added_cpu_p50")),
     ("round trip, 1 client x 1 kHz, answered (us, p50)", ("rtt_1", "serve", "answered_us", "p50"),
@@ -512,7 +563,7 @@ def _get(tree: dict, path: tuple) -> float | None:
 
 def one_run(args, workdir: Path, policy: Path) -> dict:
     """Every part once, each next to its floor measured in this run."""
-    parts = args.only or ["hooks", "rtt", "throughput"]
+    parts = args.only or ["hooks", "rtt", "local", "throughput"]
     endpoint = (lambda: f"ipc://{workdir}/b{next(_endpoints)}.sock") if args.transport == "ipc" \
         else (lambda: f"tcp://127.0.0.1:{free_port()}")
     run: dict = {"load_average_1min_before": os.getloadavg()[0]}
@@ -523,6 +574,8 @@ def one_run(args, workdir: Path, policy: Path) -> dict:
             run[f"rtt_{clients}"] = {
                 server: bench_rtt(server, policy, clients, args.seconds, 1000.0, endpoint())
                 for server in ("echo", "serve")}
+    if "local" in parts:
+        run["local"] = bench_local(policy, args.seconds)
     if "throughput" in parts:
         processes = 2
         run["throughput"] = {

@@ -43,24 +43,33 @@ def choose(policy: ExportedPolicy, actions: np.ndarray, grids: list[np.ndarray |
         whether the stream's observations were finite and present (a stream that is not
         gets a fallback, and should start afresh); whether any action was allowed.
     """
+    # Few, whole-array numpy calls: at these sizes each call's ~1 us overhead is the cost.
     rows = len(policy.feature_spec.batch_grid)
-    failed = np.fromiter((g is None for g in grids), dtype=bool, count=len(grids))
-    if failed.any():
+    n = len(grids)
+    failed = [g is None for g in grids]
+    if any(failed):
         blank = np.zeros((rows, policy.feature_spec.size), dtype=np.float32)
         grids = [blank if g is None else g for g in grids]
-    observations = grids[0] if len(grids) == 1 else np.concatenate(grids)
-    healthy = np.isfinite(observations).reshape(len(grids), -1).all(axis=1)
-    if not healthy.all():  # estimator overflow: that stream only
+    observations = grids[0] if n == 1 else np.concatenate(grids)
+    finite = np.isfinite(observations)
+    if finite.all():
+        healthy = np.ones(n, dtype=bool)
+    else:  # estimator overflow: that stream only
+        healthy = finite.reshape(n, -1).all(axis=1)
         observations = np.nan_to_num(observations, nan=0.0, posinf=1.0, neginf=-1.0)
-    healthy &= ~failed
+    if any(failed):
+        healthy &= ~np.asarray(failed)
     logits = policy.logits(observations)
-    mask = np.ones((len(grids), logits.shape[1]), dtype=bool)
-    for i, a in enumerate(allowed):
-        if a is not None:
-            mask[i] = a
-    logits = np.where(np.repeat(mask, rows, axis=0), logits, -np.inf)
-    steps = actions[np.argmax(logits, axis=1)].reshape(len(grids), rows)
-    return steps, healthy, mask.any(axis=1)
+    runnable = np.ones(n, dtype=bool)
+    if any(a is not None for a in allowed):
+        masks = np.stack([np.ones(len(actions), dtype=bool) if a is None else a
+                          for a in allowed])
+        runnable = masks.any(axis=1)
+        # -inf where the server cannot run the action: never the arg-max
+        logits = (logits.reshape(n, rows, -1)
+                  + np.where(masks, 0.0, -np.inf)[:, None, :]).reshape(n * rows, -1)
+    steps = actions[np.argmax(logits, axis=1)].reshape(n, rows)
+    return steps, healthy, runnable
 
 
 def compress(grid: Sequence[int], steps: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from controller.decider import StreamDecider
+from controller.decider import StreamDecider, allowed_actions, choose
 from controller.policy_file import ExportedPolicy
 from controller.reload import PolicyHolder
 from controller.server import ControllerServer, ServeOptions
@@ -100,3 +100,26 @@ def test_a_changed_policy_file_is_picked_up(tmp_path):
     ExportedPolicy.random(seed=2, name="second").save(path)
     local.holder.request_reload()
     assert local.decide(frames[1]).policy == "second"
+
+
+def test_choose_takes_the_best_allowed_action_per_row():
+    """The batched evaluation against a row-by-row reference."""
+    rng = np.random.default_rng(0)
+    policy = ExportedPolicy.random(seed=5, hidden=(16,))
+    actions = np.asarray(policy.actions)
+    rows, size = len(policy.feature_spec.batch_grid), policy.feature_spec.size
+    grids = [rng.uniform(-1, 1, (rows, size)).astype(np.float32) for _ in range(6)]
+    grids[2] = None  # its features failed
+    grids[3][4, 7] = np.nan  # estimator overflow
+    allowed = [None, allowed_actions(actions, [0, 2]), None, None,
+               allowed_actions(actions, [1, 3, 6]), allowed_actions(actions, [99])]
+    steps, healthy, runnable = choose(policy, actions, grids, allowed)
+    assert healthy.tolist() == [True, True, False, False, True, True]
+    assert runnable.tolist() == [True, True, True, True, True, False]
+    for i, grid in enumerate(grids):
+        if not healthy[i] or not runnable[i]:
+            continue
+        for r in range(rows):
+            logits = policy.logits(grid[r])
+            ok = [j for j in range(len(actions)) if allowed[i] is None or allowed[i][j]]
+            assert steps[i, r] == actions[max(ok, key=lambda j: (logits[j], -j))]
