@@ -8,8 +8,8 @@ Its bound methods are what :mod:`sglang_hooks.plugin` registers with SGLang's
 target                                         type       what it does
 =============================================  =========  ================================
 SchedulerRequestReceiver._pull_raw_reqs        AFTER      source rank: announce the local
-                                                          rule once, poll the controller,
-                                                          append a decision marker
+                                                          rule once, append the client's
+                                                          newest decision marker
 Scheduler.process_input_requests               BEFORE     every rank: strip markers, queue
                                                           the newest, adopt the announced
                                                           rule (first call: attach)
@@ -39,7 +39,10 @@ controller's replies, faults) is acted on locally; the source turns them into
 markers too.
 
 Hook cost matters (they run on the scheduler thread every step): no logging,
-no allocation beyond a few small objects, no pyarrow. Every hook body is
+no allocation beyond a few small objects, no pyarrow, no system call. What can
+happen elsewhere does: the client's I/O thread ages decisions, builds the
+markers and packs telemetry (the accepted drafts go as SGLang's list; the
+client's and the recorder's threads convert them). Every hook body is
 wrapped so that an exception is counted, logged once, and never reaches SGLang.
 """
 
