@@ -252,6 +252,33 @@ def test_controller_decisions_drive_the_real_adaptive_controller(tmp_path):
     assert not any(type(r) is DecisionMarker for r in loop.scheduler.dispatched)
 
 
+def test_local_mode_decides_in_process_and_every_rank_follows(tmp_path):
+    """SPECCTL_POLICY: no controller; the source's I/O thread decides, markers carry it."""
+    path = tmp_path / "constant.npz"
+    constant_policy(5).save(path)
+    ranks = [runtime(SOURCE, policy=str(path), fallback="table", table=((1, 2),)),
+             runtime(SECOND, fallback="table", table=((1, 2),))]
+    loops = [build_rank(ranks[0], True), build_rank(ranks[1], False)]
+    reqs = [ReqStandIn(f"r{i}") for i in range(48)]
+    for i in range(150):
+        broadcast = pickle.dumps(loops[0].pull() or [])
+        for loop in loops:
+            loop.iterate(pickle.loads(broadcast), next_batch(i, reqs))
+        time.sleep(0.001)
+    for loop in loops:
+        loop.drain()
+    counters = dict(ranks[0].client.counters)
+    for rt in ranks:
+        rt.close()
+    steps = [decode_steps(loop) for loop in loops]
+    assert steps[0] == steps[1], "every rank runs the same depth at every step"
+    first = steps[0].index(5)
+    assert set(steps[0][:first]) == {2} and set(steps[0][first:]) == {5}
+    assert first < 20  # no connection, no round trip: the first step's answer
+    assert counters["local_decisions"] >= 100 and "telemetry_sent" not in counters
+    assert not any(k.startswith("fault") for rt in ranks for k in rt.counters)
+
+
 def test_a_decision_applies_from_its_step_on_every_rank_and_markers_stay_internal():
     rt = runtime(min_switch_steps=1)
     loop = build_rank(rt, is_source=True)
