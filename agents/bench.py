@@ -57,7 +57,7 @@ def run_cell(settings: Mapping[str, Any], policy_name: str, concurrency: int) ->
                         else None)
     policy = make_policy(policy_name, profile=profile, max_depth=max_depth,
                          policy_path=settings.get("policy_path"),
-                         skip_zero_step_draft_extend=config.skip_zero_step_draft_extend)
+                         sim_config=config)
     return rollout(loop, policy, seed=int(settings["seed"]))
 
 

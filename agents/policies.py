@@ -12,8 +12,13 @@ batch size of the step being decided. Names, as used on the command line and in
 ``table``              static per-batch-size table (vLLM V1 "dynamic SD" style)
 ``sglang_adaptive``    SGLang 0.5.23 ``--speculative-adaptive``: EMA of accepted drafts per
                        batch-size bucket, re-decided every few verify steps, hysteresis
-``goodput_greedy``     online acceptance estimate + the cost model: the depth maximising
-                       expected tokens per second (TurboSpec-like)
+``goodput_greedy``     online acceptance estimate + the cost profile handed to the
+                       controller: the depth maximising expected tokens per second
+                       (TurboSpec-like); with the true profile it is the kick-start teacher
+``goodput_online``     the same rule on the feature module's estimates (profile as prior,
+                       corrected by measured step latencies), probing a depth whose cost
+                       has not been measured lately: the best hand-written rule on the
+                       inputs the learned policy sees
 ``oracle``             hindsight: knows every request's true acceptance, picks the
                        per-step best (not achievable online; an upper reference)
 ``ppo``                an exported PPO policy (see :mod:`controller.policy_file`)
@@ -31,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from env.features import Observation
+from env.simulator import SchedulerConfig
 
 #: vLLM V1's documented EAGLE-3 example: [[min_batch, max_batch, steps], ...].
 VLLM_EAGLE3_TABLE: tuple[tuple[int, int, int], ...] = (
@@ -184,33 +190,129 @@ class SGLangAdaptivePolicy(Policy):
         slot.current = cands[idx]
 
 
+class _GreedyRule:
+    """What both goodput rules share: hysteresis and probing acceptance while off.
+
+    * A switch needs ``1 + hysteresis`` times the current depth's expected rate:
+      near break-even a myopic rule flips on and off, and every return from off
+      drafts from a cold state.
+    * While off, no acceptance is measured, so an estimate made under different
+      traffic would keep speculation off for good. Off steps earn a probing
+      budget (``probe_share`` of their predicted time); once it covers the extra
+      cost of ``probe_steps`` steps at ``probe_depth``, the rule speculates for
+      that many steps (the first one back drafts from a cold state and the
+      feature module leaves it out, so a probe is two steps).
+    """
+
+    def __init__(self, max_depth: int, hysteresis: float = 0.03, probe_share: float = 0.01,
+                 probe_depth: int = 1, probe_steps: int = 2) -> None:
+        self.max_depth = max_depth
+        self.hysteresis = hysteresis
+        self.probe_share = probe_share
+        self.probe_depth = min(probe_depth, max_depth)
+        self.probe_steps = probe_steps
+        self.reset()
+
+    def reset(self, sim=None) -> None:
+        self._budget_s = 0.0
+        self._probing = 0
+
+    def choose(self, rate: np.ndarray, latency_s: np.ndarray, current: int) -> int:
+        """The depth to run, given the expected rate and latency of every depth and the
+        depth the server ran last as telemetry shows it (observable, unlike this rule's
+        own last choice, so a policy imitating the rule can see what it reacts to)."""
+        best = int(np.argmax(rate))
+        current = min(max(current, 0), len(rate) - 1)
+        if rate[best] <= rate[current] * (1.0 + self.hysteresis):
+            best = current
+        if self._probing:
+            self._probing -= 1
+            return self.probe_depth
+        if best == 0:
+            self._budget_s += self.probe_share * float(latency_s[0])
+            extra = self.probe_steps * float(latency_s[self.probe_depth] - latency_s[0])
+            if self._budget_s >= extra > 0:
+                self._budget_s = 0.0
+                self._probing = self.probe_steps - 1
+                best = self.probe_depth
+        return best
+
+
 class GoodputGreedyPolicy(Policy):
     """Maximise expected tokens per second of the next step under the cost model.
 
     Expected accepted drafts per request at depth d come from the observation's
     online acceptance estimate; step latency from the cost profile at the
-    decided batch size and the reported KV use (TurboSpec/SmartSpec-style).
+    decided batch size and the reported KV use (TurboSpec/SmartSpec-style),
+    with the hysteresis and acceptance probing of :class:`_GreedyRule`.
     """
 
     name = "goodput_greedy"
 
-    def __init__(self, profile, max_depth: int, skip_zero_step_draft_extend: bool = False) -> None:
+    def __init__(self, profile, max_depth: int, sim_config: SchedulerConfig | None = None) -> None:
         self.profile = profile
         self.max_depth = max_depth
-        self.skip_zero = skip_zero_step_draft_extend
+        self.config = sim_config or SchedulerConfig()
+        self.rule = _GreedyRule(max_depth)
+
+    def reset(self, sim=None) -> None:
+        self.rule.reset()
 
     def act(self, obs: Observation) -> int:
         batch = max(obs.batch_size, 1)
-        best, best_rate = 0, -math.inf
-        for depth in range(self.max_depth + 1):
-            latency = self.profile.step_latency_s(
-                batch, depth, obs.kv_used_tokens, 0,
-                draft_extend=bool(depth) or not self.skip_zero,
-            )
-            rate = batch * (1.0 + obs.expected_accepted[depth]) / latency
-            if rate > best_rate:
-                best, best_rate = depth, rate
-        return best
+        latency = np.array([self.profile.step_latency_s(
+            batch, depth, obs.kv_used_tokens, 0, **self.config.latency_flags(depth))
+            for depth in range(self.max_depth + 1)])
+        rate = batch * (1.0 + obs.expected_accepted[: self.max_depth + 1]) / latency
+        return self.rule.choose(rate, latency, obs.steps_used)
+
+
+class GoodputOnlinePolicy(Policy):
+    """Greedy expected tokens per second on the observation's own estimates.
+
+    Latency per depth is the feature module's prediction (the handed profile, if
+    any, corrected by measured latencies; a depth not measured lately costs the
+    prior's guess), so it explores: until depths 0, 1 and the deepest (which
+    identify the latency model's off, speculation and per-draft terms) have each
+    been measured, it runs the least measured of them every ``warmup_gap``
+    decisions (a few, because telemetry lags); after that, every
+    ``probe_every`` decisions, the least measured depth if it has fewer than
+    ``min_samples`` recent measurements. Otherwise as :class:`_GreedyRule`.
+    """
+
+    name = "goodput_online"
+
+    def __init__(self, max_depth: int, probe_every: int = 32, min_samples: float = 3.0,
+                 warmup_gap: int = 4) -> None:
+        self.max_depth = max_depth
+        self.probe_every = probe_every
+        self.min_samples = min_samples
+        self.warmup_gap = warmup_gap
+        self._key_depths = np.array(sorted({0, 1, max_depth}))
+        self.rule = _GreedyRule(max_depth)
+        self.reset()
+
+    def reset(self, sim=None) -> None:
+        self._decisions = 0
+        self._last_probe = -10**9
+        self.rule.reset()
+
+    def act(self, obs: Observation) -> int:
+        self._decisions += 1
+        samples = obs.cost_samples
+        since = self._decisions - self._last_probe
+        if samples.size:
+            key = samples[self._key_depths]
+            if key.min() < 1.0 and since >= self.warmup_gap:
+                self._last_probe = self._decisions
+                return int(self._key_depths[int(np.argmin(key))])
+            least = int(np.argmin(samples))
+            if samples[least] < self.min_samples and since >= self.probe_every:
+                self._last_probe = self._decisions
+                return least
+        latency = obs.latency_pred_s[: self.max_depth + 1]
+        rate = (1.0 + obs.expected_accepted[: self.max_depth + 1]) / latency
+        return self.rule.choose(rate, latency, obs.steps_used)
 
 
 class OraclePolicy(Policy):
@@ -240,10 +342,8 @@ class OraclePolicy(Policy):
         best, best_rate = 0, -math.inf
         for depth in range(self.max_depth + 1):
             tokens = np.minimum(sim.true_accepted(depth) + 1, remaining).sum() if depth else n
-            latency = self.profile.step_latency_s(
-                n, depth, sim.kv_used, 0,
-                draft_extend=bool(depth) or not cfg.skip_zero_step_draft_extend,
-            )
+            latency = self.profile.step_latency_s(n, depth, sim.kv_used, 0,
+                                                  **cfg.latency_flags(depth))
             rate = tokens / latency
             if rate > best_rate:
                 best, best_rate = depth, rate
@@ -262,7 +362,7 @@ class ExportedPolicyAdapter(Policy):
 
 
 def make_policy(name: str, *, profile=None, max_depth: int = 7, policy_path: str | None = None,
-                skip_zero_step_draft_extend: bool = False) -> Policy:
+                sim_config: SchedulerConfig | None = None) -> Policy:
     """Build a policy from its command-line name (see the module docstring)."""
     if name == "no_spec":
         return StaticPolicy(0)
@@ -278,10 +378,12 @@ def make_policy(name: str, *, profile=None, max_depth: int = 7, policy_path: str
         return StaticTablePolicy(max_depth=max_depth)
     if name == "sglang_adaptive":
         return SGLangAdaptivePolicy(max_depth=max_depth, initial_steps=max_depth)
+    if name == "goodput_online":
+        return GoodputOnlinePolicy(max_depth)
     if name in ("goodput_greedy", "oracle") and profile is None:
         raise ValueError(f"policy {name!r} needs a cost profile")
     if name == "goodput_greedy":
-        return GoodputGreedyPolicy(profile, max_depth, skip_zero_step_draft_extend)
+        return GoodputGreedyPolicy(profile, max_depth, sim_config)
     if name == "oracle":
         return OraclePolicy(profile, max_depth)
     if name == "ppo":
@@ -291,5 +393,5 @@ def make_policy(name: str, *, profile=None, max_depth: int = 7, policy_path: str
         return ExportedPolicyAdapter(ExportedPolicy.load(policy_path or default_policy_path()))
     raise ValueError(
         f"unknown policy {name!r}; choose from no_spec, static_<d>, table, sglang_adaptive, "
-        "goodput_greedy, oracle, ppo"
+        "goodput_greedy, goodput_online, oracle, ppo"
     )

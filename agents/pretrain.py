@@ -6,8 +6,11 @@ cost-model-aware rule already knows approximately. So before PPO we:
 1. run a teacher policy (by default ``goodput_greedy``, which knows the true
    cost profile of each training scenario: privileged information the student
    must learn to infer from telemetry) in the training environments and record
-   (observation vector, teacher action, reward, episode end);
-2. fit the PPO actor to the teacher's actions (cross-entropy) and the critic
+   (observation vector, teacher action, reward, episode end, the latency of the
+   decode step the decision governed);
+2. fit the PPO actor to the teacher's actions (cross-entropy weighted by that
+   time: episodes are fixed spans of time, so a slow server yields few decisions
+   that each decide much, and unweighted imitation would all but ignore it) and the critic
    to the discounted returns, so PPO's first advantage estimates do not undo
    the actor;
 3. repeat with the student acting (DAgger: the teacher still labels every
@@ -44,6 +47,8 @@ class Demonstrations:
     observations: np.ndarray  # (N, obs_size) float32
     actions: np.ndarray  # (N,) int64
     returns: np.ndarray  # (N,) discounted return from each step
+    #: (N,) simulated seconds each decision governed (its weight in the imitation loss).
+    durations: np.ndarray | None = None
 
 
 def collect(env_cfg: dict[str, Any], teacher: str, steps: int, gamma: float, seed: int,
@@ -56,7 +61,7 @@ def collect(env_cfg: dict[str, Any], teacher: str, steps: int, gamma: float, see
     student_act = None if student is None else export_ppo(student, FeatureSpec(
         max_depth=int(env_cfg.get("max_depth", 7)))).act
     env = SpecDecodeEnv(env_cfg, split="train")
-    observations, actions, rewards, ends = [], [], [], []
+    observations, actions, rewards, ends, durations = [], [], [], [], []
     obs, _ = env.reset(seed=seed)
     policy = _teacher_for(env, teacher)
     while len(actions) < steps:
@@ -64,7 +69,8 @@ def collect(env_cfg: dict[str, Any], teacher: str, steps: int, gamma: float, see
         observations.append(obs)
         actions.append(label)
         action = label if student_act is None else int(student_act(obs))
-        obs, reward, terminated, truncated, _ = env.step(action)
+        obs, reward, terminated, truncated, info = env.step(action)
+        durations.append(info["step_latency_s"])
         rewards.append(reward)
         ends.append(terminated or truncated)
         if terminated or truncated:
@@ -76,14 +82,17 @@ def collect(env_cfg: dict[str, Any], teacher: str, steps: int, gamma: float, see
         running = rewards[i] + gamma * running * (not ends[i])
         returns[i] = running
     return Demonstrations(np.asarray(observations, np.float32), np.asarray(actions, np.int64),
-                          returns.astype(np.float32))
+                          returns.astype(np.float32), np.asarray(durations, np.float32))
 
 
 def merge(a: Demonstrations, b: Demonstrations) -> Demonstrations:
     """Both sets of demonstrations."""
+    durations = None
+    if a.durations is not None and b.durations is not None:
+        durations = np.concatenate([a.durations, b.durations])
     return Demonstrations(np.concatenate([a.observations, b.observations]),
                           np.concatenate([a.actions, b.actions]),
-                          np.concatenate([a.returns, b.returns]))
+                          np.concatenate([a.returns, b.returns]), durations)
 
 
 def dagger(model: PPO, env_cfg: dict[str, Any], teacher: str, steps: int, rounds: int,
@@ -100,7 +109,7 @@ def dagger(model: PPO, env_cfg: dict[str, Any], teacher: str, steps: int, rounds
 def _teacher_for(env: SpecDecodeEnv, name: str):
     scenario = env.scenario
     policy = make_policy(name, profile=scenario.profile, max_depth=env.max_depth,
-                         skip_zero_step_draft_extend=scenario.config.skip_zero_step_draft_extend)
+                         sim_config=scenario.config)
     policy.reset(env.simulator)
     return policy
 
@@ -113,14 +122,20 @@ def kickstart(model: PPO, demos: Demonstrations, epochs: int = 20, batch_size: i
     obs = torch.as_tensor(demos.observations, device=device)
     actions = torch.as_tensor(demos.actions, device=device)
     returns = torch.as_tensor(demos.returns, device=device)
+    if demos.durations is not None and demos.durations.sum() > 0:
+        # Capped: one pathological step must not drown the rest of the batch.
+        weights = np.minimum(demos.durations / demos.durations.mean(), 50.0)
+    else:
+        weights = np.ones(len(demos.actions), np.float32)
+    weights = torch.as_tensor(weights, dtype=torch.float32, device=device)
     optimizer = torch.optim.Adam(policy.parameters(), lr=learning_rate)
     generator = torch.Generator().manual_seed(seed)
     n = len(actions)
     for _ in range(epochs):
         for index in torch.randperm(n, generator=generator).split(batch_size):
             values, log_prob, _ = policy.evaluate_actions(obs[index], actions[index])
-            loss = -log_prob.mean() + 0.5 * torch.nn.functional.mse_loss(values.flatten(),
-                                                                         returns[index])
+            value_loss = torch.nn.functional.mse_loss(values.flatten(), returns[index])
+            loss = -(weights[index] * log_prob).mean() + 0.5 * value_loss
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()

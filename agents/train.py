@@ -74,8 +74,12 @@ def build_model(env_cfg: dict[str, Any], agent: DictConfig, seed: int, out_dir: 
                **{k: agent[k] for k in _PPO_KEYS})
 
 
-def train(cfg: DictConfig, out_dir: Path) -> Path:
-    """Train, export and (optionally) evaluate; returns the exported policy's path."""
+def train(cfg: DictConfig, out_dir: Path) -> tuple[Path, float | None]:
+    """Train, export and (optionally) evaluate.
+
+    Returns the exported policy's path and its score: the mean oracle fraction of the
+    policy over the evaluation's cells (None without an evaluation).
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
     env_cfg = env_config(cfg)
     agent = cfg.agent
@@ -98,6 +102,7 @@ def train(cfg: DictConfig, out_dir: Path) -> Path:
                                       best_model_save_path=str(out_dir / "best"),
                                       log_path=str(out_dir / "eval"), deterministic=True))
     started = time.perf_counter()
+    score = None
     pretrain = agent.pretrain
     spec = FeatureSpec(max_depth=int(env_cfg["max_depth"]))
     kickstart_stats, kickstarted, kickstarted_state = None, None, None
@@ -115,7 +120,11 @@ def train(cfg: DictConfig, out_dir: Path) -> Path:
     if kickstarted is not None:
         scores = validation_scores({"kickstart": kickstarted, "ppo": export_ppo(model, spec)},
                                    env_cfg, int(agent.validation_scenarios), seed)
-        selection = {"scores": scores, "kept": "ppo" if scores["ppo"] >= 1.0 else "kickstart"}
+        # PPO must not lose anywhere it is checked: a mean over scenarios is dominated by
+        # fast servers (many decisions), and fine-tuning that forgets how to turn
+        # speculation off on a slow one would still raise it.
+        keep = scores["ppo"] >= 1.0 and scores["ppo_worst"] >= 0.97
+        selection = {"scores": scores, "kept": "ppo" if keep else "kickstart"}
         log.info("validation (throughput relative to the kick-start): %s; keeping %s",
                  scores, selection["kept"])
         if selection["kept"] == "kickstart":  # fine-tuning did not help: roll the weights back
@@ -140,13 +149,16 @@ def train(cfg: DictConfig, out_dir: Path) -> Path:
              policy_path)
     if cfg.evaluate:
         document = run_evaluation(cfg, str(policy_path), out_dir)
+        fractions = [c["oracle_fraction"] for c in document["checks"].get("cells", {}).values()]
+        score = float(np.mean(fractions)) if fractions else None
         log.info("checks: %s", json.dumps(document["checks"]))
-    return policy_path
+    return policy_path, score
 
 
 def validation_scores(candidates: dict[str, ExportedPolicy], env_cfg: dict[str, Any],
                       scenarios: int, seed: int) -> dict[str, float]:
-    """Mean throughput of each candidate relative to the first, on training-split scenarios."""
+    """Mean throughput of each candidate relative to the first, on training-split scenarios,
+    and (``<name>_worst``) its worst single-scenario ratio."""
     sampler = ScenarioSampler(env_cfg, split="train")
     rng = np.random.default_rng(seed + 424_242)  # not the training episodes' stream
     spec = next(iter(candidates.values())).feature_spec
@@ -157,15 +169,17 @@ def validation_scores(candidates: dict[str, ExportedPolicy], env_cfg: dict[str, 
         for name, exported in candidates.items():
             sim = Simulator(scenario.profile, scenario.acceptance, scenario.workload,
                             scenario.config, seed=scenario.seed)
-            prior = scenario.profile if env_cfg.get("cost_prior", "profile") == "profile" else None
             loop = DecisionLoop(sim, spec, int(env_cfg["feedback_lag"]), scenario.horizon_s,
-                                cost_prior=prior)
+                                cost_prior=scenario.prior)
             throughput[name] = rollout(loop, ExportedPolicyAdapter(exported, name)).throughput_tok_s
         first = next(iter(throughput.values()))
         if first > 0:
             for name, value in throughput.items():
                 ratios[name].append(value / first)
-    return {name: float(np.mean(values)) if values else 1.0 for name, values in ratios.items()}
+    scores = {name: float(np.mean(values)) if values else 1.0 for name, values in ratios.items()}
+    scores.update({f"{name}_worst": float(np.min(values)) if values else 1.0
+                   for name, values in ratios.items()})
+    return scores
 
 
 def check_export(model: PPO, exported, env: SpecDecodeEnv, seed: int, steps: int = 500) -> None:
@@ -186,10 +200,10 @@ def check_export(model: PPO, exported, env: SpecDecodeEnv, seed: int, steps: int
 
 
 @hydra.main(config_path="pkg://configs", config_name="train", version_base=None)
-def main(cfg: DictConfig) -> None:
-    """Hydra entry point of ``specctl-train``."""
+def main(cfg: DictConfig) -> float | None:
+    """Hydra entry point of ``specctl-train``; returns the score a sweeper maximises."""
     out_dir = Path(hydra.core.hydra_config.HydraConfig.get().runtime.output_dir)
-    train(cfg, out_dir)
+    return train(cfg, out_dir)[1]
 
 
 if __name__ == "__main__":

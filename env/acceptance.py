@@ -642,6 +642,53 @@ class ParametricAcceptance(AcceptanceModel):
         }
 
 
+class DriftingAcceptance(AcceptanceModel):
+    """Chain acceptance whose rates differ by request class and drift between requests.
+
+    Request ``i`` (in arrival order within a draw) accepts with the rates
+    ``min(1, alphas * m_i)``: ``m_i = exp(w_i + c_i)``, ``w`` a Gaussian random
+    walk over requests (log-std ``drift_sigma`` per request, clipped to +-1.5)
+    and ``c_i`` a log-normal factor (log-std ``class_sigma``) per distinct
+    request class of the draw. Acceptance measured early in an episode is then
+    only a guide to acceptance later, as on a server whose traffic mix moves.
+    ``expected_accepted`` is that of the base rates.
+    """
+
+    def __init__(self, alphas: Sequence[float], drift_sigma: float = 0.05,
+                 class_sigma: float = 0.3) -> None:
+        self.base = ParametricAcceptance(alphas)
+        if drift_sigma < 0 or class_sigma < 0:
+            raise ValueError("drift_sigma and class_sigma must be >= 0")
+        self.alphas = self.base.alphas
+        self.max_depth = self.base.max_depth
+        self.drift_sigma = float(drift_sigma)
+        self.class_sigma = float(class_sigma)
+
+    def draw(self, output_tokens: np.ndarray, request_class: np.ndarray | None,
+             rng: np.random.Generator) -> AcceptanceTable:
+        lengths = _check_lengths(output_tokens)
+        n = lengths.size
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        log_m = np.clip(np.cumsum(rng.normal(0.0, self.drift_sigma, n)), -1.5, 1.5)
+        if request_class is not None and self.class_sigma > 0 and n:
+            _, cls = np.unique(np.asarray(request_class, dtype=str), return_inverse=True)
+            log_m = log_m + rng.normal(0.0, self.class_sigma, cls.max() + 1)[cls]
+        rates = np.minimum(self.alphas[None, :] * np.exp(log_m)[:, None], 1.0)
+        survival = np.cumprod(rates, axis=1).astype(np.float32)  # (n, D): P(K >= j)
+        owner = np.repeat(np.arange(n), lengths)
+        u = rng.random(int(offsets[-1]), dtype=np.float32)
+        k = (u[:, None] < survival[owner]).sum(axis=1).astype(np.int8)
+        return AcceptanceTable(offsets, k)
+
+    def expected_accepted(self, depth: int) -> float:
+        return self.base.expected_accepted(depth)
+
+    def to_config(self) -> dict:
+        return {"model": "drifting", "alphas": [float(a) for a in self.alphas],
+                "drift_sigma": self.drift_sigma, "class_sigma": self.class_sigma}
+
+
 # ---------------------------------------------------------------------------
 # SGLang's simulated acceptance
 # ---------------------------------------------------------------------------
@@ -941,7 +988,9 @@ def acceptance_from_config(config: Mapping) -> AcceptanceModel:
       ``mean_accept_length`` + ``depth`` (+ optional ``max_depth``, ``decay``,
       ``structure``) for :meth:`ParametricAcceptance.calibrated`;
     * ``sglang_simulated``: ``mean_accept_length`` (+ ``max_depth``);
-    * ``spec_bench``: optional ``path``, ``categories``, ``max_depth``.
+    * ``spec_bench``: optional ``path``, ``categories``, ``max_depth``;
+    * ``drifting``: ``alphas`` (+ ``drift_sigma``, ``class_sigma``), see
+      :class:`DriftingAcceptance`.
 
     Keys that only document (``note``, ``source``) are allowed; others are an error.
     """
@@ -953,6 +1002,7 @@ def acceptance_from_config(config: Mapping) -> AcceptanceModel:
         "parametric": {"alphas", "structure", "mean_accept_length", "depth", "max_depth", "decay"},
         "sglang_simulated": {"mean_accept_length", "max_depth"},
         "spec_bench": {"path", "categories", "max_depth"},
+        "drifting": {"alphas", "drift_sigma", "class_sigma"},
     }
     if kind not in allowed:
         raise ValueError(f"acceptance model must be one of {sorted(allowed)}, got {kind!r}")
@@ -976,6 +1026,9 @@ def acceptance_from_config(config: Mapping) -> AcceptanceModel:
             decay=float(cfg.get("decay", 0.95)),
             structure=structure,
         )
+    if kind == "drifting":
+        return DriftingAcceptance(cfg["alphas"], float(cfg.get("drift_sigma", 0.05)),
+                                  float(cfg.get("class_sigma", 0.3)))
     if kind == "sglang_simulated":
         if "mean_accept_length" not in cfg:
             raise ValueError("sglang_simulated acceptance needs mean_accept_length")

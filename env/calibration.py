@@ -125,7 +125,7 @@ def steady_state(
     )
     batch = min(concurrency, profile.server.max_running_requests)
     kv = batch * (prompt_tokens + output_tokens / 2.0)
-    decode = profile.step_latency_s(batch, depth, kv, 0, speculative)
+    decode = profile.step_latency_s(batch, depth, kv, 0, speculative, speculative)
     prefill = sum(
         profile.step_latency_s(0, 0, done + c, c, speculative)
         for done, c in _chunk_progress(prompt_tokens, profile.server.chunked_prefill_tokens)
@@ -166,7 +166,7 @@ def _steady_state_row(
         "moe_active_fraction": profile.moe_active_fraction,
         "cuda_graph_max_bs": profile.server.cuda_graph_max_bs,
     }
-    decode = design_matrix(batch, depth, kv, 0, speculative, **kw)[0]
+    decode = design_matrix(batch, depth, kv, 0, speculative, speculative, **kw)[0]
     chunks = _chunk_progress(prompt_tokens, profile.server.chunked_prefill_tokens)
     prefill = sum(design_matrix(0, 0, done + c, c, speculative, **kw)[0] for done, c in chunks)
     steps = (output_tokens - 1) / accept_length
@@ -256,6 +256,13 @@ class BenchSetup:
         """Whether the draft extend runs in a step of ``depth`` (as the simulator decides)."""
         return depth > 0 or not self.skip_zero_step_draft_extend
 
+    def sim_overrides(self) -> dict:
+        """The ``sim`` settings: without the draft extend, depth 0 is a server without
+        speculation (``zero_step=off``); with it, SGLang's own steps=0."""
+        if self.skip_zero_step_draft_extend:
+            return {"skip_zero_step_draft_extend": True}
+        return {"zero_step": "sglang_steps0"}
+
 
 #: ``configs/bench.yaml`` defaults a :class:`BenchSetup` may differ from.
 _BENCH_DEFAULTS = {"seed": 0, "feedback_lag": 2, "max_depth": 7}
@@ -284,6 +291,8 @@ def bench_command(profile: str, setup: BenchSetup, policies: Sequence[str],
                 args.append(f"workload.{name}={getattr(setup, name):g}")
     if setup.skip_zero_step_draft_extend:
         args.append("sim.skip_zero_step_draft_extend=true")
+    else:
+        args.append("sim.zero_step=sglang_steps0")
     for name, default in _BENCH_DEFAULTS.items():
         if getattr(setup, name) != default:
             args.append(f"{name}={getattr(setup, name)}")
@@ -314,10 +323,7 @@ def simulate_throughput(profile: CostProfile, setup: BenchSetup, concurrency: in
     number equals the bench's for the same settings.
     """
     acceptance = make_acceptance(None, profile, setup.max_depth)
-    config = make_scheduler_config(
-        {"skip_zero_step_draft_extend": setup.skip_zero_step_draft_extend}, profile,
-        setup.max_depth,
-    )
+    config = make_scheduler_config(setup.sim_overrides(), profile, setup.max_depth)
     workload = make_closed_loop(setup.workload_config(), concurrency,
                                 setup.requests_per_client, profile)
     sim = Simulator(profile, acceptance, workload, config, seed=setup.seed)
@@ -1328,7 +1334,13 @@ def calibrate_h200_recorded(folder: Path, template: CostProfile) -> tuple[CostPr
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Recalibrate and write the shipped profiles (``python -m env.calibration``)."""
+    """Recalibrate and write the shipped profiles (``python -m env.calibration``).
+
+    The H200 profiles then get their off-path terms (:mod:`env.off_cost`); the
+    H100 profile is derived from the H200 fit before that.
+    """
+    from env.off_cost import dense_h200_points, fit_off_path
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "profiles")
     parser.add_argument(
@@ -1347,7 +1359,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"h200_llama31_8b (fit to {measured}):\n{fit}\n")
         h200, sweep = calibrate_h200_sweep(h200, measured, args.workers)
         print(f"{sweep}\n")
-        save_profile(h200, args.out / "h200_llama31_8b.yaml")
+        save_profile(fit_off_path(h200, dense_h200_points())[0], args.out / "h200_llama31_8b.yaml")
         write_h200_workload_preset(
             sweep.setup, args.configs / "workload" / f"{H200_WORKLOAD_PRESET}.yaml"
         )
@@ -1358,7 +1370,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if (recorded / "trace-explore").is_dir():
         profile, fit = calibrate_h200_recorded(recorded, h200)
         print(f"h200_llama31_8b_recorded (fit to {recorded}):\n{fit}\n")
-        save_profile(profile, args.out / "h200_llama31_8b_recorded.yaml")
+        save_profile(fit_off_path(profile, dense_h200_points())[0],
+                     args.out / "h200_llama31_8b_recorded.yaml")
     for name, calibrate in (
         ("h100_llama31_8b", lambda: calibrate_h100(h200, args.workers)),
         ("blackwell_tp8", lambda: calibrate_blackwell_tp8(args.workers)),

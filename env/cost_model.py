@@ -15,6 +15,7 @@ With ``T = batch * (depth + 1) + prefill_tokens`` target tokens::
             + max(depth - 1, 0) * (c_draft + c_draft_token * batch)  # draft forwards
             + [extend] * (c_extend + c_extend_token * T)          # draft extend after verify
             + [batch > cuda_graph_max_bs] * (c_eager + c_eager_token * batch)  # no CUDA graph
+            + [spec path] * (c_steps0 + c_steps0_request * batch)   # speculative decode path
 
 Every coefficient is in seconds (per unit of its term) and non-negative:
 
@@ -50,6 +51,24 @@ Every coefficient is in seconds (per unit of its term) and non-negative:
   speculation is ``depth=0, draft_extend=False``.
 * ``c_eager``, ``c_eager_token``: extra cost of a decode batch larger than the
   largest captured CUDA graph (``server.cuda_graph_max_bs``).
+* ``c_steps0``, ``c_steps0_request``: what every decode step on SGLang's
+  speculative path pays over a server without speculation, whatever its depth:
+  the target forward in verify mode and the speculative bookkeeping. SGLang's
+  own ``steps=0`` pays it (measured on an H200 with SGLang 0.5.15: a steps=0
+  step costs 1.3-2.9x a no-speculation server's, and skipping the draft extend
+  changed nothing measurable); a real off switch (the plugin runs the target's
+  plain decode graph, ``speculative_path=False``) does not. It is *part of*
+  every speculative step's cost, so fitting it moves cost out of ``c_fixed`` /
+  ``c_request`` without changing any speculative or steps=0 latency.
+
+Three kinds of depth-0 decode step:
+
+* **off** (``depth=0, draft_extend=False, speculative_path=False``): a server
+  without speculation, or the plugin's off path; the simulator's action 0.
+* **SGLang steps=0** (``depth=0``, the defaults): the speculative path with
+  the draft extend (``sim.zero_step=sglang_steps0``).
+* **steps=0 without the extend** (``draft_extend=False``):
+  ``SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1``.
 
 ``batch`` counts decoding requests only; a prefill-only step is ``batch=0,
 prefill_tokens>0``.
@@ -94,6 +113,8 @@ COEFFICIENTS: tuple[str, ...] = (
     "c_eager",
     "c_eager_token",
     "c_prefill_token",
+    "c_steps0",
+    "c_steps0_request",
 )
 
 #: Coefficients :func:`fit_profile` fits by default (the rest keep the template's values).
@@ -178,6 +199,8 @@ class CostProfile:
     c_eager: float = 0.0
     c_eager_token: float = 0.0
     c_prefill_token: float = 0.0
+    c_steps0: float = 0.0
+    c_steps0_request: float = 0.0
     #: Experts per token over experts (k/E) of an MoE model; 0 for a dense one.
     moe_active_fraction: float = 0.0
     description: str = ""
@@ -220,6 +243,7 @@ class CostProfile:
         kv_tokens: int = 0,
         prefill_tokens: int = 0,
         draft_extend: bool = True,
+        speculative_path: bool = True,
     ) -> float:
         """Latency (s) of one step; plain ``math`` so a Python loop can call it per step.
 
@@ -229,6 +253,9 @@ class CostProfile:
             kv_tokens: KV-cache tokens the step's attention reads.
             prefill_tokens: Prompt tokens computed in the step.
             draft_extend: Whether the draft extend runs at ``depth == 0``.
+            speculative_path: Whether a ``depth == 0`` decode step still runs on the
+                speculative path (SGLang's steps=0: ``c_steps0`` terms); False is a
+                server without speculation. Always True at ``depth > 0``.
         """
         tokens = batch_size * (depth + 1) + prefill_tokens
         latency = (
@@ -250,6 +277,8 @@ class CostProfile:
             latency += self.c_extend + self.c_extend_token * tokens
         if batch_size > self._cg_max:
             latency += self.c_eager + self.c_eager_token * batch_size
+        if batch_size and (depth > 0 or speculative_path):
+            latency += self.c_steps0 + self.c_steps0_request * batch_size
         if prefill_tokens:
             latency += self.c_prefill_token * prefill_tokens
         return latency
@@ -261,6 +290,7 @@ class CostProfile:
         kv_tokens: np.ndarray | int = 0,
         prefill_tokens: np.ndarray | int = 0,
         draft_extend: np.ndarray | bool = True,
+        speculative_path: np.ndarray | bool = True,
     ) -> np.ndarray:
         """Vectorised :meth:`step_latency_s` (arguments broadcast)."""
         design = design_matrix(
@@ -269,6 +299,7 @@ class CostProfile:
             kv_tokens,
             prefill_tokens,
             draft_extend,
+            speculative_path,
             moe_active_fraction=self.moe_active_fraction,
             cuda_graph_max_bs=self.server.cuda_graph_max_bs,
         )
@@ -297,22 +328,24 @@ def design_matrix(
     kv_tokens: np.ndarray | int = 0,
     prefill_tokens: np.ndarray | int = 0,
     draft_extend: np.ndarray | bool = True,
+    speculative_path: np.ndarray | bool = True,
     *,
     moe_active_fraction: float = 0.0,
     cuda_graph_max_bs: int | None = None,
 ) -> np.ndarray:
     """The latency formula's terms, one column per coefficient (:data:`COEFFICIENTS`).
 
-    ``latency = design_matrix(...) @ coefficients``; shape ``(n, 14)``.
+    ``latency = design_matrix(...) @ coefficients``; shape ``(n, len(COEFFICIENTS))``.
     """
-    b, d, kv, pf, ext = np.broadcast_arrays(
+    b, d, kv, pf, ext, sp = np.broadcast_arrays(
         np.asarray(batch_size, dtype=np.float64),
         np.asarray(depth, dtype=np.float64),
         np.asarray(kv_tokens, dtype=np.float64),
         np.asarray(prefill_tokens, dtype=np.float64),
         np.asarray(draft_extend, dtype=bool),
+        np.asarray(speculative_path, dtype=bool),
     )
-    b, d, kv, pf, ext = (np.atleast_1d(x).ravel() for x in (b, d, kv, pf, ext))
+    b, d, kv, pf, ext, sp = (np.atleast_1d(x).ravel() for x in (b, d, kv, pf, ext, sp))
     tokens = b * (d + 1.0) + pf
     spec = (d > 0).astype(np.float64)
     n_draft = np.maximum(d - 1.0, 0.0)
@@ -323,6 +356,7 @@ def design_matrix(
     else:
         moe = np.where(tokens > 0, 1.0, 0.0) if f == 1.0 else np.zeros_like(tokens)
     eager = np.zeros_like(b) if cuda_graph_max_bs is None else (b > cuda_graph_max_bs).astype(float)
+    spec_path = ((b > 0) & ((d > 0) | sp)).astype(np.float64)
     columns = {
         "c_fixed": np.ones_like(b),
         "c_request": b,
@@ -338,6 +372,8 @@ def design_matrix(
         "c_eager": eager,
         "c_eager_token": eager * b,
         "c_prefill_token": pf,
+        "c_steps0": spec_path,
+        "c_steps0_request": spec_path * b,
     }
     return np.stack([columns[name] for name in COEFFICIENTS], axis=1)
 

@@ -13,6 +13,8 @@ The observation holds only what a server can know online:
 * acceptance: per draft position k, the conditional acceptance rate
   ``alpha_k = P(draft k accepted | drafts 1..k-1 accepted)``, estimated from
   exponentially decayed counts with a prior that falls back to position k-1
+  (the first speculative step after an off period is left out: it drafts from a
+  cold draft state)
   (chain drafting makes every depth's acceptance observable from per-request
   accepted counts: a request that accepted ``a`` drafts at depth ``d`` is a
   success at positions 1..a and, if ``a < d``, a failure at ``a + 1``);
@@ -27,6 +29,11 @@ The observation holds only what a server can know online:
   profile is recommended;
 * their combination: the estimated goodput of each depth relative to no
   speculation, ``(1 + E[accepted | d]) / latency(d)``;
+* what is measured and what is assumed: per depth, how many recent steps ran at
+  that depth (exponentially forgotten, as the latency regression: a depth never
+  run has a cost that is only the prior's guess), whether a cost profile was
+  given, and how far the measured latencies sit from the profile's
+  prediction (a wrong or swapped profile shows here within a few steps);
 * control state: the steps of the latest step, steps since the last switch, and
   how stale the acceptance estimate is. (Not the policy's own last decision:
   online the controller sends a choice per batch size and learns which one the
@@ -45,7 +52,8 @@ import numpy as np
 from env.schema import StepRecord
 
 #: Bump when the meaning or order of the observation vector changes.
-FEATURE_VERSION = 1
+#: 2: per-depth cost confidence, cost-profile presence and error (after log_throughput).
+FEATURE_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -131,12 +139,15 @@ class FeatureSpec:
             *[f"relative_latency_{d}" for d in depths],
             *[f"relative_goodput_{d}" for d in depths],
             "log_throughput",
+            *[f"cost_confidence_{d}" for d in range(self.max_depth + 1)],
+            "has_cost_profile",
+            "cost_profile_error",
         ]
 
     @property
     def size(self) -> int:
         """Length of the observation vector."""
-        return 10 + 4 * self.max_depth
+        return 13 + 5 * self.max_depth
 
 
 @dataclass(frozen=True)
@@ -158,6 +169,9 @@ class Observation:
     expected_accepted: np.ndarray
     latency_pred_s: np.ndarray
     kv_used_tokens: int
+    #: Decode steps recently measured at each depth 0..max_depth (forgotten as the
+    #: latency regression forgets); near 0 = that depth's cost is the prior's guess.
+    cost_samples: np.ndarray = field(default_factory=lambda: np.zeros(0))
     #: Records fed since the previous observation, oldest first.
     new_records: tuple[StepRecord, ...] = field(default=())
 
@@ -199,6 +213,8 @@ class FeatureBuilder:
         self._speculating = (depths > 0).astype(float)
         self._extra_drafts = np.maximum(depths - 1.0, 0.0)
         self._latency_ms_ema: float | None = None
+        self._depth_samples = np.zeros(self.spec.max_depth + 1)
+        self._prior_log_error = 0.0
         self._batch_size = 0
         self._batch_ema: float | None = None
         self._batch_trend = 0.0
@@ -241,6 +257,9 @@ class FeatureBuilder:
         self._batch_size = batch
 
         steps = min(max(record.steps_used, 0), spec.max_depth)
+        # The first speculative step after speculation was off drafts from a cold draft
+        # state: its acceptance says how re-entry goes, not how this traffic accepts.
+        reentry = steps > 0 and self._steps_used == 0
         if steps != self._steps_used:
             self._steps_since_switch = 0
         else:
@@ -252,10 +271,15 @@ class FeatureBuilder:
             latency_ms = latency_s * 1e3
             residual_ms = latency_ms
             if self.cost_prior is not None:
-                residual_ms -= 1e3 * self.cost_prior.step_latency_s(
-                    batch, steps, record.kv_used_tokens, 0)
+                prior_ms = 1e3 * self.cost_prior.step_latency_s(
+                    batch, steps, record.kv_used_tokens, 0, **_latency_flags(steps))
+                residual_ms -= prior_ms
+                error = math.log(latency_ms / max(prior_ms, 1e-6))
+                self._prior_log_error += alpha * (error - self._prior_log_error)
             x = self._regressors(batch, steps, record.kv_used_tokens)
             forget = spec.latency_forgetting
+            self._depth_samples *= forget
+            self._depth_samples[steps] += 1.0
             self._xtx *= forget
             self._xty *= forget
             self._xtx += np.outer(x, x)
@@ -272,7 +296,7 @@ class FeatureBuilder:
                 self._throughput_ema += alpha * (rate - self._throughput_ema)
 
         accepted = record.accepted_drafts
-        if steps > 0 and accepted.size:
+        if steps > 0 and accepted.size and not reentry:
             counts = np.bincount(np.minimum(accepted, steps), minlength=steps + 1)
             # at_least[k] = requests that accepted >= k drafts, k = 0..steps
             at_least = np.cumsum(counts[::-1])[::-1]
@@ -348,8 +372,10 @@ class FeatureBuilder:
             prior = None
             if self.cost_prior is not None:
                 flat_b, flat_d = batches.ravel(), depths.ravel()
-                at0 = 1e3 * self.cost_prior.step_latency_array(flat_b, flat_d, 0, 0)
-                at1 = 1e3 * self.cost_prior.step_latency_array(flat_b, flat_d, 100_000, 0)
+                flags = {"draft_extend": flat_d > 0, "speculative_path": flat_d > 0}
+                at0 = 1e3 * self.cost_prior.step_latency_array(flat_b, flat_d, 0, 0, **flags)
+                at1 = 1e3 * self.cost_prior.step_latency_array(flat_b, flat_d, 100_000, 0,
+                                                               **flags)
                 prior = (at0.reshape(b.shape), ((at1 - at0) / 100_000).reshape(b.shape))
             cached = self._design_cache[key] = (design, prior)
         return cached
@@ -396,6 +422,7 @@ class FeatureBuilder:
             expected_accepted=expected,
             latency_pred_s=latency[1],
             kv_used_tokens=self._kv_used_tokens,
+            cost_samples=self._depth_samples.copy(),
             new_records=new_records,
         )
 
@@ -445,6 +472,10 @@ class FeatureBuilder:
         out[:, tail:tail + depth] = relative_latency
         out[:, tail + depth:tail + 2 * depth] = relative_goodput
         out[:, tail + 2 * depth] = math.log1p(self._throughput_ema or 0.0) / math.log1p(1e6)
+        tail += 2 * depth + 1
+        out[:, tail:tail + depth + 1] = np.log1p(self._depth_samples) * confidence_scale
+        out[:, tail + depth + 1] = 1.0 if self.cost_prior is not None else 0.0
+        out[:, tail + depth + 2] = self._prior_log_error  # log(measured / profile), saturates
         # Extreme loads (e.g. thousands waiting) saturate rather than leave the box.
         np.minimum(out, 1.0, out=out)
         return np.maximum(out, -1.0, out=out)
@@ -455,3 +486,10 @@ class FeatureBuilder:
         s = 1.0 if steps > 0 else 0.0
         m = max(steps - 1, 0)
         return np.array([1.0, b, s, s * b, m, m * b, kv_tokens / 1e5])
+
+
+def _latency_flags(steps: int) -> dict[str, bool]:
+    """How a step of ``steps`` runs when the controller drives the server: steps 0 is
+    the plugin's real off switch (no speculative path, no draft extend)."""
+    on = steps > 0
+    return {"draft_extend": on, "speculative_path": on}

@@ -30,10 +30,19 @@ from env.factory import (
     make_scheduler_config,
     make_workload,
 )
+from env.random_servers import (
+    PRIOR_MODES,
+    handed_profile,
+    random_scheduler_overrides,
+    random_server,
+)
 from env.simulator import SchedulerConfig
 from env.workloads import ClosedLoop, Workload
 
 log = logging.getLogger(__name__)
+
+#: The profile entry that stands for a freshly drawn random server.
+RANDOM = "random"
 
 
 @dataclass(frozen=True)
@@ -50,6 +59,22 @@ class Scenario:
     workload_name: str = ""
     #: True when the arrival rate is modulated to rise and fall within the episode.
     varying_load: bool = False
+    #: Server family (the profile entry's label: a profile name, ``random``...).
+    family: str = ""
+    #: The cost profile the controller is handed (None: none) and how it relates
+    #: to the true one (``env.random_servers.PRIOR_MODES``).
+    prior: CostProfile | None = None
+    prior_mode: str = "exact"
+
+
+@dataclass(frozen=True)
+class _Server:
+    """A server family's parts for one scenario."""
+
+    family: str
+    profile: CostProfile
+    acceptance: AcceptanceModel
+    config: SchedulerConfig
 
 
 def nominal_capacity_req_s(profile: CostProfile, prompt_tokens: np.ndarray,
@@ -84,10 +109,15 @@ def _cached_trace(name: str, path: str | None, cap: int | None) -> Workload | No
 class ScenarioSampler:
     """Draws (training) or enumerates (evaluation) scenarios from an env config.
 
-    Config keys (see ``configs/env/default.yaml``): ``profiles``, ``acceptance``,
-    ``workloads`` (list of ``{name, path, kind: open|closed, load, concurrency,
-    modulate_depth, modulate_period_s}``), ``horizon_s``, ``held_out_fraction``,
-    ``max_depth``, ``sim``.
+    Config keys (see ``configs/env/default.yaml``): ``profiles`` (entries: a
+    profile name or YAML path, ``random`` for a randomised server, or ``{profile,
+    acceptance, label}``), ``random_server_share`` (training: the probability of
+    a random server, whatever the list holds), ``acceptance``, ``workloads``
+    (list of ``{name, path, kind: open|closed, load, concurrency, modulate_depth,
+    modulate_period_s}``), ``horizon_s``, ``held_out_fraction``, ``max_depth``,
+    ``sim``, ``randomise_reentry``, and the profile handed to the controller:
+    ``cost_prior`` (``profile`` | ``none``), ``cost_prior_modes`` (training:
+    weight per mode of ``PRIOR_MODES``), ``cost_prior_spread``.
     """
 
     def __init__(self, cfg: Mapping[str, Any], split: str = "train") -> None:
@@ -99,9 +129,21 @@ class ScenarioSampler:
         self.horizon_s = float(self.cfg["horizon_s"])
         self.held_out = float(self.cfg.get("held_out_fraction", 0.2))
         self.profiles = list(self.cfg["profiles"])
+        self.random_share = float(self.cfg.get("random_server_share", 0.0))
         self.workloads = list(self.cfg["workloads"])
         #: (workload, KV capacity) pairs whose too-long requests were already reported.
         self._reported: set[tuple[str, int]] = set()
+        modes = self.cfg.get("cost_prior_modes") or {"exact": 1.0}
+        unknown = sorted(set(modes) - set(PRIOR_MODES))
+        if unknown:
+            raise ValueError(f"cost_prior_modes: unknown mode {unknown[0]!r}; use {PRIOR_MODES}")
+        self.prior_modes = list(modes)
+        weights = np.array([float(modes[m]) for m in self.prior_modes])
+        if (weights < 0).any() or weights.sum() <= 0:
+            raise ValueError("cost_prior_modes: weights must be >= 0 and not all 0")
+        self.prior_weights = weights / weights.sum()
+        self.use_prior = self.cfg.get("cost_prior", "profile") == "profile"
+        self.prior_spread = float(self.cfg.get("cost_prior_spread", 0.5))
         if not self.profiles or not self.workloads:
             raise ValueError("env config needs at least one profile and one workload")
         for spec in self.workloads:
@@ -142,16 +184,41 @@ class ScenarioSampler:
         cut = trace.duration_s * (1.0 - self.held_out)
         return (0.0, cut) if self.split == "train" else (cut, trace.duration_s)
 
-    def _parts(self, profile_name: str):
-        profile = _cached_profile(profile_name)
-        acceptance = make_acceptance(self.cfg.get("acceptance"), profile, self.max_depth)
-        config = make_scheduler_config(self.cfg.get("sim"), profile, self.max_depth)
-        return profile, acceptance, config
+    def server(self, entry: Any, rng: np.random.Generator) -> _Server:
+        """The parts of a profile entry (``rng`` draws random servers and re-entry costs)."""
+        sim_cfg = dict(self.cfg.get("sim") or {})
+        if self.cfg.get("randomise_reentry"):
+            sim_cfg.update(random_scheduler_overrides(rng))
+        if entry == RANDOM:
+            profile, acceptance = random_server(rng, self.max_depth)
+            return _Server(RANDOM, profile, acceptance,
+                           make_scheduler_config(sim_cfg, profile, self.max_depth))
+        if isinstance(entry, Mapping):
+            unknown = sorted(set(entry) - {"profile", "acceptance", "label"})
+            if unknown or "profile" not in entry:
+                raise ValueError(f"profiles entry {entry}: expected keys profile, acceptance, "
+                                 "label")
+            name, accept_cfg = str(entry["profile"]), entry.get("acceptance")
+            label = str(entry.get("label") or name)
+        else:
+            name, accept_cfg, label = str(entry), self.cfg.get("acceptance"), None
+        profile = _cached_profile(name)
+        label = label or profile.name  # a YAML path's family is the profile it holds
+        acceptance = make_acceptance(accept_cfg, profile, self.max_depth)
+        return _Server(label, profile, acceptance,
+                       make_scheduler_config(sim_cfg, profile, self.max_depth))
 
-    def open_loop(self, spec: Mapping, profile_name: str, load: float, start_fraction: float,
-                  modulate_depth: float, seed: int) -> Scenario:
+    def _handed(self, server: _Server, mode: str, rng: np.random.Generator):
+        if not self.use_prior:
+            return None, "none"
+        others = [_cached_profile(str(e["profile"] if isinstance(e, Mapping) else e))
+                  for e in self.profiles if e != RANDOM]
+        return handed_profile(server.profile, mode, rng, others, self.prior_spread), mode
+
+    def open_loop(self, spec: Mapping, server: _Server, load: float, start_fraction: float,
+                  modulate_depth: float, seed: int, prior: tuple = (None, "none")) -> Scenario:
         """A window of the trace, scaled to ``load`` x the server's nominal capacity."""
-        profile, acceptance, config = self._parts(profile_name)
+        profile, acceptance, config = server.profile, server.acceptance, server.config
         trace = self._trace(spec)
         if trace is None:
             raise ValueError(f"workload {spec['name']!r} has no trace for open-loop replay")
@@ -165,55 +232,81 @@ class ScenarioSampler:
         if modulate_depth > 0:
             period = float(spec.get("modulate_period_s", self.horizon_s / 2))
             window = window.modulated(period, modulate_depth)
-        label = (f"{spec['name']} load={load:g} mod={modulate_depth:g} {profile.name} "
-                 f"@{start:.0f}s" + (f" ({rejected} too long for this server)" if rejected else ""))
+        label = (f"{spec['name']} load={load:g} mod={modulate_depth:g} {server.family} "
+                 f"prior={prior[1]} @{start:.0f}s"
+                 + (f" ({rejected} too long for this server)" if rejected else ""))
         return Scenario(label, profile, acceptance, window, config,
                         horizon_s=min(self.horizon_s, span / multiplier), seed=seed,
-                        workload_name=spec["name"], varying_load=modulate_depth > 0)
+                        workload_name=spec["name"], varying_load=modulate_depth > 0,
+                        family=server.family, prior=prior[0], prior_mode=prior[1])
 
-    def closed_loop(self, spec: Mapping, profile_name: str, concurrency: int,
-                    seed: int) -> Scenario:
+    def closed_loop(self, spec: Mapping, server: _Server, concurrency: int,
+                    seed: int, prior: tuple = (None, "none")) -> Scenario:
         """``concurrency`` clients with lengths from the trace's split (or fixed)."""
-        profile, acceptance, config = self._parts(profile_name)
+        profile, acceptance, config = server.profile, server.acceptance, server.config
         trace = self._trace(spec)
         if trace is None:
             loop = make_closed_loop(spec, concurrency, profile=profile)
         else:
             lengths = self._servable_part(spec, trace, config)
             loop = ClosedLoop(concurrency=concurrency, lengths_from=lengths)
-        label = f"{spec['name']} C={concurrency} {profile.name}"
+        label = f"{spec['name']} C={concurrency} {server.family} prior={prior[1]}"
         return Scenario(label, profile, acceptance, loop, config, self.horizon_s, seed,
-                        workload_name=spec["name"])
+                        workload_name=spec["name"], family=server.family, prior=prior[0],
+                        prior_mode=prior[1])
 
     # -- drawing -----------------------------------------------------------------------
 
     def sample(self, rng: np.random.Generator) -> Scenario:
-        """A random scenario (uniform over profiles, workloads and their settings)."""
-        profile = self.profiles[rng.integers(len(self.profiles))]
+        """A random scenario: a server (random with ``random_server_share``, else uniform
+        over ``profiles``), a workload and its settings, and the handed profile."""
+        if rng.random() < self.random_share:
+            entry = RANDOM
+        else:
+            entry = self.profiles[rng.integers(len(self.profiles))]
+        server = self.server(entry, rng)
+        prior = self._handed(server, self.prior_modes[rng.choice(len(self.prior_modes),
+                                                                 p=self.prior_weights)], rng)
         spec = self.workloads[rng.integers(len(self.workloads))]
         seed = int(rng.integers(2**31))
         if spec.get("kind", "open") == "closed":
             concurrency = _choice(rng, spec["concurrency"])
-            return self.closed_loop(spec, profile, int(concurrency), seed)
+            return self.closed_loop(spec, server, int(concurrency), seed, prior)
         load = float(_choice(rng, spec.get("load", [1.0])))
         depth = float(_choice(rng, spec.get("modulate_depth", [0.0])))
-        return self.open_loop(spec, profile, load, float(rng.random()), depth, seed)
+        return self.open_loop(spec, server, load, float(rng.random()), depth, seed, prior)
 
-    def evaluation(self, windows: int = 3, seed: int = 0) -> list[Scenario]:
-        """Every (profile, workload setting) with ``windows`` evenly spaced windows each."""
+    def evaluation(self, windows: int = 3, seed: int = 0, prior_modes: Sequence[str] = ("exact",),
+                   random_servers: int = 0) -> list[Scenario]:
+        """Every (server, workload setting, handed-profile mode) with ``windows`` evenly
+        spaced windows each. ``random`` entries (and ``random_servers``) add that many
+        random servers drawn from a stream of their own (seeded by ``seed``), so
+        evaluation servers are not the training episodes' draws."""
+        entries = [e for e in self.profiles if e != RANDOM]
+        n_random = max(int(random_servers), sum(1 for e in self.profiles if e == RANDOM))
+        servers = [self.server(e, np.random.default_rng([seed, 1, i]))
+                   for i, e in enumerate(entries)]
+        for i in range(n_random):
+            rng = np.random.default_rng([seed, 2, i])
+            server = self.server(RANDOM, rng)
+            servers.append(_Server(f"random-{i}", server.profile.replace(name=f"random-{i}"),
+                                   server.acceptance, server.config))
         scenarios = []
-        for profile in self.profiles:
-            for spec in self.workloads:
-                if spec.get("kind", "open") == "closed":
-                    for c in spec["concurrency"]:
-                        scenarios.append(self.closed_loop(spec, profile, int(c), seed))
-                    continue
-                for load in spec.get("load", [1.0]):
-                    for depth in spec.get("modulate_depth", [0.0]):
-                        for w in range(windows):
-                            fraction = (w + 0.5) / windows
-                            scenarios.append(self.open_loop(spec, profile, float(load), fraction,
-                                                            float(depth), seed + w))
+        for server in servers:
+            for mode in prior_modes:
+                prior = self._handed(server, mode, np.random.default_rng([seed, 3]))
+                for spec in self.workloads:
+                    if spec.get("kind", "open") == "closed":
+                        for c in spec["concurrency"]:
+                            scenarios.append(self.closed_loop(spec, server, int(c), seed, prior))
+                        continue
+                    for load in spec.get("load", [1.0]):
+                        for depth in spec.get("modulate_depth", [0.0]):
+                            for w in range(windows):
+                                fraction = (w + 0.5) / windows
+                                scenarios.append(self.open_loop(
+                                    spec, server, float(load), fraction, float(depth), seed + w,
+                                    prior))
         return scenarios
 
 
@@ -228,24 +321,6 @@ def _servable(workload: Workload, config: SchedulerConfig) -> tuple[Workload, in
     fits = need <= config.kv_capacity_tokens
     rejected = int((~fits).sum())
     return (workload.select(fits) if rejected else workload), rejected
-
-
-def perturbed_profile(profile: CostProfile, rng: np.random.Generator,
-                      sigma: float) -> CostProfile:
-    """The profile as an imperfect offline fit might give it.
-
-    All coefficients are scaled by one log-normal factor and the speculation
-    costs (verify, draft, extend) by another, each with log-std ``sigma``.
-    """
-    if sigma <= 0:
-        return profile
-    overall, speculation = np.exp(rng.normal(0.0, sigma, size=2))
-    changes = {}
-    for name, value in profile.coefficients.items():
-        factor = overall * (speculation if name.startswith(("c_verify", "c_draft", "c_extend"))
-                            else 1.0)
-        changes[name] = value * float(factor)
-    return profile.replace(**changes)
 
 
 def _choice(rng: np.random.Generator, values: Sequence | float) -> Any:

@@ -19,10 +19,21 @@ model follows SGLang's default scheduler:
   the most recently admitted requests are retracted (their slots freed, put
   back at the head of the queue, re-prefilled with their output so far later),
   as SGLang does. KV use never exceeds the capacity.
-* **steps = 0.** By default the draft model's extend still runs (its cost is
-  paid). With ``skip_zero_step_draft_extend`` it is skipped, and the first
-  speculative step after a zero-step interval drafts from stale state: its
-  accepted drafts are scaled by ``cold_recovery_accept_fraction``.
+* **steps = 0.** ``zero_step`` says what a depth-0 decode step is:
+
+  - ``off`` (default): speculation really off, as the plugin's off path does it
+    (the target's plain decode graph, no draft work): the step costs what it
+    costs a server without speculation (``CostProfile`` with
+    ``speculative_path=False``). The draft model sees none of these tokens, so
+    the first speculative step after an off period drafts from a cold state
+    (its accepted drafts scaled by ``cold_recovery_accept_fraction``) and the
+    requests that decoded while off keep stale draft KV entries: their
+    acceptance stays scaled by ``1 - stale_accept_loss`` until they finish or
+    are re-prefilled.
+  - ``sglang_steps0``: SGLang's own ``steps=0``, still on the speculative path
+    (``c_steps0`` terms) and, by default, running the draft extend (its cost is
+    paid, speculation resumes warm). With ``skip_zero_step_draft_extend`` the
+    extend is skipped and the first speculative step after it is cold, as above.
 * **Time.** Each step lasts ``profile.step_latency_s(...)``; time only moves
   forward, and jumps to the next arrival when the server is idle.
 
@@ -48,6 +59,9 @@ from env.schema import StepRecord
 
 _EMPTY_I8 = np.zeros(0, dtype=np.int8)
 
+#: Values of ``SchedulerConfig.zero_step``.
+ZERO_STEP_MODES = ("off", "sglang_steps0")
+
 
 @dataclass(frozen=True)
 class SchedulerConfig:
@@ -57,10 +71,21 @@ class SchedulerConfig:
     kv_capacity_tokens: int = 500_000
     chunked_prefill_tokens: int = 8192
     max_depth: int = 7
+    #: What a depth-0 decode step is: ``off`` (a server without speculation) or
+    #: ``sglang_steps0`` (SGLang's steps=0 on the speculative path).
+    zero_step: str = "off"
     skip_zero_step_draft_extend: bool = False
-    cold_recovery_accept_fraction: float = 0.0
+    #: Share of the accepted drafts kept by the first speculative step after a cold
+    #: interval (off, or steps=0 without the draft extend); 1 = no re-entry penalty.
+    cold_recovery_accept_fraction: float = 0.5
+    #: Lasting acceptance loss of requests that decoded while speculation was off.
+    stale_accept_loss: float = 0.0
 
     def __post_init__(self) -> None:
+        if self.zero_step not in ZERO_STEP_MODES:
+            raise ValueError(f"zero_step must be one of {ZERO_STEP_MODES}, got {self.zero_step!r}")
+        if not 0.0 <= self.stale_accept_loss <= 1.0:
+            raise ValueError("stale_accept_loss must lie in [0, 1]")
         if self.max_running_requests < 1:
             raise ValueError("max_running_requests must be >= 1")
         if self.chunked_prefill_tokens < 1:
@@ -80,6 +105,20 @@ class SchedulerConfig:
         }
         limits.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**limits)
+
+    def latency_flags(self, depth: int) -> dict[str, bool]:
+        """``draft_extend`` / ``speculative_path`` of a decode step at ``depth``
+        (the keyword arguments of ``CostProfile.step_latency_s``)."""
+        if depth > 0:
+            return {"draft_extend": True, "speculative_path": True}
+        if self.zero_step == "off":
+            return {"draft_extend": False, "speculative_path": False}
+        return {"draft_extend": not self.skip_zero_step_draft_extend, "speculative_path": True}
+
+    @property
+    def zero_step_is_cold(self) -> bool:
+        """Whether a depth-0 step leaves the draft model behind (no draft extend)."""
+        return self.zero_step == "off" or self.skip_zero_step_draft_extend
 
 
 @dataclass(frozen=True)
@@ -219,6 +258,8 @@ class Simulator:
         # (its table base + tokens generated); rem: tokens it still has to produce.
         self._run_pos = np.zeros(cap, dtype=np.int64)
         self._run_rem = np.zeros(cap, dtype=np.int64)
+        # 1 where the request decoded while speculation was off (stale draft KV).
+        self._run_stale = np.zeros(cap, dtype=np.int8)
         self._n_run = 0
         # Request being prefilled in chunks: [rid, prompt tokens still to prefill].
         self._chunked: list[int] | None = None
@@ -333,11 +374,23 @@ class Simulator:
 
     def true_accepted(self, depth: int) -> np.ndarray:
         """Drafts each running request would accept at ``depth`` next step (for the oracle)."""
+        if depth <= 0:
+            return np.zeros(self._n_run, dtype=np.int8)
+        return self._accepted(depth)
+
+    def _accepted(self, depth: int) -> np.ndarray:
+        """Drafts each running request accepts at ``depth`` > 0 in the due step."""
         n = self._n_run
-        acc = self.requests.acc_values[self._run_pos[:n]]
-        if self._stale_draft and depth > 0:
-            acc = np.floor(acc * self.config.cold_recovery_accept_fraction).astype(np.int8)
-        return np.minimum(acc, depth)
+        cfg = self.config
+        accepted = np.minimum(self.requests.acc_values[self._run_pos[:n]], depth)
+        if cfg.stale_accept_loss > 0.0:
+            stale = self._run_stale[:n].astype(bool)
+            if stale.any():
+                kept = np.floor(accepted[stale] * (1.0 - cfg.stale_accept_loss) + 0.5)
+                accepted[stale] = kept.astype(np.int8)
+        if self._stale_draft:
+            accepted = np.floor(accepted * cfg.cold_recovery_accept_fraction).astype(np.int8)
+        return accepted
 
     def stats(self) -> RequestStats:
         """Per-request outcomes so far."""
@@ -382,27 +435,23 @@ class Simulator:
         rem = self._run_rem[:n]
 
         if depth:
-            accepted = self.requests.acc_values[pos]
-            np.minimum(accepted, depth, out=accepted)
-            if self._stale_draft:
-                accepted = np.floor(accepted * cfg.cold_recovery_accept_fraction).astype(np.int8)
-                self._stale_draft = False
+            accepted = self._accepted(depth)
+            self._stale_draft = False
             tokens = np.minimum(accepted + 1, rem)
             committed = int(tokens.sum())
             pos += tokens
             rem -= tokens
         else:
             accepted = _EMPTY_I8
-            if cfg.skip_zero_step_draft_extend:
+            if cfg.zero_step_is_cold:
                 self._stale_draft = True
+                if cfg.zero_step == "off":
+                    self._run_stale[:n] = 1
             committed = n
             pos += 1
             rem -= 1
         kv_before = self.kv_used
-        latency = self.profile.step_latency_s(
-            n, depth, kv_before, 0,
-            draft_extend=bool(depth) or not cfg.skip_zero_step_draft_extend,
-        )
+        latency = self.profile.step_latency_s(n, depth, kv_before, 0, **cfg.latency_flags(depth))
         record = StepRecord(
             server=self.server, rank=0, step_index=self.step_index, time_s=self.time_s,
             batch_size=n, waiting_requests=self.waiting_requests,
@@ -543,6 +592,7 @@ class Simulator:
         self._run_rid[n:n + k] = ids
         self._run_pos[n:n + k] = r.acc_base[ids] + r.generated[ids]
         self._run_rem[n:n + k] = r.output[ids] - r.generated[ids]
+        self._run_stale[n:n + k] = 0  # a (re-)prefill writes fresh draft KV entries
         self._n_run = n + k
         done = r.generated[ids] >= r.output[ids]
         if done.any():
@@ -559,7 +609,7 @@ class Simulator:
         self.kv_used -= int((r.prompt[rids] + r.generated[rids]).sum())
         keep = ~finished
         m = int(keep.sum())
-        for arr in (self._run_rid, self._run_pos, self._run_rem):
+        for arr in (self._run_rid, self._run_pos, self._run_rem, self._run_stale):
             arr[:m] = arr[:n][keep]
         self._n_run = m
         if self._closed_loop:

@@ -15,7 +15,7 @@ from gymnasium import spaces
 
 from env.features import FeatureSpec
 from env.rollout import DecisionLoop
-from env.scenarios import Scenario, ScenarioSampler, perturbed_profile
+from env.scenarios import Scenario, ScenarioSampler
 from env.simulator import Simulator
 
 #: A small, fast default: one profile, two workloads, light to overloaded.
@@ -36,29 +36,36 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "slo_penalty": 1.0,
     "reward_time_scale_s": 0.1,
     "cost_prior": "profile",
-    "cost_prior_noise": 0.15,
+    "cost_prior_modes": {"exact": 1.0},
+    "cost_prior_spread": 0.5,
+    "random_server_share": 0.0,
+    "randomise_reentry": False,
 }
 
 
 class SpecDecodeEnv(gym.Env):
     """Choose speculation steps (draft depth, 0 = off) per decode step of an SGLang server.
 
-    **Observation** (``Box(-1, 1, (11 + 4 D,), float32)``, D = ``max_depth``): the
+    **Observation** (``Box(-1, 1, (13 + 5 D,), float32)``, D = ``max_depth``): the
     vector :class:`env.features.FeatureBuilder` builds from the server's
     telemetry, exactly what the online controller sees: the decided batch size,
     waiting requests, KV-cache use, load trend, share of prefill steps, the
     steps of the latest step and of the last decision, steps since the last
     switch, per-position acceptance-rate estimates and their confidence, the
     observed latency and its predicted growth per depth, the estimated goodput
-    of each depth relative to no speculation, and recent throughput (see
-    ``FeatureSpec.names()``). Telemetry arrives with the overlap-scheduling lag:
-    the decision for step M sees steps <= M - ``feedback_lag``.
+    of each depth relative to no speculation, recent throughput, how many
+    recent steps measured each depth's cost, and whether a cost profile was
+    given and how far measurements sit from it (see ``FeatureSpec.names()``).
+    Telemetry arrives with the overlap-scheduling lag: the decision for step M
+    sees steps <= M - ``feedback_lag``.
 
-    The feature module's latency model starts from the scenario's cost profile
-    (``cost_prior: profile``), perturbed as an offline fit might be
-    (``cost_prior_noise``, log-std of the overall and the speculation costs), so
-    the policy learns to trust telemetry where the profile is off; with
-    ``cost_prior: none`` it learns from telemetry alone.
+    The feature module's latency model starts from the cost profile the
+    scenario hands the controller (``Scenario.prior``): the true one, one off by
+    up to ``cost_prior_spread`` per coefficient, another server's, or none, drawn
+    with the weights ``cost_prior_modes`` (``cost_prior: none``: always none), so
+    the policy learns to trust telemetry where the profile is wrong or missing.
+    With ``random_server_share`` > 0 episodes also run on randomised servers
+    (:mod:`env.random_servers`).
 
     **Action** (``Discrete(D + 1)``): speculation steps for the next decode step.
 
@@ -100,8 +107,6 @@ class SpecDecodeEnv(gym.Env):
         self.slo_penalty = float(cfg.get("slo_penalty", 1.0))
         if cfg.get("cost_prior", "profile") not in ("profile", "none", None):
             raise ValueError(f"cost_prior must be 'profile' or 'none', got {cfg['cost_prior']!r}")
-        self.use_cost_prior = cfg.get("cost_prior", "profile") == "profile"
-        self.cost_prior_noise = float(cfg.get("cost_prior_noise", 0.0))
         self.observation_space = spaces.Box(-1.0, 1.0, (self.feature_spec.size,), np.float32)
         self.action_space = spaces.Discrete(self.max_depth + 1)
         self.scenario: Scenario | None = None
@@ -130,12 +135,9 @@ class SpecDecodeEnv(gym.Env):
             return None
         sim = Simulator(scenario.profile, scenario.acceptance, scenario.workload,
                         scenario.config, seed=scenario.seed)
-        prior = None
-        if self.use_cost_prior:
-            prior = perturbed_profile(scenario.profile, self.np_random, self.cost_prior_noise)
         self._loop = DecisionLoop(sim, self.feature_spec, self.feedback_lag,
                                   horizon_s=scenario.horizon_s, slo_tpot_s=self.slo_tpot_s,
-                                  cost_prior=prior)
+                                  cost_prior=scenario.prior)
         obs = self._loop.reset(scenario.seed)
         # Prefill before the first decision is no action's doing, but it is part of the
         # episode's throughput: credit it to the first step so the return is exact.
@@ -155,7 +157,9 @@ class SpecDecodeEnv(gym.Env):
         self._carry = 0.0
         done = outcome.truncated or outcome.terminated
         vector = obs.vector if obs is not None else np.zeros(self.feature_spec.size, np.float32)
-        return vector, float(reward), outcome.terminated, outcome.truncated and done, self._info()
+        info = self._info()
+        info["step_latency_s"] = outcome.record.step_latency_s
+        return vector, float(reward), outcome.terminated, outcome.truncated and done, info
 
     @property
     def simulator(self) -> Simulator:

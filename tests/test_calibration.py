@@ -45,7 +45,7 @@ H200_COMMAND = [
     "profile=h200_llama31_8b",
     "policies=[no_spec,static_1,static_2,static_3,static_5,static_7]",
     "concurrency=[1,4,8,16,32,48,64]", "horizon_s=null", "requests_per_client=1",
-    "workload=h200_measured",
+    "workload=h200_measured", "sim.zero_step=sglang_steps0",
 ]
 
 # -- the targets, from PUBLISHED.md -------------------------------------------------
@@ -204,7 +204,7 @@ def test_simulate_throughput_is_what_the_bench_runs():
     setup = calibration.h200_sweep_setup(start_interval_s=0.004, client_overhead_s=0.02)
     settings = {
         "profile": "h200_llama31_8b", "acceptance": None, "max_depth": setup.max_depth,
-        "sim": {"skip_zero_step_draft_extend": False}, "workload": setup.workload_config(),
+        "sim": setup.sim_overrides(), "workload": setup.workload_config(),
         "requests_per_client": 1, "seed": setup.seed, "feedback_lag": setup.feedback_lag,
         "horizon_s": None,
     }

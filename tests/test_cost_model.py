@@ -36,7 +36,8 @@ from env.trace_format import read_trace, write_trace
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 MEASURED = SHARED / "measured" / "h200-sglang-0.5.15"
-NAMES = ["blackwell_tp8", "h100_llama31_8b", "h200_llama31_8b", "h200_llama31_8b_recorded"]
+NAMES = ["blackwell_tp8", "h100_llama31_8b", "h200_llama31_8b", "h200_llama31_8b_recorded",
+         "h200_qwen3_30b_a3b"]
 
 
 def test_shipped_profiles_load():
@@ -142,7 +143,9 @@ def test_fit_with_noise_and_report():
     )
     assert report.median_abs_error < 0.03
     assert fitted.c_fixed == pytest.approx(truth.c_fixed, rel=0.05)
-    assert fitted.c_request == pytest.approx(truth.c_request, rel=0.05)
+    # Within 5% of what a request costs a (speculative-path) step in all.
+    per_request = truth.c_request + truth.c_steps0_request
+    assert fitted.c_request == pytest.approx(truth.c_request, abs=0.05 * per_request)
     text = str(report)
     assert "median |error|" in text and len(text.splitlines()) == 402
 

@@ -105,7 +105,8 @@ def test_requests_too_long_for_the_server_are_left_out_and_counted():
     sampler = ScenarioSampler(cfg, split="train")  # the Blackwell KV cache holds ~100k tokens
     labels = []
     for start in np.linspace(0.0, 1.0, 40):
-        scenario = sampler.open_loop(spec, "blackwell_tp8", 20.0, float(start), 0.0, seed=0)
+        server = sampler.server("blackwell_tp8", np.random.default_rng(0))
+        scenario = sampler.open_loop(spec, server, 20.0, float(start), 0.0, seed=0)
         Simulator(scenario.profile, scenario.acceptance, scenario.workload, scenario.config)
         assert (scenario.workload.prompt_tokens < 102_814).all()
         labels.append(scenario.label)

@@ -53,3 +53,18 @@ def test_corrupt_and_mismatched_files_name_the_problem(tmp_path):
     with pytest.raises(PolicyFileError, match="non-finite"):
         ExportedPolicy(weights=[np.full((FeatureSpec().size, 8), np.nan, np.float32)],
                        biases=good.biases, actions=list(range(8)), feature_spec=FeatureSpec())
+
+
+def test_old_format_version_is_rejected_with_the_reason(tmp_path):
+    import json
+
+    path = tmp_path / "old.npz"
+    ExportedPolicy.random().save(path)
+    with np.load(path) as archive:
+        arrays = {k: archive[k] for k in archive.files}
+    meta = json.loads(arrays["meta"].tobytes().decode())
+    meta["format_version"] = 1
+    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    np.savez(path, **arrays)
+    with pytest.raises(PolicyFileError, match=r"old\.npz.*format_version.*1.*retrain"):
+        ExportedPolicy.load(path)

@@ -95,3 +95,38 @@ def test_spec_round_trip_and_rejects_unknown_fields_and_versions():
         FeatureSpec.from_dict({**spec.to_dict(), "colour": 1})
     with pytest.raises(ValueError, match="version"):
         FeatureSpec.from_dict({**spec.to_dict(), "version": 99})
+
+
+def test_cost_confidence_counts_measured_depths_and_profile_error_shows_a_wrong_profile():
+    profile = load_profile("h200_llama31_8b")
+    spec = FeatureSpec()
+    names = spec.names()
+    truth_stream = [_record(i, 16, 3, np.full(16, 2, np.int8),
+                            profile.step_latency_s(16, 3, 50_000, 0)) for i in range(200)]
+    for prior, expect_flag in ((None, 0.0), (profile, 1.0)):
+        builder = FeatureBuilder(spec, prior)
+        builder.update_many(truth_stream)
+        obs = builder.observation(16)
+        vector = dict(zip(names, obs.vector.tolist(), strict=True))
+        assert vector["cost_confidence_3"] > 0.5
+        assert vector["cost_confidence_0"] == 0.0 and vector["cost_confidence_7"] == 0.0
+        assert obs.cost_samples[3] > 50 and obs.cost_samples[[0, 7]].sum() == 0
+        assert vector["has_cost_profile"] == expect_flag
+        assert abs(vector["cost_profile_error"]) < 0.01
+    # A profile that says steps cost half what they do: the error is log(2), not 0.
+    halved = profile.replace(**{k: v / 2 for k, v in profile.coefficients.items()})
+    builder = FeatureBuilder(spec, halved)
+    builder.update_many(truth_stream)
+    error = builder.observation(16).vector[names.index("cost_profile_error")]
+    assert error == pytest.approx(np.log(2.0), rel=0.02)
+
+
+def test_off_steps_are_priced_as_the_real_off_switch():
+    """With a profile, the prior cost of steps 0 is the server without speculation
+    (the plugin's off path), not SGLang's steps=0."""
+    profile = load_profile("h200_llama31_8b")
+    builder = FeatureBuilder(FeatureSpec(), profile)
+    predicted = builder.latency_predictions_s(48)[0]
+    off = profile.step_latency_s(48, 0, 0, 0, False, False)
+    assert predicted == pytest.approx(off, rel=1e-6)
+    assert predicted < 0.6 * profile.step_latency_s(48, 0, 0, 0)

@@ -34,9 +34,10 @@ class _RandomAcceptance:
 class _LinearCost:
     """A simple positive step cost; the invariants must hold for any."""
 
-    def step_latency_s(self, batch, depth, kv, prefill, draft_extend=True):
+    def step_latency_s(self, batch, depth, kv, prefill, draft_extend=True, speculative_path=True):
         return 1e-3 * (5 + 0.1 * batch * (depth + 1) + 0.4 * depth + 1e-4 * kv + 1e-3 * prefill
-                       + (0.3 if draft_extend else 0.0))
+                       + (0.3 if draft_extend else 0.0)
+                       + (0.2 * batch if speculative_path or depth else 0.0))
 
 
 @dataclass(frozen=True)
@@ -73,10 +74,27 @@ def scenarios(draw):
         max_running_requests=draw(st.integers(1, 12)),
         kv_capacity_tokens=biggest + draw(st.integers(0, 3000)),
         chunked_prefill_tokens=draw(st.integers(8, 1024)),
+        zero_step=draw(st.sampled_from(["off", "sglang_steps0"])),
         skip_zero_step_draft_extend=draw(st.booleans()),
+        cold_recovery_accept_fraction=draw(st.sampled_from([0.0, 0.5, 1.0])),
+        stale_accept_loss=draw(st.sampled_from([0.0, 0.3])),
     )
     depths = draw(st.lists(st.integers(0, 7), min_size=1, max_size=12))
     return _Workload(np.cumsum(gaps), prompt, output), config, depths, draw(st.integers(0, 99))
+
+
+class _ConstantAcceptance:
+    """Every position accepts ``k`` drafts."""
+
+    max_depth = 7
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def draw(self, output_tokens, request_class, rng):
+        output_tokens = np.asarray(output_tokens, dtype=np.int64)
+        offsets = np.concatenate([[0], np.cumsum(output_tokens)])
+        return _Table(offsets, np.full(int(offsets[-1]), self.k, dtype=np.int8))
 
 
 def _drain(sim: Simulator, depths: list[int], max_steps: int = 100_000):
@@ -168,26 +186,63 @@ def test_replaying_at_max_depth_reproduces_the_table_runs():
 
 def test_skip_zero_step_extend_makes_first_speculative_step_cold():
     workload = _Workload(np.array([0.0]), np.array([5]), np.array([500]))
-    config = SchedulerConfig(skip_zero_step_draft_extend=True, cold_recovery_accept_fraction=0.0)
-    sim = Simulator(_LinearCost(), _RandomAcceptance(), workload, config, seed=5)
-    records = [r for r in _drain(sim, [0, 0, 3, 3]) if r.is_decode]
-    # Steps follow 0,0,3,3,...: every first step of a depth-3 pair accepted nothing.
-    pairs = list(itertools.pairwise(records))
-    firsts = [b for a, b in pairs if b.steps_used == 3 and a.steps_used == 0]
-    seconds = [b for a, b in pairs if b.steps_used == 3 and a.steps_used == 3]
-    assert firsts and all(int(r.accepted_drafts.sum()) == 0 for r in firsts)
-    assert sum(int(r.accepted_drafts.sum()) for r in seconds) > 0
+    for mode in ("off", "sglang_steps0"):
+        config = SchedulerConfig(zero_step=mode, skip_zero_step_draft_extend=True,
+                                 cold_recovery_accept_fraction=0.0)
+        sim = Simulator(_LinearCost(), _RandomAcceptance(), workload, config, seed=5)
+        records = [r for r in _drain(sim, [0, 0, 3, 3]) if r.is_decode]
+        # Steps follow 0,0,3,3,...: every first step of a depth-3 pair accepted nothing.
+        pairs = list(itertools.pairwise(records))
+        firsts = [b for a, b in pairs if b.steps_used == 3 and a.steps_used == 0]
+        seconds = [b for a, b in pairs if b.steps_used == 3 and a.steps_used == 3]
+        assert firsts and all(int(r.accepted_drafts.sum()) == 0 for r in firsts), mode
+        assert sum(int(r.accepted_drafts.sum()) for r in seconds) > 0, mode
 
 
-def test_default_zero_step_pays_draft_extend_and_skip_mode_saves_it():
+def test_sglang_steps0_with_extend_stays_warm():
+    workload = _Workload(np.array([0.0]), np.array([5]), np.array([500]))
+    config = SchedulerConfig(zero_step="sglang_steps0", cold_recovery_accept_fraction=0.0)
+    sim = Simulator(_LinearCost(), _ConstantAcceptance(2), workload, config, seed=5)
+    records = [r for r in _drain(sim, [0, 3]) if r.is_decode and r.steps_used == 3]
+    assert all(int(r.accepted_drafts[0]) == 2 for r in records)
+
+
+def test_zero_step_costs_off_vs_sglang_steps0_vs_skipped_extend():
+    """Off is a server without speculation: cheaper than SGLang's steps=0, with or
+    without its draft extend (the profile's speculative-path terms)."""
     workload = _Workload(np.array([0.0]), np.array([5]), np.array([50]))
     latencies = {}
-    for skip in (False, True):
+    for mode, skip in (("off", False), ("sglang_steps0", False), ("sglang_steps0", True)):
         sim = Simulator(_LinearCost(), _RandomAcceptance(), workload,
-                        SchedulerConfig(skip_zero_step_draft_extend=skip), seed=0)
+                        SchedulerConfig(zero_step=mode, skip_zero_step_draft_extend=skip), seed=0)
         sim.advance()
-        latencies[skip] = sim.decode(0).step_latency_s
-    assert latencies[True] < latencies[False]
+        record = sim.decode(0)
+        latencies[mode, skip] = record.step_latency_s
+        assert record.step_latency_s == pytest.approx(_LinearCost().step_latency_s(
+            1, 0, record.kv_used_tokens, 0, **sim.config.latency_flags(0)))
+    assert latencies["off", False] < latencies["sglang_steps0", True] < latencies[
+        "sglang_steps0", False]
+
+
+def test_off_period_reentry_penalty_and_lasting_loss():
+    """The first speculative step after an off period keeps ``cold_recovery_accept_fraction``
+    of its drafts; requests that decoded while off keep ``1 - stale_accept_loss`` after."""
+    workload = _Workload(np.array([0.0]), np.array([5]), np.array([400]))
+
+    def accepted(config):
+        sim = Simulator(_LinearCost(), _ConstantAcceptance(4), workload, config, seed=0)
+        return [int(r.accepted_drafts[0]) for r in _drain(sim, [0, 4, 4, 4]) if r.is_decode
+                and r.steps_used]
+
+    assert accepted(SchedulerConfig(cold_recovery_accept_fraction=1.0))[:6] == [4] * 6
+    assert accepted(SchedulerConfig(cold_recovery_accept_fraction=0.5))[:6] == [2, 4, 4] * 2
+    lasting = accepted(SchedulerConfig(cold_recovery_accept_fraction=0.5, stale_accept_loss=0.5))
+    assert lasting[:6] == [1, 2, 2] * 2
+
+
+def test_bad_zero_step_mode_is_rejected():
+    with pytest.raises(ValueError, match="zero_step"):
+        SchedulerConfig(zero_step="steps0")
 
 
 def test_closed_loop_keeps_concurrency_and_stops_after_requests_per_client():

@@ -1,0 +1,67 @@
+"""Randomised servers and the profile handed to the controller."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from env.acceptance import DriftingAcceptance, acceptance_from_config
+from env.cost_model import load_profile
+from env.random_servers import PRIOR_MODES, handed_profile, perturbed, random_server
+
+
+def test_random_servers_span_the_regimes():
+    rng = np.random.default_rng(0)
+    lengths, speedups, moe = [], [], 0
+    for _ in range(300):
+        profile, acceptance = random_server(rng)
+        lengths.append(acceptance.expected_accept_length_at(7))
+        moe += profile.moe_active_fraction > 0
+        b = 1
+        on = (1 + acceptance.expected_accepted(3)) / profile.step_latency_s(b, 3, 500)
+        off = 1 / profile.step_latency_s(b, 0, 500, 0, False, False)
+        speedups.append(on / off)
+    assert min(lengths) < 1.2 and max(lengths) > 5.0
+    assert 50 < moe < 250
+    # Speculation pays on some servers and loses on others, even at batch 1.
+    assert min(speedups) < 0.8 and max(speedups) > 2.0
+
+
+def test_handed_profile_modes():
+    rng = np.random.default_rng(1)
+    truth = load_profile("h200_llama31_8b")
+    other = load_profile("blackwell_tp8")
+    assert handed_profile(truth, "exact", rng) is truth
+    assert handed_profile(truth, "none", rng) is None
+    assert handed_profile(truth, "swapped", rng, [truth, other]) is other
+    off = handed_profile(truth, "perturbed", rng)
+    ratios = np.array([off.coefficients[k] / v for k, v in truth.coefficients.items() if v])
+    assert ((ratios >= 0.5) & (ratios <= 1.5)).all() and np.ptp(ratios) > 0.3
+    with pytest.raises(ValueError, match="cost prior mode"):
+        handed_profile(truth, "magic", rng)
+    assert set(PRIOR_MODES) == {"exact", "perturbed", "swapped", "none"}
+
+
+def test_perturbed_spread_zero_is_identity():
+    truth = load_profile("h100_llama31_8b")
+    assert perturbed(truth, np.random.default_rng(0), 0.0).coefficients == truth.coefficients
+
+
+def test_drifting_acceptance_drifts_and_differs_by_class():
+    alphas = np.full(7, 0.6)
+    still = DriftingAcceptance(alphas, drift_sigma=0.0, class_sigma=0.0)
+    rng = np.random.default_rng(2)
+    table = still.draw(np.full(4000, 50), None, rng)
+    assert table.values.mean() == pytest.approx(still.expected_accepted(7), rel=0.03)
+    drifting = DriftingAcceptance(alphas, drift_sigma=0.1, class_sigma=0.0)
+    means = [drifting.draw(np.full(400, 50), None, np.random.default_rng(s)).values.reshape(
+        400, 50).mean(axis=1) for s in range(3)]
+    # Within a draw, the first and last hundred requests accept differently.
+    assert max(abs(m[:100].mean() - m[-100:].mean()) for m in means) > 0.2
+    by_class = DriftingAcceptance(alphas, drift_sigma=0.0, class_sigma=0.5)
+    classes = np.array(["a", "b"] * 1000, dtype=object)
+    values = by_class.draw(np.full(2000, 50), classes, np.random.default_rng(3)).values
+    per_request = values.reshape(2000, 50).mean(axis=1)
+    assert abs(per_request[0::2].mean() - per_request[1::2].mean()) > 0.1
+    config = by_class.to_config()
+    assert acceptance_from_config(config).to_config() == config
