@@ -621,7 +621,8 @@ def main() -> None:
     args = parser.parse_args()
     results: dict = {"cpu_count": os.cpu_count(), "python": sys.version.split()[0],
                      "transport": args.transport, "runs": []}
-    with tempfile.TemporaryDirectory(prefix="sc-bench-") as tmp:
+    # (ignore_cleanup_errors: a straggling writer thread must not cost the results)
+    with tempfile.TemporaryDirectory(prefix="sc-bench-", ignore_cleanup_errors=True) as tmp:
         workdir = Path(tmp)
         policy = workdir / "bench-policy.npz"
         ExportedPolicy.random(seed=1).save(policy)

@@ -235,12 +235,14 @@ class Runtime:
                  cfg.policy if self.client else None, cfg.rule, cfg.record_dir)
 
     def close(self) -> None:
-        """Stop the client and the recorder (tests and clean shutdown)."""
+        """Stop the client, the recorder and the hook timing's writer (tests, clean shutdown)."""
         if self.client is not None:
             self.client.close()
             self.client = None
         if self.recorder is not None:
             self.recorder.close()
+        if self.clock is not None:
+            self.clock.close()
         self.is_source = False
 
     def fault(self, where: str, exc: BaseException) -> None:
