@@ -1,27 +1,34 @@
-"""Online costs of specctl: hook cost per scheduler step, control round trip, controller throughput.
+"""Online costs of specctl, each next to its floor measured in the same run.
 
-Not a test: run it, read the table, keep the JSON.
+Not a test: run it, read the table, keep the JSON. Medians over ``--runs`` (default 3).
 
     python benchmarks/bench_online.py --out runs/bench_online.json
 
 (a) ``hooks``: the scheduler-thread time the plugin adds per step. The stand-in
     scheduler of :mod:`sglang_hooks.testing` runs batches of 64 requests (a
-    2-request prefill every 50 steps) in overlap order, once plain (SGLang's own
-    ``AdaptiveSpeculativeParams``, no hooks) and once hooked (source rank with a
-    live ``specctl-serve``; source rank also recording; a non-source rank). Each
-    iteration (pull, broadcast as a pickle round trip, input processing, launch,
-    result processing) is timed; steps are 1 ms apart so decisions arrive
-    between them as on a real server. Needs SGLang (``--sglang``, default
-    ``.sglang/0.5.23``).
-(b) ``rtt``: 8 client processes, 1 kHz each, send telemetry to one
-    ``specctl-serve`` over loopback TCP and time each decision's arrival.
-(c) ``throughput``: client processes keep many streams' telemetry in flight
-    (closed loop); decisions per second of one controller process.
+    2-request prefill every 50 steps) in overlap order: plain (SGLang's own
+    ``AdaptiveSpeculativeParams``, no hooks), with four do-nothing hooks (the floor:
+    ``HookRegistry``'s dispatch), and with the plugin (source rank with a live
+    ``specctl-serve``; the same recording; a non-source rank; the source with
+    ``SPECCTL_HOOK_TIMING``, whose own clock is reported too). Each iteration (pull,
+    broadcast as a pickle round trip, input processing, launch, result processing) is
+    timed in thread CPU; steps are 1 ms apart so decisions arrive between them as on
+    a real server. Needs SGLang (``--sglang``, default ``.sglang/0.5.23``).
+(b) ``rtt``: 1 and 8 servers at 1 kHz (one cheap client process) against
+    ``specctl-serve`` and against a bare pyzmq ROUTER + msgpack echo (the floor).
+    Reported: the fraction of steps answered within the plugin's timeout, latency of
+    the answered steps, and latency of all steps (an unanswered one counts as never).
+(d) ``local``: the plugin's local decision mode at 1 kHz: from telemetry queued (as
+    the hooks queue it) to the decision on it, made on the client's I/O thread.
+(c) ``throughput``: 128 streams, each keeping one telemetry message in flight
+    (closed loop), against ``specctl-serve`` and the echo: decisions per second and
+    per CPU-second of the answering process.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
 import json
 import math
@@ -41,7 +48,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from controller.policy_file import ExportedPolicy  # noqa: E402
-from controller.wire import DECISION_LAG, Decision, decode, encode_step  # noqa: E402
+from controller.wire import DECISION_LAG, encode_step  # noqa: E402
 from env.schema import StepRecord  # noqa: E402
 
 
@@ -51,26 +58,53 @@ def percentiles(values_ns: list[float] | np.ndarray, scale: float = 1e-3) -> dic
             "max": float(v.max()), "n": int(v.size)}
 
 
-def start_controller(policy: Path, endpoint: str) -> subprocess.Popen:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "controller.cli", f"policy={policy}", f"endpoint={endpoint}",
-         "log_level=WARNING"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:  # log level WARNING: wait for the socket instead
+def _pct(values_us: np.ndarray) -> dict:
+    """p50/p99 (``inf`` stands for never; nearest rank, so no inf - inf)."""
+    if not values_us.size:
+        return {"p50": float("nan"), "p99": float("nan"), "n": 0}
+    return {"p50": float(np.percentile(values_us, 50, method="nearest")),
+            "p99": float(np.percentile(values_us, 99, method="nearest")),
+            "n": int(values_us.size)}
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds the process (all its threads) has used so far."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_for_socket(endpoint: str, alive, timeout_s: float = 30.0) -> None:
+    """Until ``endpoint`` accepts connections; raises if ``alive()`` turns False first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
         if endpoint.startswith("ipc://") and os.path.exists(endpoint[6:]):
-            return process
+            return
         if endpoint.startswith("tcp://"):
             host, port = endpoint[6:].rsplit(":", 1)
             try:
                 socket.create_connection((host, int(port)), timeout=0.2).close()
-                return process
+                return
             except OSError:
                 pass
-        if process.poll() is not None:
-            raise RuntimeError(f"specctl-serve exited: {process.stdout.read()}")
+        if not alive():
+            raise RuntimeError(f"the server for {endpoint} exited")
         time.sleep(0.05)
-    raise RuntimeError("specctl-serve did not start")
+    raise RuntimeError(f"nothing listens on {endpoint}")
+
+
+def start_controller(policy: Path, endpoint: str, *overrides: str) -> subprocess.Popen:
+    """``specctl-serve`` in a process of its own; returns once its socket is bound."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "controller.cli", f"policy={policy}", f"endpoint={endpoint}",
+         "log_level=WARNING", *overrides],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for_socket(endpoint, lambda: process.poll() is None)
+    except RuntimeError as exc:
+        process.kill()
+        raise RuntimeError(f"specctl-serve: {exc}: {process.communicate()[0]}") from None
+    return process
 
 
 def free_port() -> int:
@@ -86,6 +120,32 @@ def telemetry(server: str, step: int, batch: int = 32) -> bytes:
 
 
 # -- (a) hook cost ----------------------------------------------------------------------
+
+
+class EmptyHooks:
+    """The floor of the hook cost: the plugin's four hooks, each doing nothing, applied
+    by SGLang's ``HookRegistry`` like the plugin's (the registry's dispatch is the cost)."""
+
+    @staticmethod
+    def _after(result, *args, **kwargs):
+        return None
+
+    @staticmethod
+    def _before(*args, **kwargs):
+        return None
+
+    @staticmethod
+    def _around(original, *args, **kwargs):
+        return original(*args, **kwargs)
+
+    def hook_table(self) -> dict:
+        return {"_pull_raw_reqs": (self._after, "AFTER"),
+                "process_input_requests": (self._before, "BEFORE"),
+                "run_batch": (self._around, "AROUND"),
+                "process_batch_result": (self._around, "AROUND")}
+
+    def attach(self, scheduler) -> None:
+        pass
 
 
 def bench_hooks(sglang_path: Path, iterations: int, workdir: Path) -> dict:
@@ -121,9 +181,10 @@ def bench_hooks(sglang_path: Path, iterations: int, workdir: Path) -> dict:
     def acceptance(step: int, steps: int, batch: int) -> list[int]:
         return [min(steps, (step * 7 + i) % 5) for i in range(batch)]
 
-    def build(rt: Runtime | None, is_source: bool) -> RankLoop:
+    def build(rt: Runtime | EmptyHooks | None, is_source: bool) -> RankLoop:
         worker = WorkerStandIn(3, ars.SpecRuntimeState)
-        params_class = base["cls"] if rt is None else make_policy_class(base["cls"], rt)
+        params_class = (make_policy_class(base["cls"], rt) if isinstance(rt, Runtime)
+                        else base["cls"])
         params = params_class(initial_steps=3, cfg_path=config)
         if "policy" in inspect.signature(ars.AdaptiveController.__init__).parameters:
             adaptive = ars.AdaptiveController(worker, params)
@@ -169,16 +230,25 @@ def bench_hooks(sglang_path: Path, iterations: int, workdir: Path) -> dict:
     runtimes = {
         "source": Runtime(PluginConfig(server="a", controller=endpoint), version,
                           ranks=Ranks(0, 2, 0, 1, 0, False)),
+        # The same with SPECCTL_HOOK_TIMING: the plugin's own clock (its cost subtracted).
+        "source_timed": Runtime(
+            PluginConfig(server="d", controller=endpoint,
+                         hook_timing=str(workdir / "hook-timing")),
+            version, ranks=Ranks(0, 2, 0, 1, 0, False)),
         "source_recording": Runtime(
             PluginConfig(server="b", controller=endpoint, record_dir=str(workdir / "rec")),
             version, ranks=Ranks(0, 2, 0, 1, 0, False)),
+        # Local decision mode: the policy evaluated on the I/O thread of this process.
+        "source_local": Runtime(PluginConfig(server="f", policy=str(policy)), version,
+                                ranks=Ranks(0, 2, 0, 1, 0, False)),
         "other_rank": Runtime(PluginConfig(server="c", controller=endpoint), version,
                               ranks=Ranks(1, 2, 0, 1, 0, False)),
     }
     try:
-        loops = {"plain": build(None, True)}
+        loops = {"plain": build(None, True), "empty_hooks": build(EmptyHooks(), True)}
         loops.update({name: build(rt, name != "other_rank") for name, rt in runtimes.items()})
         times = measure(loops)
+        clock = runtimes["source_timed"].clock.summary()
     finally:
         controller.kill()
         counters = {name: {**rt.counters, **(rt.client.counters if rt.client else {})}
@@ -187,7 +257,7 @@ def bench_hooks(sglang_path: Path, iterations: int, workdir: Path) -> dict:
             rt.close()
     plain_wall, plain_cpu = times["plain"]
     results = {"plain": {**percentiles(plain_wall), "cpu": percentiles(plain_cpu)}}
-    for name in runtimes:
+    for name in ("empty_hooks", *runtimes):
         wall, cpu = times[name]
         results[name] = {
             **percentiles(wall),
@@ -198,116 +268,192 @@ def bench_hooks(sglang_path: Path, iterations: int, workdir: Path) -> dict:
             "added_p99": (np.percentile(wall, 99) - np.percentile(plain_wall, 99)) / 1e3,
             "added_cpu_p50": (np.percentile(cpu, 50) - np.percentile(plain_cpu, 50)) / 1e3,
             "added_cpu_p99": (np.percentile(cpu, 99) - np.percentile(plain_cpu, 99)) / 1e3,
-            "counters": counters[name],
+            "counters": counters.get(name, {}),
         }
+    results["source_clock"] = clock
     return results
 
 
 # -- (b) round trip ---------------------------------------------------------------------
 
 
-def _rtt_client(endpoint: str, name: str, seconds: float, rate_hz: float, out) -> None:
+def _rtt_clients(endpoint: str, names: list[str], seconds: float, rate_hz: float,
+                 timeout_s: float, out, ready) -> None:
+    """Servers ``names`` stepping at ``rate_hz``, one DEALER each, one poller for all.
+
+    Cheap on purpose (one process, prepacked accepted drafts, only the answered step read
+    back): eight client processes on a 2-core machine would measure the clients.
+    """
+    import msgpack
     import zmq
 
-    sock = zmq.Context().socket(zmq.DEALER)
-    sock.connect(endpoint)
-    time.sleep(0.3)
-    sent: dict[int, int] = {}
-    latencies, period = [], 1.0 / rate_hz
-    step, next_send, end = 0, time.perf_counter(), time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        if time.perf_counter() >= next_send:
-            step += 1
-            sent[step] = time.perf_counter_ns()
-            sock.send(telemetry(name, step))
-            next_send += period
-        # Block (never spin: 8 clients share the controller's cores) until a decision
-        # arrives or the next send is due, rounded up to the poll's millisecond.
-        wait_ms = max(0.0, (next_send - time.perf_counter()) * 1e3)
-        if sock.poll(math.ceil(wait_ms)):
-            arrived = time.perf_counter_ns()
-            decision = decode(sock.recv())
-            answered = decision.apply_from_step - DECISION_LAG
-            if answered in sent:
-                latencies.append(arrived - sent.pop(answered))
-    out.put((step, latencies))
+    from controller.wire import Hello, apply_socket_limits, encode_hello, pack_telemetry
+
+    context = zmq.Context()
+    poller = zmq.Poller()
+    socks = []
+    for name in names:
+        sock = context.socket(zmq.DEALER)
+        apply_socket_limits(sock)
+        sock.setsockopt(zmq.SNDHWM, 64)
+        sock.connect(endpoint)
+        sock.send(encode_hello(Hello(name, 0, tuple(range(8)), "bench", os.getpid())))
+        poller.register(sock, zmq.POLLIN)
+        socks.append(sock)
+    index = {sock: i for i, sock in enumerate(socks)}
+    accepted = bytes(np.random.default_rng(0).integers(0, 4, size=32).astype(np.int8))
+    total = sum(accepted)
+    sent = [dict() for _ in names]  # step -> send time (ns); popped when answered
+    latencies: list[int] = []
+    steps = [0] * len(names)
+    period = 1.0 / rate_hz
+    ready.wait()
+    time.sleep(0.3)  # HELLOs in
+    start = time.perf_counter()
+    # Staggered: server i steps at start + (k + i / n) * period.
+    due = [start + i * period / len(names) for i in range(len(names))]
+    end = start + seconds
+    while True:
+        now = time.perf_counter()
+        if now >= end:
+            break
+        for i, sock in enumerate(socks):
+            if now >= due[i]:
+                due[i] += period
+                steps[i] += 1
+                step = steps[i]
+                frame = pack_telemetry(names[i], 0, step, now, 32, 4, 32, 50_000, 500_000, 0, 3,
+                                       accepted, total, 0.012)
+                sent[i][step] = time.perf_counter_ns()
+                with contextlib.suppress(zmq.Again):  # counted as unanswered
+                    sock.send(frame, zmq.NOBLOCK)
+        wait_ms = max(0.0, (min(due) - time.perf_counter()) * 1e3)
+        for sock, _ in poller.poll(math.ceil(wait_ms)):
+            i = index[sock]
+            while sock.get(zmq.EVENTS) & zmq.POLLIN:
+                arrived = time.perf_counter_ns()
+                message = msgpack.unpackb(sock.recv(zmq.NOBLOCK))
+                answered = message[3] - DECISION_LAG  # DECISION: apply_from_step
+                sent_ns = sent[i].pop(answered, None)
+                if sent_ns is not None and arrived - sent_ns <= timeout_s * 1e9:
+                    latencies.append(arrived - sent_ns)
+    out.put((sum(steps), latencies))
 
 
 def _echo_server(endpoint: str) -> None:
-    """A floor for the round trip: decode telemetry, answer at once, no features, no policy."""
+    """The floor: bare pyzmq ROUTER + msgpack, each telemetry answered at once (no
+    validation, no features, no policy), with a decision frame of the same shape."""
+    import msgpack
     import zmq
-
-    from controller.wire import encode_decision
 
     sock = zmq.Context().socket(zmq.ROUTER)
     sock.bind(endpoint)
+    pack, unpack = msgpack.Packer(use_bin_type=True).pack, msgpack.unpackb
+    seq = 0
     while True:
         identity, frame = sock.recv_multipart()
-        record = decode(frame)
-        if isinstance(record, StepRecord):
-            decision = Decision(0, record.step_index + DECISION_LAG, "echo", (1,), (3,))
-            sock.send_multipart([identity, encode_decision(decision)])
+        message = unpack(frame)
+        if message[1] == 2:  # TELEMETRY
+            seq += 1
+            sock.send_multipart([identity, pack(
+                [1, 3, seq, message[4] + DECISION_LAG, "echo", 1, [1], [3]])])
 
 
-def bench_rtt(policy: Path | None, clients: int, seconds: float, rate_hz: float) -> dict:
-    """Round trips against specctl-serve (``policy``), or the echo floor (None)."""
-    endpoint = f"tcp://127.0.0.1:{free_port()}"
-    ctx = mp.get_context("spawn")
-    if policy is None:
-        controller = ctx.Process(target=_echo_server, args=(endpoint,), daemon=True)
-        controller.start()
-        time.sleep(1.0)
+def start_echo(endpoint: str):
+    """The echo floor in a process of its own; returns it once its socket is bound."""
+    process = mp.get_context("spawn").Process(target=_echo_server, args=(endpoint,),
+                                              daemon=True)
+    process.start()
+    wait_for_socket(endpoint, process.is_alive)
+    return process
+
+
+def stop(process) -> None:
+    """Stop a controller (Popen) or echo (Process) started here."""
+    if isinstance(process, subprocess.Popen):
+        process.kill()
+        process.wait()
     else:
-        controller = start_controller(policy, endpoint)
-    queue = ctx.Queue()
+        process.kill()
+        process.join()
+
+
+def bench_rtt(server: str, policy: Path, clients: int, seconds: float, rate_hz: float,
+              endpoint: str, timeout_s: float = 0.1) -> dict:
+    """Round trips of ``clients`` servers at ``rate_hz`` against ``server`` ("serve" or
+    "echo"). A step is answered when the decision answering its telemetry arrives within
+    ``timeout_s`` (the plugin's default timeout; later answers it ignores). Latency of all
+    steps counts an unanswered step as infinite."""
+    process = start_controller(policy, endpoint) if server == "serve" else start_echo(endpoint)
+    ctx = mp.get_context("spawn")
+    queue, ready = ctx.Queue(), ctx.Barrier(1)
     try:
-        procs = [ctx.Process(target=_rtt_client,
-                             args=(endpoint, f"c{i}", seconds, rate_hz, queue))
-                 for i in range(clients)]
-        for p in procs:
-            p.start()
-        results = [queue.get(timeout=seconds + 60) for _ in procs]
-        for p in procs:
-            p.join()
+        proc = ctx.Process(target=_rtt_clients,
+                           args=(endpoint, [f"c{i}" for i in range(clients)], seconds, rate_hz,
+                                 timeout_s, queue, ready))
+        proc.start()
+        sent, latencies = queue.get(timeout=seconds + 60)
+        proc.join()
     finally:
-        controller.kill()
-    sent = sum(r[0] for r in results)
-    latencies = [lat for r in results for lat in r[1]]
-    return {**percentiles(latencies), "sent": sent, "answered": len(latencies),
-            "clients": clients, "rate_hz": rate_hz, "transport": "tcp loopback"}
+        stop(process)
+    answered = np.asarray(latencies, dtype=float) / 1e3
+    every = np.concatenate([answered, np.full(max(sent - answered.size, 0), np.inf)])
+    return {
+        "server": server, "clients": clients, "rate_hz": rate_hz, "sent": sent,
+        "answered": int(answered.size), "answered_fraction": answered.size / max(sent, 1),
+        "answered_us": _pct(answered), "all_steps_us": _pct(every),
+        "transport": endpoint.split(":", 1)[0],
+    }
 
 
 # -- (c) throughput ---------------------------------------------------------------------
 
 
 def _flood_client(endpoint: str, prefix: str, streams: int, seconds: float, out) -> None:
+    """``streams`` servers (one DEALER each: a connection may hold only a few streams),
+    each with one telemetry message in flight: a new one as soon as its answer arrives."""
     import zmq
 
-    sock = zmq.Context().socket(zmq.DEALER)
-    sock.setsockopt(zmq.SNDHWM, 100_000)
-    sock.connect(endpoint)
-    time.sleep(0.3)
+    from controller.wire import apply_socket_limits, pack_telemetry
+
+    context = zmq.Context()
+    poller = zmq.Poller()
+    socks = []
+    for _ in range(streams):
+        sock = context.socket(zmq.DEALER)
+        apply_socket_limits(sock)
+        sock.connect(endpoint)
+        poller.register(sock, zmq.POLLIN)
+        socks.append(sock)
+    accepted = bytes(np.random.default_rng(0).integers(0, 4, size=32).astype(np.int8))
+    total = sum(accepted)
     steps = [0] * streams
-    for i in range(streams):  # one record per stream in flight
+
+    def send(i: int) -> None:
         steps[i] += 1
-        sock.send(telemetry(f"{prefix}{i}", steps[i]))
-    received, turn = 0, 0
+        socks[i].send(pack_telemetry(f"{prefix}{i}", 0, steps[i], 0.0, 32, 4, 32, 50_000,
+                                     500_000, 0, 3, accepted, total, 0.012))
+
+    time.sleep(0.5)
+    for i in range(streams):
+        send(i)
+    index = {sock: i for i, sock in enumerate(socks)}
+    received = 0
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
-        if not sock.poll(100):
-            continue
-        decision = decode(sock.recv())
-        assert isinstance(decision, Decision)
-        received += 1
-        turn = (turn + 1) % streams
-        steps[turn] += 1
-        sock.send(telemetry(f"{prefix}{turn}", steps[turn]))
+        for sock, _ in poller.poll(100):
+            while sock.get(zmq.EVENTS) & zmq.POLLIN:
+                sock.recv(zmq.NOBLOCK)
+                received += 1
+                send(index[sock])
     out.put(received)
 
 
-def bench_throughput(policy: Path, processes: int, streams: int, seconds: float) -> dict:
-    endpoint = f"tcp://127.0.0.1:{free_port()}"
-    controller = start_controller(policy, endpoint)
+def bench_throughput(server: str, policy: Path, processes: int, streams: int, seconds: float,
+                     endpoint: str) -> dict:
+    """Decisions per second, and per CPU-second of the answering process, with
+    ``processes * streams`` streams each keeping one telemetry message in flight."""
+    process = start_controller(policy, endpoint) if server == "serve" else start_echo(endpoint)
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     try:
@@ -316,74 +462,190 @@ def bench_throughput(policy: Path, processes: int, streams: int, seconds: float)
                  for i in range(processes)]
         for p in procs:
             p.start()
+        time.sleep(0.5)  # connected (the clients wait as long before sending)
+        cpu0, wall0 = process_cpu_s(process.pid), time.perf_counter()
         received = sum(queue.get(timeout=seconds + 60) for _ in procs)
+        cpu, wall = process_cpu_s(process.pid) - cpu0, time.perf_counter() - wall0
         for p in procs:
             p.join()
     finally:
-        controller.kill()
-    return {"decisions_per_s": received / seconds, "decisions": received,
-            "streams": processes * streams, "client_processes": processes, "seconds": seconds}
+        stop(process)
+    return {"server": server, "decisions": received, "decisions_per_s": received / seconds,
+            "decisions_per_cpu_s": received / max(cpu, 1e-9), "cpu_cores": cpu / wall,
+            "streams": processes * streams, "client_processes": processes}
+
+
+# -- (d) local decision mode -------------------------------------------------------------
+
+
+def bench_local(policy: Path, seconds: float, rate_hz: float = 1000.0,
+                timeout_s: float = 0.1) -> dict:
+    """Telemetry to decision in the plugin's local mode: a step's telemetry is queued as
+    the hooks queue it, and the time until the client's I/O thread has decided on it is
+    taken by this (the scheduler's) thread, looking every 20 us with the GIL released."""
+    from controller.wire import Hello
+    from sglang_hooks.client import ControllerClient
+    from sglang_hooks.local import LocalDecisions
+
+    candidates = tuple(range(8))
+    client = ControllerClient(None, Hello("local", 0, candidates), timeout_s,
+                              local=LocalDecisions(str(policy), candidates))
+    accepted = [int(a) for a in np.random.default_rng(0).integers(0, 4, size=32)]
+    latencies, sent = [], 0
+    try:
+        period = 1.0 / rate_hz
+        start = time.perf_counter()
+        step, next_send = 0, start
+        while time.perf_counter() < start + seconds:
+            step += 1
+            queued = time.perf_counter()
+            client.send_telemetry(("local", 0, step, queued, 32, 4, 32, 50_000, 500_000, 0, 3,
+                                   accepted, 0.012), step, time.monotonic())
+            sent += 1
+            next_send += period
+            while time.perf_counter() < max(next_send, queued + timeout_s):
+                current = client.current
+                if (current is not None and not isinstance(current, str)
+                        and current.apply_from_step == step + DECISION_LAG):
+                    latencies.append((time.perf_counter() - queued) * 1e6)
+                    break
+                time.sleep(0.00002)
+            time.sleep(max(0.0, next_send - time.perf_counter()))
+        counters = dict(client.counters)
+    finally:
+        client.close()
+    answered = np.asarray(latencies)
+    return {"telemetry_to_decision_us": _pct(answered), "sent": sent,
+            "answered_fraction": answered.size / max(sent, 1), "counters": counters}
 
 
 # -- main -------------------------------------------------------------------------------
 
+#: Per run: (name, where in the run's results, where the floor is, "ratio" or "value").
+SUMMARY = (
+    ("plugin CPU per step, source, added (us, p50)", ("hooks_us", "source", "added_cpu_p50"),
+     ("hooks_us", "empty_hooks", "added_cpu_p50")),
+    ("plugin CPU per step, source recording, added (us, p50)",
+     ("hooks_us", "source_recording", "added_cpu_p50"),
+     ("hooks_us", "empty_hooks", "added_cpu_p50")),
+    ("plugin CPU per step, other rank, added (us, p50)",
+     ("hooks_us", "other_rank", "added_cpu_p50"), ("hooks_us", "empty_hooks", "added_cpu_p50")),
+    ("plugin CPU per step, source in local mode, added (us, p50)",
+     ("hooks_us", "source_local", "added_cpu_p50"), ("hooks_us", "empty_hooks", "added_cpu_p50")),
+    ("plugin time per step, source, own clock (us, p50)",
+     ("hooks_us", "source_clock", "p50_us"), ("hooks_us", "empty_hooks", "added_cpu_p50")),
+    ("round trip, 1 client x 1 kHz, answered (us, p50)", ("rtt_1", "serve", "answered_us", "p50"),
+     ("rtt_1", "echo", "answered_us", "p50")),
+    ("round trip, 8 clients x 1 kHz, answered (us, p50)", ("rtt_8", "serve", "answered_us", "p50"),
+     ("rtt_8", "echo", "answered_us", "p50")),
+    ("round trip, 8 clients x 1 kHz, answered (us, p99)",
+     ("rtt_8", "serve", "answered_us", "p99"), ("rtt_8", "echo", "answered_us", "p99")),
+    ("round trip, 8 clients x 1 kHz, all steps (us, p50)",
+     ("rtt_8", "serve", "all_steps_us", "p50"), ("rtt_8", "echo", "all_steps_us", "p50")),
+    ("steps answered, 8 clients x 1 kHz (fraction)", ("rtt_8", "serve", "answered_fraction"),
+     ("rtt_8", "echo", "answered_fraction")),
+    ("decisions per controller CPU-second", ("throughput", "serve", "decisions_per_cpu_s"),
+     ("throughput", "echo", "decisions_per_cpu_s")),
+    ("decisions per second (closed loop)", ("throughput", "serve", "decisions_per_s"),
+     ("throughput", "echo", "decisions_per_s")),
+    ("local mode: telemetry to decision (us, p50)", ("local", "telemetry_to_decision_us", "p50"),
+     None),
+)
+
+
+def _get(tree: dict, path: tuple) -> float | None:
+    for key in path:
+        if not isinstance(tree, dict) or key not in tree:
+            return None
+        tree = tree[key]
+    return float(tree)
+
+
+def one_run(args, workdir: Path, policy: Path) -> dict:
+    """Every part once, each next to its floor measured in this run."""
+    parts = args.only or ["hooks", "rtt", "local", "throughput"]
+    endpoint = (lambda: f"ipc://{workdir}/b{next(_endpoints)}.sock") if args.transport == "ipc" \
+        else (lambda: f"tcp://127.0.0.1:{free_port()}")
+    run: dict = {"load_average_1min_before": os.getloadavg()[0]}
+    if "hooks" in parts:
+        run["hooks_us"] = bench_hooks(args.sglang, args.hook_iterations, workdir)
+    if "rtt" in parts:
+        for clients in (1, 8):
+            run[f"rtt_{clients}"] = {
+                server: bench_rtt(server, policy, clients, args.seconds, 1000.0, endpoint())
+                for server in ("echo", "serve")}
+    if "local" in parts:
+        run["local"] = bench_local(policy, args.seconds)
+    if "throughput" in parts:
+        processes = 2
+        run["throughput"] = {
+            server: bench_throughput(server, policy, processes, 128 // processes, args.seconds,
+                                     endpoint())
+            for server in ("echo", "serve")}
+    return run
+
+
+_endpoints = iter(range(10**6))
+
+
+def summarize(runs: list[dict]) -> dict:
+    """Median over runs of each summary value, and of its ratio to the same run's floor."""
+    out = {}
+    for name, path, floor in SUMMARY:
+        values = [v for v in (_get(r, path) for r in runs) if v is not None]
+        if not values:
+            continue
+        entry = {"median": float(np.median(values)), "runs": values}
+        if floor is not None:
+            pairs = [(_get(r, path), _get(r, floor)) for r in runs]
+            floors = [f for v, f in pairs if v is not None and f is not None]
+            ratios = [v / f for v, f in pairs if v is not None and f not in (None, 0.0)]
+            if floors:
+                entry["floor_median"] = float(np.median(floors))
+                entry["ratio_median"] = float(np.median(ratios))
+                entry["ratios"] = ratios
+        out[name] = entry
+    return out
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--only", choices=["hooks", "rtt", "throughput"], action="append")
+    parser.add_argument("--only", choices=["hooks", "rtt", "throughput", "local"],
+                        action="append")
+    parser.add_argument("--runs", type=int, default=3, help="medians over this many runs")
     parser.add_argument("--sglang", type=Path, default=REPO / ".sglang" / "0.5.23")
-    parser.add_argument("--hook-iterations", type=int, default=5000)
+    parser.add_argument("--hook-iterations", type=int, default=4000)
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--transport", choices=["ipc", "tcp"], default="ipc")
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "bench_online.json")
     args = parser.parse_args()
-    parts = args.only or ["hooks", "rtt", "throughput"]
-    results: dict = {"cpu_count": os.cpu_count(), "python": sys.version.split()[0]}
-    with tempfile.TemporaryDirectory(prefix="sc-bench-") as tmp:
+    results: dict = {"cpu_count": os.cpu_count(), "python": sys.version.split()[0],
+                     "transport": args.transport, "runs": []}
+    # (ignore_cleanup_errors: a straggling writer thread must not cost the results)
+    with tempfile.TemporaryDirectory(prefix="sc-bench-", ignore_cleanup_errors=True) as tmp:
         workdir = Path(tmp)
         policy = workdir / "bench-policy.npz"
         ExportedPolicy.random(seed=1).save(policy)
-        if "hooks" in parts:
-            results["hooks_us"] = bench_hooks(args.sglang, args.hook_iterations, workdir)
-        if "rtt" in parts:
-            results["rtt_1_client_us"] = bench_rtt(policy, clients=1, seconds=args.seconds,
-                                                   rate_hz=1000)
-            results["rtt_us"] = bench_rtt(policy, clients=8, seconds=args.seconds, rate_hz=1000)
-            results["rtt_echo_floor_us"] = bench_rtt(None, clients=8, seconds=args.seconds,
-                                                     rate_hz=1000)
-        if "throughput" in parts:
-            processes = max(2, min(4, (os.cpu_count() or 2) // 4))
-            results["throughput"] = bench_throughput(policy, processes=processes,
-                                                     streams=256 // processes,
-                                                     seconds=args.seconds)
-    print_table(results)
+        for i in range(args.runs):
+            print(f"run {i + 1}/{args.runs} ...", flush=True)
+            results["runs"].append(one_run(args, workdir, policy))
+    results["summary"] = summarize(results["runs"])
+    print_table(results["summary"], args.runs)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2))
     print(f"\nwritten: {args.out}")
 
 
-def print_table(results: dict) -> None:
-    print(f"\n{'measurement':48s} {'p50':>9s} {'p99':>9s} {'max':>9s}")
-    for name, r in results.get("hooks_us", {}).items():
-        print(f"{'step, ' + name + ', wall (us)':48s} {r['p50']:9.1f} {r['p99']:9.1f} "
-              f"{r['max']:9.1f}")
-        print(f"{'step, ' + name + ', thread CPU (us)':48s} {r['cpu']['p50']:9.1f} "
-              f"{r['cpu']['p99']:9.1f} {r['cpu']['max']:9.1f}")
-        if "added_p50" in r:
-            print(f"{'  added by the plugin, wall (us)':48s} {r['added_p50']:9.1f} "
-                  f"{r['added_p99']:9.1f}")
-            print(f"{'  added by the plugin, thread CPU (us)':48s} {r['added_cpu_p50']:9.1f} "
-                  f"{r['added_cpu_p99']:9.1f}")
-    for key, label in (("rtt_1_client_us", "round trip, 1 client x 1 kHz (us)"),
-                       ("rtt_us", "round trip, 8 clients x 1 kHz (us)"),
-                       ("rtt_echo_floor_us", "  same against an echo server (us)")):
-        if key in results:
-            r = results[key]
-            print(f"{label:48s} {r['p50']:9.1f} {r['p99']:9.1f} {r['max']:9.1f}"
-                  f"   answered {r['answered']}/{r['sent']}")
-    if "throughput" in results:
-        r = results["throughput"]
-        print(f"{'controller throughput (decisions/s)':48s} {r['decisions_per_s']:9.0f}"
-              f"   ({r['streams']} streams in flight)")
+def print_table(summary: dict, runs: int) -> None:
+    print(f"\nmedian of {runs} run(s); floor = the same measurement against the floor "
+          "(four empty hooks / bare echo) in the same run")
+    print(f"{'measurement':56s} {'specctl':>10s} {'floor':>10s} {'ratio':>7s}")
+    for name, entry in summary.items():
+        floor = entry.get("floor_median")
+        ratio = entry.get("ratio_median")
+        print(f"{name:56s} {entry['median']:10.3g} "
+              f"{'' if floor is None else format(floor, '10.3g'):>10s} "
+              f"{'' if ratio is None else format(ratio, '7.2f'):>7s}")
 
 
 if __name__ == "__main__":

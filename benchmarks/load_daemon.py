@@ -34,7 +34,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.bench_online import start_controller  # noqa: E402
+from benchmarks.bench_online import process_cpu_s, start_controller  # noqa: E402
 from controller.default_policy import default_policy_path  # noqa: E402
 
 
@@ -164,13 +164,6 @@ def _hostile(endpoint: str, victims: list[str], seconds: float, out, ready) -> N
     out.put({"hostile_sent": sent, "hostile_dropped_at_sender": dropped})
 
 
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds the process has used so far."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _rss_mb(pid: int) -> float:
     with open(f"/proc/{pid}/status") as status:
         for line in status:
@@ -211,9 +204,9 @@ def run(servers: int, rate_hz: float, seconds: float, warmup_s: float, processes
             worker.start()
             if pin and len(cpus) > 1:
                 os.sched_setaffinity(worker.pid, set(cpus[1:]))
-        cpu0, wall0 = _cpu_s(controller.pid), time.monotonic()
+        cpu0, wall0 = process_cpu_s(controller.pid), time.monotonic()
         results = [out.get(timeout=seconds + 120) for _ in workers]
-        cpu = (_cpu_s(controller.pid) - cpu0) / (time.monotonic() - wall0)
+        cpu = (process_cpu_s(controller.pid) - cpu0) / (time.monotonic() - wall0)
         for worker in workers:
             worker.join()
         rss = _rss_mb(controller.pid)

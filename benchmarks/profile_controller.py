@@ -21,7 +21,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.bench_online import _rtt_client, free_port, telemetry  # noqa: E402
+from benchmarks.bench_online import _rtt_clients, free_port, telemetry  # noqa: E402
 from controller.policy_file import ExportedPolicy  # noqa: E402
 from controller.reload import PolicyHolder  # noqa: E402
 from controller.server import ControllerServer, ServeOptions  # noqa: E402
@@ -70,9 +70,10 @@ def main() -> None:
         profile = cProfile.Profile()
         thread = threading.Thread(target=lambda: profile.runcall(server.run, stop, 50))
         thread.start()
-        queue = mp.get_context("spawn").Queue()
-        client = mp.get_context("spawn").Process(
-            target=_rtt_client, args=(endpoint, "c0", args.seconds, 1000, queue))
+        ctx = mp.get_context("spawn")
+        queue, ready = ctx.Queue(), ctx.Barrier(1)
+        client = ctx.Process(target=_rtt_clients,
+                             args=(endpoint, ["c0"], args.seconds, 1000, 0.1, queue, ready))
         client.start()
         sent, latencies = queue.get(timeout=args.seconds + 60)
         client.join()

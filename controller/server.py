@@ -21,7 +21,6 @@ other failure while handling one frame is logged and counted, not raised.
 
 from __future__ import annotations
 
-import bisect
 import logging
 import threading
 import time
@@ -31,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import zmq
 
+from controller.decider import allowed_actions, choose, compress, steps_at
 from controller.metrics import Metrics
 from controller.policy_file import ExportedPolicy
 from controller.reload import PolicyHolder
@@ -332,27 +332,13 @@ class ControllerServer:
         policy = self.holder.policy
         streams = list(pending.values())
         grid = policy.feature_spec.batch_grid
-        rows = len(grid)
         grids = [self._observation_grid(s) for s in streams]
-        failed = [g is None for g in grids]
-        if any(failed):
-            blank = np.zeros((rows, policy.feature_spec.size), dtype=np.float32)
-            grids = [blank if g is None else g for g in grids]
-        observations = np.concatenate(grids)
-        healthy = np.isfinite(observations).reshape(len(streams), -1).all(axis=1)
-        if not healthy.all():  # estimator overflow: that stream starts afresh, none other
-            for i in np.flatnonzero(~healthy):
+        chosen, healthy, runnable = choose(policy, self._policy_actions, grids,
+                                           [s.allowed for s in streams])
+        for i in np.flatnonzero(~healthy):
+            if grids[i] is not None:  # estimator overflow: that stream starts afresh
                 streams[i].builder.reset()
                 self._count(self.metrics.stream_resets, "nonfinite")
-            observations = np.nan_to_num(observations, nan=0.0, posinf=1.0, neginf=-1.0)
-        healthy &= ~np.asarray(failed)
-        logits = policy.logits(observations)
-        allowed = np.ones((len(streams), logits.shape[1]), dtype=bool)
-        for i, stream in enumerate(streams):
-            if stream.allowed is not None:
-                allowed[i] = stream.allowed
-        logits = np.where(np.repeat(allowed, rows, axis=0), logits, -np.inf)
-        chosen = self._policy_actions[np.argmax(logits, axis=1)].reshape(len(streams), rows)
         metrics, shadow = self.metrics, self.options.shadow
         now = time.monotonic()
         out = []
@@ -361,10 +347,10 @@ class ControllerServer:
             stream.seq += 1
             apply_from = stream.last_step + DECISION_LAG
             steps = chosen[i].tolist()
-            current = steps[max(bisect.bisect_right(grid, stream.batch_size) - 1, 0)]
+            current = steps_at(grid, steps, stream.batch_size)
             if not healthy[i]:
                 decision = Decision.fallback(stream.seq, apply_from, policy.name)
-            elif not allowed[i].any():
+            elif not runnable[i]:
                 self._count(metrics.fallbacks, "no_allowed_action")
                 decision = Decision.fallback(stream.seq, apply_from, policy.name)
             elif shadow:
@@ -375,7 +361,7 @@ class ControllerServer:
                 decision = Decision.fallback(stream.seq, apply_from, policy.name)
             else:
                 self._count(metrics.steps_chosen, current)
-                decision = Decision(stream.seq, apply_from, policy.name, *_compress(grid, steps))
+                decision = Decision(stream.seq, apply_from, policy.name, *compress(grid, steps))
             out.append((stream, decision))
         return out
 
@@ -436,9 +422,7 @@ class ControllerServer:
         return stream
 
     def _allowed(self, candidates: tuple[int, ...] | None) -> np.ndarray | None:
-        if candidates is None:
-            return None
-        return np.isin(self._policy_actions, np.asarray(candidates, dtype=np.int64))
+        return allowed_actions(self._policy_actions, candidates)
 
     def _on_reload(self, old: ExportedPolicy, new: ExportedPolicy) -> None:
         self.metrics.reloads.labels(result="ok").inc()
@@ -470,12 +454,3 @@ class ControllerServer:
                      dict(sorted(self._shadow_steps.items())))
             self._shadow_steps.clear()
 
-
-def _compress(grid: tuple[int, ...], steps: list[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Drop grid entries that repeat the previous entry's steps (same meaning, fewer bytes)."""
-    out_grid, out_steps = [grid[0]], [steps[0]]
-    for size, step in zip(grid[1:], steps[1:], strict=True):
-        if step != out_steps[-1]:
-            out_grid.append(size)
-            out_steps.append(step)
-    return tuple(out_grid), tuple(out_steps)

@@ -2,19 +2,28 @@
 
 ZeroMQ calls cost microseconds to hundreds of microseconds (each may wake
 ZeroMQ's own I/O thread), too much for the scheduler thread's per-step budget.
-So the socket lives on a daemon thread of its own, and the scheduler thread
-only appends telemetry to one deque and takes decisions from another; it never
-waits. The I/O thread blocks in ``zmq.Poller`` (GIL released) on the socket and
-on a wake-up pipe, with no timer but the next HELLO (at most
-:data:`HELLO_INTERVAL_S`): it wakes when a decision arrives or when telemetry is
-queued. Queuing writes one byte to the pipe only if the I/O thread is asleep
-(one ``write`` per wake-up, never per message while it is busy sending).
+So the socket lives on a daemon thread of its own, and so does everything else
+that need not happen on the scheduler thread: packing telemetry (the accepted
+drafts' byte conversion included), ageing decisions (:class:`DecisionAge`) and
+turning the one in charge into the :class:`~sglang_hooks.marker.DecisionMarker`
+every rank should apply. The scheduler thread only appends telemetry to one
+deque and reads one attribute (:attr:`ControllerClient.marker`); it never waits.
+
+While telemetry flows (any in the last :data:`_ACTIVE_S`), the I/O thread looks
+at the outbox and the socket every :data:`_POLL_S` (0.25 ms, sleeping with the
+GIL released in between), so queuing telemetry costs the scheduler thread no
+system call. Otherwise it blocks in ``zmq.Poller`` on the socket and on a
+wake-up pipe, with no timer but the next HELLO (at most
+:data:`HELLO_INTERVAL_S`) and, while telemetry awaits its answer, that
+telemetry's deadline; the first telemetry after such a pause writes one byte to
+the pipe (only if the I/O thread is asleep).
 
 The socket is a DEALER with ``ZMQ_IMMEDIATE`` (nothing is queued for a peer that
 is not connected) and a small send high-water mark: a send that would block is
 dropped and counted. ZeroMQ reconnects in the background. A telemetry message
 left unanswered for longer than the timeout means the controller is gone or too
-slow: :meth:`want` then says :data:`TIMED_OUT` until a fresh decision arrives.
+slow: the marker then says "fall back" until a fresh decision arrives. If the
+I/O thread itself fails, its last act is to publish that fallback marker.
 """
 
 from __future__ import annotations
@@ -39,78 +48,52 @@ from controller.wire import (
     decode,
     encode_hello,
     pack_telemetry,
+    telemetry_bytes,
 )
+from sglang_hooks.marker import CONTROLLER, FALLBACK, DecisionMarker
 
 log = logging.getLogger(__name__)
 
-#: Returned by :meth:`ControllerClient.want` when the controller is overdue.
+#: What :meth:`DecisionAge.want` says when the controller is overdue.
 TIMED_OUT = "timed-out"
 HELLO_INTERVAL_S = 1.0
 HELLO_RETRY_S = 0.05
 _SENT_WINDOW = 1024  # telemetry send times kept to age decisions
 _OUTBOX_LIMIT = 256  # telemetry waiting for the I/O thread (then: dropped)
+#: While telemetry flows (some in the last _ACTIVE_S), the I/O thread looks at the outbox
+#: and the socket every _POLL_S instead of being woken: a wake-up (a pipe write, waking a
+#: thread) cost the scheduler thread about 8 us per step, the look costs it nothing.
+_POLL_S = 0.00025
+_ACTIVE_S = 0.5
 
 
-class ControllerClient:
-    """Sends telemetry, receives decisions; every method is cheap and non-blocking.
+class DecisionAge:
+    """Which telemetry awaits its answer, and which decision is in charge.
+
+    Pure bookkeeping on given clock values (the client's I/O thread is its only user).
 
     Args:
-        endpoint: Controller address (``ipc://...`` or ``tcp://...``).
-        hello: What to introduce this server as (resent every second, so a
-            restarted controller learns it again).
         timeout_s: Longest a telemetry message may wait for its decision.
-        curve_server_key: The controller's CURVE public key (Z85), or None.
-        curve_client_cert: This client's CURVE certificate file (None: fresh keys).
-        monotonic: The clock that stamps a decision's arrival; the same one as the
-            ``now`` of the other methods (the socket's own timers use real time).
+        counters: Where to count accepted, stale and out-of-order decisions.
     """
 
-    def __init__(self, endpoint: str, hello: Hello, timeout_s: float,
-                 curve_server_key: str | None = None,
-                 curve_client_cert: str | None = None,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
-        self.endpoint = endpoint
+    def __init__(self, timeout_s: float, counters: Counter[str]) -> None:
         self.timeout_s = timeout_s
-        self._monotonic = monotonic
-        self.counters: Counter[str] = Counter()
+        self.counters = counters
         self._sent: deque[tuple[int, float]] = deque(maxlen=_SENT_WINDOW)
         self._latest: Decision | None = None
         self._latest_answers = -1
         #: The controller missed the timeout; only a fresh decision clears this.
         self._overdue = False
-        # Between the threads: deques (append/popleft are atomic), a flag and a pipe.
-        self._outbox: deque[bytes | tuple] = deque()
-        self._inbox: deque[tuple[Decision, float]] = deque(maxlen=_SENT_WINDOW)
-        self._stop = False
-        #: Set by the I/O thread before it blocks (then checks the outbox once more).
-        self._sleeping = False
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
-        self._context = zmq.Context(io_threads=1)
-        self._sock = self._socket(endpoint, curve_server_key, curve_client_cert)
-        self._thread = threading.Thread(target=self._run, args=(encode_hello(hello),),
-                                        name="specctl-client", daemon=True)
-        self._thread.start()
 
-    # -- scheduler thread --------------------------------------------------------------
+    @property
+    def answered_step(self) -> int:
+        """The telemetry step the newest accepted decision answers (-1: none yet)."""
+        return self._latest_answers
 
-    def send_telemetry(self, payload: bytes | tuple, step_index: int, now: float) -> None:
-        """Queue one telemetry message: a frame, or :func:`pack_telemetry`'s arguments."""
-        self._sent.append((step_index, now))
-        if len(self._outbox) >= _OUTBOX_LIMIT:  # the I/O thread is not keeping up
-            self.counters["telemetry_backlog_dropped"] += 1
-            return
-        self._outbox.append(payload)
-        if self._sleeping:
-            self._wake()
-
-    def poll(self, now: float) -> None:
-        """Take the decisions the I/O thread received (latest wins)."""
-        inbox = self._inbox
-        while inbox:
-            decision, received = inbox.popleft()
-            self._accept(decision, received)
+    def sent(self, step_index: int, at: float) -> None:
+        """Telemetry of ``step_index`` left (or was queued) at ``at``."""
+        self._sent.append((step_index, at))
 
     def want(self, now: float) -> Decision | str | None:
         """What the ranks should run now: a decision, :data:`TIMED_OUT`, or None (no
@@ -121,29 +104,14 @@ class ControllerClient:
             self._overdue = True
         return TIMED_OUT if self._overdue else self._latest
 
-    @property
-    def answered_step(self) -> int:
-        """The telemetry step the newest accepted decision answers (-1: none yet)."""
-        return self._latest_answers
+    def deadline(self) -> float | None:
+        """When :meth:`want` turns :data:`TIMED_OUT` unless an answer comes (None: never)."""
+        if self._overdue or not self._sent:
+            return None
+        return self._sent[0][1] + self.timeout_s
 
-    def close(self) -> None:
-        """Stop the I/O thread, close the socket (drops anything unsent)."""
-        if self._stop:
-            return
-        self._stop = True
-        self._wake()
-        self._thread.join(5)
-        if not self._thread.is_alive():
-            os.close(self._wake_r)
-            os.close(self._wake_w)
-
-    def _wake(self) -> None:
-        """Wake the I/O thread (a full pipe already holds a wake-up)."""
-        self._sleeping = False
-        with contextlib.suppress(OSError):  # BlockingIOError: a wake-up is pending already
-            os.write(self._wake_w, b"\0")
-
-    def _accept(self, decision: Decision, received: float) -> None:
+    def accept(self, decision: Decision, received: float) -> None:
+        """A decision that arrived at ``received``: in charge if fresh, else counted."""
         answers = decision.apply_from_step - DECISION_LAG
         if answers <= self._latest_answers:
             self.counters["decisions_out_of_order"] += 1
@@ -170,7 +138,118 @@ class ControllerClient:
         self._latest_answers = answers
         self.counters["decisions"] += 1
 
+
+def marker_for(want: Decision | str) -> DecisionMarker:
+    """The marker (``seq`` 0) that makes every rank do what ``want`` says."""
+    if want is TIMED_OUT or want.is_fallback:
+        return DecisionMarker(0, FALLBACK, 0, policy="" if want is TIMED_OUT else want.policy)
+    return DecisionMarker(0, CONTROLLER, want.apply_from_step, want.batch_grid, want.steps,
+                          want.policy)
+
+
+class ControllerClient:
+    """Sends telemetry, receives decisions; every method is cheap and non-blocking.
+
+    Args:
+        endpoint: Controller address (``ipc://...`` or ``tcp://...``); None: no
+            controller (local decisions only).
+        hello: What to introduce this server as (resent every second, so a
+            restarted controller learns it again).
+        timeout_s: Longest a telemetry message may wait for its decision.
+        curve_server_key: The controller's CURVE public key (Z85), or None.
+        curve_client_cert: This client's CURVE certificate file (None: fresh keys).
+        local: Local decision mode (:mod:`sglang_hooks.local`): each telemetry is
+            answered on the I/O thread; the controller's answers are ignored.
+        monotonic: The clock that ages decisions (their arrival, the timeout): the same
+            one as the ``now`` given to :meth:`send_telemetry` (the socket's own timers,
+            HELLO and the polling, use real time).
+    """
+
+    def __init__(self, endpoint: str | None, hello: Hello, timeout_s: float,
+                 curve_server_key: str | None = None,
+                 curve_client_cert: str | None = None, local: object = None,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.endpoint = endpoint
+        self.timeout_s = timeout_s
+        self._monotonic = monotonic
+        self.counters: Counter[str] = Counter()
+        #: The marker every rank should apply now (None: nothing decided yet), replaced
+        #: (one attribute store) by the I/O thread whenever what it decides changes;
+        #: ``seq`` increases with each.
+        self.marker: DecisionMarker | None = None
+        #: The I/O thread's latest view: a Decision, TIMED_OUT or None.
+        self.current: Decision | str | None = None
+        self._age = DecisionAge(timeout_s, self.counters)
+        self._marker_key: tuple | None = None
+        # Between the threads: a deque (append/popleft are atomic), a flag and a pipe.
+        self._outbox: deque[tuple] = deque()
+        self._stop = False
+        #: Set by the I/O thread before it blocks (then checks the outbox once more).
+        self._sleeping = False
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._local = local
+        self._context = zmq.Context(io_threads=1)
+        self._sock = (self._socket(endpoint, curve_server_key, curve_client_cert)
+                      if endpoint else None)
+        self._thread = threading.Thread(target=self._run, args=(encode_hello(hello),),
+                                        name="specctl-client", daemon=True)
+        self._thread.start()
+
+    @property
+    def answered_step(self) -> int:
+        """The telemetry step the newest accepted decision answers (-1: none yet)."""
+        return self._age.answered_step
+
+    # -- scheduler thread --------------------------------------------------------------
+
+    def send_telemetry(self, payload: bytes | tuple, step_index: int, now: float) -> None:
+        """Queue one telemetry message: a frame, or :func:`telemetry_frame`'s arguments."""
+        outbox = self._outbox
+        if len(outbox) >= _OUTBOX_LIMIT:  # the I/O thread is not keeping up
+            self.counters["telemetry_backlog_dropped"] += 1
+            return
+        outbox.append((payload, step_index, now))
+        if self._sleeping:
+            self._wake()
+
+    def close(self) -> None:
+        """Stop the I/O thread, close the socket (drops anything unsent)."""
+        if self._stop:
+            return
+        self._stop = True
+        self._wake()
+        self._thread.join(5)
+        if not self._thread.is_alive():
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+
+    def _wake(self) -> None:
+        """Wake the I/O thread (a full pipe already holds a wake-up)."""
+        self._sleeping = False
+        with contextlib.suppress(OSError):  # BlockingIOError: a wake-up is pending already
+            os.write(self._wake_w, b"\0")
+
     # -- I/O thread ----------------------------------------------------------------------
+
+    def _publish(self, now: float) -> None:
+        """Age the decisions; publish a new marker if what the ranks should run changed."""
+        want = self._age.want(now)
+        if want is self.current:
+            return
+        self.current = want
+        if want is None:
+            return
+        marker = marker_for(want)
+        if marker.key == self._marker_key:
+            return
+        self._marker_key = marker.key
+        self._set_marker(marker)
+
+    def _set_marker(self, marker: DecisionMarker) -> None:
+        seq = self.marker.seq + 1 if self.marker is not None else 1
+        self.marker = marker._replace(seq=seq)  # one store: the scheduler thread reads it
 
     def _socket(self, endpoint: str, server_key: str | None, client_cert: str | None):
         sock = self._context.socket(zmq.DEALER)
@@ -195,25 +274,25 @@ class ControllerClient:
 
     def _run(self, hello: bytes) -> None:
         sock, counters, outbox, wake = self._sock, self.counters, self._outbox, self._wake_r
+        age = self._age
+        local = self._local
         poller = zmq.Poller()
-        poller.register(sock, zmq.POLLIN)
+        if sock is not None:
+            poller.register(sock, zmq.POLLIN)
         poller.register(wake, zmq.POLLIN)
-        next_hello = 0.0
+        next_hello = 0.0 if sock is not None else float("inf")
+        last_telemetry = -_ACTIVE_S
         try:
             while not self._stop:
-                timeout_ms = max(0, int((next_hello - time.monotonic()) * 1e3) + 1)
-                self._sleeping = True
-                if outbox or self._stop:  # queued after the last send: do not block
-                    timeout_ms = 0
-                events = dict(poller.poll(timeout_ms))  # GIL released while blocked
-                self._sleeping = False
                 counters["io_wakeups"] += 1
-                if wake in events:
-                    self._drain_wake()
-                if sock in events:
-                    self._receive(sock)
-                if not outbox and time.monotonic() < next_hello:
-                    continue
+                if time.monotonic() - last_telemetry < _ACTIVE_S:
+                    # Serving: look every _POLL_S instead of being woken, so queuing
+                    # telemetry costs the scheduler thread no system call.
+                    time.sleep(_POLL_S)  # GIL released
+                    if sock is not None and sock.get(zmq.EVENTS) & zmq.POLLIN:
+                        self._receive(sock)
+                else:
+                    self._block(poller, sock, wake, next_hello)
                 now = time.monotonic()
                 if now >= next_hello:
                     try:
@@ -221,20 +300,60 @@ class ControllerClient:
                         next_hello = now + HELLO_INTERVAL_S
                     except zmq.Again:  # not connected (yet): try again soon
                         next_hello = now + HELLO_RETRY_S
+                if outbox:
+                    last_telemetry = now
                 while outbox:
-                    payload = outbox.popleft()
-                    frame = payload if type(payload) is bytes else pack_telemetry(*payload)
-                    try:
-                        sock.send(frame, zmq.NOBLOCK)
-                        counters["telemetry_sent"] += 1
-                    except zmq.Again:
-                        counters["telemetry_dropped"] += 1
+                    payload, step, queued = outbox.popleft()
+                    age.sent(step, queued)
+                    frame = payload if type(payload) is bytes else telemetry_frame(*payload)
+                    if sock is not None:
+                        try:
+                            sock.send(frame, zmq.NOBLOCK)
+                            counters["telemetry_sent"] += 1
+                        except zmq.Again:
+                            counters["telemetry_dropped"] += 1
+                    if local is not None:
+                        self._decide_locally(frame)
+                self._publish(self._monotonic())
         except Exception:  # never let a bug here go unnoticed, nor reach SGLang
             counters["client_thread_failed"] += 1
             log.exception("specctl: controller client thread stopped (fallback from now on)")
+            # Nothing will age decisions any more: every rank falls back, for good.
+            self.current = TIMED_OUT
+            self._set_marker(marker_for(TIMED_OUT))
         finally:
-            sock.close(linger=0)
+            if sock is not None:
+                sock.close(linger=0)
             self._context.term()
+
+    def _decide_locally(self, frame: bytes) -> None:
+        try:
+            decision = self._local.decide(frame)
+        except WireError as exc:  # what the daemon would have refused: no answer
+            self.counters[f"local_wire_error_{exc.kind}"] += 1
+            return
+        self.counters["local_decisions"] += 1
+        self._age.accept(decision, self._monotonic())
+
+    def _block(self, poller, sock, wake: int, next_hello: float) -> None:
+        """Idle: sleep until a decision, a wake-up, the next HELLO or a deadline is due."""
+        now = time.monotonic()
+        wait_s = min(next_hello, now + HELLO_INTERVAL_S) - now  # inf: no controller
+        deadline = self._age.deadline()
+        if deadline is not None:
+            # On the decisions' clock (the injected one): how long until it passes.
+            wait_s = min(wait_s, deadline - self._monotonic())
+        # +1 ms: the poll's resolution; want() needs the deadline passed.
+        timeout_ms = max(0, int(wait_s * 1e3) + 1)
+        self._sleeping = True
+        if self._outbox or self._stop:  # queued after the last send: do not block
+            timeout_ms = 0
+        events = dict(poller.poll(timeout_ms))  # GIL released while blocked
+        self._sleeping = False
+        if wake in events:
+            self._drain_wake()
+        if sock in events:
+            self._receive(sock)
 
     def _drain_wake(self) -> None:
         with contextlib.suppress(BlockingIOError):
@@ -242,7 +361,7 @@ class ControllerClient:
                 pass
 
     def _receive(self, sock) -> None:
-        """Queue the decisions waiting on the socket (with their arrival time)."""
+        """Take the decisions waiting on the socket (aged by their arrival time)."""
         counters = self.counters
         while sock.get(zmq.EVENTS) & zmq.POLLIN:
             frame = sock.recv(zmq.NOBLOCK)
@@ -254,7 +373,20 @@ class ControllerClient:
             if type(message) is not Decision:
                 counters["wire_error_kind"] += 1
                 continue
-            self._inbox.append((message, self._monotonic()))
+            if self._local is not None:  # decided here: the hub's answer is not needed
+                counters["remote_decisions_ignored"] += 1
+                continue
+            self._age.accept(message, self._monotonic())
+
+
+def telemetry_frame(server: str, rank: int, step_index: int, time_s: float, batch_size: int,
+                    waiting: int, running: int, kv_used: int, kv_capacity: int, prefill: int,
+                    steps_used: int, accepted: object, latency_s: float) -> bytes:
+    """One TELEMETRY frame from the values the hooks captured (``accepted``: SGLang's
+    per-request accepted drafts, converted here, off the scheduler thread)."""
+    blob, total = telemetry_bytes(accepted, steps_used, batch_size)
+    return pack_telemetry(server, rank, step_index, time_s, batch_size, waiting, running,
+                          kv_used, kv_capacity, prefill, steps_used, blob, total, latency_s)
 
 
 def client_name(version: str) -> str:

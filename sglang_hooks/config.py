@@ -50,7 +50,7 @@ from pathlib import Path
 
 from sglang_hooks.offswitch import OFF_PATHS
 
-ACTIVATING = ("SPECCTL_CONTROLLER", "SPECCTL_RECORD", "SPECCTL_FALLBACK")
+ACTIVATING = ("SPECCTL_CONTROLLER", "SPECCTL_POLICY", "SPECCTL_RECORD", "SPECCTL_FALLBACK")
 
 
 class ConfigError(ValueError):
@@ -80,6 +80,10 @@ class PluginConfig:
     curve_client_cert: str | None = None
     #: What a step decided 0 runs (one of ``offswitch.OFF_PATHS``).
     off_path: str = "decode"
+    #: Local decision mode: this exported policy, evaluated in this process (None: the
+    #: controller decides); ``profile`` is the features' cost prior, as ``specctl-serve``'s.
+    policy: str | None = None
+    profile: str | None = None
 
     @property
     def rule(self) -> str:
@@ -97,6 +101,13 @@ def from_env(env: Mapping[str, str] | None = None) -> PluginConfig | None:
         raise ConfigError(
             f"SPECCTL_CONTROLLER={controller!r}: expected ipc://PATH or tcp://HOST:PORT"
         )
+    policy = env.get("SPECCTL_POLICY") or None
+    if policy is not None and not Path(policy).is_file():
+        raise ConfigError(f"SPECCTL_POLICY={policy!r}: no such policy file")
+    profile = env.get("SPECCTL_PROFILE") or None
+    if profile is not None and policy is None:
+        raise ConfigError("SPECCTL_PROFILE is the local mode's cost prior: it needs "
+                          "SPECCTL_POLICY=<policy.npz> as well")
     fallback, table = _fallback(env.get("SPECCTL_FALLBACK") or "sglang")
     explore = _flag(env, "SPECCTL_RECORD_EXPLORE")
     record_dir = env.get("SPECCTL_RECORD") or None
@@ -119,6 +130,8 @@ def from_env(env: Mapping[str, str] | None = None) -> PluginConfig | None:
         curve_server_key=env.get("SPECCTL_CURVE_SERVER_KEY") or None,
         curve_client_cert=env.get("SPECCTL_CURVE_CLIENT_CERT") or None,
         off_path=_off_path(env.get("SPECCTL_OFF_PATH") or "decode"),
+        policy=policy,
+        profile=profile,
     )
 
 

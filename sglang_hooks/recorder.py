@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from controller.wire import telemetry_bytes
 from env.schema import RequestRecord, StepRecord
 
 log = logging.getLogger(__name__)
@@ -121,9 +122,9 @@ class Recorder:
 
     def add_step(self, step_index: int, time_s: float, batch_size: int, waiting: int,
                  running: int, kv_used: int, kv_capacity: int, prefill_tokens: int,
-                 steps_used: int, accepted: bytes, latency_s: float,
+                 steps_used: int, accepted: bytes | list[int] | None, latency_s: float,
                  request_ids: list[str] | None) -> None:
-        """Queue one step (``accepted``: int8 per request)."""
+        """Queue one step (``accepted``: int8 bytes, or SGLang's per-request list)."""
         if len(self._queue) >= self._max_queue:
             self.counters["dropped"] += 1
             return
@@ -215,6 +216,8 @@ class Recorder:
     def _step_record(self, item: tuple) -> StepRecord:
         (_, step, t, batch, waiting, running, kv_used, kv_cap, prefill, steps_used, accepted,
          latency, rids) = item
+        if not isinstance(accepted, bytes):  # SGLang's list, converted here (off the hooks)
+            accepted = telemetry_bytes(accepted, steps_used, batch)[0]
         drafts = np.frombuffer(accepted, dtype=np.int8)[:batch] if steps_used > 0 else np.empty(0)
         drafts = np.clip(drafts, 0, steps_used).astype(np.int8)
         self.counters["steps"] += 1

@@ -8,8 +8,8 @@ Its bound methods are what :mod:`sglang_hooks.plugin` registers with SGLang's
 target                                         type       what it does
 =============================================  =========  ================================
 SchedulerRequestReceiver._pull_raw_reqs        AFTER      source rank: announce the local
-                                                          rule once, poll the controller,
-                                                          append a decision marker
+                                                          rule once, append the client's
+                                                          newest decision marker
 Scheduler.process_input_requests               BEFORE     every rank: strip markers, queue
                                                           the newest, adopt the announced
                                                           rule (first call: attach)
@@ -39,7 +39,10 @@ controller's replies, faults) is acted on locally; the source turns them into
 markers too.
 
 Hook cost matters (they run on the scheduler thread every step): no logging,
-no allocation beyond a few small objects, no pyarrow. Every hook body is
+no allocation beyond a few small objects, no pyarrow, no system call. What can
+happen elsewhere does: the client's I/O thread ages decisions, builds the
+markers and packs telemetry (the accepted drafts go as SGLang's list; the
+client's and the recorder's threads convert them). Every hook body is
 wrapped so that an exception is counted, logged once, and never reaches SGLang.
 """
 
@@ -54,7 +57,7 @@ from collections.abc import Callable
 from typing import Any
 
 from controller.wire import Hello
-from sglang_hooks.client import TIMED_OUT, ControllerClient, client_name
+from sglang_hooks.client import ControllerClient, client_name
 from sglang_hooks.compat import Ranks, read_ranks
 from sglang_hooks.config import PluginConfig
 from sglang_hooks.marker import CONTROLLER, FALLBACK, DecisionMarker, RuleMarker, strip_markers
@@ -145,9 +148,9 @@ class Runtime:
         self._ran = [-1] * _RING  # depth run per launched step (every rank)
         self._pending: DecisionMarker | None = None
         self._last_seq = -1
-        self._marker_seq = 0
-        self._attached_key: tuple | None = None
-        self._last_want: object = None
+        #: The marker the source attached last (None: none yet). Not ``_attached``:
+        #: that flag says whether :meth:`attach` ran.
+        self._last_marker: DecisionMarker | None = None
         self._broken = False
         self._slots = [_Slot() for _ in range(_RING)]
         self._processing: _Slot | None = None
@@ -214,10 +217,15 @@ class Runtime:
         """Make this runtime the source rank: open the client and the recorder."""
         cfg = self.cfg
         candidates = tuple(self.policy.candidate_steps) if self.policy is not None else ()
-        if cfg.controller and not cfg.record_explore:
+        if (cfg.controller or cfg.policy) and not cfg.record_explore:
+            local = None
+            if cfg.policy:
+                from sglang_hooks.local import LocalDecisions
+
+                local = LocalDecisions(cfg.policy, candidates, cfg.profile)
             hello = Hello(self.server, self.rank, candidates, client_name(self.version))
             self.client = ControllerClient(cfg.controller, hello, cfg.timeout_s,
-                                           cfg.curve_server_key, cfg.curve_client_cert,
+                                           cfg.curve_server_key, cfg.curve_client_cert, local,
                                            monotonic=self.monotonic)
         if cfg.record_dir:
             from sglang_hooks.recorder import start_recorder
@@ -229,16 +237,19 @@ class Runtime:
                       "controller": cfg.controller},
             )
         self.is_source = True
-        log.info("specctl: source rank of server %r: controller=%s, rule=%s, recording=%s",
-                 self.server, cfg.controller if self.client else None, cfg.rule, cfg.record_dir)
+        log.info("specctl: source rank of server %r: controller=%s, local policy=%s, rule=%s, "
+                 "recording=%s", self.server, cfg.controller if self.client else None,
+                 cfg.policy if self.client else None, cfg.rule, cfg.record_dir)
 
     def close(self) -> None:
-        """Stop the client and the recorder (tests and clean shutdown)."""
+        """Stop the client, the recorder and the hook timing's writer (tests, clean shutdown)."""
         if self.client is not None:
             self.client.close()
             self.client = None
         if self.recorder is not None:
             self.recorder.close()
+        if self.clock is not None:
+            self.clock.close()
         self.is_source = False
 
     def fault(self, where: str, exc: BaseException) -> None:
@@ -262,7 +273,10 @@ class Runtime:
             if not self._announced:  # the first thing every rank hears from the source
                 self._announced = True
                 result.append(self.local)
-            marker = self._source_marker(self.monotonic())
+            now = self.monotonic()
+            if now >= self._next_summary:
+                self._summary(now)
+            marker = self._source_marker()
             if marker is not None:
                 result.append(marker)
         except Exception as exc:
@@ -379,38 +393,27 @@ class Runtime:
 
     # -- source rank internals -----------------------------------------------------------
 
-    def _source_marker(self, now: float) -> DecisionMarker | None:
-        """A marker for every rank if what they should run has changed, else None."""
-        if now >= self._next_summary:
-            self._summary(now)
-        want = self._want(now)
-        if want is None or want is self._last_want:
-            return None
-        self._last_want = want
-        if want is TIMED_OUT or want.is_fallback:
-            policy = "" if want is TIMED_OUT else want.policy
-            marker = DecisionMarker(0, FALLBACK, 0, policy=policy)  # at once
-        else:
-            marker = DecisionMarker(0, CONTROLLER, want.apply_from_step, want.batch_grid,
-                                    want.steps, want.policy)
-        if marker.key == self._attached_key:
-            return None
-        if want is TIMED_OUT:
-            self.counters["timeouts"] += 1
-        self._attached_key = marker.key
-        self._marker_seq += 1
-        self.counters[f"markers_{marker.mode}"] += 1
-        return marker._replace(seq=self._marker_seq)
+    def _source_marker(self) -> DecisionMarker | None:
+        """The marker to attach for every rank if what they should run has changed.
 
-    def _want(self, now: float):
-        """The client's latest word (a Decision, TIMED_OUT or None)."""
+        The client's I/O thread ages decisions and builds the markers; here it is one
+        attribute read and an identity check.
+        """
         if self._broken:  # one last fallback marker if the controller was in charge
-            in_charge = self._attached_key is not None and self._attached_key[0] == CONTROLLER
-            return TIMED_OUT if in_charge else None
-        if self.client is None:
-            return None
-        self.client.poll(now)
-        return self.client.want(now)
+            last = self._last_marker
+            if last is None or last.mode != CONTROLLER:
+                return None
+            marker = DecisionMarker(last.seq + 1, FALLBACK, 0)
+        else:
+            client = self.client
+            marker = client.marker if client is not None else None
+            if marker is None or marker is self._last_marker:
+                return None
+        self._last_marker = marker
+        self.counters[f"markers_{marker.mode}"] += 1
+        if marker.mode == FALLBACK and not marker.policy:
+            self.counters["timeouts"] += 1
+        return marker
 
     def _capture_launch(self, scheduler: Any, batch: Any, step: int, now: float) -> _Slot | None:
         if self._broken:
@@ -457,29 +460,19 @@ class Runtime:
         if start is None or slot.t_launch - start > _IDLE_GAP_S:
             start = slot.t_launch
         latency = now - start
-        accepted = slot.accepted
-        steps = slot.steps_used
-        if steps > 0 and accepted:
-            try:  # drafts <= steps <= 127, so int8 on the wire (checked by decode)
-                blob = bytes(accepted)
-            except ValueError:  # outside 0..255: clip
-                blob = bytes(min(max(int(a), 0), 127) for a in accepted)
-            if len(blob) > slot.batch_size:
-                blob = blob[: slot.batch_size]
-            total = sum(blob)
-        else:
-            blob, total = b"", 0
-        if self.client is not None:  # packed and sent on the client's I/O thread
+        # The accepted drafts go as SGLang gave them (a fresh list per step): the
+        # client's I/O thread and the recorder's thread turn them into bytes.
+        if self.client is not None:
             self.client.send_telemetry((
                 self.server, self.rank, slot.step, slot.t_launch, slot.batch_size,
                 slot.waiting, slot.running, slot.kv_used, slot.kv_capacity, slot.prefill,
-                steps, blob, total, latency,
+                slot.steps_used, slot.accepted, latency,
             ), slot.step, now)
         if self.recorder is not None:
             self.recorder.add_step(
                 slot.step, slot.t_launch, slot.batch_size, slot.waiting, slot.running,
-                slot.kv_used, slot.kv_capacity, slot.prefill, steps, blob, latency,
-                slot.request_ids,
+                slot.kv_used, slot.kv_capacity, slot.prefill, slot.steps_used, slot.accepted,
+                latency, slot.request_ids,
             )
 
     def _record_arrivals(self, recv_reqs: Any) -> None:

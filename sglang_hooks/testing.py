@@ -85,6 +85,18 @@ def wait_until(condition: Callable[[], bool], what: str, deadline_s: float = 60.
         time.sleep(0.001)
 
 
+def io_round(client: Any) -> None:
+    """Wait until a :class:`~sglang_hooks.client.ControllerClient`'s I/O thread has gone
+    round its loop once since the call: it has then taken what was on its socket and in
+    its outbox, aged the decisions at the clock's present reading and published the
+    marker. (Woken first, in case it sleeps until a HELLO or a deadline: on a manual
+    clock a deadline passes when the test says, not when the thread expects.)"""
+    counters = client.counters
+    start = counters["io_wakeups"]  # counted at the top of each round
+    client._wake()
+    wait_until(lambda: counters["io_wakeups"] >= start + 2, "a round of the I/O thread")
+
+
 class ManualClock:
     """A monotonic clock that moves only when told (:meth:`advance`, :meth:`sleep_until`).
 

@@ -9,6 +9,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sglang_hooks import timing
 from sglang_hooks.timing import HookClock, bucket_low, bucket_of
 
 
@@ -72,3 +73,41 @@ def test_the_writer_thread_writes_the_summary_and_survives_failures(tmp_path):
     clock.path = str(path)  # the thread is still alive and writes on close
     clock.close()
     assert json.loads(path.read_text())["steps"] == 1
+
+
+class FakeClock:
+    """perf_counter_ns advancing ``tick`` ns per reading (plus what a hook 'spends')."""
+
+    def __init__(self, tick: int) -> None:
+        self.now, self.tick = 0, tick
+
+    def __call__(self) -> int:
+        self.now += self.tick
+        return self.now
+
+
+def test_the_wrappers_own_cost_is_measured_and_subtracted(monkeypatch):
+    fake = FakeClock(tick=100)
+    monkeypatch.setattr(timing.time, "perf_counter_ns", fake)
+    clock = HookClock("unused", write_every_s=0)
+    # plain: two readings around the hook; AROUND: two more around the original
+    assert (clock.plain_overhead_ns, clock.around_overhead_ns) == (100, 200)
+
+    def hook(*args):
+        fake.now += 5_000  # the hook's own work
+
+    def around_hook(original, *args):
+        fake.now += 3_000
+        return original(*args)
+
+    def sglang_code(*args):
+        fake.now += 7_000  # not the plugin's: excluded
+
+    clock.plain(hook)()
+    clock.around(around_hook)(sglang_code)
+    assert clock.current_ns == 5_000 + 3_000
+    clock.end_step()
+    clock.plain(lambda: None)()
+    clock.end_step()  # a do-nothing hook's step reads 0
+    assert clock.max_ns == 8_000 and clock.total_ns == 8_000
+    assert clock.summary()["subtracted_per_call_us"] == {"plain": 0.1, "around": 0.2}

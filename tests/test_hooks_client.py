@@ -1,8 +1,10 @@
-"""The plugin's controller client: never blocks, ages decisions, falls back on silence."""
+"""The plugin's controller client: never blocks, ages decisions, falls back on silence;
+its I/O thread builds the markers the scheduler thread attaches."""
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 
 import numpy as np
 import zmq
@@ -17,8 +19,9 @@ from controller.wire import (
     encode_step,
 )
 from env.schema import StepRecord
-from sglang_hooks.client import TIMED_OUT, ControllerClient
-from sglang_hooks.testing import ManualClock, socket_dir, wait_until
+from sglang_hooks.client import TIMED_OUT, ControllerClient, DecisionAge, marker_for
+from sglang_hooks.marker import CONTROLLER, FALLBACK
+from sglang_hooks.testing import ManualClock, io_round, socket_dir, wait_until
 
 _SOCKETS = socket_dir()
 _names = iter(range(10**6))
@@ -61,21 +64,19 @@ class Router:
         self.sock.close(0)
 
 
-def handled(client: ControllerClient, clock: ManualClock, decisions: int) -> None:
-    """Wait until the scheduler thread's side has taken ``decisions`` decisions in all
-    (accepted, stale or out of order): counted, never timed."""
+def handled(client: ControllerClient, decisions: int) -> None:
+    """Wait until the I/O thread has taken ``decisions`` decisions in all (accepted,
+    stale or out of order) and published what they mean: counted, never timed."""
     counters = client.counters
-
-    def done() -> bool:
-        client.poll(clock())
-        return (counters["decisions"] + counters["decisions_stale"]
-                + counters["decisions_out_of_order"]) >= decisions
-
-    wait_until(done, f"{decisions} decisions")
+    wait_until(lambda: (counters["decisions"] + counters["decisions_stale"]
+                        + counters["decisions_out_of_order"]) >= decisions,
+               f"{decisions} decisions")
+    io_round(client)
 
 
 # Over a real socket, on a manual clock: the clock moves only where a test says, so a
-# loaded machine cannot push a step past the timeout.
+# loaded machine cannot push a step past the timeout; after each move the test waits for
+# a round of the I/O thread (io_round), which ages the decisions at the clock's reading.
 
 
 def test_decisions_are_followed_until_the_controller_goes_quiet():
@@ -86,27 +87,36 @@ def test_decisions_are_followed_until_the_controller_goes_quiet():
     try:
         _, hello = router.receive()
         assert hello == HELLO
-        assert client.want(clock()) is None  # nothing decided yet: local rule
+        io_round(client)
+        assert client.current is None and client.marker is None  # local rule
         client.send_telemetry(frame(1), 1, clock())
         identity, record = router.telemetry()
         clock.advance(0.01)
         router.answer(identity, record.step_index)
-        handled(client, clock, 1)
-        decision = client.want(clock())
+        handled(client, 1)
+        decision = client.current
         assert isinstance(decision, Decision) and decision.steps == (4,)
+        first = client.marker
+        assert first.mode == CONTROLLER and first.steps == (4,) and first.seq == 1
+        assert client.answered_step == 1
 
         client.send_telemetry(frame(2), 2, clock())  # never answered
         clock.advance(0.09)
-        assert client.want(clock()) == decision  # within the timeout
+        io_round(client)
+        assert client.current == decision and client.marker is first  # within the timeout
         clock.advance(0.02)
-        assert client.want(clock()) is TIMED_OUT
+        io_round(client)
+        assert client.current is TIMED_OUT
+        assert client.marker.mode == FALLBACK and client.marker.policy == ""
+        assert client.marker.seq == 2
 
         client.send_telemetry(frame(3), 3, clock())
         router.telemetry()
         identity, record = router.telemetry()
         router.answer(identity, record.step_index, steps=6)
-        handled(client, clock, 2)
-        assert client.want(clock()).steps == (6,)  # resumed
+        handled(client, 2)
+        assert client.current.steps == (6,)  # resumed
+        assert client.marker.steps == (6,) and client.marker.seq == 3
     finally:
         client.close()
         router.close()
@@ -125,17 +135,18 @@ def test_late_and_out_of_order_decisions_are_dropped():
         router.telemetry()
         clock.advance(0.08)
         router.answer(identity, 1)  # answers step 1, 80 ms after it was sent: stale
-        handled(client, clock, 1)
+        handled(client, 1)
         assert client.counters["decisions_stale"] == 1
-        assert client.want(clock()) is TIMED_OUT
+        assert client.current is TIMED_OUT and client.marker.mode == FALLBACK
         client.send_telemetry(frame(3), 3, clock())
         router.telemetry()
         router.answer(identity, 3)
         router.answer(identity, 2)  # older than what was just accepted
-        handled(client, clock, 3)
+        handled(client, 3)
         assert client.counters["decisions"] == 1
         assert client.counters["decisions_out_of_order"] == 1
-        assert client.want(clock()).apply_from_step == 3 + DECISION_LAG
+        assert client.current.apply_from_step == 3 + DECISION_LAG
+        assert client.answered_step == 3
     finally:
         client.close()
         router.close()
@@ -149,85 +160,122 @@ def test_a_missing_controller_means_dropped_telemetry_and_fallback():
     try:
         for step in range(10_000):
             client.send_telemetry(frame(step), step, clock())
-            client.poll(clock())
         counters = client.counters
         wait_until(lambda: counters["telemetry_dropped"]
                    + counters["telemetry_backlog_dropped"] == 10_000, "every send dropped")
         assert counters["telemetry_sent"] == 0
-        assert client.want(clock()) is None, "not overdue within the timeout"
+        io_round(client)
+        assert client.current is None, "not overdue within the timeout"
         clock.advance(0.011)
-        assert client.want(clock()) is TIMED_OUT
+        io_round(client)
+        assert client.current is TIMED_OUT and client.marker.mode == FALLBACK
     finally:
         client.close()
 
 
-# -- the timeout paths on the scheduler thread's side, with given clock values (fast) -----
+# -- the timeout paths of DecisionAge, with given clock values (fast) ---------------------
 
 
 def decision_for(step: int, steps: int = 4) -> Decision:
     return Decision(step, step + DECISION_LAG, "p", (1,), (steps,))
 
 
-def offline_client(timeout_s: float = 0.1) -> ControllerClient:
-    """A client with no controller behind it; decisions are handed in as the I/O thread
-    would (``_inbox``), so every time below is a given number, not a measured one."""
-    return ControllerClient(ipc(), HELLO, timeout_s=timeout_s)
-
-
 def test_timeout_falls_back_and_only_a_fresh_decision_resumes():
-    client = offline_client()
-    try:
-        assert client.want(100.0) is None  # nothing sent, nothing decided: local rule
-        client.send_telemetry(b"", 1, 100.00)
-        assert client.want(100.09) is None  # waiting, within the timeout
-        client._inbox.append((decision_for(1), 100.02))
-        client.poll(100.02)
-        assert client.want(100.05).steps == (4,)
-        client.send_telemetry(b"", 2, 100.03)  # never answered
-        assert client.want(100.12).steps == (4,)  # 90 ms: still in charge
-        assert client.want(100.14) is TIMED_OUT  # 110 ms: the controller is gone
-        assert client.want(100.145) is TIMED_OUT  # and stays gone...
-        client.send_telemetry(b"", 3, 100.15)
-        assert client.want(100.16) is TIMED_OUT, "...step 2 is still unanswered"
-        client._inbox.append((decision_for(3, steps=6), 100.16))
-        client.poll(100.16)
-        assert client.want(100.17).steps == (6,)  # ...until a fresh decision
-        assert client.counters["decisions"] == 2
-    finally:
-        client.close()
+    age = DecisionAge(0.1, Counter())
+    assert age.want(100.0) is None  # nothing sent, nothing decided: local rule
+    assert age.deadline() is None
+    age.sent(1, 100.00)
+    assert age.deadline() == 100.1
+    assert age.want(100.09) is None  # waiting, within the timeout
+    age.accept(decision_for(1), 100.02)
+    assert age.want(100.05).steps == (4,)
+    age.sent(2, 100.03)  # never answered
+    assert age.want(100.12).steps == (4,)  # 90 ms: still in charge
+    assert age.want(100.14) is TIMED_OUT  # 110 ms: the controller is gone
+    assert age.deadline() is None  # overdue already: nothing to wake up for
+    assert age.want(100.145) is TIMED_OUT  # and stays gone...
+    age.sent(3, 100.15)
+    assert age.want(100.16) is TIMED_OUT, "...step 2 is still unanswered"
+    age.accept(decision_for(3, steps=6), 100.16)
+    assert age.want(100.17).steps == (6,)  # ...until a fresh decision
+    assert age.counters["decisions"] == 2
 
 
 def test_an_answer_later_than_the_timeout_is_stale_and_ignored():
-    client = offline_client()
-    try:
-        client.send_telemetry(b"", 4, 9.99)
-        client._inbox.append((decision_for(4), 10.0))
-        client.poll(10.0)
-        assert client.want(10.0).steps == (4,)
-        client.send_telemetry(b"", 5, 10.0)  # the server's last step before it goes idle
-        client._inbox.append((decision_for(5), 10.2))  # 200 ms after its telemetry
-        client.poll(10.2)  # the source polls before it asks want(): nothing is overdue now
-        assert client.counters["decisions_stale"] == 1
-        assert client.want(10.2) is TIMED_OUT, "the older decision must not stay in charge"
-    finally:
-        client.close()
+    age = DecisionAge(0.1, Counter())
+    age.sent(4, 9.99)
+    age.accept(decision_for(4), 10.0)
+    assert age.want(10.0).steps == (4,)
+    age.sent(5, 10.0)  # the server's last step before it goes idle
+    age.accept(decision_for(5), 10.2)  # 200 ms after its telemetry
+    assert age.counters["decisions_stale"] == 1
+    assert age.want(10.2) is TIMED_OUT, "the older decision must not stay in charge"
 
 
 def test_out_of_order_and_unknown_step_answers_are_ignored():
-    client = offline_client()
+    age = DecisionAge(0.1, Counter())
+    for step in (6, 7):
+        age.sent(step, 1.0)
+    age.accept(decision_for(7), 1.01)
+    age.accept(decision_for(6), 1.01)  # older than what was accepted
+    age.accept(decision_for(99), 1.01)  # answers nothing sent
+    assert age.counters["decisions"] == 1
+    assert age.counters["decisions_out_of_order"] == 1
+    assert age.counters["decisions_stale"] == 1
+    assert age.want(1.02).apply_from_step == 7 + DECISION_LAG
+    assert age.answered_step == 7
+
+
+def test_markers_say_what_the_decision_says():
+    marker = marker_for(Decision(1, 9, "p", (1, 64), (5, 2)))
+    assert marker == (0, CONTROLLER, 9, (1, 64), (5, 2), "p")
+    assert marker.steps_for(100) == 2
+    assert marker_for(Decision.fallback(1, 9, "p")) == (0, FALLBACK, 0, (), (), "p")
+    assert marker_for(TIMED_OUT).policy == ""
+
+
+def test_the_same_decision_again_publishes_no_new_marker():
+    clock = ManualClock()
+    endpoint = ipc()
+    router = Router(endpoint)
+    client = ControllerClient(endpoint, HELLO, timeout_s=0.5, monotonic=clock)
     try:
-        for step in (6, 7):
-            client.send_telemetry(b"", step, 1.0)
-        client._inbox.append((decision_for(7), 1.01))
-        client._inbox.append((decision_for(6), 1.01))  # older than what was accepted
-        client._inbox.append((decision_for(99), 1.01))  # answers nothing sent
-        client.poll(1.01)
-        assert client.counters["decisions"] == 1
-        assert client.counters["decisions_out_of_order"] == 1
-        assert client.counters["decisions_stale"] == 1
-        assert client.want(1.02).apply_from_step == 7 + DECISION_LAG
+        router.receive()
+        for step in (1, 2, 3):
+            client.send_telemetry(frame(step), step, clock())
+            identity, record = router.telemetry()
+            router.answer(identity, record.step_index, steps=4 if step < 3 else 5)
+            handled(client, step)
+            if step == 1:
+                first = client.marker
+            if step == 2:
+                assert client.marker is first  # same steps: nothing new for the ranks
+        assert client.counters["decisions"] == 3
+        assert client.marker.steps == (5,) and client.marker.seq == first.seq + 1
     finally:
         client.close()
+        router.close()
+
+
+def test_a_failed_io_thread_leaves_every_rank_on_the_fallback():
+    clock = ManualClock()
+    endpoint = ipc()
+    router = Router(endpoint)
+    client = ControllerClient(endpoint, HELLO, timeout_s=5.0, monotonic=clock)
+    try:
+        router.receive()
+        client.send_telemetry(frame(1), 1, clock())
+        identity, _ = router.telemetry()
+        router.answer(identity, 1)
+        handled(client, 1)
+        assert client.marker.mode == CONTROLLER
+        client.send_telemetry(("not", "telemetry"), 2, clock())  # a bug's stand-in
+        wait_until(lambda: not client._thread.is_alive(), "the I/O thread to stop")
+        assert client.counters["client_thread_failed"] == 1
+        assert client.marker.mode == FALLBACK and client.current is TIMED_OUT
+    finally:
+        client.close()
+        router.close()
 
 
 def test_the_io_thread_sleeps_until_telemetry_or_a_decision_wakes_it():
@@ -246,8 +294,8 @@ def test_the_io_thread_sleeps_until_telemetry_or_a_decision_wakes_it():
         assert record.step_index == 1
         router.answer(identity, 1)
         wait_until(lambda: client.counters["io_wakeups"] >= asleep + 2, "woken by the decision")
-        handled(client, clock, 1)
-        assert client.want(clock()).steps == (4,)
+        handled(client, 1)
+        assert client.current.steps == (4,)
     finally:
         client.close()
         router.close()
@@ -269,41 +317,34 @@ def test_bad_frames_are_counted_one_by_one_and_the_decision_after_them_taken():
         for bad in (b"\xc1garbage", b"\xc1more", encode_hello(HELLO)):  # HELLO: wrong kind
             router.sock.send_multipart([identity, bad])
         router.answer(identity, 1)
-        handled(client, clock, 1)
+        handled(client, 1)
         assert client.counters["wire_error_garbage"] == 2
         assert client.counters["wire_error_kind"] == 1
-        assert client.want(clock()).steps == (4,)
+        assert client.current.steps == (4,)
     finally:
         client.close()
         router.close()
 
 
 def test_an_answer_exactly_at_the_timeout_is_still_fresh():
-    client = offline_client(timeout_s=0.125)  # binary fractions: exact differences
-    try:
-        client.send_telemetry(b"", 1, 1.0)
-        assert client.want(1.125) is None, "overdue only after the timeout"
-        client._inbox.append((decision_for(1), 1.125))
-        client.poll(1.125)
-        assert client.counters["decisions"] == 1 and client.want(1.125).steps == (4,)
-    finally:
-        client.close()
+    age = DecisionAge(0.125, Counter())  # binary fractions: exact differences
+    age.sent(1, 1.0)
+    assert age.deadline() == 1.125
+    assert age.want(1.125) is None, "overdue only after the timeout"
+    age.accept(decision_for(1), 1.125)
+    assert age.counters["decisions"] == 1 and age.want(1.125).steps == (4,)
 
 
 def test_repeated_and_late_answers_are_each_counted():
-    client = offline_client()
-    try:
-        for step in (1, 2, 3):
-            client.send_telemetry(b"", step, 1.0)
-        client._inbox.extend([(decision_for(2), 1.01), (decision_for(2), 1.01),  # twice
-                              (decision_for(1), 1.01)])
-        client.poll(1.01)
-        assert client.counters["decisions"] == 1
-        assert client.counters["decisions_out_of_order"] == 2, "a repeat is out of order"
-        client.send_telemetry(b"", 4, 2.0)
-        client.send_telemetry(b"", 5, 2.0)
-        client._inbox.extend([(decision_for(3), 2.5), (decision_for(4), 2.5)])  # both stale
-        client.poll(2.5)
-        assert client.counters["decisions_stale"] == 2
-    finally:
-        client.close()
+    age = DecisionAge(0.1, Counter())
+    for step in (1, 2, 3):
+        age.sent(step, 1.0)
+    for decision in (decision_for(2), decision_for(2), decision_for(1)):  # 2 twice
+        age.accept(decision, 1.01)
+    assert age.counters["decisions"] == 1
+    assert age.counters["decisions_out_of_order"] == 2, "a repeat is out of order"
+    age.sent(4, 2.0)
+    age.sent(5, 2.0)
+    for decision in (decision_for(3), decision_for(4)):  # both stale
+        age.accept(decision, 2.5)
+    assert age.counters["decisions_stale"] == 2

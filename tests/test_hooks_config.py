@@ -45,3 +45,14 @@ def test_exploration_is_a_record_mode():
 def test_errors_name_the_variable(env, message):
     with pytest.raises(ConfigError, match=message.replace("{", r"\{").replace("(", r"\(")):
         from_env(env)
+
+
+def test_local_mode_takes_a_policy_file_and_its_profile(tmp_path):
+    policy = tmp_path / "policy.npz"
+    policy.write_bytes(b"checked when loaded")
+    cfg = from_env({"SPECCTL_POLICY": str(policy), "SPECCTL_PROFILE": "h200_llama31_8b"})
+    assert (cfg.policy, cfg.profile, cfg.controller) == (str(policy), "h200_llama31_8b", None)
+    with pytest.raises(ConfigError, match="SPECCTL_POLICY"):
+        from_env({"SPECCTL_POLICY": str(tmp_path / "missing.npz")})
+    with pytest.raises(ConfigError, match="SPECCTL_PROFILE"):
+        from_env({"SPECCTL_CONTROLLER": "ipc:///tmp/x", "SPECCTL_PROFILE": "h200_llama31_8b"})

@@ -73,6 +73,7 @@ from sglang_hooks.testing import (  # noqa: E402
     ReqStandIn,
     WorkerStandIn,
     hooked_classes,
+    io_round,
     socket_dir,
     wait_until,
 )
@@ -256,6 +257,38 @@ def test_controller_decisions_drive_the_real_adaptive_controller(tmp_path):
     assert not any(type(r) is DecisionMarker for r in loop.scheduler.dispatched)
 
 
+def test_local_mode_decides_in_process_and_every_rank_follows(tmp_path):
+    """SPECCTL_POLICY: no controller; the source's I/O thread decides, markers carry it.
+    On a manual clock, each step waits for a round of the I/O thread: which step the
+    first answer reaches does not depend on how loaded the machine is."""
+    path = tmp_path / "constant.npz"
+    constant_policy(5).save(path)
+    clock = ManualClock()
+    ranks = [runtime(SOURCE, policy=str(path), fallback="table", table=((1, 2),),
+                     monotonic=clock),
+             runtime(SECOND, fallback="table", table=((1, 2),), monotonic=clock)]
+    loops = [build_rank(ranks[0], True), build_rank(ranks[1], False)]
+    reqs = [ReqStandIn(f"r{i}") for i in range(48)]
+    for i in range(150):
+        broadcast = pickle.dumps(loops[0].pull() or [])
+        for loop in loops:
+            loop.iterate(pickle.loads(broadcast), next_batch(i, reqs))
+        clock.advance(0.002)
+        io_round(ranks[0].client)  # this step's telemetry decided, its marker published
+    for loop in loops:
+        loop.drain()
+    counters = dict(ranks[0].client.counters)
+    for rt in ranks:
+        rt.close()
+    steps = [decode_steps(loop) for loop in loops]
+    assert steps[0] == steps[1], "every rank runs the same depth at every step"
+    first = steps[0].index(5)
+    assert set(steps[0][:first]) == {2} and set(steps[0][first:]) == {5}
+    assert first < 20  # no connection, no round trip: the first step's answer
+    assert counters["local_decisions"] >= 100 and "telemetry_sent" not in counters
+    assert not any(k.startswith("fault") for rt in ranks for k in rt.counters)
+
+
 def test_a_decision_applies_from_its_step_on_every_rank_and_markers_stay_internal():
     rt = runtime(min_switch_steps=1)
     loop = build_rank(rt, is_source=True)
@@ -406,7 +439,6 @@ def test_controller_killed_and_restarted_mid_stream(tmp_path):
     def kept_pace() -> bool:
         """The controller answered the telemetry of the step whose result was just
         processed (forward_ct is the one in flight)."""
-        rt.client.poll(clock())
         return rt.client.answered_step >= loop.scheduler.forward_ct - 1
 
     def run_until(done, alive: bool) -> None:
@@ -418,6 +450,7 @@ def test_controller_killed_and_restarted_mid_stream(tmp_path):
             i += 1
             if not alive or kept_pace():
                 clock.advance(0.002)
+                io_round(rt.client)  # the next step sees the answer, aged at the new time
             else:
                 time.sleep(0.001)  # let the live controller's answer arrive
 
@@ -518,8 +551,7 @@ def run_lockstep(loop: RankLoop, rt: Runtime, raw: RawController, clock: ManualC
     arrives when is set by the clock, never by how loaded the machine is."""
     reqs = [ReqStandIn(f"r{i}") for i in range(48)]
 
-    def taken() -> int:  # replies the scheduler thread's side has seen (one decision each)
-        rt.client.poll(clock())
+    def taken() -> int:  # replies the client's I/O thread has taken (one decision each)
         counters = rt.client.counters
         return (counters["decisions"] + counters["decisions_stale"]
                 + counters["decisions_out_of_order"])
@@ -532,6 +564,7 @@ def run_lockstep(loop: RankLoop, rt: Runtime, raw: RawController, clock: ManualC
         wait_until(lambda: raw.last_step >= loop.scheduler.forward_ct - 1, "telemetry")
         clock.advance(0.002)
         wait_until(lambda: raw.nothing_due() and taken() >= raw.replies, "replies")
+        io_round(rt.client)  # aged at the clock's new reading, the marker published
     loop.drain()
 
 

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from controller import wire
 from controller.wire import (
     ERROR_KINDS,
     MAX_BATCH,
@@ -23,6 +24,7 @@ from controller.wire import (
     WireError,
     apply_socket_limits,
     decode,
+    decode_general,
     encode_decision,
     encode_hello,
     encode_step,
@@ -247,3 +249,58 @@ def test_decoder_survives_any_field_replaced(kind, data):
         decode(msgpack.packb(message, use_bin_type=True))
     except WireError as exc:
         assert exc.kind in ERROR_KINDS
+
+
+# -- the TELEMETRY fast path (msgspec) against the general path -------------------------
+
+
+def _outcome(decoder, frame: bytes):
+    try:
+        record = decoder(frame)
+    except WireError as exc:
+        return ("error", exc.kind, exc.field)
+    if not isinstance(record, StepRecord):
+        return ("other", record)
+    return ("record", *(getattr(record, name).tobytes() if name == "accepted_drafts"
+                        else getattr(record, name) for name in STEP_FIELDS))
+
+
+def _same_either_way(frame: bytes) -> None:
+    fast = _outcome(decode, frame)
+    assert fast == _outcome(decode_general, frame)
+    if fast[0] == "record":  # the types, too (0 vs 0.0 would compare equal)
+        assert [type(v) for v in fast] == [type(v) for v in _outcome(decode_general, frame)]
+
+
+def test_the_fast_path_is_in_use():
+    assert wire._decode_fast is not None, "msgspec is a dependency (pyproject.toml)"
+    frame = msgpack.packb(_telemetry(), use_bin_type=True)
+    assert wire._decode_fast(frame) is not None
+
+
+@settings(max_examples=300)
+@given(step_records())
+def test_fast_and_general_decoding_agree_on_valid_telemetry(record):
+    _same_either_way(encode_step(record))
+
+
+@settings(max_examples=500)
+@given(st.data())
+def test_fast_and_general_decoding_agree_on_any_field_replaced(data):
+    message = _telemetry(accepted=bytes([1, 2, 3]), total=6, count=3, batch=4, steps=3)
+    index = data.draw(st.integers(2, len(message) - 1))
+    message[index] = data.draw(msgpack_values | st.integers(-5, 300)
+                               | st.floats(-1.0, 1e4) | st.binary(max_size=6))
+    _same_either_way(msgpack.packb(message, use_bin_type=True))
+
+
+@pytest.mark.parametrize("changes", [
+    dict(time=-1.0), dict(time=float("inf")), dict(latency=5e-324), dict(latency=float("nan")),
+    dict(batch=MAX_BATCH + 1), dict(kv=101, cap=100), dict(steps=1), dict(rank=2**20),
+    dict(total=4), dict(count=1), dict(batch=1), dict(accepted=bytes([255, 4]), total=259),
+    dict(server="x" * 300), dict(server=""), dict(time=3), dict(latency=0), dict(steps=127),
+    dict(accepted=b"", total=0, count=0), dict(steps=0, accepted=b"", total=0, count=0),
+])
+def test_fast_and_general_decoding_agree_on_edge_cases(changes):
+    _same_either_way(msgpack.packb(_telemetry(**changes), use_bin_type=True))
+    _same_either_way(msgpack.packb(_telemetry(**changes), use_bin_type=True) + b"\x00")

@@ -1,0 +1,138 @@
+"""Observations in, speculation steps out: the decision both deciders make.
+
+``specctl-serve`` (:mod:`controller.server`) decides for many streams per poll
+and the plugin's local mode (:class:`StreamDecider`, on the plugin's I/O
+thread) for its one stream; both fold telemetry into the policy file's
+:class:`env.features.FeatureBuilder` and call :func:`choose`, so a given
+telemetry stream gets the same decisions either way
+(``tests/test_local_decisions.py``).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+
+import numpy as np
+
+from controller.policy_file import ExportedPolicy
+from controller.wire import DECISION_LAG, Decision
+from env.features import FeatureBuilder
+from env.schema import StepRecord
+
+
+def allowed_actions(actions: np.ndarray, candidates: Sequence[int] | None) -> np.ndarray | None:
+    """Which of the policy's actions a server offering ``candidates`` can run (None: all)."""
+    if candidates is None:
+        return None
+    return np.isin(actions, np.asarray(candidates, dtype=np.int64))
+
+
+def choose(policy: ExportedPolicy, actions: np.ndarray, grids: list[np.ndarray | None],
+           allowed: list[np.ndarray | None]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One batched policy evaluation over several streams' observation grids.
+
+    Args:
+        policy: The policy.
+        actions: ``policy.actions`` as an array.
+        grids: Per stream its ``observation_grid()``, or None (its features failed).
+        allowed: Per stream the mask of :func:`allowed_actions`, or None (all).
+
+    Returns:
+        ``(steps, healthy, runnable)``: the chosen steps, shape (streams, grid rows);
+        whether the stream's observations were finite and present (a stream that is not
+        gets a fallback, and should start afresh); whether any action was allowed.
+    """
+    # Few, whole-array numpy calls: at these sizes each call's ~1 us overhead is the cost.
+    rows = len(policy.feature_spec.batch_grid)
+    n = len(grids)
+    failed = [g is None for g in grids]
+    if any(failed):
+        blank = np.zeros((rows, policy.feature_spec.size), dtype=np.float32)
+        grids = [blank if g is None else g for g in grids]
+    observations = grids[0] if n == 1 else np.concatenate(grids)
+    finite = np.isfinite(observations)
+    if finite.all():
+        healthy = np.ones(n, dtype=bool)
+    else:  # estimator overflow: that stream only
+        healthy = finite.reshape(n, -1).all(axis=1)
+        observations = np.nan_to_num(observations, nan=0.0, posinf=1.0, neginf=-1.0)
+    if any(failed):
+        healthy &= ~np.asarray(failed)
+    logits = policy.logits(observations)
+    runnable = np.ones(n, dtype=bool)
+    if any(a is not None for a in allowed):
+        masks = np.stack([np.ones(len(actions), dtype=bool) if a is None else a
+                          for a in allowed])
+        runnable = masks.any(axis=1)
+        # -inf where the server cannot run the action: never the arg-max
+        logits = (logits.reshape(n, rows, -1)
+                  + np.where(masks, 0.0, -np.inf)[:, None, :]).reshape(n * rows, -1)
+    steps = actions[np.argmax(logits, axis=1)].reshape(n, rows)
+    return steps, healthy, runnable
+
+
+def compress(grid: Sequence[int], steps: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Drop grid entries that repeat the previous entry's steps (same meaning, fewer bytes)."""
+    out_grid, out_steps = [grid[0]], [steps[0]]
+    for size, step in zip(grid[1:], steps[1:], strict=True):
+        if step != out_steps[-1]:
+            out_grid.append(size)
+            out_steps.append(step)
+    return tuple(out_grid), tuple(out_steps)
+
+
+def steps_at(grid: Sequence[int], steps: Sequence[int], batch_size: int) -> int:
+    """The steps a decision over ``grid`` gives a batch of ``batch_size``."""
+    return steps[max(bisect.bisect_right(grid, batch_size) - 1, 0)]
+
+
+class StreamDecider:
+    """One stream's decisions, as the daemon makes them (the plugin's local mode).
+
+    Args:
+        policy: The policy (replace it with :meth:`set_policy`).
+        candidates: The steps the server offers (its HELLO's ``candidate_steps``).
+        cost_prior: The server's cost profile (the features' latency prior), or None.
+    """
+
+    def __init__(self, policy: ExportedPolicy, candidates: Sequence[int] | None,
+                 cost_prior=None) -> None:
+        self.cost_prior = cost_prior
+        self.candidates = None if candidates is None else tuple(candidates)
+        self.seq = 0
+        self.last_step = -1
+        self.resets = 0
+        self.set_policy(policy)
+
+    def set_policy(self, policy: ExportedPolicy) -> None:
+        """Serve ``policy`` from now on (features start afresh if its spec differs)."""
+        old = getattr(self, "policy", None)
+        self.policy = policy
+        self.actions = np.asarray(policy.actions)
+        self.allowed = allowed_actions(self.actions, self.candidates)
+        if old is None or old.feature_spec != policy.feature_spec:
+            self.builder = FeatureBuilder(policy.feature_spec, self.cost_prior)
+
+    def decide(self, record: StepRecord) -> Decision:
+        """Fold ``record`` (a decoded TELEMETRY) and answer it, as the daemon would."""
+        if record.step_index <= self.last_step:
+            self.builder.reset()  # the server restarted: a new run
+        self.last_step = record.step_index
+        self.seq += 1
+        apply_from = record.step_index + DECISION_LAG
+        policy = self.policy
+        try:
+            self.builder.update(record)
+            grid = self.builder.observation_grid()
+        except Exception:  # e.g. LinAlgError: this stream starts afresh, as in the daemon
+            grid = None
+        steps, healthy, runnable = choose(policy, self.actions, [grid], [self.allowed])
+        if not healthy[0]:
+            self.builder.reset()
+            self.resets += 1
+            return Decision.fallback(self.seq, apply_from, policy.name)
+        if not runnable[0]:
+            return Decision.fallback(self.seq, apply_from, policy.name)
+        return Decision(self.seq, apply_from, policy.name,
+                        *compress(policy.feature_spec.batch_grid, steps[0].tolist()))

@@ -1,0 +1,123 @@
+"""Local decision mode: the plugin's in-process decisions equal the daemon's, record for
+record, on many random telemetry streams; and the client answers locally without a
+controller."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from controller.decider import StreamDecider, allowed_actions, choose
+from controller.policy_file import ExportedPolicy
+from controller.reload import PolicyHolder
+from controller.server import ControllerServer, ServeOptions
+from controller.wire import DECISION_LAG, Hello, decode, encode_hello, pack_telemetry
+from env.cost_model import load_profile
+from sglang_hooks.client import ControllerClient
+from sglang_hooks.local import LocalDecisions
+from sglang_hooks.marker import CONTROLLER
+from sglang_hooks.testing import ManualClock, io_round, wait_until
+
+CANDIDATES = (0, 1, 2, 3, 5)  # a server offering fewer depths than the policy's actions
+
+
+def telemetry_stream(seed: int, length: int, restart: bool = True) -> list[bytes]:
+    """Random but plausible telemetry: load drifts, depth changes, prefills, a restart."""
+    rng = np.random.default_rng(seed)
+    frames, step, batch = [], 0, int(rng.integers(1, 300))
+    restart = int(rng.integers(5, length)) if restart else -1
+    for i in range(length):
+        step = 1 if i == restart else step + int(rng.integers(1, 3))
+        batch = int(np.clip(batch + rng.integers(-8, 9), 1, 1024))
+        prefill = int(rng.integers(1, 4096)) if rng.random() < 0.1 else 0
+        steps = 0 if prefill else int(rng.choice(CANDIDATES))
+        accepted = (rng.integers(0, steps + 1, size=batch).astype(np.int8).tobytes()
+                    if steps else b"")
+        capacity = 500_000
+        latency = 0.0 if rng.random() < 0.05 else float(rng.uniform(0.004, 0.08))
+        frames.append(pack_telemetry(
+            "srv", 0, step, i * 0.02, batch, int(rng.integers(0, 500)), batch,
+            int(rng.integers(0, capacity)), capacity, prefill, steps, accepted,
+            sum(accepted), latency))
+    return frames
+
+
+@pytest.mark.parametrize("profile", [None, "h200_llama31_8b"])
+def test_local_decisions_equal_the_daemons(tmp_path, profile):
+    path = tmp_path / "policy.npz"
+    ExportedPolicy.random(seed=3, hidden=(32,)).save(path)
+    cost_prior = load_profile(profile) if profile else None
+    server = ControllerServer(PolicyHolder(path), ServeOptions(endpoint="inproc://parity"),
+                              cost_prior=cost_prior)
+    compared = 0
+    try:
+        for seed in range(12):
+            peer = (f"peer-{seed}".encode(), "")
+            pending: dict = {}
+            server.handle_frame(peer, encode_hello(Hello("srv", 0, CANDIDATES)), pending)
+            local = StreamDecider(ExportedPolicy.load(path), CANDIDATES, cost_prior)
+            for frame in telemetry_stream(seed, 150):
+                pending = {}
+                server.handle_frame(peer, frame, pending)
+                (_, remote), = server.decide(pending)
+                mine = local.decide(decode(frame))
+                assert mine == remote, f"seed {seed}, step {decode(frame).step_index}"
+                compared += 1
+    finally:
+        server.close()
+    assert compared == 12 * 150
+
+
+def test_the_client_decides_locally_without_a_controller(tmp_path):
+    path = tmp_path / "policy.npz"
+    ExportedPolicy.random(seed=1).save(path)
+    local = LocalDecisions(str(path), CANDIDATES)
+    clock = ManualClock()  # still: however late the I/O thread runs, nothing goes stale
+    client = ControllerClient(None, Hello("srv", 0, CANDIDATES), 0.1, local=local,
+                              monotonic=clock)
+    try:
+        for frame in telemetry_stream(7, 20, restart=False):
+            client.send_telemetry(frame, decode(frame).step_index, clock())
+        last = decode(frame).step_index
+        wait_until(lambda: client.counters["local_decisions"] == 20, "20 local decisions")
+        io_round(client)
+        assert client.counters["local_decisions"] == 20
+        assert client.current.apply_from_step == last + DECISION_LAG
+        marker = client.marker
+        assert marker.mode == CONTROLLER and set(marker.steps) <= set(CANDIDATES)
+    finally:
+        client.close()
+
+
+def test_a_changed_policy_file_is_picked_up(tmp_path):
+    path = tmp_path / "policy.npz"
+    ExportedPolicy.random(seed=1, name="first").save(path)
+    local = LocalDecisions(str(path), CANDIDATES)
+    frames = telemetry_stream(2, 8, restart=False)
+    assert local.decide(frames[0]).policy == "first"
+    ExportedPolicy.random(seed=2, name="second").save(path)
+    local.holder.request_reload()
+    assert local.decide(frames[1]).policy == "second"
+
+
+def test_choose_takes_the_best_allowed_action_per_row():
+    """The batched evaluation against a row-by-row reference."""
+    rng = np.random.default_rng(0)
+    policy = ExportedPolicy.random(seed=5, hidden=(16,))
+    actions = np.asarray(policy.actions)
+    rows, size = len(policy.feature_spec.batch_grid), policy.feature_spec.size
+    grids = [rng.uniform(-1, 1, (rows, size)).astype(np.float32) for _ in range(6)]
+    grids[2] = None  # its features failed
+    grids[3][4, 7] = np.nan  # estimator overflow
+    allowed = [None, allowed_actions(actions, [0, 2]), None, None,
+               allowed_actions(actions, [1, 3, 6]), allowed_actions(actions, [99])]
+    steps, healthy, runnable = choose(policy, actions, grids, allowed)
+    assert healthy.tolist() == [True, True, False, False, True, True]
+    assert runnable.tolist() == [True, True, True, True, True, False]
+    for i, grid in enumerate(grids):
+        if not healthy[i] or not runnable[i]:
+            continue
+        for r in range(rows):
+            logits = policy.logits(grid[r])
+            ok = [j for j in range(len(actions)) if allowed[i] is None or allowed[i][j]]
+            assert steps[i, r] == actions[max(ok, key=lambda j: (logits[j], -j))]
