@@ -11,8 +11,6 @@ decision the policy takes on it.
 
 from __future__ import annotations
 
-import tempfile
-
 import numpy as np
 import zmq
 
@@ -25,6 +23,7 @@ from env.cost_model import load_profile
 from env.rollout import DecisionLoop
 from env.simulator import Simulator
 from env.workloads import ClosedLoop
+from sglang_hooks.testing import socket_dir
 
 
 def test_env_and_controller_observations_are_identical(tmp_path):
@@ -38,7 +37,7 @@ def test_env_and_controller_observations_are_identical(tmp_path):
     feed = loop.features.update
     loop.features.update = lambda record: (released.append(record), feed(record))[1]
 
-    endpoint = f"ipc://{tempfile.mkdtemp(prefix='fp-')}/c.sock"
+    endpoint = f"ipc://{socket_dir()}/c.sock"
     server = ControllerServer(PolicyHolder(tmp_path / "policy.npz"),
                               ServeOptions(endpoint=endpoint), cost_prior=profile)
     client = zmq.Context.instance().socket(zmq.DEALER)
