@@ -67,6 +67,27 @@ def _pct(values_us: np.ndarray) -> dict:
             "n": int(values_us.size)}
 
 
+def connect_servers(endpoint: str, names: list[str], client: str):
+    """One DEALER per server name, each said HELLO, all on one poller (as the plugin's
+    client sets its socket up). Returns (context, poller, sockets, socket -> index)."""
+    import zmq
+
+    from controller.wire import Hello, apply_socket_limits, encode_hello
+
+    context = zmq.Context()
+    poller = zmq.Poller()
+    socks = []
+    for name in names:
+        sock = context.socket(zmq.DEALER)
+        apply_socket_limits(sock)
+        sock.setsockopt(zmq.SNDHWM, 64)
+        sock.connect(endpoint)
+        sock.send(encode_hello(Hello(name, 0, tuple(range(8)), client, os.getpid())))
+        poller.register(sock, zmq.POLLIN)
+        socks.append(sock)
+    return context, poller, socks, {sock: i for i, sock in enumerate(socks)}
+
+
 def process_cpu_s(pid: int) -> float:
     """User + system CPU seconds the process (all its threads) has used so far."""
     with open(f"/proc/{pid}/stat") as stat:
@@ -287,20 +308,9 @@ def _rtt_clients(endpoint: str, names: list[str], seconds: float, rate_hz: float
     import msgpack
     import zmq
 
-    from controller.wire import Hello, apply_socket_limits, encode_hello, pack_telemetry
+    from controller.wire import pack_telemetry
 
-    context = zmq.Context()
-    poller = zmq.Poller()
-    socks = []
-    for name in names:
-        sock = context.socket(zmq.DEALER)
-        apply_socket_limits(sock)
-        sock.setsockopt(zmq.SNDHWM, 64)
-        sock.connect(endpoint)
-        sock.send(encode_hello(Hello(name, 0, tuple(range(8)), "bench", os.getpid())))
-        poller.register(sock, zmq.POLLIN)
-        socks.append(sock)
-    index = {sock: i for i, sock in enumerate(socks)}
+    _context, poller, socks, index = connect_servers(endpoint, names, "bench")  # kept alive
     accepted = bytes(np.random.default_rng(0).integers(0, 4, size=32).astype(np.int8))
     total = sum(accepted)
     sent = [dict() for _ in names]  # step -> send time (ns); popped when answered

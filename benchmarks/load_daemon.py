@@ -34,7 +34,11 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.bench_online import process_cpu_s, start_controller  # noqa: E402
+from benchmarks.bench_online import (  # noqa: E402
+    connect_servers,
+    process_cpu_s,
+    start_controller,
+)
 from controller.default_policy import default_policy_path  # noqa: E402
 
 
@@ -51,25 +55,11 @@ def _good_servers(endpoint: str, names: list[str], seconds: float, warmup_s: flo
 
     from controller.wire import (
         DECISION_LAG,
-        Hello,
-        apply_socket_limits,
         decode,
-        encode_hello,
         pack_telemetry,
     )
 
-    context = zmq.Context()
-    poller = zmq.Poller()
-    socks = []
-    for name in names:
-        sock = context.socket(zmq.DEALER)
-        apply_socket_limits(sock)
-        sock.setsockopt(zmq.SNDHWM, 64)  # as the plugin's client
-        sock.connect(endpoint)
-        sock.send(encode_hello(Hello(name, 0, tuple(range(8)), "load", os.getpid())))
-        poller.register(sock, zmq.POLLIN)
-        socks.append(sock)
-    index = {sock: i for i, sock in enumerate(socks)}
+    context, poller, socks, index = connect_servers(endpoint, names, "load")
     sent_at = [dict() for _ in names]  # step -> send time, pruned as answers arrive
     fresh = [-1.0] * len(names)  # send time of the telemetry the latest accepted answer answers
     counts = {name: {"steps": 0, "covered": 0, "stale_answers": 0, "send_dropped": 0}
