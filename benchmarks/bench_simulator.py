@@ -1,4 +1,4 @@
-"""Speed of the simulator (the RL inner loop) and of the feature module.
+"""Speed of the simulator (the RL inner loop), of what it reads, and of the feature module.
 
     python benchmarks/bench_simulator.py [--steps 200000] [--json out.json]
 
@@ -10,7 +10,10 @@ Measures, on one core (run it alone on the machine for stable numbers):
 * decisions/s of the full decision loop (simulator + lagged features +
   observation) with a static policy;
 * gymnasium ``step`` calls per second with random actions;
-* the feature module's update and observation times.
+* the feature module's update and observation times;
+* the cost model's scalar ``step_latency_s`` (the simulator calls it once per step) on
+  the MoE profile, its slowest path;
+* reading the largest shipped workload, ``azure_conv`` (19,366 CSV rows).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from env.features import FeatureBuilder
 from env.rollout import DecisionLoop
 from env.simulator import Simulator
 from env.spec_env import SpecDecodeEnv
-from env.workloads import ClosedLoop
+from env.workloads import ClosedLoop, shipped_workload
 
 
 def decode_steps_per_s(output_tokens: int, steps: int) -> float:
@@ -100,6 +103,25 @@ def feature_times_us(n: int) -> dict[str, float]:
             "observation_grid_us": grid * 1e6}
 
 
+def scalar_latency_us(n: int) -> float:
+    """Microseconds per scalar ``CostProfile.step_latency_s`` call on ``blackwell_tp8`` (MoE)."""
+    profile = load_profile("blackwell_tp8")
+    start = time.perf_counter()
+    for i in range(n):
+        profile.step_latency_s(i & 63, i & 7, 12_000, 0)
+    return (time.perf_counter() - start) / n * 1e6
+
+
+def azure_conv_read_s(repeats: int) -> float:
+    """Seconds to read the shipped ``azure_conv`` workload (best of ``repeats``)."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        shipped_workload("azure_conv")
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200_000)
@@ -113,6 +135,8 @@ def main() -> None:
         "decision_loop_per_s_batch64": decision_loop_per_s(args.steps // 10),
         "env_steps_per_s_random_actions": env_steps_per_s(args.steps // 10),
         **feature_times_us(20_000),
+        "cost_model_scalar_latency_us_moe": scalar_latency_us(50_000),
+        "read_azure_conv_s": azure_conv_read_s(3),
     }
     for key, value in results.items():
         print(f"{key:45s} {value:12,.1f}")
