@@ -1,5 +1,6 @@
-"""Policy files that pass the format checks but cannot serve are refused when loaded,
-naming the field; a reload of one keeps the old policy (issue 10, item 7)."""
+"""Policy files: save and load, the forward pass, and every check on loading (a file
+that passes the format checks but cannot serve is refused naming the field; a reload of one
+keeps the old policy, issue 10 item 7)."""
 
 from __future__ import annotations
 
