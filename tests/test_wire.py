@@ -15,6 +15,7 @@ from controller.wire import (
     MAX_FRAME_BYTES,
     MAX_KV_TOKENS,
     MAX_STEP_LATENCY_S,
+    MAX_TIME_S,
     MIN_STEP_LATENCY_S,
     TRANSPORT_MAX_MSG_BYTES,
     WIRE_VERSION,
@@ -304,3 +305,96 @@ def test_fast_and_general_decoding_agree_on_any_field_replaced(data):
 def test_fast_and_general_decoding_agree_on_edge_cases(changes):
     _same_either_way(msgpack.packb(_telemetry(**changes), use_bin_type=True))
     _same_either_way(msgpack.packb(_telemetry(**changes), use_bin_type=True) + b"\x00")
+
+
+def test_every_valid_telemetry_frame_takes_the_fast_path():
+    """The fast path may hand a frame to the general one only when the frame is bad; a
+    valid frame it declined would cost speed silently. (A fresh decoder: the module's
+    own is built once, at import.)"""
+    fast = wire._make_fast_decoder()
+    for changes in [{}, dict(latency=0), dict(latency=MIN_STEP_LATENCY_S), dict(cap=0, kv=5),
+                    dict(kv=100, cap=100), dict(steps=127), dict(steps=2),
+                    dict(accepted=b"", total=0, count=0), dict(time=MAX_TIME_S),
+                    dict(latency=MAX_STEP_LATENCY_S), dict(rank=wire.MAX_RANK),
+                    dict(batch=MAX_BATCH), dict(accepted=bytes([3] * 20), total=60, count=20,
+                                                batch=20, steps=3),
+                    dict(accepted=bytes(range(17)), total=136, count=17, batch=17, steps=16)]:
+        frame = msgpack.packb(_telemetry(**changes), use_bin_type=True)
+        record = fast(frame)
+        assert record is not None, changes
+        assert _outcome(lambda f, r=record: r, frame) == _outcome(decode_general, frame)
+
+
+@settings(max_examples=200)
+@given(step_records())
+def test_a_fresh_fast_decoder_accepts_and_agrees_on_valid_telemetry(record):
+    fast = _FRESH_FAST
+    frame = encode_step(record)
+    got = fast(frame)
+    assert got is not None
+    assert _outcome(lambda f: got, frame) == _outcome(decode_general, frame)
+
+
+@settings(max_examples=300)
+@given(st.data())
+def test_a_fresh_fast_decoder_never_accepts_what_the_general_path_refuses(data):
+    message = _telemetry(accepted=bytes([1, 2, 3]), total=6, count=3, batch=4, steps=3)
+    index = data.draw(st.integers(2, len(message) - 1))
+    message[index] = data.draw(msgpack_values | st.integers(-5, 300)
+                               | st.floats(-1.0, 1e4) | st.binary(max_size=6))
+    frame = msgpack.packb(message, use_bin_type=True)
+    got = _FRESH_FAST(frame)
+    if got is not None:
+        assert _outcome(lambda f: got, frame) == _outcome(decode_general, frame)
+
+
+@pytest.mark.parametrize("changes", [
+    dict(time=-1.0), dict(latency=MIN_STEP_LATENCY_S / 2), dict(kv=101, cap=100),
+    dict(count=3), dict(batch=1), dict(steps=1), dict(total=4), dict(total=2),
+    dict(accepted=bytes([200, 2]), total=202), dict(batch=MAX_BATCH + 1),
+    dict(accepted=bytes([17] * 3), total=51, count=3, batch=3, steps=16),
+])
+def test_a_fresh_fast_decoder_hands_bad_frames_to_the_general_path(changes):
+    frame = msgpack.packb(_telemetry(**changes), use_bin_type=True)
+    assert _FRESH_FAST(frame) is None
+    assert _FRESH_FAST(frame[:-1]) is None  # truncated
+    with pytest.raises(WireError):
+        decode_general(frame)
+
+
+def test_a_fresh_fast_decoder_declines_oversized_frames():
+    frame = msgpack.packb(_telemetry(accepted=bytes(MAX_FRAME_BYTES), total=0,
+                                     count=MAX_FRAME_BYTES, batch=MAX_FRAME_BYTES),
+                          use_bin_type=True)
+    assert len(frame) > MAX_FRAME_BYTES and _FRESH_FAST(frame) is None
+
+
+_FRESH_FAST = wire._make_fast_decoder()
+
+
+# -- telemetry_bytes: SGLang's accepted counts as the wire carries them -----------------
+
+
+@pytest.mark.parametrize(("accepted", "steps", "batch", "expected"), [
+    ([1, 0, 3], 3, 3, (bytes([1, 0, 3]), 4)),
+    ([1, 0, 3], 0, 3, (b"", 0)),  # a step that did not speculate
+    ([1, 0, 3], -1, 3, (b"", 0)),
+    ([], 3, 3, (b"", 0)),
+    (None, 3, 3, (b"", 0)),
+    ([2, 2, 2, 2], 3, 2, (bytes([2, 2]), 4)),  # more entries than requests: cut
+    ([2, 2], 3, 2, (bytes([2, 2]), 4)),
+    ([300, -4, 5], 7, 3, (bytes([127, 0, 5]), 132)),  # outside 0..255: clipped
+    ([200, 1], 7, 2, (bytes([200, 1]), 201)),  # 128..255 pass; decode refuses them
+    ((1, 2), 1, 2, (bytes([1, 2]), 3)),  # more than steps_used: decode refuses it
+])
+def test_telemetry_bytes(accepted, steps, batch, expected):
+    assert wire.telemetry_bytes(accepted, steps, batch) == expected
+
+
+@given(st.lists(st.integers(-1000, 1000), max_size=40), st.integers(1, 7), st.integers(0, 50))
+def test_telemetry_bytes_make_a_frame_that_decodes_to_the_same_entries(accepted, steps, batch):
+    blob, total = wire.telemetry_bytes(accepted, steps, batch)
+    assert len(blob) <= batch and total == sum(blob)
+    clipped = [min(max(a, 0), 127) for a in accepted] if any(
+        not 0 <= a <= 255 for a in accepted) else accepted
+    assert list(blob) == clipped[:batch]
