@@ -31,7 +31,7 @@ from controller.wire import (
     encode_step,
     pack_telemetry,
 )
-from env.schema import STEP_FIELDS, StepRecord
+from env.schema import SCHEMA_VERSION, STEP_FIELDS, StepRecord
 
 ints = st.integers(0, 2**32)
 times = st.floats(0, 1e7, allow_nan=False, allow_infinity=False)
@@ -398,3 +398,170 @@ def test_telemetry_bytes_make_a_frame_that_decodes_to_the_same_entries(accepted,
     clipped = [min(max(a, 0), 127) for a in accepted] if any(
         not 0 <= a <= 255 for a in accepted) else accepted
     assert list(blob) == clipped[:batch]
+
+
+# -- every field of every message: its name in the error, both sides of its range -------
+
+TELEMETRY_FIELDS = ["server", "rank", "step_index", "time_s", "batch_size", "waiting_requests",
+                    "running_requests", "kv_used_tokens", "kv_capacity_tokens",
+                    "prefill_tokens", "steps_used", "accepted_drafts", "accepted_drafts_sum",
+                    "accepted_drafts_count", "step_latency_s"]
+DECISION_FIELDS = ["seq", "apply_from_step", "policy", "mode", "batch_grid", "steps"]
+HELLO_FIELDS = ["server", "rank", "schema_version", "candidate_steps", "client", "pid"]
+FIELDS = {Kind.TELEMETRY: TELEMETRY_FIELDS, Kind.DECISION: DECISION_FIELDS,
+          Kind.HELLO: HELLO_FIELDS}
+#: What each kind of field says it must be.
+MUST_BE = {"server": "a string of 1..256 chars", "policy": "a string of 1..256 chars",
+           "client": "a string of 1..256 chars", "time_s": "a number",
+           "step_latency_s": "a number", "accepted_drafts": "bin",
+           "batch_grid": "a list of <= 256 ints", "steps": "a list of <= 256 ints",
+           "candidate_steps": "a list of <= 256 ints", "mode": "0 or 1"}
+
+
+@pytest.mark.parametrize(("kind", "index"), [
+    (kind, index) for kind, names in FIELDS.items() for index in range(len(names))])
+def test_a_field_of_the_wrong_type_is_named_with_what_it_got(kind, index):
+    message = list(VALID[kind])
+    name = FIELDS[kind][index]
+    is_list = MUST_BE.get(name, "").startswith("a list")
+    message[2 + index] = 7.5 if is_list else [7.5]  # no field's type
+    with pytest.raises(WireError) as info:
+        decode(msgpack.packb(message, use_bin_type=True))
+    error = info.value
+    assert error.kind == "malformed"
+    assert error.field == (name if name != "mode" else "")
+    assert f"field '{name}'" in str(error)
+    assert is_list or "list [7.5]" in str(error)  # (a list field's error omits the value)
+    assert f"must be {MUST_BE.get(name, 'an int')}" in str(error)
+
+
+#: Telemetry fields with an upper bound, and the bound (the lower bound is 0 for all).
+UPPER = {"rank": wire.MAX_RANK, "time_s": MAX_TIME_S, "batch_size": MAX_BATCH,
+         "waiting_requests": wire.MAX_REQUESTS, "running_requests": wire.MAX_REQUESTS,
+         "kv_used_tokens": MAX_KV_TOKENS, "kv_capacity_tokens": MAX_KV_TOKENS,
+         "prefill_tokens": wire.MAX_PREFILL_TOKENS, "steps_used": 127,
+         "step_latency_s": MAX_STEP_LATENCY_S, "step_index": 2**63 - 1,
+         "accepted_drafts_sum": None, "accepted_drafts_count": None}
+
+
+def _with(name: str, value, **changes) -> bytes:
+    message = _telemetry(**changes)
+    message[2 + TELEMETRY_FIELDS.index(name)] = value
+    return msgpack.packb(message, use_bin_type=True)
+
+
+@pytest.mark.parametrize("name", sorted(UPPER))
+def test_a_negative_value_is_out_of_range_naming_the_field_and_the_range(name):
+    with pytest.raises(WireError) as info:
+        decode(_with(name, -1 if name not in ("time_s", "step_latency_s") else -1.0))
+    assert info.value.kind == "range" and info.value.field == name
+    assert f"field '{name}'" in str(info.value) and "-1" in str(info.value)
+    if UPPER[name] is not None:
+        assert f"not in [0, {UPPER[name]}]" in str(info.value)
+
+
+@pytest.mark.parametrize("name", [n for n, hi in UPPER.items() if hi is not None])
+def test_the_upper_bound_is_accepted_and_one_more_is_not(name):
+    hi = UPPER[name]
+    changes = {"kv_used_tokens": dict(cap=0), "kv_capacity_tokens": dict(kv=0)}.get(name, {})
+    record = decode(_with(name, hi, **changes))
+    assert getattr(record, name) == hi and type(getattr(record, name)) is type(hi)
+    above = hi + 1 if isinstance(hi, int) else hi * (1 + 1e-9)
+    if name == "step_index":
+        above = 2**64 - 1  # msgpack's largest
+    with pytest.raises(WireError) as info:
+        decode(_with(name, above, **changes))
+    assert info.value.kind == "range" and info.value.field == name
+
+
+def test_consistency_errors_say_what_disagrees():
+    cases = [
+        (dict(latency=MIN_STEP_LATENCY_S / 2), "step_latency_s", "is below 1e-06 s (0 means"),
+        (dict(kv=101, cap=100), "kv_used_tokens", "101 > kv_capacity_tokens 100"),
+        (dict(count=1), "accepted_drafts_count", "is 1 for 2 entries and batch_size 2"),
+        (dict(total=4), "accepted_drafts_sum", "is 4, entries sum to 3"),
+        (dict(steps=1), "accepted_drafts", "an entry of 2 > steps_used 1"),
+        (dict(accepted=bytes([255, 4]), total=259), "accepted_drafts", "negative entries"),
+    ]
+    for changes, field, text in cases:
+        with pytest.raises(WireError) as info:
+            decode_general(msgpack.packb(_telemetry(**changes), use_bin_type=True))
+        assert info.value.field == field and field in str(info.value), changes
+        assert text in str(info.value), (changes, str(info.value))
+
+
+def test_an_entry_equal_to_steps_used_is_accepted():
+    record = decode(msgpack.packb(_telemetry(steps=2), use_bin_type=True))
+    assert record.accepted_drafts.tolist() == [1, 2]
+
+
+def _decision(**changes) -> bytes:
+    fields = dict(seq=1, apply=2, policy="p", mode=1, grid=[1, 8], steps=[3, 2])
+    fields.update(changes)
+    return msgpack.packb([WIRE_VERSION, 3, *fields.values()])
+
+
+@pytest.mark.parametrize(("changes", "text"), [
+    (dict(grid=[1, 8], steps=[3]), "fields 'batch_grid'/'steps' have 2 and 1 entries"),
+    (dict(grid=[], steps=[]), "mode 1 (controller) needs at least one grid entry"),
+    (dict(mode=0), "mode 0 (fallback) must not carry steps"),
+    (dict(grid=[4, 4]), "field 'batch_grid' must strictly increase"),
+    (dict(grid=[0, 8]), "field 'batch_grid': entry int 0 not an int in [1, "),
+    (dict(steps=[3, 128]), "field 'steps': entry int 128 not an int in [0, 127]"),
+    (dict(mode=2), "field 'mode' must be 0 or 1, got int 2"),
+    (dict(mode=True), "field 'mode' must be 0 or 1, got bool True"),
+    (dict(seq=-1), "field 'seq': int -1 not in [0, "),
+    (dict(policy="x" * 257), "field 'policy' must be a string of 1..256 chars"),
+])
+def test_bad_decisions_say_what_is_wrong(changes, text):
+    with pytest.raises(WireError) as info:
+        decode(_decision(**changes))
+    assert text in str(info.value), str(info.value)
+
+
+def test_decision_edges_pass():
+    assert decode(_decision(steps=[127, 0])).steps == (127, 0)
+    assert decode(_decision(policy="")).policy == ""
+    grid = list(range(1, wire.MAX_GRID + 1))
+    assert decode(_decision(grid=grid, steps=[1] * wire.MAX_GRID)).batch_grid == tuple(grid)
+    with pytest.raises(WireError, match="must be a list of <= 256 ints"):
+        decode(_decision(grid=[*grid, 257], steps=[1] * (wire.MAX_GRID + 1)))
+
+
+def _hello(**changes) -> bytes:
+    fields = dict(server="s", rank=0, schema=SCHEMA_VERSION, candidates=[0, 1], client="c",
+                  pid=1)
+    fields.update(changes)
+    return msgpack.packb([WIRE_VERSION, 1, *fields.values()])
+
+
+def test_hello_edges_and_errors():
+    hello = decode(_hello(client="", rank=wire.MAX_RANK, candidates=[127]))
+    assert (hello.client, hello.rank, hello.candidate_steps) == ("", wire.MAX_RANK, (127,))
+    assert hello.schema_version == SCHEMA_VERSION
+    for changes, field, text in [
+        (dict(rank=wire.MAX_RANK + 1), "rank", f"not in [0, {wire.MAX_RANK}]"),
+        (dict(candidates=[128]), "candidate_steps", "entry int 128 not an int in [0, 127]"),
+        (dict(schema=99), "schema_version",
+         f"schema version 99; this build speaks {SCHEMA_VERSION}"),
+        (dict(pid=-1), "pid", "field 'pid': int -1"),
+        (dict(server=""), "server", "field 'server' must be a string of 1..256 chars"),
+    ]:
+        with pytest.raises(WireError) as info:
+            decode(_hello(**changes))
+        assert info.value.field == field and text in str(info.value), (changes, info.value)
+
+
+def test_the_top_level_errors_say_what_they_got():
+    for frame, text in [
+        (b"\x00" * (MAX_FRAME_BYTES + 1), f"frame of {MAX_FRAME_BYTES + 1} bytes > "),
+        (b"\xc1", "not a msgpack message ("),
+        (msgpack.packb("hello"), "expected an array [version, kind, ...], got str 'hello'"),
+        (msgpack.packb([2, 2]), f"wire version int 2; this build speaks {WIRE_VERSION}"),
+        (msgpack.packb([WIRE_VERSION, 9]), "unknown message kind int 9"),
+        (msgpack.packb([WIRE_VERSION, 2, "s"]), "TELEMETRY has 3 items, expected 17"),
+    ]:
+        with pytest.raises(WireError) as info:
+            decode(frame)
+        assert text in str(info.value), str(info.value)
+        assert info.value.field == ""
