@@ -328,7 +328,7 @@ def test_every_valid_telemetry_frame_takes_the_fast_path():
 @settings(max_examples=200)
 @given(step_records())
 def test_a_fresh_fast_decoder_accepts_and_agrees_on_valid_telemetry(record):
-    fast = _FRESH_FAST
+    fast = wire._make_fast_decoder()
     frame = encode_step(record)
     got = fast(frame)
     assert got is not None
@@ -343,7 +343,7 @@ def test_a_fresh_fast_decoder_never_accepts_what_the_general_path_refuses(data):
     message[index] = data.draw(msgpack_values | st.integers(-5, 300)
                                | st.floats(-1.0, 1e4) | st.binary(max_size=6))
     frame = msgpack.packb(message, use_bin_type=True)
-    got = _FRESH_FAST(frame)
+    got = wire._make_fast_decoder()(frame)
     if got is not None:
         assert _outcome(lambda f: got, frame) == _outcome(decode_general, frame)
 
@@ -356,8 +356,9 @@ def test_a_fresh_fast_decoder_never_accepts_what_the_general_path_refuses(data):
 ])
 def test_a_fresh_fast_decoder_hands_bad_frames_to_the_general_path(changes):
     frame = msgpack.packb(_telemetry(**changes), use_bin_type=True)
-    assert _FRESH_FAST(frame) is None
-    assert _FRESH_FAST(frame[:-1]) is None  # truncated
+    fast = wire._make_fast_decoder()
+    assert fast(frame) is None
+    assert fast(frame[:-1]) is None  # truncated
     with pytest.raises(WireError):
         decode_general(frame)
 
@@ -366,10 +367,29 @@ def test_a_fresh_fast_decoder_declines_oversized_frames():
     frame = msgpack.packb(_telemetry(accepted=bytes(MAX_FRAME_BYTES), total=0,
                                      count=MAX_FRAME_BYTES, batch=MAX_FRAME_BYTES),
                           use_bin_type=True)
-    assert len(frame) > MAX_FRAME_BYTES and _FRESH_FAST(frame) is None
+    assert len(frame) > MAX_FRAME_BYTES and wire._make_fast_decoder()(frame) is None
 
 
-_FRESH_FAST = wire._make_fast_decoder()
+def test_a_frame_of_exactly_the_largest_size_is_decoded_by_both_paths():
+    frame = b""
+    for size in range(MAX_FRAME_BYTES - 100, MAX_FRAME_BYTES):  # pad the drafts to fit
+        frame = msgpack.packb(_telemetry(accepted=bytes(size), total=0, count=size,
+                                         batch=size), use_bin_type=True)
+        if len(frame) == MAX_FRAME_BYTES:
+            break
+    assert len(frame) == MAX_FRAME_BYTES
+    assert wire._make_fast_decoder()(frame) is not None
+    assert decode_general(frame).batch_size == decode(frame).batch_size
+
+
+def test_decode_sends_telemetry_and_only_telemetry_through_the_fast_path(monkeypatch):
+    monkeypatch.setattr(wire, "_decode_fast", lambda frame: ("fast", frame))
+    frame = msgpack.packb(_telemetry(), use_bin_type=True)
+    assert decode(frame) == ("fast", frame)
+    hello = encode_hello(Hello("s", 0, (0, 1)))
+    assert isinstance(decode(hello), Hello)
+    monkeypatch.setattr(wire, "_decode_fast", lambda frame: None)  # declined: general path
+    assert isinstance(decode(frame), StepRecord)
 
 
 # -- telemetry_bytes: SGLang's accepted counts as the wire carries them -----------------
@@ -533,6 +553,53 @@ def _hello(**changes) -> bytes:
                   pid=1)
     fields.update(changes)
     return msgpack.packb([WIRE_VERSION, 1, *fields.values()])
+
+
+@pytest.mark.parametrize(("changes", "text"), [
+    (dict(grid=[], steps=[]), "malformed: mode 1 (controller) needs at least one grid entry"),
+    (dict(mode=0), "malformed: mode 0 (fallback) must not carry steps"),
+    (dict(grid=[4, 4]), "malformed: field 'batch_grid' must strictly increase"),
+])
+def test_decision_errors_read_in_full(changes, text):
+    with pytest.raises(WireError) as info:
+        decode(_decision(**changes))
+    assert str(info.value) == text
+
+
+def test_an_entry_of_127_passes_and_one_of_128_is_a_negative_int8():
+    record = decode(msgpack.packb(_telemetry(steps=127, accepted=bytes([127, 0]), total=127),
+                                  use_bin_type=True))
+    assert record.accepted_drafts.tolist() == [127, 0]
+    with pytest.raises(WireError) as info:
+        decode(msgpack.packb(_telemetry(steps=127, accepted=bytes([128, 0]), total=128),
+                             use_bin_type=True))
+    assert str(info.value) == "range: field 'accepted_drafts': negative entries"
+
+
+@pytest.mark.parametrize("value", [{1: 2}, msgpack.ExtType(5, b"a")])
+def test_maps_and_extension_types_anywhere_are_garbage(value):
+    for kind in VALID:
+        message = list(VALID[kind])
+        message[-1] = value
+        assert _kind(msgpack.packb(message, use_bin_type=True)) == "garbage"
+
+
+def test_garbage_names_what_msgpack_said():
+    with pytest.raises(WireError) as info:
+        decode(b"\xc1")
+    assert str(info.value).startswith("garbage: not a msgpack message (FormatError")
+
+
+def test_names_of_the_largest_length_pass():
+    name = "n" * wire.MAX_NAME_CHARS
+    assert decode(_hello(server=name)).server == name
+
+
+def test_an_int64_record_is_sent_as_int8_entries():
+    record = StepRecord("s", 0, 1, 0.5, 3, 0, 3, 10, 100, 0, 3,
+                        np.array([3, 0, 2], dtype=np.int64), 0.01)
+    back = decode(encode_step(record))
+    assert back.accepted_drafts.tolist() == [3, 0, 2] and back.accepted_drafts.dtype == np.int8
 
 
 def test_hello_edges_and_errors():
