@@ -130,3 +130,175 @@ def test_off_steps_are_priced_as_the_real_off_switch():
     off = profile.step_latency_s(48, 0, 0, 0, False, False)
     assert predicted == pytest.approx(off, rel=1e-6)
     assert predicted < 0.6 * profile.step_latency_s(48, 0, 0, 0)
+
+
+# -- each estimator by hand, from the definitions in env/features.py's docstring --------
+
+
+def _step(i: int, depth: int, accepted: list[int], batch: int = 4, latency: float = 0.0,
+          **changes) -> StepRecord:
+    record = _record(i, batch, depth, np.array(accepted, np.int8), latency)
+    for name, value in changes.items():
+        setattr(record, name, value)
+    return record
+
+
+def test_acceptance_counts_by_hand():
+    """A request that accepted a of d drafts: successes at 1..a, a failure at a+1; each
+    position's estimate has the one before as its prior; counts decay per step."""
+    spec = FeatureSpec()  # prior 0.7 of strength 4, decay 0.97
+    builder = FeatureBuilder(spec)
+    builder.update(_step(0, 2, [2, 2, 2, 2]))  # after an off period: left out
+    assert builder.accept_rates().tolist() == [0.7] * 7
+    builder.update(_step(1, 2, [2, 1, 0, 9]))  # 9 > depth counts as 2
+    r1 = (3 + 4 * 0.7) / (4 + 4)  # 3 of 4 accepted the first draft
+    r2 = (2 + 4 * r1) / (3 + 4)  # 2 of those 3 the second
+    np.testing.assert_allclose(builder.accept_rates(), [r1, r2, r2, r2, r2, r2, r2])
+    builder.update(_step(2, 1, [0, 1]))
+    trials, successes = np.array([4 * 0.97 + 2, 3 * 0.97]), np.array([3 * 0.97 + 1, 2 * 0.97])
+    q1 = (successes[0] + 4 * 0.7) / (trials[0] + 4)
+    q2 = (successes[1] + 4 * q1) / (trials[1] + 4)
+    obs = builder.observation()
+    np.testing.assert_allclose(obs.accept_rate, [q1, q2, q2, q2, q2, q2, q2])
+    # E[accepted | d] = sum over k <= d of the chance of reaching and passing position k.
+    np.testing.assert_allclose(obs.expected_accepted[:3], [0.0, q1, q1 + q1 * q2])
+    names = spec.names()
+    vector = dict(zip(names, obs.vector.tolist(), strict=True))
+    assert vector["accept_confidence_1"] == pytest.approx(
+        np.log1p(trials[0]) / np.log1p(1e4), rel=1e-6)
+    assert vector["accept_confidence_3"] == 0.0
+    assert vector["log_steps_since_acceptance"] == 0.0
+
+
+def test_steps_since_acceptance_and_switch_count_steps():
+    spec = FeatureSpec()
+    builder = FeatureBuilder(spec)
+    names = spec.names()
+    vector = dict(zip(names, builder.observation().vector.tolist(), strict=True))
+    assert vector["log_steps_since_acceptance"] == 1.0  # never: saturated
+    for i, depth in enumerate([3, 3, 3, 0, 0, 3, 3]):
+        builder.update(_step(i, depth, [1] * 4 if depth else []))
+    # Since the switch to 3: two steps at 3 (the switch itself counts 0); acceptance
+    # last counted at step 6 (step 5 re-entered from off: left out).
+    vector = dict(zip(names, builder.observation().vector.tolist(), strict=True))
+    assert vector["log_steps_since_switch"] == pytest.approx(np.log1p(1) / np.log1p(1000))
+    assert vector["log_steps_since_acceptance"] == 0.0
+    assert vector["steps_used"] == pytest.approx(3 / 7)
+    builder.update(_step(7, 0, []))
+    builder.update(_step(8, 0, []))
+    obs = builder.observation()
+    vector = dict(zip(names, obs.vector.tolist(), strict=True))
+    assert obs.steps_since_switch == 1 and obs.steps_used == 0
+    assert vector["log_steps_since_acceptance"] == pytest.approx(np.log1p(2) / np.log1p(1000))
+
+
+def test_latency_prior_without_data_or_profile():
+    """No measurement: 10 ms at depth 0, +5 % to speculate, +7 % per further draft step."""
+    builder = FeatureBuilder()
+    expected = 1e-3 * np.array([10.0, 10.5, 11.2, 11.9, 12.6, 13.3, 14.0, 14.7])
+    np.testing.assert_allclose(builder.latency_predictions_s(1), expected, rtol=1e-9)
+    np.testing.assert_allclose(builder.latency_predictions_s(np.array([8, 500])),
+                               [expected, expected], rtol=1e-9)
+
+
+def test_one_measurement_moves_the_level_not_the_prior_fractions():
+    """One 20 ms step at depth 0, batch 64, no KV: the regression fits it exactly, and the
+    prior's fractions (of the observed level now) price speculation."""
+    builder = FeatureBuilder()
+    builder.update(_step(0, 0, [], batch=64, latency=0.020, kv_used_tokens=0))
+    np.testing.assert_allclose(builder.latency_predictions_s(64),
+                               1e-3 * (20 + np.array([0, 1.0, 2.4, 3.8, 5.2, 6.6, 8.0, 9.4])),
+                               rtol=1e-9)
+    names = builder.spec.names()
+    vector = dict(zip(names, builder.observation().vector.tolist(), strict=True))
+    assert vector["log_latency_ms"] == pytest.approx(np.log1p(20) / np.log1p(1000), rel=1e-6)
+    assert vector["log_throughput"] == pytest.approx(np.log1p(64 / 0.02) / np.log1p(1e6),
+                                                     rel=1e-6)
+    assert vector["cost_confidence_0"] == pytest.approx(np.log1p(1) / np.log1p(1e4), rel=1e-6)
+
+
+@pytest.mark.parametrize("kv", [0, 30_000, 400_000])
+def test_with_a_profile_and_no_measurement_the_prediction_is_the_profile(kv):
+    """The regression models the residual over the profile, whose prior is 0; steps 0
+    is the plugin's off path; the KV term is the profile's at the latest KV use."""
+    profile = load_profile("h200_llama31_8b")
+    builder = FeatureBuilder(FeatureSpec(), profile)
+    builder.update(_step(0, 0, [], latency=0.0, kv_used_tokens=kv))  # not measured
+    batches = np.array([1, 7, 64, 300])
+    expected = [[profile.step_latency_s(b, d, kv, 0, d > 0, d > 0) for d in range(8)]
+                for b in batches]
+    np.testing.assert_allclose(builder.latency_predictions_s(batches), expected, rtol=1e-9)
+    np.testing.assert_allclose(builder.latency_predictions_s(64), expected[2], rtol=1e-9)
+
+
+def test_predictions_never_fall_with_depth_nor_below_the_floor():
+    """A measured speculative step far cheaper than the off steps: the raw fit would say
+    deeper is cheaper; the prediction is held flat instead, and above 5 % of the level."""
+    builder = FeatureBuilder(FeatureSpec(latency_ridge=1e-6))
+    for i in range(50):
+        builder.update(_step(i, 0, [], batch=64, latency=0.050, kv_used_tokens=0))
+        builder.update(_step(i, 7, [0] * 64, batch=64, latency=0.001, kv_used_tokens=0))
+    predicted = builder.latency_predictions_s(64)
+    assert (np.diff(predicted) >= 0).all()
+    level_ms = builder._latency_ms_ema
+    assert predicted.min() >= 0.05 * level_ms * 1e-3 * (1 - 1e-9)
+    assert predicted[0] == pytest.approx(0.050, rel=0.05)
+
+
+def test_load_features_by_hand():
+    spec = FeatureSpec()
+    names = spec.names()
+    builder = FeatureBuilder(spec)
+    builder.update(_step(0, 0, [], batch=10, prefill_tokens=500, waiting_requests=30,
+                         kv_used_tokens=1000, kv_capacity_tokens=4000))
+    builder.update(_step(1, 0, [], batch=10))
+    builder.update(_step(2, 0, [], batch=12, waiting_requests=7, kv_used_tokens=3000,
+                         kv_capacity_tokens=4000))
+    obs = builder.observation()
+    vector = dict(zip(names, obs.vector.tolist(), strict=True))
+    # EMA (alpha 0.1) of "was a prefill": 1, then 0, 0.
+    assert vector["prefill_share"] == pytest.approx(0.1 * 0.9 * 0.9)
+    # The batch grew 20 % over its average of 10: the trend's EMA is 0.1 * 0.2, x10.
+    assert vector["batch_trend"] == pytest.approx(0.2)
+    assert vector["log_batch_size"] == pytest.approx(np.log1p(12) / np.log1p(1024))
+    assert vector["log_waiting_requests"] == pytest.approx(np.log1p(7) / np.log1p(4096))
+    assert vector["kv_use"] == 0.75 and obs.kv_use == 0.75 and obs.kv_used_tokens == 3000
+    assert obs.batch_size == 12 and obs.waiting_requests == 7
+    assert builder.observation(13).vector[0] == pytest.approx(np.log1p(12) / np.log1p(1024))
+    assert builder.observation(0).vector[0] == pytest.approx(np.log1p(1) / np.log1p(1024))
+    assert vector["has_cost_profile"] == 0.0 and vector["cost_profile_error"] == 0.0
+
+
+def test_relative_latency_and_goodput_by_hand():
+    """relative_latency_d = log(l_d / l_0) / 3 and relative_goodput_d =
+    (log(1 + E[accepted | d]) - log(l_d / l_0)) / 3, both within [-1, 1]."""
+    builder = FeatureBuilder()
+    obs = builder.observation(1)
+    names = builder.spec.names()
+    vector = dict(zip(names, obs.vector.tolist(), strict=True))
+    latency = builder.latency_predictions_s(1)
+    for d in range(1, 8):
+        slower = np.log(latency[d] / latency[0])
+        assert vector[f"relative_latency_{d}"] == pytest.approx(slower / 3, rel=1e-5)
+        gain = np.log1p(obs.expected_accepted[d]) - slower
+        assert vector[f"relative_goodput_{d}"] == pytest.approx(gain / 3, rel=1e-5)
+
+
+def test_grid_floor():
+    spec = FeatureSpec(batch_grid=(2, 8, 64))
+    assert [spec.grid_floor(b) for b in (0, 1, 2, 7, 8, 63, 64, 10**6)] == [2, 2, 2, 2, 8, 8,
+                                                                              64, 64]
+    assert spec.to_dict()["batch_grid"] == [2, 8, 64]
+    assert FeatureSpec.from_dict({"batch_grid": [2.0, 8]}).batch_grid == (2, 8)
+    assert spec.size == 13 + 5 * 7 == len(spec.names())
+    assert FeatureSpec(max_depth=2).names()[-6:] == ["log_throughput", "cost_confidence_0",
+                                                     "cost_confidence_1", "cost_confidence_2",
+                                                     "has_cost_profile", "cost_profile_error"]
+
+
+def test_reset_forgets_everything():
+    builder = FeatureBuilder()
+    fresh = builder.observation().vector
+    builder.update_many(_stream(np.full(7, 0.6), load_profile("h200_llama31_8b"), n=30))
+    builder.reset()
+    assert np.array_equal(builder.observation().vector, fresh)
