@@ -1,0 +1,139 @@
+"""The decision loop: the feedback lag, the horizon's time accounting, the SLO count."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from env.acceptance import SGLangSimulatedAcceptance
+from env.cost_model import load_profile
+from env.rollout import DecisionLoop, rollout
+from env.simulator import Simulator
+from env.workloads import ClosedLoop
+
+PROFILE = load_profile("h200_llama31_8b")
+
+
+def _loop(concurrency: int = 4, output: int = 40, requests: int | None = 2,
+          **options) -> DecisionLoop:
+    workload = ClosedLoop(concurrency, 64, output, requests_per_client=requests)
+    return DecisionLoop(Simulator(PROFILE, SGLangSimulatedAcceptance(3.0), workload), **options)
+
+
+class _Static:
+    def __init__(self, depth: int) -> None:
+        self.name, self.depth = f"static_{depth}", depth
+
+    def reset(self, sim=None) -> None:
+        pass
+
+    def act(self, obs) -> int:
+        return self.depth
+
+
+@pytest.mark.parametrize("lag", [1, 2, 3, 5])
+def test_a_decision_sees_exactly_the_steps_up_to_its_own_minus_the_lag(lag):
+    loop = _loop(feedback_lag=lag)
+    seen: list[int] = []
+    update = loop.features.update
+    loop.features.update = lambda record: (seen.append(record.step_index), update(record))[1]
+    obs = loop.reset(seed=0)
+    checked = 0
+    while obs is not None:
+        due = loop.sim.step_index  # the step this decision is for
+        assert not seen or seen[-1] <= due - lag
+        if due - lag >= 0:  # every step up to due - lag has been seen, in order
+            assert seen == list(range(due - lag + 1)), (due, seen[-3:])
+            checked += 1
+        obs, _ = loop.step(3)
+    assert checked > 20
+
+
+def test_a_lag_below_one_is_refused():
+    with pytest.raises(ValueError, match="feedback_lag must be >= 1"):
+        _loop(feedback_lag=0)
+
+
+@settings(max_examples=15, deadline=None)
+@given(horizon=st.floats(0.02, 1.5), depth=st.integers(0, 7))
+def test_time_and_tokens_stop_at_the_horizon(horizon, depth):
+    loop = _loop(concurrency=8, output=400, requests=None, horizon_s=horizon)
+    obs = loop.reset(seed=1)
+    total_tokens, last = 0.0, None
+    while obs is not None:
+        before = loop.sim.output_tokens_total
+        t0 = loop.sim.time_s
+        obs, last = loop.step(depth)
+        total_tokens += last.tokens
+        if not last.truncated:  # whole steps count in full
+            assert last.tokens == loop.sim.output_tokens_total - before
+            assert last.elapsed_s == pytest.approx(loop.sim.time_s - t0)
+    assert last.truncated and not last.terminated
+    assert loop.elapsed_s == pytest.approx(horizon, rel=1e-9)
+    assert loop.throughput_tok_s == pytest.approx(loop.tokens / horizon, rel=1e-9)
+    # The step that crosses the horizon counts the share of it that lies inside.
+    fraction = last.elapsed_s / (loop.sim.time_s - (horizon - last.elapsed_s))
+    assert 0.0 <= fraction <= 1.0
+    assert last.tokens <= loop.sim.output_tokens_total
+
+
+def test_an_episode_without_horizon_ends_when_the_requests_are_done():
+    loop = _loop()
+    result = rollout(loop, _Static(2), seed=0)
+    assert result.finished_requests == 8 and result.output_tokens == 8 * 40
+    assert result.elapsed_s == pytest.approx(loop.sim.time_s)
+    assert result.throughput_tok_s == pytest.approx(320 / loop.sim.time_s)
+    assert result.decisions == sum(result.steps_chosen)
+    assert result.steps_chosen[2] == result.decisions  # every step at the depth chosen
+    assert result.slo_goodput_tok_s is None
+    assert result.mean_tpot_ms > 0 and result.mean_e2e_s > result.mean_ttft_s > 0
+    assert result.as_dict()["policy"] == "static_2"
+
+
+def test_run_static_equals_a_rollout_of_the_static_policy():
+    loop = _loop(horizon_s=0.3, requests=None)
+    throughput = loop.run_static(3, seed=4)
+    assert loop.decisions > 0 and throughput > 0
+    assert rollout(loop, _Static(3), seed=4).throughput_tok_s == throughput
+
+
+def test_slo_counts_the_tokens_of_requests_slower_than_the_target():
+    records = []
+    loop = _loop(slo_tpot_s=1e-9)  # every decode token misses it
+    obs = loop.reset(seed=0)
+    while obs is not None:
+        obs, outcome = loop.step(3)
+        records.append(outcome)
+    committed = sum(int(o.record.accepted_drafts.astype(np.int64).sum()) + o.record.batch_size
+                    for o in records)
+    assert sum(o.slo_violating_tokens for o in records) == committed
+    assert loop.slo_violating_tokens == committed
+    assert rollout(loop, _Static(0), seed=0).slo_goodput_tok_s == pytest.approx(
+        (loop.tokens - loop.slo_violating_tokens) / loop.elapsed_s)
+    # Off steps carry no accepted drafts: one token per request.
+    loop = _loop(slo_tpot_s=1e-9)
+    loop.reset(seed=0)
+    _, outcome = loop.step(0)
+    assert outcome.slo_violating_tokens == outcome.record.batch_size > 0
+    loop = _loop(slo_tpot_s=10.0)  # none does
+    assert rollout(loop, _Static(3), seed=0).slo_goodput_tok_s == pytest.approx(
+        loop.throughput_tok_s)
+
+
+def test_slo_uses_the_per_token_latency_of_each_request():
+    loop = _loop(concurrency=6)
+    loop.reset(seed=0)
+    loop.step(0)
+    _, outcome = loop.step(3)  # speculating
+    record = outcome.record
+    per_token = record.step_latency_s / (record.accepted_drafts.astype(np.int64) + 1)
+    target = float(np.median(per_token))
+    loop2 = _loop(concurrency=6, slo_tpot_s=target)
+    loop2.reset(seed=0)
+    loop2.step(0)
+    _, outcome2 = loop2.step(3)
+    slow = per_token > target
+    assert outcome2.slo_violating_tokens == (record.accepted_drafts.astype(np.int64)
+                                              + 1)[slow].sum()
