@@ -111,3 +111,88 @@ def test_requests_too_long_for_the_server_are_left_out_and_counted():
         assert (scenario.workload.prompt_tokens < 102_814).all()
         labels.append(scenario.label)
     assert any("too long for this server" in label for label in labels)
+
+
+CLOSED = {**SMALL, "workloads": [{"name": "fixed", "kind": "closed", "concurrency": [16]}]}
+
+
+@pytest.mark.parametrize("penalty", [0.0, 0.5, 1.0, 2.0])
+def test_each_reward_is_tokens_over_the_reference_rate_with_slow_tokens_discounted(penalty):
+    """r = (tokens - penalty * slow tokens - rho * dt) / (rho * tau), step by step; the
+    prefill before the first decision is credited to the first step."""
+    environment = SpecDecodeEnv({**CLOSED, "slo_tpot_ms": 4.0, "slo_penalty": penalty,
+                                 "reward_time_scale_s": 0.05})
+    environment.reset(seed=5)
+    loop = environment._loop
+    rho, tau = environment.reference_tok_s, 0.05
+    assert environment.tau == tau and rho > 0
+    before = (0.0, 0.0, 0.0)  # tokens, slow tokens, time at the episode's start
+    done, slow_total = False, 0.0
+    while not done:
+        _, reward, terminated, truncated, info = environment.step(5)
+        now = (loop.tokens, loop.slo_violating_tokens, loop.elapsed_s)
+        tokens, slow, dt = (a - b for a, b in zip(now, before, strict=True))
+        assert reward == pytest.approx((tokens - penalty * slow - rho * dt) / (rho * tau),
+                                       rel=1e-9, abs=1e-9)
+        slow_total += slow
+        before, done = now, terminated or truncated
+    assert slow_total > 0  # the SLO mattered in this episode
+    assert info["elapsed_s"] == loop.elapsed_s and info["reference_tok_s"] == rho
+
+
+def test_the_episode_and_its_info():
+    environment = SpecDecodeEnv({**CLOSED, "max_depth": 3})
+    assert environment.action_space.n == 4
+    assert environment.observation_space.shape == (13 + 5 * 3,)
+    obs, info = environment.reset(seed=2)
+    assert np.array_equal(obs, environment.last_observation.vector)
+    assert set(info) == {"scenario", "throughput_tok_s", "reference_tok_s", "elapsed_s"}
+    assert info["scenario"] == environment.scenario.label
+    assert environment.simulator is environment._loop.sim
+    steps = 0
+    while True:
+        obs, _, terminated, truncated, info = environment.step(3)
+        steps += 1
+        assert info["step_latency_s"] > 0
+        if terminated or truncated:
+            break
+        assert np.array_equal(obs, environment.last_observation.vector)
+    assert truncated and not terminated  # closed loop: requests never run out
+    assert environment.last_observation is None and not obs.any()
+    assert info["elapsed_s"] == pytest.approx(SMALL["horizon_s"])
+    assert environment._loop.steps_chosen[3] == steps  # the action was the depth run
+
+
+def test_an_episode_whose_requests_all_finish_is_terminated_not_truncated():
+    from dataclasses import replace
+
+    from env.workloads import ClosedLoop
+
+    environment = SpecDecodeEnv(CLOSED)
+    environment.reset(seed=0)
+    short = replace(environment.scenario,
+                    workload=ClosedLoop(2, 32, 8, requests_per_client=1))
+    environment.reset(seed=0, options={"scenario": short})
+    assert environment.scenario is short
+    done = False
+    while not done:
+        _, _, terminated, truncated, _ = environment.step(1)
+        done = terminated or truncated
+    assert terminated and not truncated
+
+
+def test_an_unknown_cost_prior_is_refused():
+    with pytest.raises(ValueError, match="cost_prior must be 'profile' or 'none', got 'exact'"):
+        SpecDecodeEnv({**SMALL, "cost_prior": "exact"})
+    assert SpecDecodeEnv({**SMALL, "cost_prior": None}).cfg["cost_prior"] is None
+
+
+def test_the_reference_is_the_throughput_without_speculation():
+    from env.spec_env import reference_throughput
+
+    environment = SpecDecodeEnv(CLOSED)
+    environment.reset(seed=1)
+    rho = environment.reference_tok_s
+    assert rho == reference_throughput(environment.scenario, environment.feedback_lag)
+    info = _episode(environment, lambda i: 0, seed=1)[2]
+    assert info["throughput_tok_s"] == pytest.approx(rho, rel=1e-12)
