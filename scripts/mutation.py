@@ -88,6 +88,9 @@ def scratch_copy(module: str, tests: list[str]) -> Path:
 def environment(tests: list[str], stand_ins: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SPECCTL_", "SGLANG_"))}
     env.pop("PYTHONPATH", None)  # mutmut puts its mutated copy first on sys.path itself
+    # mutmut forks each mutant from a process that ran the tests; a fork of a process whose
+    # OpenMP pool (torch's) is running deadlocks at its next parallel op (a false timeout).
+    env["OMP_NUM_THREADS"] = "1"
     if INSIDE in tests:
         version = os.environ.get("SGLANG_VERSION", "0.5.23")
         root = REPO / ".sglang" / version
@@ -148,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-children", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--retest", action="store_true",
                         help="run the mutants not killed last time again (after new tests)")
+    parser.add_argument("--retest-timeouts", action="store_true",
+                        help="with --retest, also rerun the mutants that timed out")
     parser.add_argument("--diffs", action="store_true",
                         help="write every surviving mutant's diff to the summary (slow)")
     parser.add_argument("--min-score", type=float, default=0.0,
@@ -164,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         env = environment(tests, stand_ins)
         print(f"mutation: {module} against {' '.join(tests)} in {work}", flush=True)
         # Timeouts (a hang: caught) are not rerun; they cost the most.
-        again = (not_killed(work, env, ("survived", "no tests"))
+        statuses = ("survived", "no tests") + (("timeout",) if args.retest_timeouts else ())
+        again = (not_killed(work, env, statuses)
                  if args.retest and (work / "mutants").is_dir() else [])
         mutmut(work, env, "run", "--max-children", str(args.max_children), capture=False)
         if again:
