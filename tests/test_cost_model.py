@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,7 @@ from env.cost_model import (
     fit_profile_from_trace,
     load_profile,
     nnls,
+    profile_from_dict,
     save_profile,
     shipped_profiles,
 )
@@ -332,3 +334,157 @@ def test_design_matrix_shape_and_eager():
     assert x.shape == (2, len(COEFFICIENTS))
     eager = COEFFICIENTS.index("c_eager")
     assert x[:, eager].tolist() == [0.0, 1.0]
+
+
+# -- the latency formula, term by term, from the module docstring -----------------------
+
+
+def _documented_terms(b, d, kv, pf, ext, sp, f, cg) -> dict[str, float]:
+    """Each coefficient's term as env/cost_model.py's docstring writes the formula."""
+    t = b * (d + 1) + pf
+    spec, drafts = float(d > 0), max(d - 1, 0)
+    extend = float(d > 0 or ext)
+    eager = float(cg is not None and b > cg)
+    path = float(b > 0 and (d > 0 or sp))  # a decode step on the speculative path
+    return {
+        "c_fixed": 1.0, "c_request": b, "c_token": t, "c_prefill_token": pf,
+        "c_moe": 1.0 - (1.0 - f) ** t, "c_kv": kv,
+        "c_verify": spec, "c_verify_token": spec * b,
+        "c_draft": drafts, "c_draft_token": drafts * b,
+        "c_extend": extend, "c_extend_token": extend * t,
+        "c_eager": eager, "c_eager_token": eager * b,
+        "c_steps0": path, "c_steps0_request": path * b, "c_steps0_kv": path * kv,
+    }
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    batch=st.integers(0, 300), depth=st.integers(0, 7), kv=st.integers(0, 500_000),
+    prefill=st.sampled_from([0, 0, 1, 700, 8192]), extend=st.booleans(),
+    path=st.booleans(), moe=st.sampled_from([0.0, 1.0, 0.125, 0.5]),
+    cg=st.sampled_from([None, 0, 8, 64, 160]),
+    coefficients=st.lists(st.floats(0.0, 1.0), min_size=len(COEFFICIENTS),
+                          max_size=len(COEFFICIENTS)),
+)
+def test_latency_is_the_documented_sum_of_terms(batch, depth, kv, prefill, extend, path, moe,
+                                                cg, coefficients):
+    """Any coefficients, any server: the scalar and the vectorised latency both equal
+    sum(c_i * term_i) with the docstring's terms (the shipped profiles leave several
+    coefficients at 0, so only random ones reach every term)."""
+    server = ServerLimits(256, 10**6, 8192, cuda_graph_max_bs=cg)
+    c = dict(zip(COEFFICIENTS, coefficients, strict=True))
+    profile = CostProfile("r", server, moe_active_fraction=moe, **c)
+    terms = _documented_terms(batch, depth, kv, prefill, extend, path, moe, cg)
+    expected = sum(c[name] * terms[name] for name in COEFFICIENTS)
+    args = (batch, depth, kv, prefill, extend, path)
+    assert profile.step_latency_s(*args) == pytest.approx(expected, rel=1e-9, abs=1e-12)
+    assert float(profile.step_latency_array(*args)[0]) == pytest.approx(expected, rel=1e-9,
+                                                                        abs=1e-12)
+    row = design_matrix(*args, moe_active_fraction=moe, cuda_graph_max_bs=cg)[0]
+    np.testing.assert_allclose(row, [terms[n] for n in COEFFICIENTS], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", COEFFICIENTS)
+def test_each_coefficient_prices_only_its_own_term(name):
+    """One coefficient at 1, the rest 0, over a grid of steps around every threshold."""
+    server = ServerLimits(256, 10**6, 8192, cuda_graph_max_bs=8)
+    profile = CostProfile("one", server, moe_active_fraction=0.25, **{name: 1.0})
+    for b, d, kv, pf, ext, sp in itertools.product(
+            [0, 1, 8, 9], [0, 1, 2, 5], [0, 1000], [0, 300], [True, False], [True, False]):
+        expected = _documented_terms(b, d, kv, pf, ext, sp, 0.25, 8)[name]
+        assert profile.step_latency_s(b, d, kv, pf, ext, sp) == pytest.approx(
+            expected, rel=1e-12, abs=1e-15), (b, d, kv, pf, ext, sp)
+
+
+def test_the_eager_cost_starts_above_the_largest_cuda_graph():
+    """Issue 14: `>` -> `>=` survived, since every shipped profile has c_eager = 0."""
+    p = CostProfile("e", ServerLimits(256, 10**6, 8192, cuda_graph_max_bs=16), c_eager=1.0,
+                    c_eager_token=0.5)
+    assert p.step_latency_s(16, 3) == 0.0 == float(p.step_latency_array(16, 3)[0])
+    assert p.step_latency_s(17, 3) == 1.0 + 0.5 * 17 == float(p.step_latency_array(17, 3)[0])
+    no_limit = p.replace(server=ServerLimits(256, 10**6, 8192))
+    assert no_limit.step_latency_s(10**5, 3) == 0.0 == float(no_limit.step_latency_array(
+        10**5, 3)[0])
+
+
+@pytest.mark.parametrize(("server", "message"), [
+    (dict(max_running_requests=0), "server.max_running_requests must be an integer >= 1, got 0"),
+    (dict(kv_capacity_tokens=True), "server.kv_capacity_tokens must be an integer >= 1"),
+    (dict(chunked_prefill_tokens=2.0), "server.chunked_prefill_tokens must be an integer"),
+    (dict(cuda_graph_max_bs=-1), "server.cuda_graph_max_bs must be an integer >= 0, got -1"),
+    (dict(cuda_graph_max_bs=False), "server.cuda_graph_max_bs must be an integer >= 0"),
+    (dict(cuda_graph_max_bs=8.0), "server.cuda_graph_max_bs must be an integer >= 0"),
+])
+def test_server_limits_are_checked(server, message):
+    fields = dict(max_running_requests=1, kv_capacity_tokens=1, chunked_prefill_tokens=1)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        ServerLimits(**{**fields, **server})
+    assert ServerLimits(1, 1, 1, cuda_graph_max_bs=0).cuda_graph_max_bs == 0
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    (dict(c_token=-1e-9), "c_token must be finite and >= 0, got -1e-09"),
+    (dict(c_kv=float("inf")), "c_kv must be finite and >= 0"),
+    (dict(c_fixed=float("nan")), "c_fixed must be finite and >= 0"),
+    (dict(c_draft=True), "c_draft must be a number, got True"),
+    (dict(c_verify="1"), "c_verify must be a number, got '1'"),
+    (dict(moe_active_fraction=1.5), "moe_active_fraction must be in [0, 1], got 1.5"),
+    (dict(moe_active_fraction=-0.1), "moe_active_fraction must be in [0, 1], got -0.1"),
+])
+def test_coefficients_are_checked(changes, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        CostProfile("x", ServerLimits(1, 1, 1), **changes)
+    ok = CostProfile("x", ServerLimits(1, 1, 1), c_token=0, moe_active_fraction=1)
+    assert type(ok.c_token) is float and ok.coefficients["c_token"] == 0.0
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda d: d.update(colour=1), "unknown key 'colour'"),
+    (lambda d: d.pop("cost"), "missing key 'cost'"),
+    (lambda d: d.pop("name"), "missing key 'name'"),
+    (lambda d: d.update(model=[1]), "'model' must be a mapping"),
+    (lambda d: d.update(hardware="h"), "'hardware' must be a mapping"),
+    (lambda d: d.update(provenance=3), "'provenance' must be a mapping"),
+    (lambda d: d.update(server=[1]), "'server' must be a mapping"),
+    (lambda d: d.update(cost="c"), "'cost' must be a mapping"),
+    (lambda d: d.update(acceptance=[1]), "'acceptance' must be a mapping"),
+    (lambda d: d["server"].update(gpus=8), "unknown key 'server.gpus'"),
+    (lambda d: d["server"].pop("kv_capacity_tokens"), "server: "),
+    (lambda d: d["server"].update(kv_capacity_tokens=0), "server.kv_capacity_tokens must be"),
+    (lambda d: d["cost"].update(c_fixed=-1.0), "cost.c_fixed must be finite and >= 0"),
+    (lambda d: d["cost"].update({k: 0.0 for k in COEFFICIENTS}),
+     "cost: a decode step of one request takes 0.0 s"),
+    (lambda d: d["cost"].update(c_prefill_token=0.0, c_token=0.0, c_fixed=0.0, c_moe=0.0,
+                                c_extend=0.0, c_extend_token=0.0),
+     "cost: a prefill step of 8192 tokens takes 0.0 s"),
+])
+def test_profile_files_name_the_bad_key(edit, message):
+    data = load_profile("h200_llama31_8b").to_dict()
+    data["cost"]["c_request"] = 1e-5  # a decode step still takes time without c_fixed
+    edit(data)
+    with pytest.raises(ProfileError, match=re.escape(message)) as info:
+        profile_from_dict(data, "here.yaml")
+    assert str(info.value).startswith("here.yaml: ")
+    with pytest.raises(ProfileError, match=r"here\.yaml: expected a mapping at the top level"):
+        profile_from_dict([data], "here.yaml")
+
+
+def test_a_profile_file_round_trips_every_field(tmp_path):
+    profile = CostProfile("full", ServerLimits(48, 123_456, 2048, cuda_graph_max_bs=32),
+                          description="all fields", model={"params": 8}, hardware={"gpu": "x"},
+                          acceptance={"model": "fixed"}, provenance={"by": "test"},
+                          moe_active_fraction=0.125,
+                          **{n: (i + 1) * 1e-5 for i, n in enumerate(COEFFICIENTS)})
+    path = save_profile(profile, tmp_path / "sub" / "full.yaml")
+    assert sorted(p.name for p in path.parent.iterdir()) == ["full.yaml"]
+    back = load_profile(path)
+    assert back == profile
+    assert (back.description, back.model, back.hardware, back.acceptance, back.provenance) == (
+        "all fields", {"params": 8}, {"gpu": "x"}, {"model": "fixed"}, {"by": "test"})
+    bare = profile.replace(description="", acceptance=None)
+    assert "description" not in bare.to_dict() and "acceptance" not in bare.to_dict()
+    with pytest.raises(FileNotFoundError, match="no such profile file"):
+        load_profile(tmp_path / "missing.yaml")
+    (tmp_path / "broken.yaml").write_text("name: [unclosed\n")
+    with pytest.raises(ProfileError, match=r"broken\.yaml: invalid YAML"):
+        load_profile(tmp_path / "broken.yaml")
