@@ -308,3 +308,68 @@ def test_missing_optional_meta_fields_take_their_defaults(tmp_path):
     policy = ExportedPolicy.load(path)
     assert (policy.activation, policy.name, policy.provenance) == ("tanh", "ppo", {})
     assert len(policy.weights) == 3  # random(): two hidden layers
+
+
+def test_logits_are_float32_whatever_the_input():
+    policy = _policy()
+    x = np.random.default_rng(0).normal(size=(2, policy.feature_spec.size))  # float64
+    assert policy.logits(x).dtype == np.float32 and policy.logits(x[0]).dtype == np.float32
+    assert policy.logits(x.tolist()).dtype == np.float32
+
+
+def test_random_policies_are_seeded_and_scaled_by_fan_in():
+    a = ExportedPolicy.random()
+    assert a.name == "random" and a.provenance == {"random_seed": 0}
+    assert all(np.array_equal(x, y) for x, y in zip(a.weights, ExportedPolicy.random(seed=0)
+                                                    .weights, strict=True))
+    assert not np.array_equal(a.weights[0], ExportedPolicy.random(seed=1).weights[0])
+    for w in a.weights:  # N(0, 1/fan_in): the logits neither vanish nor saturate
+        assert abs(w.mean()) < 3 / np.sqrt(w.size) / np.sqrt(w.shape[0])
+        assert w.std() == pytest.approx(1 / np.sqrt(w.shape[0]), rel=0.1)
+    assert all(not b.any() for b in a.biases)
+
+
+def test_messages_read_in_full():
+    cases = [
+        (dict(provenance=None), "field 'provenance': must be a JSON object"),
+        (dict(weights=[], biases=[]), "fields 'w*'/'b*': need one bias per weight matrix"),
+        (dict(name="y" * 300), "field 'name': must be a string of 1..256 chars, got "
+                               f"{'y' * 40!r}"),
+    ]
+    for changes, text in cases:
+        with pytest.raises(PolicyFileError) as info:
+            _policy(**changes)
+        assert str(info.value) == text
+    for spec_changes, text in [
+        ({"accept_decay": 1.5}, "field 'feature_spec.accept_decay': 1.5 not in (0.0, 1.0]"),
+        ({"accept_prior_first": 2.0},
+         "field 'feature_spec.accept_prior_first': 2.0 not in [0.0, 1.0]"),
+        ({"ema_alpha": float("nan")}, "field 'feature_spec.ema_alpha': nan is not finite"),
+        ({"batch_grid": tuple(range(8, 0, -1))}, "field 'feature_spec.batch_grid': must be "
+         f"strictly increasing ints in 1..{MAX_BATCH}, got [8, 7, 6, 5, 4, 3, 2, 1]"),
+    ]:
+        with pytest.raises(PolicyFileError) as info:
+            _policy(spec_changes)
+        assert str(info.value) == text
+    assert _policy(name="n" * MAX_NAME_CHARS).name == "n" * MAX_NAME_CHARS
+
+
+def test_a_three_dimensional_layer_is_refused_even_when_its_edges_fit():
+    w0, w1 = _policy().weights
+    with pytest.raises(PolicyFileError, match=r"field 'w0': shape \(28, 4, 1\)"):
+        _policy(weights=[w0[:, :, None], w1])
+
+
+@pytest.mark.parametrize(("meta", "text"), [
+    ([1, 2], "field 'meta' must be a JSON object, got a list"),
+    ({"format": "specctl-policy", "format_version": 1},
+     "field 'format_version' is 1; this build reads version 2 only (version 1 policies were "
+     "trained on the old observation and on steps=0 costing SGLang's steps=0, not a real off "
+     "switch: retrain with specctl-train)"),
+])
+def test_file_level_messages_read_in_full(tmp_path, meta, text):
+    path = tmp_path / "p.npz"
+    np.savez(path, meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8))
+    with pytest.raises(PolicyFileError) as info:
+        ExportedPolicy.load(path)
+    assert str(info.value) == f"{path}: {text}"
