@@ -302,3 +302,163 @@ def test_reset_forgets_everything():
     builder.update_many(_stream(np.full(7, 0.6), load_profile("h200_llama31_8b"), n=30))
     builder.reset()
     assert np.array_equal(builder.observation().vector, fresh)
+
+
+def _named(builder: FeatureBuilder, batch: int | None = None) -> dict[str, float]:
+    obs = builder.observation(batch)
+    return dict(zip(builder.spec.names(), obs.vector.tolist(), strict=True))
+
+
+def test_a_fresh_builder_observes_an_idle_server():
+    builder = FeatureBuilder()
+    obs = builder.observation()
+    assert (obs.batch_size, obs.waiting_requests, obs.kv_use, obs.steps_used,
+            obs.steps_since_switch, obs.kv_used_tokens) == (0, 0, 0.0, 0, 0, 0)
+    assert obs.vector.dtype == np.float32 and obs.vector.shape == (builder.spec.size,)
+    vector = _named(builder)
+    for name in ("log_waiting_requests", "kv_use", "batch_trend", "prefill_share",
+                 "steps_used", "log_steps_since_switch", "log_latency_ms", "log_throughput",
+                 "has_cost_profile", "cost_profile_error", "cost_confidence_0"):
+        assert vector[name] == 0.0, name
+    assert vector["log_steps_since_acceptance"] == 1.0
+    np.testing.assert_array_equal(obs.latency_pred_s, builder.latency_predictions_s(0))
+
+
+def test_a_decode_step_of_no_request_counts_as_one():
+    builder = FeatureBuilder()
+    builder.update(_step(0, 0, [], batch=0))
+    assert builder.observation().batch_size == 1
+
+
+def test_the_batch_trend_by_hand_and_its_saturation():
+    builder = FeatureBuilder()
+    for i, batch in enumerate([1, 2]):  # average 1, then +100 %
+        builder.update(_step(i, 0, [], batch=batch))
+    assert _named(builder)["batch_trend"] == pytest.approx(10 * 0.1 * 1.0)  # saturated at 1
+    builder = FeatureBuilder()
+    for i, batch in enumerate([10, 12, 9]):
+        builder.update(_step(i, 0, [], batch=batch))
+    ema, trend = 10.0, 0.0
+    for batch in (12, 9):
+        trend += 0.1 * ((batch - ema) / ema - trend)
+        ema += 0.1 * (batch - ema)
+    assert _named(builder)["batch_trend"] == pytest.approx(10 * trend, rel=1e-6)
+    builder = FeatureBuilder()
+    for i, batch in enumerate([100] * 5 + [1, 1]):  # a collapse saturates at -1
+        builder.update(_step(i, 0, [], batch=batch))
+    assert _named(builder)["batch_trend"] == -1.0
+
+
+def test_the_first_step_after_off_is_left_out_at_any_depth():
+    builder = FeatureBuilder()
+    builder.update(_step(0, 0, []))
+    builder.update(_step(1, 1, [0, 0, 0, 0]))  # re-entry at depth 1: left out
+    assert builder.accept_rates()[0] == pytest.approx(0.7)
+    builder.update(_step(2, 1, [0, 0, 0, 0]))
+    assert builder.accept_rates()[0] == pytest.approx(4 * 0.7 / 8)
+
+
+def test_steps_since_switch_keeps_counting():
+    builder = FeatureBuilder()
+    for i in range(6):
+        builder.update(_step(i, 2, [1] * 4))
+    assert builder.observation().steps_since_switch == 5
+
+
+def test_cost_samples_and_the_latency_level_are_forgetting_averages():
+    spec = FeatureSpec(latency_forgetting=0.5)
+    builder = FeatureBuilder(spec)
+    for i, latency in enumerate([0.010, 0.020, 0.040]):
+        builder.update(_step(i, 3, [1] * 4, latency=latency))
+    obs = builder.observation()
+    np.testing.assert_allclose(obs.cost_samples, [0, 0, 0, 1.75, 0, 0, 0, 0])  # 1+.5+.25
+    level = 10.0 + 0.1 * (20 - 10)
+    level += 0.1 * (40 - level)
+    rate = 8 / 0.010  # 4 requests + 4 accepted drafts (the first step is a re-entry: still
+    rate += 0.1 * (8 / 0.020 - rate)  # tokens); EMA over the steps
+    rate += 0.1 * (8 / 0.040 - rate)
+    vector = _named(builder)
+    assert vector["log_latency_ms"] == pytest.approx(np.log1p(level) / np.log1p(1000), rel=1e-6)
+    assert vector["log_throughput"] == pytest.approx(np.log1p(rate) / np.log1p(1e6), rel=1e-6)
+
+
+def _linear_server_ms(batch: int, depth: int, kv: int) -> float:
+    """A server whose latency is exactly linear in the regression's terms."""
+    b, s, m = batch / 64, float(depth > 0), max(depth - 1, 0)
+    return 4.0 + 3.0 * b + 1.5 * s + 0.5 * s * b + 0.8 * m + 0.3 * m * b + 20.0 * kv / 1e5
+
+
+def test_the_regression_recovers_a_server_linear_in_its_terms():
+    """Batch in units of 64, speculation on, draft steps beyond the first and KV per 1e5
+    tokens: such a server is fitted exactly (a tiny ridge, no forgetting)."""
+    builder = FeatureBuilder(FeatureSpec(latency_ridge=1e-9, latency_forgetting=1.0))
+    rng = np.random.default_rng(0)
+    for i in range(300):
+        b, d, kv = int(rng.integers(1, 200)), int(rng.integers(0, 8)), int(rng.integers(0, 10**6))
+        builder.update(_step(i, d, [0] * b if d else [], batch=b, kv_used_tokens=kv,
+                             latency=_linear_server_ms(b, d, kv) / 1e3))
+    builder.update(_step(300, 0, [], batch=5, kv_used_tokens=700_000))  # KV now, unmeasured
+    for batch in (1, 37, 64, 150):
+        expected = [_linear_server_ms(batch, d, 700_000) / 1e3 for d in range(8)]
+        np.testing.assert_allclose(builder.latency_predictions_s(batch), expected, rtol=1e-6)
+
+
+def test_with_a_profile_the_regression_fits_only_the_residual():
+    profile = load_profile("h200_llama31_8b")
+    rng = np.random.default_rng(1)
+    steps = [(int(rng.integers(1, 96)), int(rng.integers(0, 8))) for _ in range(200)]
+
+    def feed(builder, extra_ms: float) -> None:
+        for i, (b, d) in enumerate(steps):
+            off = d == 0  # the plugin's off path at steps 0
+            truth = profile.step_latency_s(b, d, 50_000, 0, not off, not off)
+            builder.update(_step(i, d, [0] * b if d else [], batch=b, kv_used_tokens=50_000,
+                                 latency=truth + extra_ms / 1e3))
+
+    exact = FeatureBuilder(FeatureSpec(), profile)
+    feed(exact, 0.0)
+    expected = [profile.step_latency_s(32, d, 50_000, 0, d > 0, d > 0) for d in range(8)]
+    np.testing.assert_allclose(exact.latency_predictions_s(32), expected, rtol=1e-9)
+    assert _named(exact)["cost_profile_error"] == pytest.approx(0.0, abs=1e-6)
+    shifted = FeatureBuilder(FeatureSpec(), profile)
+    feed(shifted, 2.0)  # 2 ms more per step than the profile says
+    np.testing.assert_allclose(shifted.latency_predictions_s(32), np.add(expected, 2e-3),
+                               rtol=2e-2)  # (the ridge pulls toward no residual)
+
+
+def test_the_profile_error_of_a_fast_server_is_log_ratio_and_saturates():
+    """Below 1 ms per step as well; ten times faster than its profile: log(0.1) < -1."""
+    base = load_profile("h200_llama31_8b")
+    tiny = base.replace(**{k: v / 1e4 for k, v in base.coefficients.items()})  # ~ 1 us
+    builder = FeatureBuilder(FeatureSpec(), tiny)
+    for i in range(300):
+        builder.update(_step(i, 3, [1] * 16, batch=16, kv_used_tokens=0,
+                             latency=2 * tiny.step_latency_s(16, 3, 0, 0)))
+    assert _named(builder, 16)["cost_profile_error"] == pytest.approx(np.log(2.0), rel=1e-3)
+    builder = FeatureBuilder(FeatureSpec(), base)
+    for i in range(300):
+        builder.update(_step(i, 3, [1] * 16, batch=16, kv_used_tokens=0,
+                             latency=0.1 * base.step_latency_s(16, 3, 0, 0)))
+    assert _named(builder, 16)["cost_profile_error"] == -1.0
+
+
+def test_predictions_are_floored_at_5_percent_of_the_level():
+    base = load_profile("h200_llama31_8b")
+    tiny = base.replace(**{k: v / 1e6 for k, v in base.coefficients.items()})
+    builder = FeatureBuilder(FeatureSpec(), tiny)  # no measurement: a 10 ms level
+    np.testing.assert_allclose(builder.latency_predictions_s(8), [0.05 * 10.0e-3] * 8)
+    # Measured: 20 ms at batch 64, 1 ms at batch 128: extrapolated to 1024 it falls below 0.
+    builder = FeatureBuilder(FeatureSpec(latency_ridge=1e-6))
+    for i in range(40):
+        builder.update(_step(i, 0, [], batch=64 if i % 2 else 128, kv_used_tokens=0,
+                             latency=0.020 if i % 2 else 0.001))
+    level = builder._latency_ms_ema
+    assert 1.0 < level < 20.0
+    assert builder.latency_predictions_s(1024)[0] == pytest.approx(0.05 * level * 1e-3)
+
+
+def test_without_a_profile_kv_moves_nothing_until_measured():
+    builder = FeatureBuilder()
+    builder.update(_step(0, 0, [], kv_used_tokens=400_000))  # not measured
+    expected = 1e-3 * np.array([10.0, 10.5, 11.2, 11.9, 12.6, 13.3, 14.0, 14.7])
+    np.testing.assert_allclose(builder.latency_predictions_s(64), expected, rtol=1e-9)
