@@ -4,8 +4,8 @@ Each sweep below is the README's command line, composed by Hydra from
 ``configs/bench.yaml`` and run by :func:`agents.bench.run_sweep`, the code path
 of ``specctl-bench`` (without the output files). The targets are the
 published / measured numbers themselves (``shared/anchors/PUBLISHED.md``,
-``env/data/measured/h200-sglang-0.5.15``, shipped), so a drifting profile fails here.
-The rest checks the simulator-in-the-loop machinery of :mod:`env.calibration`.
+``env/sim/data/measured/h200-sglang-0.5.15``, shipped), so a drifting profile fails here.
+The rest checks the simulator-in-the-loop machinery of :mod:`env.sim.calibration`.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 from agents.bench import run_cell, run_sweep
-from env import calibration
-from env.cost_model import load_profile
-from env.simulator import SchedulerConfig, Simulator
-from env.workloads import ClosedLoop
+from env.sim.calibration import fitting as calibration
+from env.sim.cost_model import load_profile
+from env.sim.simulator import SchedulerConfig, Simulator
+from env.traces.workloads import ClosedLoop
 
 MEASURED = calibration.default_measured_dir()  # shipped with the package
 PRESET = Path(__file__).resolve().parents[1] / "configs" / "workload" / "h200_measured.yaml"
@@ -57,7 +57,7 @@ H100_TABLE3 = {2: 1.81, 4: 1.82, 8: 1.62, 16: 1.48, 24: 1.39, 32: 1.32, 48: 1.38
 H100_TABLE4_NO_SPEC = 158.34
 TOLERANCE = 0.05
 #: Table 3 is not reachable within 5% at batches 4, 32 and 64 with step costs
-#: linear in the batch (see env.calibration.calibrate_h100); the minimax fit
+#: linear in the batch (see env.sim.calibration.calibrate_h100); the minimax fit
 #: leaves about 5.3% there. Anything beyond 5.5% is drift.
 H100_TOLERANCE = {4: 0.055, 32: 0.055, 64: 0.055}
 H200_TOLERANCE = 0.10
@@ -143,7 +143,7 @@ def test_h200_profile_stays_fitted_to_step_latencies():
 
 #: Drift guard, much tighter than the requirement: a cell may move this much (relative)
 #: from what the calibration recorded in the profile's provenance. A change to the
-#: profile or to the simulator's behaviour trips it; re-run ``python -m env.calibration``.
+#: profile or to the simulator's behaviour trips it; re-run ``python -m env.sim.calibration``.
 RECORDED = 1e-3
 
 

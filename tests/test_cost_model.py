@@ -12,8 +12,8 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from env import calibration
-from env.cost_model import (
+from env.sim.calibration import fitting as calibration
+from env.sim.cost_model import (
     COEFFICIENTS,
     DEFAULT_FREE,
     DEFAULT_TIES,
@@ -30,10 +30,10 @@ from env.cost_model import (
     save_profile,
     shipped_profiles,
 )
-from env.fit_profile import main as fit_profile_main
-from env.off_cost import dense_h200_points, fit_off_path
-from env.schema import StepRecord
-from env.trace_format import read_trace, write_trace
+from env.sim.fit_profile import main as fit_profile_main
+from env.sim.off_cost import dense_h200_points, fit_off_path
+from env.traces.schema import StepRecord
+from env.traces.trace_format import read_trace, write_trace
 
 MEASURED = calibration.default_measured_dir()  # shipped with the package
 NAMES = ["blackwell_tp8", "h100_llama31_8b", "h200_llama31_8b", "h200_llama31_8b_recorded",
@@ -176,7 +176,7 @@ def test_h200_profile_fits_measured_data():
     assert report.median_abs_error < 0.05
     assert report.worst_abs_error < 0.10
     # The shipped YAML is what the calibration code produces: the step-latency fit, then
-    # the off path's terms from the off-switch measurements (python -m env.calibration).
+    # the off path's terms from the off-switch measurements (python -m env.sim.calibration).
     refit, _ = fit_off_path(calibration.calibrate_h200(MEASURED)[0], dense_h200_points())
     for name in COEFFICIENTS:
         assert getattr(profile, name) == pytest.approx(getattr(refit, name), rel=1e-9)
@@ -225,18 +225,18 @@ def _assert_same(shipped, regenerated, where="") -> None:
 
 @pytest.mark.slow
 def test_calibration_regenerates_the_shipped_files(tmp_path, capsys):
-    """``python -m env.calibration`` writes exactly the shipped profiles and preset (~1-2 min:
+    """``python -m env.sim.calibration`` writes exactly the shipped profiles and preset (~1-2 min:
     it simulates every target cell several times)."""
     calibration.main(["--out", str(tmp_path / "profiles"), "--configs",
                       str(tmp_path / "configs"), "--measured", str(MEASURED)])
     assert "worst |error|" in capsys.readouterr().out
-    shipped_dir = Path(calibration.__file__).parent / "profiles"
-    # h200_qwen3_30b_a3b is fitted by specctl-fit-profile and env.off_cost instead.
+    shipped_dir = calibration.SIM_DIR / "profiles"
+    # h200_qwen3_30b_a3b is fitted by specctl-fit-profile and env.sim.off_cost instead.
     for name in (n for n in NAMES if n != "h200_qwen3_30b_a3b"):
         _assert_same(yaml.safe_load((shipped_dir / f"{name}.yaml").read_text()),
                      yaml.safe_load((tmp_path / "profiles" / f"{name}.yaml").read_text()), name)
     preset = "workload/h200_measured.yaml"
-    shipped_preset = Path(calibration.__file__).parents[1] / "configs" / preset
+    shipped_preset = calibration.REPO_DIR / "configs" / preset
     assert (tmp_path / "configs" / preset).read_text() == shipped_preset.read_text()
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from env.trace_format import read_trace
+from env.traces.trace_format import read_trace
 
 #: (model name, no-speculation result, off result) per measured pair, in run order.
 PAIRS = (

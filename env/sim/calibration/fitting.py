@@ -1,8 +1,8 @@
 """How the shipped cost profiles were calibrated; re-run to regenerate them.
 
-``python -m env.calibration`` rewrites the three YAML files under
-``env/profiles`` and the workload preset ``configs/workload/h200_measured.yaml``
-(the H200 fits read the measurements shipped in ``env/data/measured/``, a copy of
+``python -m env.sim.calibration`` rewrites the three YAML files under
+``env/sim/profiles`` and the workload preset ``configs/workload/h200_measured.yaml``
+(the H200 fits read the measurements shipped in ``env/sim/data/measured/``, a copy of
 the project's ``shared/measured/``; without them the shipped H200 profile is kept
 and the other two are derived from it). It
 simulates a few hundred thousand steps: about a minute on two cores.
@@ -10,7 +10,7 @@ simulates a few hundred thousand steps: about a minute on two cores.
 Three calibrations:
 
 * :func:`calibrate_h200`: step latencies measured on SGLang 0.5.15 / H200
-  (Llama-3.1-8B shape), fitted point by point (:func:`env.cost_model.fit_profile`);
+  (Llama-3.1-8B shape), fitted point by point (:func:`env.sim.cost_model.fit_profile`);
   then :func:`calibrate_h200_sweep` fits how the measured end-to-end sweep's load
   generator ran (client start interval, per-request overhead outside the server)
   without touching the cost coefficients.
@@ -59,8 +59,11 @@ from typing import Any
 
 import numpy as np
 
-from env.acceptance import ParametricAcceptance, SGLangSimulatedAcceptance
-from env.cost_model import (
+from env.factory import make_acceptance, make_closed_loop, make_scheduler_config
+from env.features import FeatureSpec, Observation
+from env.rollout import DecisionLoop, rollout
+from env.sim.acceptance import ParametricAcceptance, SGLangSimulatedAcceptance
+from env.sim.cost_model import (
     COEFFICIENTS,
     DEFAULT_TIES,
     CostProfile,
@@ -74,11 +77,13 @@ from env.cost_model import (
     load_profile,
     save_profile,
 )
-from env.factory import make_acceptance, make_closed_loop, make_scheduler_config
-from env.features import FeatureSpec, Observation
-from env.rollout import DecisionLoop, rollout
-from env.simulator import Simulator
-from env.trace_format import read_trace
+from env.sim.simulator import Simulator
+from env.traces.trace_format import read_trace
+
+#: ``env/sim``: the shipped profiles and calibration data (a filesystem path: main() writes there).
+SIM_DIR = Path(__file__).resolve().parents[1]
+#: The checkout (or site-packages folder) holding ``env/`` and ``configs/``.
+REPO_DIR = SIM_DIR.parents[1]
 
 # ---------------------------------------------------------------------------
 # The steady-state approximation
@@ -621,9 +626,9 @@ SGLANG_SPEC_DEFAULT_MAX_RUNNING_REQUESTS = 48
 
 
 def default_measured_dir() -> Path:
-    """The H200 measurements, shipped in ``env/data/measured/h200-sglang-0.5.15`` (a copy of
+    """The H200 measurements, shipped in ``env/sim/data/measured/h200-sglang-0.5.15`` (a copy of
     the project's ``shared/measured/`` folder, so that an installed package can refit)."""
-    return Path(__file__).resolve().parent / "data" / "measured" / "h200-sglang-0.5.15"
+    return SIM_DIR / "data" / "measured" / "h200-sglang-0.5.15"
 
 
 def read_h200_points(measured_dir: str | Path | None = None) -> LatencyPoints:
@@ -712,7 +717,7 @@ def h200_template() -> CostProfile:
         | {"note": "the measured run's SGLANG_SIMULATE_ACC_LEN=3.5 (match-expected)"},
         provenance={
             "calibrated_to": "shared/measured/h200-sglang-0.5.15/step_latency_*.csv (medians)",
-            "method": "env.calibration.calibrate_h200: NNLS on relative errors",
+            "method": "env.sim.calibration.calibrate_h200: NNLS on relative errors",
             "assumptions": [
                 "kv_tokens = batch * (256 prompt + max_new_tokens/2): 160 new tokens in the "
                 "dummy run, 128 in the simulated run",
@@ -895,7 +900,7 @@ def calibrate_h200_sweep(profile: CostProfile, measured_dir: str | Path | None =
     provenance = dict(profile.provenance)
     provenance["sweep"] = {
         "calibrated_to": f"shared/measured/h200-sglang-0.5.15/{H200_SWEEP_FILE} (tok_s)",
-        "method": "env.calibration.fit_h200_sweep: the cost coefficients stay fitted to the "
+        "method": "env.sim.calibration.fit_h200_sweep: the cost coefficients stay fitted to the "
         "step latencies; the load generator's client start interval and fixed per-request "
         "overhead are fitted, minimax over every cell, by simulating each cell as "
         "specctl-bench does",
@@ -933,9 +938,9 @@ def write_h200_workload_preset(setup: BenchSetup, path: str | Path) -> Path:
         "# sweep_*.jsonl): C clients started one after another, one request each, prompts of",
         f"# {setup.prompt_tokens} tokens, {setup.output_tokens} output tokens, a fixed "
         "per-request time outside the server.",
-        "# Written by `python -m env.calibration` (start interval and overhead fitted to the",
+        "# Written by `python -m env.sim.calibration` (start interval and overhead fitted to the",
         "# sweep through the simulator; see provenance.sweep in",
-        "# env/profiles/h200_llama31_8b.yaml).",
+        "# env/sim/profiles/h200_llama31_8b.yaml).",
         "# Use with horizon_s=null requests_per_client=1.",
         "name: fixed",
         "path: null",
@@ -1100,8 +1105,8 @@ def calibrate_h100(h200: CostProfile | None = None,
             "calibrated_to": "EAGLE-3 paper (arXiv 2503.01840) Table 3 (EAGLE-3 chain-3 "
             "speedups, SGLang v0.4.4, H100) and Table 4 (158.34 tok/s without speculation, "
             "batch 1)",
-            "method": "env.calibration.calibrate_h100: steady-state fit corrected by the "
-            "simulator (env.calibration.fit_in_simulator), minimax on the speedups",
+            "method": "env.sim.calibration.calibrate_h100: steady-state fit corrected by the "
+            "simulator (env.sim.calibration.fit_in_simulator), minimax on the speedups",
             "prompt_tokens": p,
             "output_tokens": o,
             "bench_setup": setup.describe(),
@@ -1278,8 +1283,8 @@ def calibrate_blackwell_tp8(workers: int = 1) -> tuple[CostProfile, CalibrationR
         {
             "calibrated_to": "shared/anchors/PUBLISHED.md section 1 (no speculation 92.6 / "
             "784.2 / 772.1 tok/s and EAGLE-3 77.5 / 337.7 / 340.9 tok/s at C = 1 / 70 / 250)",
-            "method": "env.calibration.calibrate_blackwell_tp8: steady-state fit corrected by "
-            "the simulator (env.calibration.fit_in_simulator), NNLS on seconds per output "
+            "method": "env.sim.calibration.calibrate_blackwell_tp8: steady-state fit corrected by "
+            "the simulator (env.sim.calibration.fit_in_simulator), NNLS on seconds per output "
             "token",
             "prompt_tokens": p,
             "output_tokens": o,
@@ -1299,7 +1304,7 @@ def calibrate_blackwell_tp8(workers: int = 1) -> tuple[CostProfile, CalibrationR
 
 def recorded_trace_dir() -> Path:
     """Where the traces recorded on the real H200 are kept (docs/results/h200)."""
-    return Path(__file__).resolve().parents[1] / "docs" / "results" / "h200"
+    return REPO_DIR / "docs" / "results" / "h200"
 
 
 def calibrate_h200_recorded(folder: Path, template: CostProfile) -> tuple[CostProfile, FitReport]:
@@ -1326,7 +1331,7 @@ def calibrate_h200_recorded(folder: Path, template: CostProfile) -> tuple[CostPr
                 "docs/results/h200/trace-explore (record mode, SPECCTL_RECORD_EXPLORE=1, dwell 4, "
                 "candidate steps 0,1,2,3,5,7, closed loops C = 1, 8, 32, 48)"),
             "prefill_from": "docs/results/h200/trace-main (prefill steps >= 1000 tokens)",
-            "method": "env.calibration.calibrate_h200_recorded: NNLS on the median latency of "
+            "method": "env.sim.calibration.calibrate_h200_recorded: NNLS on the median latency of "
                       "each (batch size, depth) cell with >= 5 decode steps",
             "fit": report.summary(),
             "template": f"{template.name} (server limits, descriptors, c_kv prior)",
@@ -1336,20 +1341,20 @@ def calibrate_h200_recorded(folder: Path, template: CostProfile) -> tuple[CostPr
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Recalibrate and write the shipped profiles (``python -m env.calibration``).
+    """Recalibrate and write the shipped profiles (``python -m env.sim.calibration``).
 
-    The H200 profiles then get their off-path terms (:mod:`env.off_cost`); the
+    The H200 profiles then get their off-path terms (:mod:`env.sim.off_cost`); the
     H100 profile is derived from the H200 fit before that.
     """
-    from env.off_cost import dense_h200_points, fit_off_path
+    from env.sim.off_cost import dense_h200_points, fit_off_path
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "profiles")
+    parser.add_argument("--out", type=Path, default=SIM_DIR / "profiles")
     parser.add_argument(
         "--measured", type=Path, default=None, help="folder of the H200 step_latency_*.csv files"
     )
     parser.add_argument(
-        "--configs", type=Path, default=Path(__file__).resolve().parents[1] / "configs",
+        "--configs", type=Path, default=REPO_DIR / "configs",
         help="config folder to write workload/h200_measured.yaml into",
     )
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),

@@ -1,0 +1,1 @@
+"""How the shipped cost profiles were calibrated (``python -m env.sim.calibration``)."""
