@@ -48,7 +48,7 @@ from controller.wire import (
     encode_decision,
 )
 from env.features import FeatureBuilder
-from env.schema import StepRecord
+from env.traces.schema import StepRecord
 
 log = logging.getLogger(__name__)
 

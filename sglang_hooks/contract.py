@@ -1,6 +1,7 @@
 """What the plugin relies on in SGLang's source, checked by parsing it (never importing).
 
-The hooks patch five targets and read a handful of attributes. SGLang's
+The hooks patch nine targets (four in the scheduler, SGLang's adaptive policy class, and
+the off switch's four in the EAGLE worker) and read a handful of attributes. SGLang's
 scheduler and EAGLE worker modules cannot be imported without a GPU stack, so
 the plugin (at load) and the contract test (for every pinned version) verify
 them with :mod:`ast` on the installed source instead:
@@ -64,7 +65,7 @@ class Calls:
     snippets: tuple[str, ...]
 
 
-#: The five hook targets (the same in every supported version).
+#: The scheduler's hook targets (the same in every supported version).
 HOOK_TARGETS = (
     Method(RECEIVER, "SchedulerRequestReceiver", "_pull_raw_reqs", ("self",)),
     Method(SCHEDULER, "Scheduler", "process_input_requests", ("self", "recv_reqs")),
@@ -76,6 +77,7 @@ POLICY_CLASS = f"{PARAMS}.AdaptiveSpeculativeParams"
 #: The off switch's hook targets (:mod:`sglang_hooks.offswitch`; the same in every version).
 OFF_SWITCH_TARGETS = (
     Method(EAGLE, "EAGLEWorkerV2", "init_cuda_graphs", ("self",)),
+    Method(EAGLE, "EAGLEWorkerV2", "verify", ("self", "batch")),
     Method(TP_WORKER, "TpModelWorker", "forward_batch_generation",
            ("self", "batch", "forward_batch", "pp_proxy_tensors", "is_verify")),
     Method(EAGLE, "EagleDraftWorker", "_draft_extend_for_decode",
@@ -91,6 +93,12 @@ _OFF_SWITCH = (
     Calls(EAGLE, "EAGLEWorkerV2.forward_batch_generation", (
         "verify_input = self._build_trivial_verify_input(batch)",
         "self.draft_worker._draft_extend_for_decode(",
+    )),
+    # Verify plans its graph only through the model runner's decode graph runner, which
+    # the off step hides (a None runner is SGLang's own non-graph route).
+    Calls("sglang.srt.speculative.eagle_utils", "eagle_prepare_for_verify", (
+        "target_worker.model_runner.decode_cuda_graph_runner and "
+        "target_worker.model_runner.decode_cuda_graph_runner.can_run_graph(",
     )),
     Method(MODEL_RUNNER, "ModelRunner", "_get_attention_backend", ("self", "init_new_workspace")),
     Attributes(MODEL_RUNNER, "ModelRunner", (

@@ -12,7 +12,7 @@ from controller.policy_file import ExportedPolicy
 from controller.reload import PolicyHolder
 from controller.server import ControllerServer, ServeOptions
 from controller.wire import DECISION_LAG, Hello, decode, encode_hello, pack_telemetry
-from env.cost_model import load_profile
+from env.sim.cost_model import load_profile
 from sglang_hooks.client import ControllerClient
 from sglang_hooks.local import LocalDecisions
 from sglang_hooks.marker import CONTROLLER

@@ -7,12 +7,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from env.acceptance import SGLangSimulatedAcceptance
-from env.cost_model import load_profile
 from env.features import FeatureSpec, Observation
 from env.rollout import DecisionLoop, rollout
-from env.simulator import Simulator
-from env.workloads import ClosedLoop
+from env.sim.acceptance import SGLangSimulatedAcceptance
+from env.sim.cost_model import load_profile
+from env.sim.simulator import Simulator
+from env.traces.workloads import ClosedLoop
 
 PROFILE = load_profile("h200_llama31_8b")
 
