@@ -462,3 +462,15 @@ def test_without_a_profile_kv_moves_nothing_until_measured():
     builder.update(_step(0, 0, [], kv_used_tokens=400_000))  # not measured
     expected = 1e-3 * np.array([10.0, 10.5, 11.2, 11.9, 12.6, 13.3, 14.0, 14.7])
     np.testing.assert_allclose(builder.latency_predictions_s(64), expected, rtol=1e-9)
+
+
+def test_an_off_step_carrying_zero_entries_is_no_acceptance_evidence():
+    """The wire lets a steps-0 step carry entries of 0 (none above steps_used): nothing
+    was drafted, so the counts neither grow nor decay."""
+    builder = FeatureBuilder()
+    builder.update(_step(0, 2, [2, 1]))
+    builder.update(_step(1, 2, [2, 1]))
+    rates = builder.accept_rates()
+    builder.update(_step(2, 0, [0, 0, 0, 0]))
+    np.testing.assert_array_equal(builder.accept_rates(), rates)
+    assert _named(builder)["log_steps_since_acceptance"] > 0
