@@ -216,6 +216,9 @@ def test_the_grid_error_shows_the_first_entries_only():
         _policy({"batch_grid": tuple(range(20, 0, -1))})
     assert "[20, 19, 18, 17, 16, 15, 14, 13]..." in str(info.value)
     with pytest.raises(PolicyFileError) as info:
+        _policy({"batch_grid": tuple(range(9, 0, -1))})  # nine: one left out
+    assert str(info.value).endswith("got [9, 8, 7, 6, 5, 4, 3, 2]...")
+    with pytest.raises(PolicyFileError) as info:
         _policy({"batch_grid": (2, 1)})
     assert str(info.value).endswith("got [2, 1]")
 
