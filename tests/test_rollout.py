@@ -211,3 +211,24 @@ def test_slo_uses_the_per_token_latency_of_each_request():
     slow = per_token > target
     assert outcome2.slo_violating_tokens == (record.accepted_drafts.astype(np.int64)
                                               + 1)[slow].sum()
+
+
+def test_a_horizon_falling_exactly_where_a_decode_step_ends():
+    """The step whose decode ends exactly at the horizon is the last: nothing after it (a
+    prefill the simulator would run next) counts, and no further decision is asked for."""
+    reference = _loop(concurrency=2, output=6, requests=None)
+    reference.reset(seed=0)
+    for k in range(1, 200):
+        t0, pending = reference.sim.time_s, len(reference._pending)
+        _, outcome = reference.step(2)
+        if len(reference._pending) > pending + 1:  # a prefill ran after this decode
+            break
+    end = t0 + outcome.record.step_latency_s  # where step k's decode ended
+    loop = _loop(concurrency=2, output=6, requests=None, horizon_s=end)
+    loop.reset(seed=0)
+    for _ in range(k):
+        obs, last = loop.step(2)
+    assert last.truncated and obs is None and loop.decisions == k
+    assert loop.elapsed_s == end
+    decoded = int(last.record.accepted_drafts.astype(np.int64).sum()) + last.record.batch_size
+    assert last.tokens == decoded  # the decode's tokens only, not the prefill's after it
