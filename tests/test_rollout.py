@@ -218,11 +218,13 @@ def test_a_horizon_falling_exactly_where_a_decode_step_ends():
     prefill the simulator would run next) counts, and no further decision is asked for."""
     reference = _loop(concurrency=2, output=6, requests=None)
     reference.reset(seed=0)
-    for k in range(1, 200):
-        t0, pending = reference.sim.time_s, len(reference._pending)
+    k, prefilled = 0, False
+    while not prefilled and k < 500:
+        t0, index = reference.sim.time_s, reference.sim.step_index
         _, outcome = reference.step(2)
-        if len(reference._pending) > pending + 1:  # a prefill ran after this decode
-            break
+        k += 1
+        prefilled = reference.sim.step_index > index + 1  # a prefill step ran after it
+    assert prefilled
     end = t0 + outcome.record.step_latency_s  # where step k's decode ended
     loop = _loop(concurrency=2, output=6, requests=None, horizon_s=end)
     loop.reset(seed=0)
