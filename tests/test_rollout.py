@@ -229,8 +229,9 @@ def test_a_horizon_falling_exactly_where_a_decode_step_ends():
     loop = _loop(concurrency=2, output=6, requests=None, horizon_s=end)
     loop.reset(seed=0)
     for _ in range(k):
+        tokens0, index = loop.sim.output_tokens_total, loop.sim.step_index
         obs, last = loop.step(2)
     assert last.truncated and obs is None and loop.decisions == k
-    assert loop.elapsed_s == end
-    decoded = int(last.record.accepted_drafts.astype(np.int64).sum()) + last.record.batch_size
-    assert last.tokens == decoded  # the decode's tokens only, not the prefill's after it
+    assert loop.sim.step_index == index + 1  # the prefill step did not run
+    assert loop.elapsed_s == end and last.elapsed_s == last.record.step_latency_s
+    assert last.tokens == loop.sim.output_tokens_total - tokens0  # in full
