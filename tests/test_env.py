@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import gymnasium
 import numpy as np
 import pytest
@@ -9,6 +11,7 @@ from gymnasium.utils.env_checker import check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 import env  # noqa: F401 - registers specctl/SpecDecode-v0
+from env.features import FeatureSpec
 from env.spec_env import SpecDecodeEnv
 
 SMALL = {
@@ -196,3 +199,49 @@ def test_the_reference_is_the_throughput_without_speculation():
     assert rho == reference_throughput(environment.scenario, environment.feedback_lag)
     info = _episode(environment, lambda i: 0, seed=1)[2]
     assert info["throughput_tok_s"] == pytest.approx(rho, rel=1e-12)
+
+
+def test_settings_reach_the_environment():
+    environment = SpecDecodeEnv({**SMALL, "slo_tpot_ms": 4.0})
+    assert environment.slo_tpot_s == pytest.approx(0.004) and environment.slo_penalty == 1.0
+    assert environment.observation_space == gymnasium.spaces.Box(
+        -1.0, 1.0, (environment.feature_spec.size,), np.float32)
+    assert environment.scenario is None and environment.last_observation is None
+    assert SpecDecodeEnv({**SMALL, "cost_prior": "none"}).cfg["cost_prior"] == "none"
+
+
+def test_the_episode_runs_the_drawn_scenario():
+    """Its server, seed, horizon, cost prior, lag, feature layout and SLO."""
+    cfg = {**SMALL, "profiles": ["blackwell_tp8"], "max_depth": 3, "feedback_lag": 2,
+           "slo_tpot_ms": 5.0, "horizon_s": 2.0,
+           "workloads": [{"name": "azure_conv", "kind": "open", "load": [1.5]}]}
+    environment = SpecDecodeEnv(cfg)
+    environment.reset(seed=3)
+    scenario, loop = environment.scenario, environment._loop
+    assert loop.sim.config is scenario.config and loop.sim.seed == scenario.seed
+    assert loop.horizon_s == scenario.horizon_s == 2.0 and loop.feedback_lag == 2
+    assert loop.features.cost_prior is scenario.prior and loop.slo_tpot_s == 0.005
+    assert loop.features.spec == environment.feature_spec == FeatureSpec(max_depth=3)
+    # The reference is this scenario's own throughput without speculation.
+    rho = environment.reference_tok_s
+    info = _episode(environment, lambda i: 0, seed=3)[2]
+    assert environment.scenario.label == scenario.label
+    assert info["throughput_tok_s"] == pytest.approx(rho, rel=1e-12)
+
+
+def test_a_scenario_without_throughput_is_redrawn_a_hundred_times_then_refused(monkeypatch):
+    import env.spec_env as spec_env
+
+    environment = SpecDecodeEnv(SMALL)
+    rates = itertools.chain([0.0], itertools.repeat(0.5))
+    monkeypatch.setattr(spec_env, "reference_throughput", lambda scenario, lag: next(rates))
+    environment.reset(seed=0)  # 0 tokens/s: drawn again; 0.5 tokens/s is a scenario
+    assert environment.reference_tok_s == 0.5
+    calls = []
+    monkeypatch.setattr(spec_env, "reference_throughput",
+                        lambda scenario, lag: calls.append(scenario) or 0.0)
+    with pytest.raises(RuntimeError) as info:
+        environment.reset(seed=0)
+    assert len(calls) == 100
+    assert str(info.value) == ("100 scenarios in a row had nothing to decode; check the env "
+                               "config")
