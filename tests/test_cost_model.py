@@ -489,3 +489,65 @@ def test_a_profile_file_round_trips_every_field(tmp_path):
     (tmp_path / "broken.yaml").write_text("name: [unclosed\n")
     with pytest.raises(ProfileError, match=r"broken\.yaml: invalid YAML"):
         load_profile(tmp_path / "broken.yaml")
+
+
+def test_defaults_are_the_documented_ones():
+    """kv 0, no prefill, the draft extend and the speculative path on, a dense model."""
+    server = ServerLimits(256, 10**6, 8192, cuda_graph_max_bs=8)
+    p = CostProfile("d", server, **{n: (i + 1) * 1e-4 for i, n in enumerate(COEFFICIENTS)})
+    for b, d in itertools.product([0, 1, 9], [0, 1, 3]):
+        assert p.step_latency_s(b, d) == p.step_latency_s(b, d, 0, 0, True, True)
+        assert float(p.step_latency_array(b, d)[0]) == pytest.approx(
+            float(p.step_latency_array(b, d, 0, 0, True, True)[0]), rel=1e-12)
+        np.testing.assert_array_equal(
+            design_matrix(b, d), design_matrix(b, d, 0, 0, True, True, moe_active_fraction=0.0,
+                                               cuda_graph_max_bs=None))
+
+
+@pytest.mark.parametrize(("batch", "prefill", "expected"), [(0, 0, 0.0), (0, 1, 1.0),
+                                                            (1, 0, 1.0), (0, 2, 1.0)])
+def test_a_model_whose_every_token_reads_every_expert(batch, prefill, expected):
+    """moe_active_fraction 1: any token reads all experts; a step of no token none."""
+    p = CostProfile("m", ServerLimits(8, 100, 8), c_moe=1.0, moe_active_fraction=1.0)
+    assert p.step_latency_s(batch, 0, 0, prefill) == expected
+    assert float(p.step_latency_array(batch, 0, 0, prefill)[0]) == expected
+
+
+@pytest.mark.parametrize("cost", [dict(c_eager=1.0), dict(c_verify=1.0), dict(c_draft=1.0)])
+def test_a_profile_whose_plain_decode_step_is_free_is_refused(cost):
+    """Priced only when batching past the CUDA graphs, or when speculating: a decode
+    step of one request without speculation would take no time."""
+    data = load_profile("h200_llama31_8b").to_dict()
+    data["server"]["cuda_graph_max_bs"] = 1
+    data["cost"] = {**{k: 0.0 for k in COEFFICIENTS}, "c_prefill_token": 1e-6, **cost}
+    with pytest.raises(ProfileError) as info:
+        profile_from_dict(data, "p.yaml")
+    assert str(info.value) == (
+        "p.yaml: cost: a decode step of one request takes 0.0 s under these coefficients; "
+        "set c_fixed (or c_request / c_token and c_prefill_token) to the server's measured "
+        "costs (see specctl-fit-profile)")
+
+
+def test_optional_profile_keys_and_the_default_source():
+    data = load_profile("h200_llama31_8b").to_dict()
+    for key in ("description", "acceptance", "model", "hardware", "provenance"):
+        data.pop(key, None)
+    profile = profile_from_dict(data)
+    assert (profile.description, profile.acceptance, profile.model, profile.hardware,
+            profile.provenance) == ("", None, {}, {}, {})
+    with pytest.raises(ProfileError) as info:
+        profile_from_dict([])
+    assert str(info.value) == "<dict>: expected a mapping at the top level"
+
+
+@pytest.mark.parametrize("name", ["absent.yaml", "absent.yml", "some/dir/absent.txt"])
+def test_a_path_to_no_file_is_not_looked_up_as_a_shipped_name(name):
+    with pytest.raises(FileNotFoundError, match="no such profile file"):
+        load_profile(name)
+
+
+def test_saved_files_keep_the_documented_layout(tmp_path):
+    path = save_profile(load_profile("h100_llama31_8b"), tmp_path / "a" / "b" / "p.yaml")
+    assert list(yaml.safe_load(path.read_text())) == [
+        "name", "description", "model", "hardware", "server", "cost", "acceptance",
+        "provenance"]
