@@ -47,7 +47,7 @@ from controller.wire import (
     decode,
     encode_decision,
 )
-from env.features import FeatureBuilder
+from env.features import FeatureBuilder, observation_grids
 from env.schema import StepRecord
 
 log = logging.getLogger(__name__)
@@ -332,7 +332,7 @@ class ControllerServer:
         policy = self.holder.policy
         streams = list(pending.values())
         grid = policy.feature_spec.batch_grid
-        grids = [self._observation_grid(s) for s in streams]
+        grids = self._observation_grids(streams)
         chosen, healthy, runnable = choose(policy, self._policy_actions, grids,
                                            [s.allowed for s in streams])
         for i in np.flatnonzero(~healthy):
@@ -365,22 +365,41 @@ class ControllerServer:
             out.append((stream, decision))
         return out
 
-    def _observation_grid(self, stream: _Stream) -> np.ndarray | None:
-        """Fold the stream's new records; its grid of observations, or None (stream reset)
-        if its estimators fail."""
-        backlog = stream.backlog
-        try:
-            builder = stream.builder
-            while backlog:
-                builder.update(backlog.popleft())
-            return builder.observation_grid()
-        except Exception:  # e.g. LinAlgError: must not cost the other streams their answer
-            stream.builder.reset()
-            backlog.clear()
-            self._count(self.metrics.stream_resets, "error")
-            self._log_internal_error("specctl_stream_resets_total",
-                                     "computing the features of server %r", stream.key[1])
-            return None
+    def _observation_grids(self, streams: list[_Stream]) -> np.ndarray | list:
+        """Fold each stream's new records, then the observation grids of all of them in
+        one batched computation, shape (streams, grid rows, size). Should a stream's
+        estimators fail, it is reset and the others are computed one by one (a list with
+        None for the failed ones): one stream must not cost the others their answer."""
+        folded = []
+        for stream in streams:
+            backlog, builder = stream.backlog, stream.builder
+            try:
+                while backlog:
+                    builder.update(backlog.popleft())
+                folded.append(True)
+            except Exception:  # a bug, or a record the estimators cannot take
+                self._reset_failed(stream)
+                folded.append(False)
+        if all(folded):
+            try:
+                return observation_grids([s.builder for s in streams])
+            except Exception:  # e.g. LinAlgError in one stream: find it below
+                pass
+        grids: list[np.ndarray | None] = []
+        for stream, ok in zip(streams, folded, strict=True):
+            try:
+                grids.append(stream.builder.observation_grid() if ok else None)
+            except Exception:
+                self._reset_failed(stream)
+                grids.append(None)
+        return grids
+
+    def _reset_failed(self, stream: _Stream) -> None:
+        stream.builder.reset()
+        stream.backlog.clear()
+        self._count(self.metrics.stream_resets, "error")
+        self._log_internal_error("specctl_stream_resets_total",
+                                 "computing the features of server %r", stream.key[1])
 
     def _send(self, decisions: list[tuple[_Stream, Decision]]) -> int:
         sock, metrics = self._sock, self.metrics
