@@ -334,8 +334,10 @@ class FeatureBuilder:
         for a scalar), at the latest KV use.
         """
         scalar = np.ndim(batch_sizes) == 0
-        predicted = _latency_predictions([self], np.atleast_1d(batch_sizes),
-                                         np.array([float(self._kv_used_tokens)]))[:, 0].T
+        state = np.array([self._state_row()])
+        width = self._layout.width
+        predicted = _latency_predictions([self], np.atleast_1d(batch_sizes), state[:, width],
+                                         state[:, width + 1])[:, 0].T
         return predicted[0] if scalar else predicted
 
     def _design(self, batch_sizes: np.ndarray):
@@ -403,8 +405,8 @@ class FeatureBuilder:
 
     def _state_row(self) -> list[float]:
         """This builder's row of :func:`_batch`'s state: the vector's batch-independent
-        entries before their scaling (see :class:`_Layout`), then the KV tokens and
-        the expected accepted drafts per depth."""
+        entries before their scaling (see :class:`_Layout`), then the KV tokens, the
+        latency level (ms) and the expected accepted drafts per depth."""
         rates, expected = _acceptance(self._trials, self._successes, self.spec)
         return [
             self._waiting, self._kv_use, self._batch_trend, self._prefill_share,
@@ -412,7 +414,8 @@ class FeatureBuilder:
             *rates, *self._trials, self._latency_ms_ema or 0.0,
             self._throughput_ema or 0.0, *self._depth_samples,
             1.0 if self.cost_prior is not None else 0.0, self._prior_log_error,
-            self._kv_used_tokens, *expected,
+            self._kv_used_tokens,
+            10.0 if self._latency_ms_ema is None else self._latency_ms_ema, *expected,
         ]
 
     @staticmethod
@@ -480,9 +483,15 @@ class _Layout:
         ]
         self.head = 8 + 2 * depth  # entries before the per-depth latency and goodput
         self.width = len(entries)
-        self.logs = np.array([i for i, (log, _, _) in enumerate(entries) if log])
+        self.logs = np.array([log for log, _, _ in entries])
         self.mul = np.array([mul for _, mul, _ in entries])
         self.div = np.array([div for _, _, div in entries])
+        # The latency regression's ridge, and its prior without a cost profile as
+        # fractions of the observed latency level (see _latency_predictions()).
+        self.ridge = spec.latency_ridge
+        self.ridge_eye = spec.latency_ridge * np.eye(7)
+        self.prior_fractions = np.array([1.0, 0.0, spec.speculation_prior_fraction, 0.0,
+                                         spec.draft_step_prior_fraction, 0.0, 0.0])
 
 
 def _batch(builders: Sequence[FeatureBuilder], batch_sizes: np.ndarray) -> _Batch:
@@ -507,12 +516,12 @@ def _batch(builders: Sequence[FeatureBuilder], batch_sizes: np.ndarray) -> _Batc
     state = np.array(flat).reshape(len(builders), -1)
     width = layout.width
     entries = state[:, :width]
-    entries[:, layout.logs] = np.log1p(entries[:, layout.logs])
+    np.log1p(entries, out=entries, where=layout.logs)
     entries = entries * layout.mul / layout.div
-    kv_tokens = state[:, width]
+    kv_tokens, base_ms = state[:, width], state[:, width + 1]
     rates = state[:, 8:8 + depth]
-    expected = state[:, width + 1:]
-    latency = _latency_predictions(builders, batch_sizes, kv_tokens)
+    expected = state[:, width + 2:]
+    latency = _latency_predictions(builders, batch_sizes, kv_tokens, base_ms)
     # log(latency_d / latency_0), and log goodput ratios from it (depth first)
     log_latency = np.log(latency)
     slower = log_latency[1:] - log_latency[:1]
@@ -551,31 +560,32 @@ def _acceptance(trials: Sequence[float], successes: Sequence[float],
 
 
 def _latency_predictions(builders: Sequence[FeatureBuilder], batch_sizes: np.ndarray,
-                         kv_tokens: np.ndarray) -> np.ndarray:
-    """Predicted step latency (s), shape (depth + 1, builders, batch sizes)."""
-    spec, first = builders[0].spec, builders[0]
-    base_ms = np.array([10.0 if b._latency_ms_ema is None else b._latency_ms_ema
-                        for b in builders])
+                         kv_tokens: np.ndarray, base_ms: np.ndarray) -> np.ndarray:
+    """Predicted step latency (s), shape (depth + 1, builders, batch sizes), given each
+    builder's KV tokens and latency level (ms) (the prior's scale and the floor's)."""
+    first = builders[0]
+    layout = first._layout
     stale = [i for i, b in enumerate(builders) if b._theta is None]
     if stale:  # one batched 7 x 7 solve for every stream that saw telemetry
-        moments = np.stack([builders[i]._moments for i in stale])
-        ridge = spec.latency_ridge
-        if first.cost_prior is not None:
-            rhs = moments[:, :7, 7]  # the residual over the profile: none expected
-        else:
+        moments = _stack([builders[i]._moments for i in stale])
+        rhs = moments[:, :7, 7]
+        if first.cost_prior is None:  # else: the residual over the profile, none expected
             # The observed level at depth 0, fixed fractions of it for speculating.
-            fractions = np.array([1.0, 0.0, spec.speculation_prior_fraction, 0.0,
-                                  spec.draft_step_prior_fraction, 0.0, 0.0])
-            rhs = moments[:, :7, 7] + ridge * (base_ms[stale, None] * fractions)
-        thetas = np.linalg.solve(moments[:, :7, :7] + ridge * np.eye(7), rhs[:, :, None])
-        for i, theta in zip(stale, thetas[:, :, 0], strict=True):
+            level = base_ms if len(stale) == len(builders) else base_ms[stale]
+            rhs = rhs + (level[:, None] * layout.prior_fractions) * layout.ridge
+        thetas = np.linalg.solve(moments[:, :7, :7] + layout.ridge_eye, rhs[:, :, None])[..., 0]
+        for i, theta in zip(stale, thetas, strict=True):
             builders[i]._theta = theta
+        if len(stale) < len(builders):
+            thetas = _stack([b._theta for b in builders])
+    else:
+        thetas = _stack([b._theta for b in builders])
     # The regression x = [1, b, s, s*b, m, m*b, kv] (see reset()), factored, evaluated
     # elementwise (a BLAS product's rounding may depend on how many streams are
     # stacked: batching must be invisible), depth first so that every step runs over
     # whole contiguous planes (streams x batch sizes).
     b, prior = first._design(batch_sizes)
-    t = np.stack([b_._theta for b_ in builders], axis=1)[:, :, None]  # (7, n, 1)
+    t = thetas.T[:, :, None]  # (7, n, 1)
     kv = kv_tokens[:, None]
     plain = t[0] + t[1] * b + t[6] * (kv / 1e5)
     speculating = t[2] + t[3] * b
@@ -587,6 +597,11 @@ def _latency_predictions(builders: Sequence[FeatureBuilder], batch_sizes: np.nda
     # Physically a deeper draft never costs less; keep the prediction sane.
     floor = np.maximum(0.05 * base_ms, 1e-3)[:, None]
     return np.maximum.accumulate(np.maximum(predicted, floor), axis=0) * 1e-3
+
+
+def _stack(arrays: list[np.ndarray]) -> np.ndarray:
+    """``np.stack(arrays)``; a view for one array (the single stream's common case)."""
+    return arrays[0][None] if len(arrays) == 1 else np.stack(arrays)
 
 
 @functools.lru_cache(maxsize=16)
