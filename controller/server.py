@@ -55,6 +55,8 @@ log = logging.getLogger(__name__)
 
 #: Streams removed (idle or evicted) before the sweep gives freed memory back to the OS.
 _TRIM_AFTER_STREAMS = 256
+_NOBLOCK = int(zmq.NOBLOCK)
+_SNDMORE_NOBLOCK = int(zmq.NOBLOCK | zmq.SNDMORE)
 #: A HELLO's first bytes: msgpack fixarray of 8, WIRE_VERSION, Kind.HELLO.
 _HELLO_HEADER = bytes([0x98, WIRE_VERSION, Kind.HELLO])
 
@@ -409,10 +411,16 @@ class ControllerServer:
 
     def _send(self, decisions: list[tuple[_Stream, Decision]]) -> int:
         sock, metrics = self._sock, self.metrics
+        send = sock.send
         sent = 0
         for stream, decision in decisions:
+            # Two sends with plain int flags: send_multipart's loop and enum flag
+            # arithmetic cost more than the sends at this rate. A ROUTER drops (never
+            # half-sends) a message to a peer that is gone or full; with ROUTER_MANDATORY
+            # unset the first part cannot fail for that reason.
             try:
-                sock.send_multipart([stream.identity, encode_decision(decision)], zmq.NOBLOCK)
+                send(stream.identity, _SNDMORE_NOBLOCK)
+                send(encode_decision(decision), _NOBLOCK)
             except zmq.ZMQError:  # the peer is gone or its queue is full
                 self.counters["send_failed"] += 1
                 continue

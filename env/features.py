@@ -272,6 +272,11 @@ class FeatureBuilder:
             self._steps_since_switch += 1
         self._steps_used = steps
 
+        accepted = record.accepted_drafts
+        # counts[a] = requests that accepted a drafts: the acceptance estimate's input and
+        # (as sum a * counts[a]) the step's output; plain ints from here on.
+        counts = np.bincount(accepted).tolist() if len(accepted) else []
+
         latency_s = record.step_latency_s
         if latency_s > 0.0:
             latency_ms = latency_s * 1e3
@@ -298,24 +303,25 @@ class FeatureBuilder:
                 self._latency_ms_ema = latency_ms
             else:
                 self._latency_ms_ema += alpha * (latency_ms - self._latency_ms_ema)
-            rate = record.output_tokens / latency_s
+            # record.output_tokens, without a numpy call
+            output = record.batch_size + sum(a * n for a, n in enumerate(counts))
+            rate = output / latency_s
             if self._throughput_ema is None:
                 self._throughput_ema = rate
             else:
                 self._throughput_ema += alpha * (rate - self._throughput_ema)
 
-        accepted = record.accepted_drafts
-        if steps > 0 and len(accepted) and not reentry:
-            # at_least[k] = requests that accepted >= k drafts, k = 1..steps
-            counts = np.bincount(np.minimum(accepted, steps), minlength=steps + 1).tolist()
+        if steps > 0 and counts and not reentry:
+            # A request that accepted a >= steps drafts (a > steps only from a server
+            # running deeper than max_depth) succeeded at every position 1..steps.
             decay, trials, successes = spec.accept_decay, self._trials, self._successes
-            reached = len(accepted)
+            reached = len(accepted)  # requests that accepted >= k drafts, k = 0 first
             for k in range(len(trials)):
                 trials[k] *= decay
                 successes[k] *= decay
                 if k < steps:
                     trials[k] += reached
-                    reached -= counts[k]
+                    reached -= counts[k] if k < len(counts) else 0
                     successes[k] += reached
             self._steps_since_acceptance = 0
         else:
