@@ -25,6 +25,8 @@ specctl_steps_chosen_total{steps}           counter    steps chosen for each str
 specctl_fallback_replies_total{reason}      counter    "use your fallback" replies
                                                        (shadow, no_allowed_action)
 specctl_policy_reloads_total{result}        counter    policy reloads (ok, error)
+specctl_policy_pushes_total                 counter    POLICY messages sent to servers
+                                                       (fleet hub: on reload, on connect)
 specctl_streams                             gauge      (server, rank) streams being served
 specctl_policy_info{name,path}              gauge      1 for the policy being served
 ==========================================  =========  ====================================
@@ -69,6 +71,8 @@ class Metrics:
                                  ["reason"], registry=r)
         self.reloads = Counter("specctl_policy_reloads", "Policy reloads", ["result"],
                                registry=r)
+        self.policy_pushes = Counter("specctl_policy_pushes", "Policies pushed to servers",
+                                     registry=r)
         self.streams = Gauge("specctl_streams", "Streams being served", registry=r)
         self.policy_info = Gauge("specctl_policy_info", "Policy being served",
                                  ["name", "path"], registry=r)

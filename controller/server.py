@@ -39,14 +39,17 @@ from controller.security import CurveConfig, bind, check_endpoint, secure_socket
 from controller.streams import Peer, StreamKey, StreamLimits, StreamTable, trim_heap
 from controller.wire import (
     DECISION_LAG,
+    MAX_POLICY_BYTES,
     WIRE_VERSION,
     Decision,
     Hello,
     Kind,
+    PolicyPush,
     WireError,
     apply_socket_limits,
     decode,
     encode_decision,
+    encode_policy,
 )
 from env.features import FeatureBuilder, observation_grids
 from env.schema import StepRecord
@@ -57,8 +60,9 @@ log = logging.getLogger(__name__)
 _TRIM_AFTER_STREAMS = 256
 _NOBLOCK = int(zmq.NOBLOCK)
 _SNDMORE_NOBLOCK = int(zmq.NOBLOCK | zmq.SNDMORE)
-#: A HELLO's first bytes: msgpack fixarray of 8, WIRE_VERSION, Kind.HELLO.
-_HELLO_HEADER = bytes([0x98, WIRE_VERSION, Kind.HELLO])
+#: A HELLO's first bytes after its msgpack fixarray header (of 8, or 9 with a policy
+#: digest): WIRE_VERSION, Kind.HELLO.
+_HELLO_HEADERS = (bytes([0x98, WIRE_VERSION, Kind.HELLO]), bytes([0x99, WIRE_VERSION, Kind.HELLO]))
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,9 @@ class ServeOptions:
 
     endpoint: str = "ipc:///tmp/specctl-serve.sock"
     shadow: bool = False
+    #: Fleet hub: push the served policy to each connection deciding locally with another
+    #: (its HELLO says which), and to all those again on reload.
+    push_policies: bool = True
     max_streams: int = 4096
     max_streams_per_peer: int = 4
     new_streams_per_s: float = 20.0
@@ -93,8 +100,8 @@ class ServeOptions:
 class _Stream:
     """One (connection, server, rank): its feature builder and where to answer."""
 
-    __slots__ = ("allowed", "backlog", "batch_size", "builder", "candidates", "identity", "key",
-                 "last_seen", "last_step", "received", "seq")
+    __slots__ = ("allowed", "backlog", "batch_size", "builder", "candidates", "deciding",
+                 "identity", "key", "last_seen", "last_step", "pushed", "received", "seq")
 
     def __init__(self, key: StreamKey, builder: FeatureBuilder, backlog: int) -> None:
         self.key = key
@@ -108,6 +115,8 @@ class _Stream:
         self.allowed: np.ndarray | None = None
         self.last_seen = 0.0
         self.received = 0.0
+        self.deciding = ""  # local mode: digest of the policy the server decides with
+        self.pushed = ""  # digest of the policy last pushed to this stream's connection
 
 
 class ControllerServer:
@@ -170,6 +179,7 @@ class ControllerServer:
         self._next_log = time.monotonic() + options.log_every_s
         self._next_error_log = 0.0
         self._busy_s = 0.0  # how long the latest round took (read, decide, send)
+        self._too_big_logged = ""  # digest of a policy too big to push, once warned
         self._evicted = 0
         self._freed = 0  # streams removed since the heap was last trimmed
         self._evicted_at_sweep = 0
@@ -245,7 +255,7 @@ class ControllerServer:
                 frame = frame.bytes
             else:
                 peer, frame = (parts[0], ""), parts[1]
-            if frame[:3] == _HELLO_HEADER:  # rare, and must not be shed
+            if frame[:3] in _HELLO_HEADERS:  # rare, and must not be shed
                 hellos.append((peer, frame))
                 continue
             frames = latest.get(peer)
@@ -280,8 +290,8 @@ class ControllerServer:
             if exc.kind == "range":
                 self._count(self.metrics.range_errors, exc.field)
             return
-        if type(message) is Decision:
-            self._count(self.metrics.wire_errors, "kind")  # a DECISION sent to the controller
+        if type(message) is Decision or type(message) is PolicyPush:
+            self._count(self.metrics.wire_errors, "kind")  # controller -> server kinds
             return
         key = (peer, message.server, message.rank)
         try:
@@ -323,6 +333,43 @@ class ControllerServer:
         if stream.candidates != hello.candidate_steps:
             stream.candidates = hello.candidate_steps
             stream.allowed = self._allowed(stream.candidates)
+        stream.deciding = hello.policy_digest
+        if self._wants_policy(stream):
+            self._push_policy([stream])
+
+    def _wants_policy(self, stream: _Stream) -> bool:
+        """A server deciding locally with another policy than ours, not yet sent ours."""
+        digest = self.holder.digest
+        return (self.options.push_policies and stream.deciding != ""
+                and stream.deciding != digest and stream.pushed != digest)
+
+    def _push_policy(self, streams) -> None:
+        """Send the served policy to these streams' connections (once per connection)."""
+        holder = self.holder
+        if not streams:
+            return
+        if len(holder.blob) > MAX_POLICY_BYTES:
+            if self._too_big_logged != holder.digest:
+                self._too_big_logged = holder.digest
+                log.warning("policy %r is %d bytes, more than a POLICY message carries "
+                            "(%d): not pushed to the servers", holder.policy.name,
+                            len(holder.blob), MAX_POLICY_BYTES)
+            return
+        frame = None
+        done: set[bytes] = set()
+        for stream in streams:
+            if stream.identity not in done:
+                frame = frame or encode_policy(PolicyPush(holder.policy.name, holder.digest,
+                                                          holder.blob))
+                try:
+                    self._sock.send(stream.identity, _SNDMORE_NOBLOCK)
+                    self._sock.send(frame, _NOBLOCK)
+                    self.metrics.policy_pushes.inc()
+                except zmq.ZMQError:
+                    self.counters["send_failed"] += 1
+                    continue
+                done.add(stream.identity)
+            stream.pushed = holder.digest
 
     def _count_evictions(self) -> None:
         evicted = self.streams.evicted
@@ -468,6 +515,8 @@ class ControllerServer:
             if not same_spec:
                 stream.builder = FeatureBuilder(new.feature_spec, self.cost_prior)
             stream.allowed = self._allowed(stream.candidates)
+        # The fleet hub: every server deciding locally gets the new policy.
+        self._push_policy([s for s in self.streams if self._wants_policy(s)])
 
     def _sweep(self, now: float) -> None:
         self._next_sweep = now + 10.0
