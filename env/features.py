@@ -347,28 +347,33 @@ class FeatureBuilder:
         return predicted[0] if scalar else predicted
 
     def _design(self, batch_sizes: np.ndarray):
-        """Per set of batch sizes (cached): the latency regression's batch regressor
-        ``b``, shape (n,), and the cost profile's latency (ms) at KV 0 and its slope per
-        KV token (the profile's KV term is linear), each of shape (depth + 1, 1, n), or
-        None without a profile.
+        """Per set of batch sizes (cached): the latency regression's design for every
+        depth and batch size (depth first), shape ((depth + 1) * n, 6), and the cost
+        profile's latency (ms) at KV 0 and its slope per KV token (the profile's KV
+        term is linear), each of shape (depth + 1, 1, n), or None without a profile.
 
         Building these per decision was most of the controller's time.
         """
         key = tuple(batch_sizes.tolist())
         cached = self._design_cache.get(key)
         if cached is None:
-            batches = np.maximum(batch_sizes, 1)
+            batches, depths = np.broadcast_arrays(np.maximum(batch_sizes, 1)[None, :],
+                                                  self._depths[:, :, 0])
+            b = (batches / 64.0).ravel()
+            s = self._speculating[:, :, 0] + 0.0 * batches
+            m = self._extra_drafts[:, :, 0] + 0.0 * batches
+            s, m = s.ravel(), m.ravel()
+            design = np.stack([np.ones_like(b), b, s, s * b, m, m * b], axis=-1)
             prior = None
             if self.cost_prior is not None:
-                flat_b, flat_d = (a.ravel() for a in np.broadcast_arrays(
-                    batches[None, :], self._depths.reshape(-1, 1)))
+                flat_b, flat_d = batches.ravel(), depths.ravel()
                 flags = {"draft_extend": flat_d > 0, "speculative_path": flat_d > 0}
                 at0 = 1e3 * self.cost_prior.step_latency_array(flat_b, flat_d, 0, 0, **flags)
                 at1 = 1e3 * self.cost_prior.step_latency_array(flat_b, flat_d, 100_000, 0,
                                                                **flags)
-                shape = (len(self._depths.ravel()), 1, len(batches))
+                shape = (depths.shape[0], 1, depths.shape[1])
                 prior = (at0.reshape(shape), ((at1 - at0) / 100_000).reshape(shape))
-            cached = self._design_cache[key] = (batches / 64.0, prior)
+            cached = self._design_cache[key] = (design, prior)
         return cached
 
     def observation(self, batch_size: int | None = None) -> Observation:
@@ -586,17 +591,20 @@ def _latency_predictions(builders: Sequence[FeatureBuilder], batch_sizes: np.nda
             thetas = _stack([b._theta for b in builders])
     else:
         thetas = _stack([b._theta for b in builders])
-    # The regression x = [1, b, s, s*b, m, m*b, kv] (see reset()), factored, evaluated
-    # elementwise (a BLAS product's rounding may depend on how many streams are
-    # stacked: batching must be invisible), depth first so that every step runs over
-    # whole contiguous planes (streams x batch sizes).
-    b, prior = first._design(batch_sizes)
-    t = thetas.T[:, :, None]  # (7, n, 1)
+    # The regression x = [1, b, s, s*b, m, m*b, kv] (see reset()): one matrix-vector
+    # product per stream, never one product for all of them (its rounding could then
+    # depend on how many streams are stacked: batching must be invisible), depth first.
+    design, prior = first._design(batch_sizes)
+    n, rows = len(builders), len(batch_sizes)
+    depths = design.shape[0] // rows
+    if n == 1:
+        predicted = (design @ thetas[0, :6]).reshape(depths, 1, rows)
+    else:
+        predicted = np.empty((depths, n, rows))
+        for i, theta in enumerate(thetas):
+            predicted[:, i, :] = (design @ theta[:6]).reshape(depths, rows)
     kv = kv_tokens[:, None]
-    plain = t[0] + t[1] * b + t[6] * (kv / 1e5)
-    speculating = t[2] + t[3] * b
-    per_draft = t[4] + t[5] * b
-    predicted = plain + first._speculating * speculating + first._extra_drafts * per_draft
+    predicted += thetas[:, 6:7] * (kv / 1e5)
     if prior is not None:
         at0, slope = prior
         predicted += at0 + slope * kv
