@@ -59,6 +59,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--load", choices=["rtt", "flood"], default="rtt")
+    parser.add_argument("--clients", type=int, default=1, help="servers of the rtt load")
     parser.add_argument("--top", type=int, default=14, help="functions listed")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="sc-prof-") as tmp:
@@ -74,15 +75,15 @@ def main() -> None:
         thread = threading.Thread(target=lambda: profile.runcall(server.run, stop, 50))
         thread.start()
         ctx = mp.get_context("spawn")
-        queue = ctx.Queue()
+        queue, ready = ctx.Queue(), ctx.Barrier(1)  # referenced here until the clients run
         if args.load == "flood":
             clients = [ctx.Process(target=_flood_client,
                                    args=(endpoint, f"p{i}-", 64, args.seconds, queue))
                        for i in range(2)]
         else:
             clients = [ctx.Process(target=_rtt_clients,
-                                   args=(endpoint, ["c0"], args.seconds, 1000, 0.1, queue,
-                                         ctx.Barrier(1)))]
+                                   args=(endpoint, [f"c{i}" for i in range(args.clients)],
+                                         args.seconds, 1000, 0.1, queue, ready))]
         for client in clients:
             client.start()
         results = [queue.get(timeout=args.seconds + 60) for _ in clients]
@@ -95,8 +96,11 @@ def main() -> None:
             print(f"decisions: {sum(results)} in {args.seconds} s")
         else:
             sent, latencies = results[0]
+            value = server.metrics.registry.get_sample_value
             print(f"round trip p50 {np.percentile(latencies, 50) / 1e3:.0f} us, "
-                  f"answered {len(latencies)}/{sent}")
+                  f"answered {len(latencies)}/{sent}; decisions "
+                  f"{value('specctl_decisions_total'):.0f}, "
+                  f"frames shed {value('specctl_frames_shed_total'):.0f}")
         pstats.Stats(profile).sort_stats("tottime").print_stats(args.top)
 
 
