@@ -29,7 +29,7 @@ from controller.policy_file import PolicyFileError  # noqa: E402
 from controller.reload import PolicyHolder  # noqa: E402
 from controller.security import CurveConfig, UnsafeEndpointError  # noqa: E402
 from controller.server import ControllerServer, ServeOptions  # noqa: E402
-from env.cost_model import load_profile  # noqa: E402
+from env.sim.cost_model import load_profile  # noqa: E402
 
 log = logging.getLogger("specctl.serve")
 

@@ -18,7 +18,7 @@ import numpy as np
 from controller.policy_file import ExportedPolicy
 from controller.wire import DECISION_LAG, Decision
 from env.features import FeatureBuilder
-from env.schema import StepRecord
+from env.traces.schema import StepRecord
 
 
 def allowed_actions(actions: np.ndarray, candidates: Sequence[int] | None) -> np.ndarray | None:

@@ -52,7 +52,7 @@ from controller.wire import (
     encode_policy,
 )
 from env.features import FeatureBuilder, observation_grids
-from env.schema import StepRecord
+from env.traces.schema import StepRecord
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ messages to the controller (a ROUTER socket); the controller answers with
 ``DECISION`` messages. Every message is a msgpack array whose first two items
 are the protocol version and the message kind; the remaining items are
 positional, in the order listed below. Telemetry fields carry the names of
-:class:`env.schema.StepRecord`.
+:class:`env.traces.schema.StepRecord`.
 
 ``HELLO`` (server -> controller), sent on start-up and every second:
 
@@ -74,7 +74,7 @@ try:
 except ImportError:  # the general msgpack path only (slower, same results)
     msgspec = None
 
-from env.schema import SCHEMA_VERSION, StepRecord
+from env.traces.schema import SCHEMA_VERSION, StepRecord
 
 #: Version of this protocol; a message with another version is rejected.
 WIRE_VERSION = 1

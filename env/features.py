@@ -1,6 +1,6 @@
 """Telemetry records -> policy observation: the one place this happens.
 
-The gymnasium environment feeds the :class:`~env.schema.StepRecord` s that the
+The gymnasium environment feeds the :class:`~env.traces.schema.StepRecord` s that the
 simulator emits; the controller daemon feeds the records an SGLang server sends
 over the wire. Both call :meth:`FeatureBuilder.update` and
 :meth:`FeatureBuilder.observation`, so training and serving build identical
@@ -51,7 +51,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from env.schema import StepRecord
+from env.traces.schema import StepRecord
 
 #: Bump when the meaning or order of the observation vector changes.
 #: 2: per-depth cost confidence, cost-profile presence and error (after log_throughput).
@@ -191,7 +191,7 @@ class FeatureBuilder:
             spec: the observation layout and estimator settings.
             cost_prior: optional cost profile of the server (anything with
                 ``step_latency_s`` and ``step_latency_array``, e.g.
-                :class:`env.cost_model.CostProfile`): the latency model's prior mean.
+                :class:`env.sim.cost_model.CostProfile`): the latency model's prior mean.
         """
         self.spec = spec or FeatureSpec()
         self.cost_prior = cost_prior

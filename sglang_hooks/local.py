@@ -42,7 +42,7 @@ class LocalDecisions:
         self.holder = PolicyHolder(policy_path)
         cost_prior = None
         if profile is not None:
-            from env.cost_model import load_profile
+            from env.sim.cost_model import load_profile
 
             cost_prior = load_profile(profile)
         self.decider = StreamDecider(self.holder.policy, candidates, cost_prior)

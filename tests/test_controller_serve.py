@@ -31,7 +31,7 @@ from controller.wire import (
     encode_step,
 )
 from env.features import FeatureBuilder, FeatureSpec
-from env.schema import StepRecord
+from env.traces.schema import StepRecord
 from sglang_hooks.testing import socket_dir
 
 REPO = Path(__file__).resolve().parents[1]

@@ -36,7 +36,7 @@ from controller.wire import (
     pack_telemetry,
 )
 from env.features import FeatureBuilder
-from env.schema import StepRecord
+from env.traces.schema import StepRecord
 
 REPO = Path(__file__).resolve().parents[1]
 _SOCKETS = tempfile.mkdtemp(prefix="sh-")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from env.cost_model import load_profile
 from env.features import FeatureBuilder, FeatureSpec, observation_grids
-from env.schema import StepRecord
+from env.sim.cost_model import load_profile
+from env.traces.schema import StepRecord
 
 
 def _record(i: int, batch: int, depth: int, accepted: np.ndarray, latency: float,

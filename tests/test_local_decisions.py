@@ -26,7 +26,7 @@ from controller.wire import (
     encode_policy,
     pack_telemetry,
 )
-from env.cost_model import load_profile
+from env.sim.cost_model import load_profile
 from sglang_hooks.client import ControllerClient
 from sglang_hooks.local import LocalDecisions
 from sglang_hooks.marker import CONTROLLER

@@ -93,7 +93,7 @@ def test_train_and_eval_commands_end_to_end(tmp_path):
 
     eval_dir = tmp_path / "eval"
     # A profile given as a YAML path (plots are named by its stem), its eval settings.
-    profile_yaml = Path(__file__).resolve().parents[1] / "env" / "profiles" / "h200_llama31_8b.yaml"
+    profile_yaml = Path(__file__).resolve().parents[1] / "env/sim/profiles/h200_llama31_8b.yaml"
     subprocess.run([sys.executable, "-m", "agents.evaluate", f"profile={profile_yaml}",
                     tiny[0], *tiny[2:4], *tiny[-9:], f"policy={train_dir / 'policy.npz'}",
                     f"hydra.run.dir={eval_dir}"], check=True, capture_output=True, timeout=600)
