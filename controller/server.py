@@ -180,6 +180,7 @@ class ControllerServer:
         self._next_error_log = 0.0
         self._busy_s = 0.0  # how long the latest round took (read, decide, send)
         self._too_big_logged = ""  # digest of a policy too big to push, once warned
+        self._telemetry_folded = 0  # telemetry accepted since the last decide()
         self._evicted = 0
         self._freed = 0  # streams removed since the heap was last trimmed
         self._evicted_at_sweep = 0
@@ -323,7 +324,7 @@ class ControllerServer:
             stream.batch_size = record.batch_size
         stream.received = received
         pending[stream.key] = stream
-        self.metrics.telemetry.inc()
+        self._telemetry_folded += 1  # counted once per poll (decide): one inc, not one each
         if len(stream.backlog) == stream.backlog.maxlen:
             self.metrics.frames_shed.inc()
         stream.backlog.append(record)  # folded by decide()
@@ -383,6 +384,8 @@ class ControllerServer:
     def decide(self, pending: dict[StreamKey, _Stream]) -> list[tuple[_Stream, Decision]]:
         """One decision per stream in ``pending`` (a batched policy evaluation)."""
         if not pending:
+            self.metrics.telemetry.inc(self._telemetry_folded)  # accepted, then its stream failed
+            self._telemetry_folded = 0
             return []
         policy = self.holder.policy
         streams = list(pending.values())
@@ -397,6 +400,7 @@ class ControllerServer:
         metrics, shadow = self.metrics, self.options.shadow
         now = time.monotonic()
         out = []
+        chosen_counts: Counter[int] = Counter()  # counted per poll: one inc per value
         for i, stream in enumerate(streams):
             stream.last_seen = now
             stream.seq += 1
@@ -415,9 +419,13 @@ class ControllerServer:
                           stream.key[2], stream.last_step, steps, grid)
                 decision = Decision.fallback(stream.seq, apply_from, policy.name)
             else:
-                self._count(metrics.steps_chosen, current)
+                chosen_counts[current] += 1
                 decision = Decision(stream.seq, apply_from, policy.name, *compress(grid, steps))
             out.append((stream, decision))
+        for steps, count in chosen_counts.items():
+            self._count(metrics.steps_chosen, steps, count)
+        metrics.telemetry.inc(self._telemetry_folded)
+        self._telemetry_folded = 0
         return out
 
     def _observation_grids(self, streams: list[_Stream]) -> np.ndarray | list:
@@ -479,12 +487,12 @@ class ControllerServer:
 
     # -- internals ------------------------------------------------------------------------
 
-    def _count(self, counter, label: object) -> None:
+    def _count(self, counter, label: object, amount: int = 1) -> None:
         """Increment a one-label counter; children are cached (``labels()`` takes a lock)."""
         child = self._children.get((counter, label))
         if child is None:
             child = self._children[(counter, label)] = counter.labels(str(label))
-        child.inc()
+        child.inc(amount)
 
     def _log_internal_error(self, metric: str, what: str, *args: object) -> None:
         """Log with traceback, at most once a second (a flood must not flood the log too)."""

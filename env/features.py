@@ -45,6 +45,7 @@ from __future__ import annotations
 import bisect
 import functools
 import math
+import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import NamedTuple
@@ -304,7 +305,7 @@ class FeatureBuilder:
             else:
                 self._latency_ms_ema += alpha * (latency_ms - self._latency_ms_ema)
             # record.output_tokens, without a numpy call
-            output = record.batch_size + sum(a * n for a, n in enumerate(counts))
+            output = record.batch_size + sum(map(operator.mul, range(len(counts)), counts))
             rate = output / latency_s
             if self._throughput_ema is None:
                 self._throughput_ema = rate
