@@ -2,9 +2,12 @@
 
 The gymnasium environment feeds the :class:`~env.traces.schema.StepRecord` s that the
 simulator emits; the controller daemon feeds the records an SGLang server sends
-over the wire. Both call :meth:`FeatureBuilder.update` and
-:meth:`FeatureBuilder.observation`, so training and serving build identical
-observations from identical telemetry.
+over the wire. Both fold records with :meth:`FeatureBuilder.update`; the environment
+reads :meth:`FeatureBuilder.observation`, the controller :func:`observation_grids` for
+all the streams pending in one poll at once. All three run the same code
+(``_batch``), with elementwise arithmetic only across streams, so training and serving
+build identical observations, bit for bit, from identical telemetry, whatever is
+batched with what (``tests/test_feature_parity.py``, ``tests/test_features.py``).
 
 The observation holds only what a server can know online:
 
