@@ -35,6 +35,8 @@ With depth-0 steps only, ``c_request`` (batch), ``c_token`` (batch + prompt) and
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -52,7 +54,9 @@ class StepArrays:
 
     ``prefills_measured=False`` keeps the run's prefill steps out of the fit: on a server
     with the radix (prefix) cache on, a prefill step counts only the tokens the cache did
-    not hold, so its latency says nothing about a prefill of that many tokens.
+    not hold, so its latency says nothing about a prefill of that many tokens. ``time_s``
+    (when each step was recorded) lets :meth:`phases` split a trace that holds several
+    runs one after another.
     """
 
     batch_size: np.ndarray
@@ -61,11 +65,12 @@ class StepArrays:
     prefill_tokens: np.ndarray
     latency_s: np.ndarray
     prefills_measured: bool = True
+    time_s: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = len(self.latency_s)
-        for name in ("batch_size", "depth", "kv_tokens", "prefill_tokens"):
-            if len(getattr(self, name)) != n:
+        for name in ("batch_size", "depth", "kv_tokens", "prefill_tokens", "time_s"):
+            if getattr(self, name) is not None and len(getattr(self, name)) != n:
                 raise ValueError(f"StepArrays.{name} has {len(getattr(self, name))} entries, "
                                  f"expected {n} (one per step)")
 
@@ -85,7 +90,31 @@ class StepArrays:
                    cols.steps_used[keep][order].astype(np.int64),
                    cols.kv_used_tokens[keep][order].astype(np.float64),
                    cols.prefill_tokens[keep][order].astype(np.int64),
-                   cols.step_latency_s[keep][order].astype(np.float64), prefills_measured)
+                   cols.step_latency_s[keep][order].astype(np.float64), prefills_measured,
+                   cols.time_s[keep][order].astype(np.float64))
+
+    def phases(self, count: int, edge: float = 0.05) -> list[StepArrays]:
+        """The trace cut into ``count`` runs at its ``count - 1`` longest pauses between steps.
+
+        A trace recorded over several runs on one server (``offswitch.py``'s replays: one
+        policy, then the next) holds them in time order with a pause between them. Pauses
+        within the first and last ``edge`` of the steps (server warm-up, the last drain)
+        are not cuts. Lets a fit use one run of a trace and leave the other held out.
+        """
+        if self.time_s is None:
+            raise ValueError("StepArrays.phases needs time_s (use StepArrays.from_trace)")
+        n = len(self.latency_s)
+        if count < 1 or n < 2 * count:
+            raise ValueError(f"cannot cut {n} steps into {count} phases")
+        gaps = np.diff(self.time_s)
+        lo, hi = int(edge * n), n - 1 - int(edge * n)
+        cuts = sorted(lo + np.argsort(gaps[lo:hi])[::-1][: count - 1] + 1)
+        bounds = [0, *cuts, n]
+        return [dataclasses.replace(
+                    self, **{name: getattr(self, name)[a:b] for name in
+                             ("batch_size", "depth", "kv_tokens", "prefill_tokens", "latency_s",
+                              "time_s")})
+                for a, b in itertools.pairwise(bounds)]
 
 
 def prefill_attributed(run: StepArrays, kv_bin_tokens: int = KV_BIN_TOKENS) -> np.ndarray:

@@ -20,9 +20,10 @@ Server kinds: ``nospec`` and the plugin's off path (``spec_off``) run depth 0 as
 decode (``sim.zero_step=off``); ``spec_sglang0`` (SGLang's own steps=0) runs it on the
 speculative path with the draft extend (``zero_step=sglang_steps0``). A profile key
 ``<model>.<server>`` overrides ``<model>`` for that server kind. PPO runs with the prior
-profile the real controller was given (``--prior``).
-``--fitted-on`` names files whose cells the profiles' traces came from: those cells are
-marked ``fit-run`` in the table, all others ``held-out``.
+profile the real controller was given (the run file's ``profile`` where it names one,
+else ``--prior``).
+``--fitted-on`` names files (or ``file:key`` cells) whose traces the profiles were fitted
+to: those cells are marked ``fit-run`` in the table, all others ``held-out``.
 """
 
 from __future__ import annotations
@@ -96,12 +97,13 @@ def table(model: str, rows: list[dict], profiles: dict[str, str]) -> str:
     lines = [f"# Fidelity, {model}: measured vs simulated", "",
              "Profiles: " + ", ".join(f"`{k}` = {v}" for k, v in sorted(profiles.items())
                                       if k.split(".")[0] == model), "",
-             "| cell | use | radix | tok/s measured | simulated | error | TPOT ms measured "
-             "| simulated | error | within 10% |", "|---" * 10 + "|"]
+             "| cell | source | use | radix | tok/s measured | simulated | error "
+             "| TPOT ms measured | simulated | error | within 10% |", "|---" * 11 + "|"]
     for r in rows:
         ok = abs(r["tok_s_error"]) <= TOLERANCE and abs(r["tpot_error"]) <= TOLERANCE
         lines.append(
-            f"| {r['cell']} | {r['use']} | {'on' if r['radix_cache'] else 'off'} "
+            f"| {r['cell']} | {r['source'].split(':')[0]} | {r['use']} "
+            f"| {'on' if r['radix_cache'] else 'off'} "
             f"| {r['measured_tok_s']:,.0f} | {r['simulated_tok_s']:,.0f} "
             f"| {r['tok_s_error']:+.1%} | {r['measured_tpot_ms']:.1f} "
             f"| {r['simulated_tpot_ms']:.1f} | {r['tpot_error']:+.1%} | {'yes' if ok else 'NO'} |")
@@ -152,9 +154,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="append", default=[],
                         help="MODEL[.SERVER]=PATH_OR_NAME (e.g. dense=h200_llama31_8b_recorded)")
     parser.add_argument("--prior", default="h200_llama31_8b_recorded",
-                        help="the profile the real controller was started with (PPO's prior)")
+                        help="the profile the real controller was started with (PPO's prior), "
+                             "for runs whose file does not name it")
     parser.add_argument("--fitted-on", nargs="*", default=[],
-                        help="run files whose traces the profiles were fitted to")
+                        help="run files (FILE) or single cells (FILE:KEY) whose traces the "
+                             "profiles were fitted to")
     parser.add_argument("--client", default=str(REPO / "configs/workload/h200_measured.yaml"),
                         help="YAML with start_interval_s and client_overhead_s "
                              "(e.g. from fit_client.py)")
@@ -169,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     if not names:
         parser.error("give at least one --profile MODEL=PATH_OR_NAME")
     profiles = {k: load_profile(v) for k, v in names.items()}
-    prior = load_profile(args.prior)
+    priors: dict[str, CostProfile] = {}
     client = OmegaConf.load(args.client)
     out = Path(args.out or args.runs[0])
     out.mkdir(parents=True, exist_ok=True)
@@ -183,12 +187,15 @@ def main(argv: list[str] | None = None) -> int:
             if profile is None:
                 print(f"skipped {cell.source}: no --profile for {cell.model}", file=sys.stderr)
                 continue
-            sim = simulate(cell, profile, prior, client)
+            sim = simulate(cell, profile, priors.setdefault(cell.prior or args.prior,
+                                                            load_profile(cell.prior or args.prior)),
+                           client)
             file = cell.source.split(":")[0]
+            fitted = file in args.fitted_on or cell.source.split(" ")[0] in args.fitted_on
             per_model.setdefault(cell.model, []).append({
-                "cell": cell.key(), "use": "fit-run" if file in args.fitted_on else "held-out",
-                # policies are ranked within one run directory, server kind and acceptance
-                "group": f"{Path(run).name}/{cell.model} {cell.server}"
+                "cell": cell.key(), "use": "fit-run" if fitted else "held-out",
+                # policies are ranked within one run file, server kind and acceptance
+                "group": f"{Path(run).name}/{file} {cell.server}"
                          + ("" if cell.acceptance is None else f"@{cell.acceptance:g}"),
                 **cell.to_dict(),
                 "measured_tok_s": cell.throughput_tok_s,
