@@ -65,3 +65,22 @@ def test_one_batch_cell_is_simulated_with_the_cells_server_limits():
     assert large["mean_tpot_ms"] == pytest.approx(5.8, rel=1e-6)
     assert small["mean_tpot_ms"] == pytest.approx(5.4, rel=1e-6)
     assert large["throughput_tok_s"] > small["throughput_tok_s"]
+
+
+def test_runs_without_simulated_acceptance_take_the_unsimulated_profile():
+    from env.sim.cost_model import CostProfile, ServerLimits
+
+    limits = ServerLimits(48, 100_000, 8192)
+    plain, replay, off = (CostProfile(n, limits) for n in ("plain", "replay", "off"))
+    base = dict(model="moe", workload="one_batch", concurrency=8, seconds=None,
+                policy="static_0", radix_cache=False, max_running=48, source="x",
+                throughput_tok_s=1.0, mean_tpot_ms=1.0)
+    sweep = Cell(**base, server="spec_off", acceptance=None)
+    simulated = Cell(**base, server="spec_off", acceptance=1.1)
+    profiles = {"moe": replay, "moe.unsimulated": plain}
+    assert compare.profile_for(sweep, profiles) is plain
+    assert compare.profile_for(simulated, profiles) is replay
+    # a server-kind key wins over both
+    assert compare.profile_for(sweep, {**profiles, "moe.spec_off": off}) is off
+    assert compare.profile_for(Cell(**{**base, "model": "dense"}, server="nospec",
+                                    acceptance=None), profiles) is None

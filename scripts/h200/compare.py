@@ -19,7 +19,9 @@ The client is modelled as the load generator drives the server (``loadgen.py``):
 Server kinds: ``nospec`` and the plugin's off path (``spec_off``) run depth 0 as a plain
 decode (``sim.zero_step=off``); ``spec_sglang0`` (SGLang's own steps=0) runs it on the
 speculative path with the draft extend (``zero_step=sglang_steps0``). A profile key
-``<model>.<server>`` overrides ``<model>`` for that server kind. PPO runs with the prior
+``<model>.<server>`` overrides ``<model>`` for that server kind, and ``<model>.unsimulated``
+for runs without simulated acceptance (``profile_for``: on the MoE, simulated acceptance
+changes the tokens decoded and with them the step cost). PPO runs with the prior
 profile the real controller was given (the run file's ``profile`` where it names one,
 else ``--prior``).
 ``--fitted-on`` names files (or ``file:key`` cells) whose traces the profiles were fitted
@@ -85,7 +87,25 @@ def simulate(cell: Cell, profile: CostProfile, prior: CostProfile, client, seed:
 
 
 def profile_for(cell: Cell, profiles: dict[str, CostProfile]) -> CostProfile | None:
-    return profiles.get(f"{cell.model}.{cell.server}") or profiles.get(cell.model)
+    """The profile of ``<model>.<server>``, else (a run without simulated acceptance)
+    ``<model>.unsimulated``, else ``<model>``.
+
+    Why the second key: with ``SGLANG_SIMULATE_ACC_LEN`` set, SGLang 0.5.15 writes token
+    id 100 for every generated token (``generate_simulated_accept_index``: ``predict.fill_(100)``
+    under the default ``SGLANG_SIMULATE_ACC_TOKEN_MODE=fixed``), at every depth including
+    steps 0 and the off path. Every request then decodes the same token, which on a MoE
+    with random weights collapses the expert routing: the off path's plain decode steps
+    at batch 44-48 took 7.0 ms in the acceptance-1.1 replay against 16.9 ms in the
+    one-batch sweep without simulated acceptance. A dense model does not care which token
+    it decodes, so it needs no such key.
+    """
+    keys = [f"{cell.model}.{cell.server}"]
+    if cell.acceptance is None:
+        keys.append(f"{cell.model}.unsimulated")
+    for key in [*keys, cell.model]:
+        if key in profiles:
+            return profiles[key]
+    return None
 
 
 def rel(sim: float, measured: float) -> float:
