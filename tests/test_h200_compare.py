@@ -84,3 +84,9 @@ def test_runs_without_simulated_acceptance_take_the_unsimulated_profile():
     assert compare.profile_for(sweep, {**profiles, "moe.spec_off": off}) is off
     assert compare.profile_for(Cell(**{**base, "model": "dense"}, server="nospec",
                                     acceptance=None), profiles) is None
+
+
+def test_repeated_server_starts_are_ranked_apart():
+    assert compare.run_suffix("dense_acc3.5_replay_run2.json") == "_run2"
+    assert compare.run_suffix("dense_acc3.5_replay.json") == ""
+    assert compare.run_suffix("moe_off_run3_notes.json") == ""

@@ -14,15 +14,16 @@ out), weighted by the square root of its size. Before that, what a prefill costs
 neighbours is moved onto it (:func:`prefill_attributed`). The free coefficients are
 fitted jointly by :func:`env.sim.cost_model.fit_profile` (NNLS on relative errors).
 
-**KV is paid on the speculative path** (``c_steps0_kv`` of :mod:`env.sim.cost_model`). The
-traces put the cost of a cached token read by a plain decode step (the off path, a server
-without speculation) at 0-4 ns on the dense model and 0 on the MoE, but at about 420 ns on
-verify steps (dense: 422 ns fitted to the 256-token explore trace and the off trace, 447 ns
-with the long-context headline trace added): a verify step, like SGLang's own steps=0,
-runs the target in ``TARGET_VERIFY`` mode through the extend-attention kernel over the
-whole prefix with a custom mask. A prefill step's latency does not grow with the cache the
-other requests hold (dense off trace). So the fits here leave ``c_kv`` at 0 and free
-``c_steps0_kv``; each point says whether it ran on the speculative path.
+**KV is paid far more on the speculative path** (``c_steps0_kv`` of
+:mod:`env.sim.cost_model`): about 500 ns per cached token on the dense model's verify steps
+and ~1 µs on the MoE's (fitted to its replay traces; 0.6 µs within one batch size), against
+~40 ns for a plain decode step (``c_kv``; dense: 37-47 ns within one batch size, with or
+without requests waiting; reading 128 KiB per token at 4.8 TB/s takes 27 ns). A verify
+step, like SGLang's own steps=0, runs the target in ``TARGET_VERIFY`` mode through the
+extend-attention kernel over the whole prefix with a custom mask. Each point says whether
+it ran on the speculative path. (A prefill step's latency does not grow with the cache the
+other requests hold, dense off trace; the simulator charges ``c_kv`` on it all the same,
+and so does this fit, so the two agree.)
 
 Steps are taken as the simulator runs them: a prefill step is ``batch_size = 0`` with the
 prompt tokens it computed; depth-0 steps are the plain decode of the plugin's off path

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -106,6 +107,12 @@ def profile_for(cell: Cell, profiles: dict[str, CostProfile]) -> CostProfile | N
         if key in profiles:
             return profiles[key]
     return None
+
+
+def run_suffix(file: str) -> str:
+    """``_run<N>`` of a file of a repeated server start (``dense_off_run3.json``), else ""."""
+    match = re.search(r"_run\d+(?=\.json$)", file)
+    return match[0] if match else ""
 
 
 def rel(sim: float, measured: float) -> float:
@@ -214,8 +221,9 @@ def main(argv: list[str] | None = None) -> int:
             fitted = file in args.fitted_on or cell.source.split(" ")[0] in args.fitted_on
             per_model.setdefault(cell.model, []).append({
                 "cell": cell.key(), "use": "fit-run" if fitted else "held-out",
-                # policies are ranked within one run file, server kind and acceptance
-                "group": f"{Path(run).name}/{file} {cell.server}"
+                # policies are ranked within one run directory, server start (a
+                # ``_run<N>`` file is another start), server kind and acceptance
+                "group": f"{Path(run).name}{run_suffix(file)}/{cell.model} {cell.server}"
                          + ("" if cell.acceptance is None else f"@{cell.acceptance:g}"),
                 **cell.to_dict(),
                 "measured_tok_s": cell.throughput_tok_s,

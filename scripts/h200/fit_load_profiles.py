@@ -41,8 +41,16 @@ SHARED = REPO.parents[1] / "shared/measured/h200-sglang-0.5.15-offswitch/results
 #: prompt's per-token cost, several times a decode token's, goes to c_prefill_token and
 #: not into every decode step.
 BASE = ("c_fixed", "c_request", "c_prefill_token")
+#: A plain decode step's KV cost, dense model only (run 3): within one batch size the dense
+#: off trace's plain decode steps grow by 37-47 ns per cached token (batch 32 and 48, with
+#: and without requests waiting; reading 128 KiB per token at 4.8 TB/s is 27 ns), which the
+#: fit can see only with c_kv free. Left out, it went into c_request, and one-batch runs
+#: (256-token prompts, small caches) came out 10-14% slow at C = 32 and 48. The MoE's
+#: traces do not identify it (its plain steps are either all small caches, the sweep, or
+#: in the token-100 routing regime, the replays).
+DENSE_PLAIN_KV = ("c_kv",)
 #: Speculative terms, the verify-mode KV cost c_steps0_kv among them (``env.sim.load_fit``:
-#: KV is paid on the speculative path; c_kv, a plain decode's, stays 0). c_token is
+#: KV is paid far more on the speculative path). c_token is
 #: identified by the depths; c_verify_token is left at 0 (with c_request, c_token,
 #: c_draft_token and c_prefill_token free its column is a combination of theirs).
 SPEC = ("c_token", "c_steps0_kv", "c_verify", "c_draft", "c_draft_token")
@@ -98,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             # The explore servers ran with the radix cache on: their prefill steps count
             # uncached tokens only, so only their decode steps are used.
             explore = steps_of(explore_path, Path(scratch), prefills_measured=False)
-            free = BASE + (("c_moe",) if moe else ())
+            free = BASE + (("c_moe",) if moe else DENSE_PLAIN_KV)
             template = template.replace(moe_active_fraction=moe, c_kv=0.0, c_token=0.0,
                                         c_prefill_token=0.0, c_steps0=0.0,
                                         c_steps0_request=0.0, c_steps0_kv=0.0)
