@@ -90,3 +90,25 @@ def test_repeated_server_starts_are_ranked_apart():
     assert compare.run_suffix("dense_acc3.5_replay_run2.json") == "_run2"
     assert compare.run_suffix("dense_acc3.5_replay.json") == ""
     assert compare.run_suffix("moe_off_run3_notes.json") == ""
+
+
+def test_repeated_sweeps_are_one_cell_at_their_median_and_replays_name_their_prior(tmp_path):
+    def summary(tpot):
+        return {"throughput_tok_s": 1000.0 / tpot, "mean_tpot_ms": tpot}
+
+    (tmp_path / "dense_off_run3.json").write_text(json.dumps({"sweep_off": {
+        "48": summary(8.2), "48#1": summary(6.7), "48#2": summary(6.9), "1": summary(4.8)}}))
+    (tmp_path / "moe_acc2.5_replay_run2.json").write_text(json.dumps({
+        "acceptance": 2.5, "profile": "h200_qwen3_30b_a3b",
+        "headline_static_3": summary(26.5)}))
+    cells, skipped = read_run_dir(tmp_path)
+    assert not skipped
+    by_key = {c.key(): c for c in cells}
+    c48 = by_key["spec_off one_batch C=48 static_0"]
+    assert c48.mean_tpot_ms == pytest.approx(6.9)
+    assert "median of 3" in c48.source
+    assert by_key["spec_off one_batch C=1 static_0"].mean_tpot_ms == 4.8
+    assert by_key["spec_off@2.5 headline 40s static_3"].prior == "h200_qwen3_30b_a3b"
+    (tmp_path / "dense_off_run3.json").write_text(json.dumps({"sweep_off": {"48#x": {}}}))
+    with pytest.raises(ValueError, match="sweep key '48#x'"):
+        read_run_dir(tmp_path)
