@@ -214,9 +214,10 @@ def main(argv: list[str] | None = None) -> int:
             if profile is None:
                 print(f"skipped {cell.source}: no --profile for {cell.model}", file=sys.stderr)
                 continue
-            sim = simulate(cell, profile, priors.setdefault(cell.prior or args.prior,
-                                                            load_profile(cell.prior or args.prior)),
-                           client)
+            prior_name = cell.prior or args.prior
+            if prior_name not in priors:
+                priors[prior_name] = load_profile(prior_name)
+            sim = simulate(cell, profile, priors[prior_name], client)
             file = cell.source.split(":")[0]
             fitted = file in args.fitted_on or cell.source.split(" ")[0] in args.fitted_on
             per_model.setdefault(cell.model, []).append({
