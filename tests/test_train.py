@@ -127,9 +127,10 @@ def test_training_sweep_runs_through_hydras_local_launcher(tmp_path):
         "agent.pretrain.teacher=null", "evaluate=false",
     ]
     sweep_dir = tmp_path / "sweep"
-    subprocess.run([sys.executable, "-m", "agents.train", "-m", *tiny,
-                    "agent.learning_rate=1e-4,3e-4", f"hydra.sweep.dir={sweep_dir}"],
-                   check=True, capture_output=True, timeout=600)
+    done = subprocess.run([sys.executable, "-m", "agents.train", "-m", *tiny,
+                           "agent.learning_rate=1e-4,3e-4", f"hydra.sweep.dir={sweep_dir}"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]  # a failed job's traceback
     rates = sorted(ExportedPolicy.load(sweep_dir / str(job) / "policy.npz")
                    .provenance["agent"]["learning_rate"] for job in (0, 1))
     assert rates == [1e-4, 3e-4]
