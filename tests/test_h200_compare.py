@@ -112,3 +112,17 @@ def test_repeated_sweeps_are_one_cell_at_their_median_and_replays_name_their_pri
     (tmp_path / "dense_off_run3.json").write_text(json.dumps({"sweep_off": {"48#x": {}}}))
     with pytest.raises(ValueError, match="sweep key '48#x'"):
         read_run_dir(tmp_path)
+
+
+def test_replay_policies_reports_the_depths_a_policy_chose():
+    import replay_policies
+
+    from env.sim.cost_model import load_profile
+
+    server = load_profile("h200_qwen3_30b_a3b")
+    off = replay_policies.replay(server, server, 1.1, "static_0")
+    three = replay_policies.replay(server, server, 1.1, "static_3")
+    assert off["depth_share"] == {0: 1.0} and three["depth_share"] == {3: 1.0}
+    # Speculation that never pays: off serves more and faster.
+    assert off["throughput_tok_s"] > three["throughput_tok_s"]
+    assert off["mean_tpot_ms"] < three["mean_tpot_ms"]
