@@ -534,7 +534,7 @@ def _batch(builders: Sequence[FeatureBuilder], batch_sizes: np.ndarray) -> _Batc
     np.log1p(entries, out=entries, where=layout.logs)
     entries = entries * layout.mul / layout.div
     kv_tokens, base_ms = state[:, width], state[:, width + 1]
-    rates = state[:, 8:8 + depth]
+    rates = state[:, 7:7 + depth]  # after the 7 load and control entries of _state_row
     expected = state[:, width + 2:]
     latency = _latency_predictions(builders, batch_sizes, kv_tokens, base_ms)
     # log(latency_d / latency_0), and log goodput ratios from it (depth first)
