@@ -163,6 +163,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --retest, also rerun the mutants that timed out")
     parser.add_argument("--diffs", action="store_true",
                         help="write every surviving mutant's diff to the summary (slow)")
+    parser.add_argument("--fresh", action="store_true",
+                        help="forget earlier results first (after the module's code moved "
+                             "between functions, e.g. a merge: mutmut maps new functions "
+                             "to tests only for tests it has not seen, so they read 'no "
+                             "tests' or survive)")
     parser.add_argument("--only", action="append", default=[], metavar="PATTERN",
                         help="run only the mutants whose name matches (fnmatch, repeatable: "
                              "'env.sim.cost_model.x_design_matrix*'); the score is partial")
@@ -176,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     write_import_stand_ins(stand_ins)
     results = []
     for module, tests in chosen.items():
+        if args.fresh:
+            shutil.rmtree(WORK / module.replace("/", "__").removesuffix(".py") / "mutants",
+                          ignore_errors=True)
         work = scratch_copy(module, tests)
         env = environment(tests, stand_ins)
         print(f"mutation: {module} against {' '.join(tests)} in {work}", flush=True)
