@@ -376,3 +376,12 @@ def test_file_level_messages_read_in_full(tmp_path, meta, text):
     with pytest.raises(PolicyFileError) as info:
         ExportedPolicy.load(path)
     assert str(info.value) == f"{path}: {text}"
+
+
+def test_pushed_bytes_are_validated_naming_where_they_came_from(tmp_path):
+    path = tmp_path / "p.npz"
+    _policy().save(path)
+    assert ExportedPolicy.loads(path.read_bytes(), "hub push").name == "p"
+    with pytest.raises(PolicyFileError) as info:
+        ExportedPolicy.loads(b"junk", "hub push")
+    assert str(info.value).startswith("hub push: not a readable .npz policy file")
