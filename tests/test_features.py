@@ -5,9 +5,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from env import features
 from env.features import FeatureBuilder, FeatureSpec, observation_grids
 from env.sim.cost_model import load_profile
 from env.traces.schema import StepRecord
+
+
+@pytest.fixture(autouse=True)
+def _layouts_built_afresh():
+    """Layouts are cached per spec; each test builds its own (a mutation run forks every
+    mutant from a process whose cache is full, which would hide a broken _Layout)."""
+    features._layout.cache_clear()
 
 
 def _record(i: int, batch: int, depth: int, accepted: np.ndarray, latency: float,
