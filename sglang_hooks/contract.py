@@ -76,6 +76,7 @@ POLICY_CLASS = f"{PARAMS}.AdaptiveSpeculativeParams"
 #: The off switch's hook targets (:mod:`sglang_hooks.offswitch`; the same in every version).
 OFF_SWITCH_TARGETS = (
     Method(EAGLE, "EAGLEWorkerV2", "init_cuda_graphs", ("self",)),
+    Method(EAGLE, "EAGLEWorkerV2", "verify", ("self", "batch")),
     Method(TP_WORKER, "TpModelWorker", "forward_batch_generation",
            ("self", "batch", "forward_batch", "pp_proxy_tensors", "is_verify")),
     Method(EAGLE, "EagleDraftWorker", "_draft_extend_for_decode",
@@ -91,6 +92,12 @@ _OFF_SWITCH = (
     Calls(EAGLE, "EAGLEWorkerV2.forward_batch_generation", (
         "verify_input = self._build_trivial_verify_input(batch)",
         "self.draft_worker._draft_extend_for_decode(",
+    )),
+    # Verify plans its graph only through the model runner's decode graph runner, which
+    # the off step hides (a None runner is SGLang's own non-graph route).
+    Calls("sglang.srt.speculative.eagle_utils", "eagle_prepare_for_verify", (
+        "target_worker.model_runner.decode_cuda_graph_runner and "
+        "target_worker.model_runner.decode_cuda_graph_runner.can_run_graph(",
     )),
     Method(MODEL_RUNNER, "ModelRunner", "_get_attention_backend", ("self", "init_new_workspace")),
     Attributes(MODEL_RUNNER, "ModelRunner", (

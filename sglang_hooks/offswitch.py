@@ -6,13 +6,16 @@ kernel and the verify CUDA graph, capturing every hidden state) and then a draft
 extend over the new token. On an H200 that step cost 1.3-2.9x a plain decode step
 (``docs/OFFSWITCH.md``). :class:`OffSwitch` keeps SGLang's own steps=0 bookkeeping
 (trivial verify input, sampling, bonus tokens, the overlap scheduler's result layout)
-and swaps only the two expensive parts, through three ``HookRegistry`` hooks:
+and swaps the expensive parts, through four ``HookRegistry`` hooks:
 
 ==============================================  ======  ===========================================
 target                                          type    what it does
 ==============================================  ======  ===========================================
 EAGLEWorkerV2.init_cuda_graphs                  AFTER   build a target attention backend and a
                                                         DECODE-mode CUDA graph runner for it
+EAGLEWorkerV2.verify                            AROUND  on an off step, hide the verify graph
+                                                        runner, so no verify graph is planned
+                                                        and loaded only to go unused
 TpModelWorker.forward_batch_generation          AROUND  on an off step, run the verify forward as
                                                         a plain decode forward on that runner
 EagleDraftWorker._draft_extend_for_decode       AROUND  on an off step, skip the draft extend (the
@@ -76,6 +79,8 @@ class OffSwitch:
         self.worker: Any = None
         self.backend: Any = None
         self.runner: Any = None
+        #: Whether the last off step's decode forward replayed a CUDA graph.
+        self.off_graph = False
 
     # -- decisions (scheduler thread, every decode step) --------------------------------
 
@@ -106,6 +111,7 @@ class OffSwitch:
         """``HookRegistry`` target -> (this switch's hook, ``HookType`` member name)."""
         return {
             f"{EAGLE}.EAGLEWorkerV2.init_cuda_graphs": (self.after_init_cuda_graphs, "AFTER"),
+            f"{EAGLE}.EAGLEWorkerV2.verify": (self.around_verify, "AROUND"),
             f"{TP_WORKER}.TpModelWorker.forward_batch_generation": (
                 self.around_target_forward, "AROUND"),
             f"{EAGLE}.EagleDraftWorker._draft_extend_for_decode": (
@@ -137,6 +143,31 @@ class OffSwitch:
                         "SGLang's verify forward + draft extend on every rank")
         return None
 
+    def around_verify(self, original: Any, worker: Any, batch: Any, *args: Any,
+                      **kwargs: Any) -> Any:
+        """AROUND ``EAGLEWorkerV2.verify``: an off step plans no verify graph.
+
+        SGLang's verify prepares its CUDA graph on the plan stream (``load_batch``: the
+        verify attention metadata over every request's whole prefix) before the target
+        forward; on an off step that forward runs the decode graph instead, so the
+        preparation would be paid for nothing. With the verify runner hidden, SGLang
+        takes its own non-graph route through the preparation (no ``load_batch``) and
+        the forward hook below plans the decode graph alone.
+        """
+        if (not self.off_now or worker is not self.worker
+                or batch.forward_mode.is_idle()):
+            return original(worker, batch, *args, **kwargs)
+        model_runner = worker.target_worker.model_runner
+        saved = model_runner.decode_cuda_graph_runner
+        model_runner.decode_cuda_graph_runner = None
+        try:
+            result = original(worker, batch, *args, **kwargs)
+        finally:
+            model_runner.decode_cuda_graph_runner = saved
+        # SGLang reports whether the (hidden) verify graph ran; report the decode one.
+        result.can_run_cuda_graph = self.off_graph
+        return result
+
     def around_target_forward(self, original: Any, tp_worker: Any, *args: Any,
                               **kwargs: Any) -> Any:
         """AROUND ``TpModelWorker.forward_batch_generation``: off steps decode plainly."""
@@ -149,8 +180,10 @@ class OffSwitch:
         saved = runner.decode_cuda_graph_runner, runner.attn_backend
         runner.decode_cuda_graph_runner, runner.attn_backend = self.runner, self.backend
         try:
-            return original(tp_worker, *args,
-                            **{**kwargs, "forward_batch": self._as_decode(forward_batch)})
+            result = original(tp_worker, *args,
+                              **{**kwargs, "forward_batch": self._as_decode(forward_batch)})
+            self.off_graph = bool(getattr(result, "can_run_cuda_graph", False))
+            return result
         finally:
             runner.decode_cuda_graph_runner, runner.attn_backend = saved
 

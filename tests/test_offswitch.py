@@ -172,6 +172,56 @@ def test_other_forwards_are_untouched(case):
     assert switch.counters["off_forwards"] == 0
 
 
+def test_an_off_step_plans_no_verify_graph_and_reports_the_decode_graph(sglang_stand_ins):
+    """SGLang's verify sees no graph runner (its non-graph route: no verify ``load_batch``);
+    the forward inside it still gets the decode runner; afterwards all is restored."""
+    switch = ready_switch()
+    switch.choose(0)
+    model_runner = switch.worker.target_worker.model_runner
+    seen = {}
+
+    def target_forward(tp_worker, *args, **kwargs):
+        seen["forward"] = tp_worker.model_runner.decode_cuda_graph_runner
+        return SimpleNamespace(can_run_cuda_graph=True)
+
+    def verify(worker, batch):
+        seen["prepare"] = worker.target_worker.model_runner.decode_cuda_graph_runner
+        switch.around_target_forward(target_forward, worker.target_worker, batch=None,
+                                     forward_batch=verify_batch(), is_verify=True)
+        seen["after_forward"] = worker.target_worker.model_runner.decode_cuda_graph_runner
+        return SimpleNamespace(can_run_cuda_graph=False)  # the hidden verify graph's
+
+    result = switch.around_verify(verify, switch.worker, verify_batch())
+    assert seen == {"prepare": None, "forward": "decode graphs", "after_forward": None}
+    assert result.can_run_cuda_graph is True
+    assert model_runner.decode_cuda_graph_runner == "verify graphs"
+
+
+@pytest.mark.parametrize("case", ["on_step", "idle", "other_worker", "raises"])
+def test_verify_keeps_its_graph_runner_unless_off(case):
+    switch = ready_switch()
+    switch.choose(3 if case == "on_step" else 0)
+    worker = SimpleNamespace(target_worker=switch.worker.target_worker) if (
+        case == "other_worker") else switch.worker
+    batch = verify_batch(ForwardMode.IDLE if case == "idle" else ForwardMode.TARGET_VERIFY)
+    seen = []
+
+    def verify(w, b):
+        seen.append(w.target_worker.model_runner.decode_cuda_graph_runner)
+        if case == "raises":
+            raise RuntimeError("CUDA error")
+        return SimpleNamespace(can_run_cuda_graph="verify's own")
+
+    if case == "raises":
+        with pytest.raises(RuntimeError, match="CUDA error"):
+            switch.around_verify(verify, worker, batch)
+        assert seen == [None]
+    else:
+        assert switch.around_verify(verify, worker, batch).can_run_cuda_graph == "verify's own"
+        assert seen == ["verify graphs"]
+    assert switch.worker.target_worker.model_runner.decode_cuda_graph_runner == "verify graphs"
+
+
 @pytest.mark.parametrize("off", [True, False])
 def test_the_draft_extend_is_skipped_only_on_off_steps(off):
     switch = ready_switch()

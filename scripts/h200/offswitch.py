@@ -9,6 +9,13 @@ Phases (each starts its own server, drives it, stops it, writes ``$OUT/offswitch
     python scripts/h200/offswitch.py sim      # EAGLE-3 + plugin, SGLANG_SIMULATE_ACC_LEN=$ACC:
                                               # the replay with static 0 / static 3 / the policy
 
+Environment: ``MODELS`` (model folders), ``ACC`` (simulated acceptance), ``REPS`` (one-batch
+sweeps per C, default 1), ``HEADLINE`` (0: skip the replay in nospec/off), ``POLICIES``
+(sim: which policies replay), ``PROFILE`` (the cost profile handed to specctl-serve; by
+default the one of the model's shape), ``PROFILE_C`` (concurrency of a torch-profiler
+trace of the decode steps, 0: none), ``SWITCH_SECONDS`` (off: closed loop while every step
+switches depth, sampling GPU and host memory; 0: none).
+
 Every server: the same flags (``session.py``'s), ``--disable-radix-cache`` (replayed prompts
 would otherwise hit the prefix cache of earlier runs) and ``--max-running-requests 48``.
 ``MODELS=<dir>`` picks the model folders (``.h200/models`` by default: Llama-3.1-8B shape).
@@ -16,18 +23,21 @@ would otherwise hit the prefix cache of earlier runs) and ``--max-running-reques
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import loadgen
+import profile_summary
 import session
 
 RUN, OUT, URL = session.RUN, session.OUT, session.URL
@@ -35,6 +45,11 @@ MODELS = Path(os.environ.get("MODELS", str(session.MODELS)))
 ACC = os.environ.get("ACC", "3.5")
 CANDIDATES = [0, 1, 3, 5]
 CONCURRENCY = [1, 8, 32, 48]
+REPS = int(os.environ.get("REPS", "1"))
+PROFILE_C = int(os.environ.get("PROFILE_C", "48"))
+SWITCH_SECONDS = float(os.environ.get("SWITCH_SECONDS", "0"))
+PROFILE = os.environ.get("PROFILE") or (
+    "h200_qwen3_30b_a3b" if "moe" in MODELS.name else "h200_llama31_8b_recorded")
 GREEDY_PROMPTS, GREEDY_PROMPT_LEN, GREEDY_NEW = 8, 200, 64
 
 
@@ -77,7 +92,87 @@ def start(name: str, *, spec: bool, env: dict[str, str]) -> subprocess.Popen:
 def save_log(path: Path) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     text = path.read_text()
-    (OUT / path.name).write_text(text[-200_000:])
+    (OUT / path.name).write_text(text[-1_000_000:])
+
+
+def post(path: str, payload: dict) -> str:
+    request = urllib.request.Request(f"{URL}{path}", data=json.dumps(payload).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as response:
+        return response.read().decode()
+
+
+def profile_decode(name: str, concurrency: int = PROFILE_C, steps: int = 40) -> dict:
+    """A torch-profiler trace of ``steps`` decode steps of a C-request batch, summarised.
+
+    The batch asks for 512 tokens each, so the profile (started 1 s in, past the
+    prefills) sees decode steps only.
+    """
+    if concurrency <= 0:
+        return {}
+    folder = RUN / "profiles" / name
+    folder.mkdir(parents=True, exist_ok=True)
+    load: dict = {}
+    thread = threading.Thread(target=lambda: load.update(
+        loadgen.one_batch(URL, concurrency, output=512, seed=300 + concurrency)))
+    thread.start()
+    time.sleep(1.0)
+    try:
+        post("/start_profile", {"output_dir": str(folder), "num_steps": steps,
+                                "activities": ["CPU", "GPU"], "profile_id": name,
+                                "with_stack": False, "record_shapes": False})
+    except OSError as error:
+        thread.join()
+        return {"error": f"start_profile: {error}"}
+    thread.join()
+    deadline = time.time() + 90
+    traces: list[Path] = []
+    while time.time() < deadline and not traces:
+        time.sleep(2)
+        traces = sorted(folder.rglob("*.json.gz")) or sorted(folder.rglob("*.json"))
+    time.sleep(2)  # the exporter may still be writing
+    summary = {"concurrency": concurrency, "steps": steps, "load": load,
+               "traces": [profile_summary.summarise(path) for path in traces]}
+    for path in traces:
+        if path.stat().st_size < 30_000_000:
+            shutil.copy(path, OUT / f"profile_{name}_{path.name}")
+    session.log(f"profile {name}: " + json.dumps(
+        [{k: s.get(k) for k in ("window_ms", "gpu_busy_fraction", "graph_launches")}
+         for s in summary["traces"]]))
+    return summary
+
+
+def server_processes(server: subprocess.Popen) -> list:
+    import psutil
+
+    return [server_process for server_process in
+            psutil.Process(server.pid).children(recursive=True)
+            if "scheduler" in " ".join(server_process.cmdline()).lower()
+            or "scheduler" in server_process.name().lower()]
+
+
+def memory_sample(server: subprocess.Popen) -> dict:
+    """GPU memory used by the server's processes (nvidia-smi) and the schedulers' RSS."""
+    gpu = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
+                          "--format=csv,noheader,nounits"], capture_output=True, text=True)
+    used = [int(line.split(",")[1]) for line in gpu.stdout.strip().splitlines() if "," in line]
+    schedulers = server_processes(server)
+    return {"t": time.time(), "gpu_mib": sum(used),
+            "scheduler_rss_mib": [round(p.memory_info().rss / 2**20, 1) for p in schedulers]}
+
+
+def switching_memory(server: subprocess.Popen, seconds: float) -> dict:
+    """A closed loop of 4 clients while every step switches depth; memory every 10 s."""
+    samples = [memory_sample(server)]
+    load: dict = {}
+    thread = threading.Thread(target=lambda: load.update(
+        loadgen.closed_loop(URL, 4, seconds, seed=400)))
+    thread.start()
+    while thread.is_alive():
+        thread.join(timeout=10)
+        samples.append(memory_sample(server))
+    session.log(f"switching memory {samples[0]} -> {samples[-1]}")
+    return {"seconds": seconds, "load": load, "samples": samples}
 
 
 def greedy_ids() -> list[dict]:
@@ -102,7 +197,13 @@ def greedy_ids() -> list[dict]:
 
 
 def sweep() -> dict:
-    return {str(c): loadgen.one_batch(URL, c, seed=100 + c) for c in CONCURRENCY}
+    """One batch per C (``REPS`` times each: ``"<C>"`` is the first, ``"<C>#<k>"`` repeats)."""
+    out = {}
+    for rep in range(REPS):
+        for c in CONCURRENCY:
+            out[str(c) if rep == 0 else f"{c}#{rep}"] = loadgen.one_batch(
+                URL, c, seed=100 + c + 1000 * rep)
+    return out
 
 
 def headline() -> dict:
@@ -123,9 +224,12 @@ def phase_nospec() -> None:
         session.log("nospec sweep " + json.dumps({c: v["mean_tpot_ms"]
                                                   for c, v in result["sweep"].items()}))
         save("nospec", result)
-        result["headline"] = headline()
-        session.log(f"nospec headline {result['headline']}")
+        result["profile"] = profile_decode("nospec")
         save("nospec", result)
+        if os.environ.get("HEADLINE", "1") == "1":
+            result["headline"] = headline()
+            session.log(f"nospec headline {result['headline']}")
+            save("nospec", result)
     finally:
         session.stop(server, "nospec")
         save_log(RUN / "server-nospec.log")
@@ -144,7 +248,7 @@ def phase_off() -> None:
     policies = session.write_policies()
     served = RUN / "policy.npz"
     shutil.copy(policies["static_0"], served)
-    controller = session.start_controller(served, "h200_llama31_8b_recorded")
+    controller = session.start_controller(served, PROFILE)
     server = start("off", spec=True, env=plugin_env("trace-off"))
     result: dict = {"model": MODELS.name, "candidates": CANDIDATES}
     try:
@@ -156,6 +260,11 @@ def phase_off() -> None:
         session.log("off sweep " + json.dumps({c: v["mean_tpot_ms"]
                                                for c, v in result["sweep_off"].items()}))
         save("off", result)
+        result["profile_off"] = profile_decode("off")
+        session.serve_policy(served, policies["static_3"])
+        result["profile_static_3"] = profile_decode("static_3")
+        session.serve_policy(served, policies["static_0"])
+        save("off", result)
         if os.environ.get("HEADLINE", "1") == "1":
             result["headline_off"] = headline()
             session.log(f"off headline {result['headline_off']}")
@@ -164,6 +273,9 @@ def phase_off() -> None:
         # switches depth (0, 1, 3, 5 in a shuffled order) on every step.
         session.stop(controller, "specctl-serve")
         time.sleep(1.0)
+        if SWITCH_SECONDS > 0:
+            result["switching_memory"] = switching_memory(server, SWITCH_SECONDS)
+            save("off", result)
         result["greedy_switching"] = greedy_ids()
         result["sweep_switching"] = {str(c): loadgen.one_batch(URL, c, seed=200 + c)
                                      for c in (1, 32)}
@@ -183,10 +295,11 @@ def phase_sim() -> None:
     policies = session.write_policies()
     served = RUN / "policy.npz"
     shutil.copy(policies["static_3"], served)
-    controller = session.start_controller(served, "h200_llama31_8b_recorded")
+    controller = session.start_controller(served, PROFILE)
     env = {**plugin_env("trace-sim"), "SGLANG_SIMULATE_ACC_LEN": ACC}
     server = start("sim", spec=True, env=env)
-    result: dict = {"model": MODELS.name, "acceptance": float(ACC)}
+    result: dict = {"model": MODELS.name, "acceptance": float(ACC), "profile": PROFILE,
+                    "policy_sha256": hashlib.sha256(policies["ppo"].read_bytes()).hexdigest()}
     try:
         for name in os.environ.get("POLICIES", "static_3,ppo,static_0").split(","):
             session.serve_policy(served, policies[name])
