@@ -30,7 +30,7 @@ from agents.report import plot_sweep, sweep_table
 from env.factory import make_acceptance, make_closed_loop, make_profile, make_scheduler_config
 from env.features import FeatureSpec
 from env.rollout import DecisionLoop, RunResult, rollout
-from env.simulator import Simulator
+from env.sim.simulator import Simulator
 
 log = logging.getLogger(__name__)
 

@@ -46,8 +46,8 @@ def user_error_types() -> tuple[type[BaseException], ...]:
     """
     from controller.policy_file import PolicyFileError
     from controller.security import UnsafeEndpointError
-    from env.cost_model import ProfileError, UnidentifiableFitError
-    from env.trace_format import DataFileError
+    from env.sim.cost_model import ProfileError, UnidentifiableFitError
+    from env.traces.trace_format import DataFileError
 
     return (UsageError, ProfileError, UnidentifiableFitError, DataFileError, PolicyFileError,
             UnsafeEndpointError, FileNotFoundError, IsADirectoryError, NotADirectoryError,
@@ -119,7 +119,7 @@ def _workload_names() -> str:
 
 
 def _profile_names() -> str:
-    from env.cost_model import shipped_profiles
+    from env.sim.cost_model import shipped_profiles
 
     return _names(shipped_profiles())
 

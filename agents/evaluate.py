@@ -43,7 +43,7 @@ from controller.default_policy import default_policy_path
 from env.features import FeatureSpec
 from env.rollout import DecisionLoop, rollout
 from env.scenarios import ScenarioSampler
-from env.simulator import Simulator
+from env.sim.simulator import Simulator
 
 log = logging.getLogger(__name__)
 

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from env.features import Observation
-from env.simulator import SchedulerConfig
+from env.sim.simulator import SchedulerConfig
 
 #: vLLM V1's documented EAGLE-3 example: [[min_batch, max_batch, steps], ...].
 VLLM_EAGLE3_TABLE: tuple[tuple[int, int, int], ...] = (

@@ -53,7 +53,7 @@ from controller.policy_file import ExportedPolicy
 from env.features import FeatureSpec
 from env.rollout import DecisionLoop, rollout
 from env.scenarios import ScenarioSampler
-from env.simulator import Simulator
+from env.sim.simulator import Simulator
 from env.spec_env import SpecDecodeEnv
 
 log = logging.getLogger(__name__)

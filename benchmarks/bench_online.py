@@ -49,7 +49,7 @@ sys.path.insert(0, str(REPO))
 
 from controller.policy_file import ExportedPolicy  # noqa: E402
 from controller.wire import DECISION_LAG, encode_step  # noqa: E402
-from env.schema import StepRecord  # noqa: E402
+from env.traces.schema import StepRecord  # noqa: E402
 
 
 def percentiles(values_ns: list[float] | np.ndarray, scale: float = 1e-3) -> dict:

@@ -22,13 +22,13 @@ import time
 
 import numpy as np
 
-from env.acceptance import SGLangSimulatedAcceptance
-from env.cost_model import load_profile
 from env.features import FeatureBuilder
 from env.rollout import DecisionLoop
-from env.simulator import Simulator
+from env.sim.acceptance import SGLangSimulatedAcceptance
+from env.sim.cost_model import load_profile
+from env.sim.simulator import Simulator
 from env.spec_env import SpecDecodeEnv
-from env.workloads import ClosedLoop
+from env.traces.workloads import ClosedLoop
 
 
 def decode_steps_per_s(output_tokens: int, steps: int) -> float:
@@ -76,7 +76,7 @@ def feature_times_us(n: int) -> dict[str, float]:
     rng = np.random.default_rng(0)
     builder = FeatureBuilder()
     profile = load_profile("h200_llama31_8b")
-    from env.schema import StepRecord
+    from env.traces.schema import StepRecord
 
     records = [
         StepRecord("b", 0, i, i * 0.01, 64, 10, 64, 64 * 1000, 700_000, 0, 3,

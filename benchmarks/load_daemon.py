@@ -241,6 +241,14 @@ def main() -> None:
                         help="controller alone on the first CPU, load generators on the rest")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    # Checked before anything starts: a run no longer than its warm-up counts nothing
+    # (it ended in a ZeroDivisionError after the whole run).
+    if args.warmup < 0 or args.seconds <= args.warmup:
+        parser.error(f"--seconds ({args.seconds:g}) must be longer than --warmup "
+                     f"({args.warmup:g}, >= 0): the first --warmup seconds are not counted")
+    for name in ("servers", "rate_hz", "processes", "timeout_ms"):
+        if getattr(args, name) <= 0:
+            parser.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name):g}")
     result = run(args.servers, args.rate_hz, args.seconds, args.warmup, args.processes,
                  not args.no_hostile, args.timeout_ms / 1e3, args.controller_nice, args.pin)
     print(json.dumps(result, indent=2))

@@ -1,7 +1,8 @@
 """Where a decision's time goes: micro-timings of the controller's parts, and a cProfile of
-``specctl-serve`` answering one client at 1 kHz. A diagnostic, not a test.
+``specctl-serve`` answering one client at 1 kHz (``--load rtt``) or 128 closed-loop streams
+(``--load flood``, as bench_online's throughput part). A diagnostic, not a test.
 
-    python benchmarks/profile_controller.py [--seconds 4]
+    python benchmarks/profile_controller.py [--seconds 4] [--load flood]
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.bench_online import _rtt_clients, free_port, telemetry  # noqa: E402
+from benchmarks.bench_online import _flood_client, _rtt_clients, free_port, telemetry  # noqa: E402
 from controller.policy_file import ExportedPolicy  # noqa: E402
 from controller.reload import PolicyHolder  # noqa: E402
 from controller.server import ControllerServer, ServeOptions  # noqa: E402
@@ -57,6 +58,9 @@ def micro(policy: ExportedPolicy) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=4.0)
+    parser.add_argument("--load", choices=["rtt", "flood"], default="rtt")
+    parser.add_argument("--clients", type=int, default=1, help="servers of the rtt load")
+    parser.add_argument("--top", type=int, default=14, help="functions listed")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="sc-prof-") as tmp:
         path = Path(tmp) / "policy.npz"
@@ -71,18 +75,33 @@ def main() -> None:
         thread = threading.Thread(target=lambda: profile.runcall(server.run, stop, 50))
         thread.start()
         ctx = mp.get_context("spawn")
-        queue, ready = ctx.Queue(), ctx.Barrier(1)
-        client = ctx.Process(target=_rtt_clients,
-                             args=(endpoint, ["c0"], args.seconds, 1000, 0.1, queue, ready))
-        client.start()
-        sent, latencies = queue.get(timeout=args.seconds + 60)
-        client.join()
+        queue, ready = ctx.Queue(), ctx.Barrier(1)  # referenced here until the clients run
+        if args.load == "flood":
+            clients = [ctx.Process(target=_flood_client,
+                                   args=(endpoint, f"p{i}-", 64, args.seconds, queue))
+                       for i in range(2)]
+        else:
+            clients = [ctx.Process(target=_rtt_clients,
+                                   args=(endpoint, [f"c{i}" for i in range(args.clients)],
+                                         args.seconds, 1000, 0.1, queue, ready))]
+        for client in clients:
+            client.start()
+        results = [queue.get(timeout=args.seconds + 60) for _ in clients]
+        for client in clients:
+            client.join()
         stop.set()
         thread.join()
         server.close()
-        print(f"round trip p50 {np.percentile(latencies, 50) / 1e3:.0f} us, "
-              f"answered {len(latencies)}/{sent}")
-        pstats.Stats(profile).sort_stats("tottime").print_stats(14)
+        if args.load == "flood":
+            print(f"decisions: {sum(results)} in {args.seconds} s")
+        else:
+            sent, latencies = results[0]
+            value = server.metrics.registry.get_sample_value
+            print(f"round trip p50 {np.percentile(latencies, 50) / 1e3:.0f} us, "
+                  f"answered {len(latencies)}/{sent}; decisions "
+                  f"{value('specctl_decisions_total'):.0f}, "
+                  f"frames shed {value('specctl_frames_shed_total'):.0f}")
+        pstats.Stats(profile).sort_stats("tottime").print_stats(args.top)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from controller.policy_file import PolicyFileError  # noqa: E402
 from controller.reload import PolicyHolder  # noqa: E402
 from controller.security import CurveConfig, UnsafeEndpointError  # noqa: E402
 from controller.server import ControllerServer, ServeOptions  # noqa: E402
-from env.cost_model import load_profile  # noqa: E402
+from env.sim.cost_model import load_profile  # noqa: E402
 
 log = logging.getLogger("specctl.serve")
 
@@ -47,7 +47,8 @@ def serve(cfg: DictConfig, stop: threading.Event | None = None) -> int:
     if cfg.curve.secret_key_file:
         curve = CurveConfig(cfg.curve.secret_key_file, cfg.curve.authorized_clients_dir)
     options = ServeOptions(
-        endpoint=cfg.endpoint, shadow=bool(cfg.shadow), max_streams=int(cfg.max_streams),
+        endpoint=cfg.endpoint, shadow=bool(cfg.shadow), push_policies=bool(cfg.push_policies),
+        max_streams=int(cfg.max_streams),
         max_streams_per_peer=int(cfg.max_streams_per_peer),
         new_streams_per_s=float(cfg.new_streams_per_s),
         stream_idle_s=float(cfg.stream_idle_s), max_drain=int(cfg.max_drain),

@@ -18,24 +18,28 @@ import numpy as np
 from controller.policy_file import ExportedPolicy
 from controller.wire import DECISION_LAG, Decision
 from env.features import FeatureBuilder
-from env.schema import StepRecord
+from env.traces.schema import StepRecord
 
 
 def allowed_actions(actions: np.ndarray, candidates: Sequence[int] | None) -> np.ndarray | None:
     """Which of the policy's actions a server offering ``candidates`` can run (None: all)."""
     if candidates is None:
         return None
-    return np.isin(actions, np.asarray(candidates, dtype=np.int64))
+    mask = np.isin(actions, np.asarray(candidates, dtype=np.int64))
+    return None if mask.all() else mask  # None: no masking on every decision
 
 
-def choose(policy: ExportedPolicy, actions: np.ndarray, grids: list[np.ndarray | None],
-           allowed: list[np.ndarray | None]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def choose(policy: ExportedPolicy, actions: np.ndarray,
+           grids: np.ndarray | Sequence[np.ndarray | None],
+           allowed: Sequence[np.ndarray | None]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One batched policy evaluation over several streams' observation grids.
 
     Args:
         policy: The policy.
         actions: ``policy.actions`` as an array.
-        grids: Per stream its ``observation_grid()``, or None (its features failed).
+        grids: The streams' grids stacked, shape (streams, grid rows, size) (see
+            :func:`env.features.observation_grids`), or per stream its
+            ``observation_grid()`` or None (its features failed).
         allowed: Per stream the mask of :func:`allowed_actions`, or None (all).
 
     Returns:
@@ -46,18 +50,24 @@ def choose(policy: ExportedPolicy, actions: np.ndarray, grids: list[np.ndarray |
     # Few, whole-array numpy calls: at these sizes each call's ~1 us overhead is the cost.
     rows = len(policy.feature_spec.batch_grid)
     n = len(grids)
-    failed = [g is None for g in grids]
-    if any(failed):
-        blank = np.zeros((rows, policy.feature_spec.size), dtype=np.float32)
-        grids = [blank if g is None else g for g in grids]
-    observations = grids[0] if n == 1 else np.concatenate(grids)
+    failed = None
+    if isinstance(grids, np.ndarray):
+        observations = grids.reshape(n * rows, -1)
+    else:
+        failed = [g is None for g in grids]
+        if any(failed):
+            blank = np.zeros((rows, policy.feature_spec.size), dtype=np.float32)
+            grids = [blank if g is None else g for g in grids]
+        else:
+            failed = None
+        observations = grids[0] if n == 1 else np.concatenate(grids)
     finite = np.isfinite(observations)
     if finite.all():
         healthy = np.ones(n, dtype=bool)
     else:  # estimator overflow: that stream only
         healthy = finite.reshape(n, -1).all(axis=1)
         observations = np.nan_to_num(observations, nan=0.0, posinf=1.0, neginf=-1.0)
-    if any(failed):
+    if failed is not None:
         healthy &= ~np.asarray(failed)
     logits = policy.logits(observations)
     runnable = np.ones(n, dtype=bool)
@@ -124,10 +134,10 @@ class StreamDecider:
         policy = self.policy
         try:
             self.builder.update(record)
-            grid = self.builder.observation_grid()
+            grids = [self.builder.observation_grid()]
         except Exception:  # e.g. LinAlgError: this stream starts afresh, as in the daemon
-            grid = None
-        steps, healthy, runnable = choose(policy, self.actions, [grid], [self.allowed])
+            grids = [None]
+        steps, healthy, runnable = choose(policy, self.actions, grids, [self.allowed])
         if not healthy[0]:
             self.builder.reset()
             self.resets += 1

@@ -120,8 +120,18 @@ class ExportedPolicy:
     @classmethod
     def load(cls, path: str | os.PathLike) -> ExportedPolicy:
         """Read and validate a policy file; raises :class:`PolicyFileError`."""
+        return cls._load(path, path)
+
+    @classmethod
+    def loads(cls, data: bytes, source: str) -> ExportedPolicy:
+        """Validate a policy file's bytes (e.g. pushed by ``specctl-serve``); raises
+        :class:`PolicyFileError`, naming ``source`` (where the bytes came from)."""
+        return cls._load(io.BytesIO(data), source)
+
+    @classmethod
+    def _load(cls, file, path) -> ExportedPolicy:
         try:
-            with np.load(path, allow_pickle=False) as archive:
+            with np.load(file, allow_pickle=False) as archive:
                 arrays = {key: archive[key] for key in archive.files}
         except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
             raise PolicyFileError(f"{path}: not a readable .npz policy file ({exc})") from exc

@@ -6,13 +6,14 @@ error is logged (once per version of the broken file) and counted.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from controller.policy_file import ExportedPolicy
+from controller.policy_file import ExportedPolicy, PolicyFileError
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +24,16 @@ def _signature(path: Path) -> tuple | None:
     except OSError:
         return None
     return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+def _read(path: Path) -> tuple[ExportedPolicy, bytes, str]:
+    """The policy in ``path``, and the bytes it was read from (read once: what is served
+    and what is pushed are the same file version)."""
+    try:
+        blob = path.read_bytes()
+    except OSError as exc:
+        raise PolicyFileError(f"{path}: not a readable .npz policy file ({exc})") from exc
+    return ExportedPolicy.loads(blob, str(path)), blob, hashlib.sha256(blob).hexdigest()
 
 
 class PolicyHolder:
@@ -43,7 +54,9 @@ class PolicyHolder:
         self.reloads = 0
         self.errors = 0
         self._signature = _signature(self.path)
-        self.policy = ExportedPolicy.load(self.path)
+        #: The served policy, its file's bytes and their SHA-256 (hex): what the hub
+        #: pushes to plugins in local decision mode.
+        self.policy, self.blob, self.digest = _read(self.path)
         self._failed_signature: tuple | None = None
         self._next_check = time.monotonic() + poll_s
         self._requested = False
@@ -65,13 +78,13 @@ class PolicyHolder:
                            or signature is None):
             return None
         try:
-            new = ExportedPolicy.load(self.path)
+            new, blob, digest = _read(self.path)
         except Exception as exc:  # PolicyFileError, or anything a damaged file provokes
             self.errors += 1
             self._failed_signature = signature
             log.error("policy reload failed, still serving %r: %s", self.policy.name, exc)
             return False
-        old, self.policy = self.policy, new
+        old, self.policy, self.blob, self.digest = self.policy, new, blob, digest
         self._signature, self._failed_signature = signature, None
         self.reloads += 1
         log.info("policy reloaded from %s: %r (was %r)", self.path, new.name, old.name)

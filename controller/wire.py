@@ -5,12 +5,15 @@ messages to the controller (a ROUTER socket); the controller answers with
 ``DECISION`` messages. Every message is a msgpack array whose first two items
 are the protocol version and the message kind; the remaining items are
 positional, in the order listed below. Telemetry fields carry the names of
-:class:`env.schema.StepRecord`.
+:class:`env.traces.schema.StepRecord`.
 
 ``HELLO`` (server -> controller), sent on start-up and every second:
 
     [WIRE_VERSION, 1, server: str, rank: int, schema_version: int,
-     candidate_steps: list[int], client: str, pid: int]
+     candidate_steps: list[int], client: str, pid: int(, policy_digest: str)]
+
+``policy_digest`` (present only in local decision mode) is the SHA-256 (hex) of the policy
+the plugin decides with: it asks the hub for the policy it serves when they differ.
 
 ``TELEMETRY`` (server -> controller), one per scheduler step:
 
@@ -24,6 +27,13 @@ positional, in the order listed below. Telemetry fields carry the names of
 
     [WIRE_VERSION, 3, seq: int, apply_from_step: int, policy: str, mode: int,
      batch_grid: list[int], steps: list[int]]
+
+``POLICY`` (controller -> server), the policy ``specctl-serve`` serves, pushed to each
+connection whose HELLO carries another ``policy_digest``, and to all those again when it
+reloads (a plugin in local decision mode installs it; see :mod:`sglang_hooks.local`):
+
+    [WIRE_VERSION, 4, name: str, digest: str (SHA-256 of the file, hex), policy: bin
+     (the exported .npz file, at most MAX_POLICY_BYTES)]
 
 ``mode`` 1 means "use ``steps[i]`` for a batch of size b, where ``batch_grid[i]``
 is the largest grid value <= b"; mode 0 means "use your fallback rule" (the
@@ -52,7 +62,7 @@ from __future__ import annotations
 
 import itertools
 import reprlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Annotated
 
@@ -64,7 +74,7 @@ try:
 except ImportError:  # the general msgpack path only (slower, same results)
     msgspec = None
 
-from env.schema import SCHEMA_VERSION, StepRecord
+from env.traces.schema import SCHEMA_VERSION, StepRecord
 
 #: Version of this protocol; a message with another version is rejected.
 WIRE_VERSION = 1
@@ -78,6 +88,9 @@ TRANSPORT_MAX_MSG_BYTES = 1 << 20
 DECISION_LAG = 2
 MAX_NAME_CHARS = 256
 MAX_GRID = 256
+#: Largest exported policy a POLICY message carries (below TRANSPORT_MAX_MSG_BYTES, which
+#: would disconnect the receiver); only :func:`decode` with ``accept_policy`` takes one.
+MAX_POLICY_BYTES = 768 * 1024
 _MAX_INT = (1 << 63) - 1
 
 # Physical ranges of telemetry (kind "range" outside them). Generous: an order of
@@ -102,6 +115,7 @@ class Kind(IntEnum):
     HELLO = 1
     TELEMETRY = 2
     DECISION = 3
+    POLICY = 4
 
 
 class WireError(ValueError):
@@ -124,6 +138,8 @@ class Hello:
     client: str = ""
     pid: int = 0
     schema_version: int = SCHEMA_VERSION
+    #: Local decision mode: the SHA-256 (hex) of the policy deciding; "" otherwise.
+    policy_digest: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,17 +163,28 @@ class Decision:
         return cls(seq, apply_from_step, policy)
 
 
+@dataclass(frozen=True, slots=True)
+class PolicyPush:
+    """An exported policy file sent by the hub (``specctl-serve``) to its servers."""
+
+    name: str
+    digest: str
+    blob: bytes = field(repr=False)
+
+
 # -- encoding ------------------------------------------------------------------
 
 _pack = msgpack.Packer(use_bin_type=True).pack
 
 
 def encode_hello(hello: Hello) -> bytes:
-    """One HELLO frame."""
-    return _pack([
-        WIRE_VERSION, Kind.HELLO, hello.server, hello.rank, hello.schema_version,
-        list(hello.candidate_steps), hello.client, hello.pid,
-    ])
+    """One HELLO frame (the ninth item only in local decision mode: a plugin deciding
+    remotely stays understood by a daemon that knows eight)."""
+    items = [WIRE_VERSION, Kind.HELLO, hello.server, hello.rank, hello.schema_version,
+             list(hello.candidate_steps), hello.client, hello.pid]
+    if hello.policy_digest:
+        items.append(hello.policy_digest)
+    return _pack(items)
 
 
 def pack_telemetry(
@@ -211,32 +238,45 @@ def encode_decision(decision: Decision) -> bytes:
     ])
 
 
+def encode_policy(push: PolicyPush) -> bytes:
+    """One POLICY frame."""
+    return _pack([WIRE_VERSION, Kind.POLICY, push.name, push.digest, push.blob])
+
+
 # -- decoding ------------------------------------------------------------------
 
-_ARITY = {Kind.HELLO: 8, Kind.TELEMETRY: 17, Kind.DECISION: 8}
+_ARITY = {Kind.HELLO: 8, Kind.TELEMETRY: 17, Kind.DECISION: 8, Kind.POLICY: 5}
+#: A POLICY's first bytes: msgpack fixarray of 5, WIRE_VERSION, Kind.POLICY.
+_POLICY_HEADER = bytes([0x95, WIRE_VERSION, Kind.POLICY])
 
 
-def decode(frame: bytes) -> Hello | StepRecord | Decision:
+def decode(frame: bytes, accept_policy: bool = False) -> Hello | StepRecord | Decision | PolicyPush:
     """Parse and validate one frame; raises :class:`WireError` (only) if it is bad.
 
     A TELEMETRY frame becomes a :class:`StepRecord` whose ``accepted_drafts`` is
-    a read-only int8 view of the frame.
+    a read-only int8 view of the frame. Frames longer than MAX_FRAME_BYTES are refused
+    unread, except, with ``accept_policy`` (the plugin's side), a POLICY of up to
+    MAX_POLICY_BYTES.
     """
     if _decode_fast is not None and frame[:5] == _TELEMETRY_HEADER:
         record = _decode_fast(frame)
         if record is not None:
             return record
-    return decode_general(frame)
+    return decode_general(frame, accept_policy)
 
 
-def decode_general(frame: bytes) -> Hello | StepRecord | Decision:
+def decode_general(frame: bytes, accept_policy: bool = False
+                   ) -> Hello | StepRecord | Decision | PolicyPush:
     """:func:`decode` without the TELEMETRY fast path (the reference it must agree with)."""
-    if len(frame) > MAX_FRAME_BYTES:
-        raise WireError("oversized", f"frame of {len(frame)} bytes > {MAX_FRAME_BYTES}")
+    limit = MAX_FRAME_BYTES
+    if accept_policy and frame[:3] == _POLICY_HEADER:
+        limit = MAX_POLICY_BYTES + 4 * MAX_NAME_CHARS
+    if len(frame) > limit:
+        raise WireError("oversized", f"frame of {len(frame)} bytes > {limit}")
     try:
         msg = msgpack.unpackb(
             frame, raw=False, use_list=True, strict_map_key=True,
-            max_str_len=MAX_FRAME_BYTES, max_bin_len=MAX_FRAME_BYTES,
+            max_str_len=MAX_FRAME_BYTES, max_bin_len=limit,
             max_array_len=MAX_FRAME_BYTES, max_map_len=0, max_ext_len=0,
         )
     except Exception as exc:  # msgpack raises many types on garbage
@@ -251,7 +291,7 @@ def decode_general(frame: bytes) -> Hello | StepRecord | Decision:
     if type(kind) is not int or kind not in _ARITY:
         raise WireError("kind", f"unknown message kind {_describe(kind)}")
     kind = Kind(kind)
-    if len(msg) != _ARITY[kind]:
+    if len(msg) != _ARITY[kind] and not (kind is Kind.HELLO and len(msg) == 9):
         raise WireError(
             "malformed", f"{kind.name} has {len(msg)} items, expected {_ARITY[kind]}"
         )
@@ -259,7 +299,19 @@ def decode_general(frame: bytes) -> Hello | StepRecord | Decision:
         return _decode_telemetry(msg)
     if kind is Kind.DECISION:
         return _decode_decision(msg)
+    if kind is Kind.POLICY:
+        return _decode_policy(msg)
     return _decode_hello(msg)
+
+
+def _decode_policy(m: list) -> PolicyPush:
+    name = _name(m[2], "name")
+    digest = _digest(m[3], "digest")
+    blob = m[4]
+    if type(blob) is not bytes or not 0 < len(blob) <= MAX_POLICY_BYTES:
+        raise WireError("malformed", f"field 'policy' must be bin of 1..{MAX_POLICY_BYTES} "
+                        f"bytes, got {_describe(blob)}", "policy")
+    return PolicyPush(name, digest, blob)
 
 
 def _decode_telemetry(m: list) -> StepRecord:
@@ -425,7 +477,15 @@ def _decode_hello(m: list) -> Hello:
     candidates = _int_list(m[5], "candidate_steps", lo=0, hi=127)
     client = _name(m[6], "client", allow_empty=True)
     pid = _int(m[7], "pid")
-    return Hello(server, rank, tuple(candidates), client, pid, schema_version)
+    digest = _digest(m[8], "policy_digest") if len(m) == 9 else ""
+    return Hello(server, rank, tuple(candidates), client, pid, schema_version, digest)
+
+
+def _digest(value: object, name: str) -> str:
+    if type(value) is not str or len(value) != 64 or value.strip("0123456789abcdef"):
+        raise WireError("malformed", f"field {name!r} must be 64 lowercase hex digits, got "
+                        f"{_describe(value)}", name)
+    return value
 
 
 # Bounded depth and width: a deeply nested value must not recurse (RecursionError).

@@ -5,14 +5,14 @@ scenario with the same keys, so one set of builders lives here:
 
 * ``profile``: a shipped cost-profile name (``h200_llama31_8b``...) or a YAML path;
 * ``acceptance``: ``null`` for the profile's own ``acceptance:`` section, or a
-  mapping for :func:`env.acceptance.acceptance_from_config`;
+  mapping for :func:`env.sim.acceptance.acceptance_from_config`;
 * ``workload``: ``{name, path, prompt_tokens, output_tokens, max_output_tokens}``:
   a shipped trace (``azure_conv``, ``azure_code``, ``mooncake``), any trace file
   (``path``: Azure CSV, Mooncake JSONL or the project's Parquet trace, told apart
   by content), or fixed lengths (``name: fixed``); closed loops also read
   ``start_interval_s`` and ``client_overhead_s`` (see
-  :class:`env.workloads.ClosedLoop`);
-* ``sim``: scheduler overrides (see :class:`env.simulator.SchedulerConfig`).
+  :class:`env.traces.workloads.ClosedLoop`);
+* ``sim``: scheduler overrides (see :class:`env.sim.simulator.SchedulerConfig`).
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from env.acceptance import AcceptanceModel, acceptance_from_config
-from env.cost_model import CostProfile, load_profile
-from env.simulator import SchedulerConfig
-from env.workloads import ClosedLoop, Workload, load_workload, shipped_workload
+from env.sim.acceptance import AcceptanceModel, acceptance_from_config
+from env.sim.cost_model import CostProfile, load_profile
+from env.sim.simulator import SchedulerConfig
+from env.traces.workloads import ClosedLoop, Workload, load_workload, shipped_workload
 
 SHIPPED_WORKLOADS = ("azure_conv", "azure_code", "mooncake")
 

@@ -1,10 +1,13 @@
 """Telemetry records -> policy observation: the one place this happens.
 
-The gymnasium environment feeds the :class:`~env.schema.StepRecord` s that the
+The gymnasium environment feeds the :class:`~env.traces.schema.StepRecord` s that the
 simulator emits; the controller daemon feeds the records an SGLang server sends
-over the wire. Both call :meth:`FeatureBuilder.update` and
-:meth:`FeatureBuilder.observation`, so training and serving build identical
-observations from identical telemetry.
+over the wire. Both fold records with :meth:`FeatureBuilder.update`; the environment
+reads :meth:`FeatureBuilder.observation`, the controller :func:`observation_grids` for
+all the streams pending in one poll at once. All three run the same code
+(``_batch``), with elementwise arithmetic only across streams, so training and serving
+build identical observations, bit for bit, from identical telemetry, whatever is
+batched with what (``tests/test_feature_parity.py``, ``tests/test_features.py``).
 
 The observation holds only what a server can know online:
 
@@ -43,13 +46,16 @@ The observation holds only what a server can know online:
 from __future__ import annotations
 
 import bisect
+import functools
 import math
-from collections.abc import Iterable
+import operator
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
-from env.schema import StepRecord
+from env.traces.schema import StepRecord
 
 #: Bump when the meaning or order of the observation vector changes.
 #: 2: per-depth cost confidence, cost-profile presence and error (after log_throughput).
@@ -189,31 +195,35 @@ class FeatureBuilder:
             spec: the observation layout and estimator settings.
             cost_prior: optional cost profile of the server (anything with
                 ``step_latency_s`` and ``step_latency_array``, e.g.
-                :class:`env.cost_model.CostProfile`): the latency model's prior mean.
+                :class:`env.sim.cost_model.CostProfile`): the latency model's prior mean.
         """
         self.spec = spec or FeatureSpec()
         self.cost_prior = cost_prior
+        self._layout = _layout(self.spec)
         self.reset()
 
     def reset(self) -> None:
         """Forget all telemetry."""
         depth = self.spec.max_depth
-        self._trials = np.zeros(depth)
-        self._successes = np.zeros(depth)
+        # Acceptance counts as plain floats: per record, Python arithmetic on 7 values
+        # costs less than numpy's per-call overhead.
+        self._trials = [0.0] * depth
+        self._successes = [0.0] * depth
         # Latency regression on x = [1, b, s, s*b, m, m*b, kv] with b = batch/64,
         # s = 1 if speculating, m = draft forwards beyond the first (depth - 1),
         # kv = tokens/1e5: the cost model's structure (verify + extend switch on
-        # with speculation; each further depth adds a draft forward).
-        self._xtx = np.zeros((7, 7))
-        self._xty = np.zeros(7)
+        # with speculation; each further depth adds a draft forward). Its sufficient
+        # statistics X'X and X'y live in one 8 x 8 matrix (see update()).
+        self._moments = np.zeros((8, 8))
         self._theta: np.ndarray | None = None
-        depths = np.arange(self.spec.max_depth + 1, dtype=float)[None, :]
+        # Depth first, shape (depth + 1, 1, 1): see _latency_predictions().
+        depths = np.arange(self.spec.max_depth + 1, dtype=float).reshape(-1, 1, 1)
         self._depths = depths.astype(int)
         self._design_cache: dict[tuple, tuple] = {}
         self._speculating = (depths > 0).astype(float)
         self._extra_drafts = np.maximum(depths - 1.0, 0.0)
         self._latency_ms_ema: float | None = None
-        self._depth_samples = np.zeros(self.spec.max_depth + 1)
+        self._depth_samples = [0.0] * (self.spec.max_depth + 1)
         self._prior_log_error = 0.0
         self._batch_size = 0
         self._batch_ema: float | None = None
@@ -266,6 +276,11 @@ class FeatureBuilder:
             self._steps_since_switch += 1
         self._steps_used = steps
 
+        accepted = record.accepted_drafts
+        # counts[a] = requests that accepted a drafts: the acceptance estimate's input and
+        # (as sum a * counts[a]) the step's output; plain ints from here on.
+        counts = np.bincount(accepted).tolist() if len(accepted) else []
+
         latency_s = record.step_latency_s
         if latency_s > 0.0:
             latency_ms = latency_s * 1e3
@@ -276,34 +291,42 @@ class FeatureBuilder:
                 residual_ms -= prior_ms
                 error = math.log(latency_ms / max(prior_ms, 1e-6))
                 self._prior_log_error += alpha * (error - self._prior_log_error)
-            x = self._regressors(batch, steps, record.kv_used_tokens)
             forget = spec.latency_forgetting
-            self._depth_samples *= forget
-            self._depth_samples[steps] += 1.0
-            self._xtx *= forget
-            self._xty *= forget
-            self._xtx += np.outer(x, x)
-            self._xty += x * residual_ms
+            samples = self._depth_samples
+            for d in range(len(samples)):  # plain floats: 8 numpy calls cost more
+                samples[d] *= forget
+            samples[steps] += 1.0
+            # The regression's sufficient statistics in one matrix, [x, y] [x, y]^T with
+            # y the residual: X'X is its top-left 7 x 7 block, X'y its last column.
+            z = self._regressors(batch, steps, record.kv_used_tokens, residual_ms)
+            moments = self._moments
+            moments *= forget
+            moments += z[:, None] * z
             self._theta = None
             if self._latency_ms_ema is None:
                 self._latency_ms_ema = latency_ms
             else:
                 self._latency_ms_ema += alpha * (latency_ms - self._latency_ms_ema)
-            rate = record.output_tokens / latency_s
+            # record.output_tokens, without a numpy call
+            output = record.batch_size + sum(map(operator.mul, range(len(counts)), counts))
+            rate = output / latency_s
             if self._throughput_ema is None:
                 self._throughput_ema = rate
             else:
                 self._throughput_ema += alpha * (rate - self._throughput_ema)
 
-        accepted = record.accepted_drafts
-        if steps > 0 and accepted.size and not reentry:
-            counts = np.bincount(np.minimum(accepted, steps), minlength=steps + 1)
-            # at_least[k] = requests that accepted >= k drafts, k = 0..steps
-            at_least = np.cumsum(counts[::-1])[::-1]
-            self._trials *= spec.accept_decay
-            self._successes *= spec.accept_decay
-            self._trials[:steps] += at_least[:-1]
-            self._successes[:steps] += at_least[1:]
+        if steps > 0 and counts and not reentry:
+            # A request that accepted a >= steps drafts (a > steps only from a server
+            # running deeper than max_depth) succeeded at every position 1..steps.
+            decay, trials, successes = spec.accept_decay, self._trials, self._successes
+            reached = len(accepted)  # requests that accepted >= k drafts, k = 0 first
+            for k in range(len(trials)):
+                trials[k] *= decay
+                successes[k] *= decay
+                if k < steps:
+                    trials[k] += reached
+                    reached -= counts[k] if k < len(counts) else 0
+                    successes[k] += reached
             self._steps_since_acceptance = 0
         else:
             self._steps_since_acceptance += 1
@@ -312,25 +335,7 @@ class FeatureBuilder:
 
     def accept_rates(self) -> np.ndarray:
         """Conditional acceptance rate per draft position (1..max_depth)."""
-        return np.array(self._accept_rates())
-
-    def _accept_rates(self) -> list[float]:
-        # Each position's prior is the estimate of the position before it.
-        prior = self.spec.accept_prior_first
-        strength = self.spec.accept_prior_strength
-        rates = []
-        for trials, successes in zip(self._trials.tolist(), self._successes.tolist(), strict=True):
-            prior = (successes + strength * prior) / (trials + strength)
-            rates.append(prior)
-        return rates
-
-    def _expected_accepted(self, rates: list[float]) -> np.ndarray:
-        expected, reach, total = [0.0], 1.0, 0.0
-        for rate in rates:
-            reach *= rate
-            total += reach
-            expected.append(total)
-        return np.array(expected)
+        return np.array(_acceptance(self._trials, self._successes, self.spec)[0])
 
     def latency_predictions_s(self, batch_sizes: np.ndarray | int) -> np.ndarray:
         """Predicted step latency (s) of every depth 0..max_depth at each batch size.
@@ -339,35 +344,29 @@ class FeatureBuilder:
         for a scalar), at the latest KV use.
         """
         scalar = np.ndim(batch_sizes) == 0
-        batch_sizes = np.atleast_1d(batch_sizes)
-        design, prior = self._design(batch_sizes)
-        theta = self._latency_theta()
-        # The KV column is left out of the cached design: it is the same for every row.
-        predicted = design @ theta[:6] + (theta[6] * (self._kv_used_tokens / 1e5))
-        if prior is not None:
-            at0, slope = prior
-            predicted += at0 + slope * self._kv_used_tokens
-        # Physically a deeper draft never costs less; keep the prediction sane.
-        base_ms = self._latency_ms_ema if self._latency_ms_ema is not None else 10.0
-        floor = max(0.05 * base_ms, 1e-3)
-        predicted = np.maximum.accumulate(np.maximum(predicted, floor), axis=1) * 1e-3
+        state = np.array([self._state_row()])
+        width = self._layout.width
+        predicted = _latency_predictions([self], np.atleast_1d(batch_sizes), state[:, width],
+                                         state[:, width + 1])[:, 0].T
         return predicted[0] if scalar else predicted
 
     def _design(self, batch_sizes: np.ndarray):
-        """Per set of batch sizes (cached): the regression's design for every depth,
-        shape (n, depth + 1, 6), and the cost profile's latency (ms) at KV 0 and its
-        slope per KV token (the profile's KV term is linear), or None without a profile.
+        """Per set of batch sizes (cached): the latency regression's design for every
+        depth and batch size (depth first), shape ((depth + 1) * n, 6), and the cost
+        profile's latency (ms) at KV 0 and its slope per KV token (the profile's KV
+        term is linear), each of shape (depth + 1, 1, n), or None without a profile.
 
         Building these per decision was most of the controller's time.
         """
         key = tuple(batch_sizes.tolist())
         cached = self._design_cache.get(key)
         if cached is None:
-            batches, depths = np.broadcast_arrays(np.maximum(batch_sizes, 1)[:, None],
-                                                  self._depths)
-            b = batches / 64.0
-            s = self._speculating + 0.0 * b
-            m = self._extra_drafts + 0.0 * b
+            batches, depths = np.broadcast_arrays(np.maximum(batch_sizes, 1)[None, :],
+                                                  self._depths[:, :, 0])
+            b = (batches / 64.0).ravel()
+            s = self._speculating[:, :, 0] + 0.0 * batches
+            m = self._extra_drafts[:, :, 0] + 0.0 * batches
+            s, m = s.ravel(), m.ravel()
             design = np.stack([np.ones_like(b), b, s, s * b, m, m * b], axis=-1)
             prior = None
             if self.cost_prior is not None:
@@ -376,23 +375,10 @@ class FeatureBuilder:
                 at0 = 1e3 * self.cost_prior.step_latency_array(flat_b, flat_d, 0, 0, **flags)
                 at1 = 1e3 * self.cost_prior.step_latency_array(flat_b, flat_d, 100_000, 0,
                                                                **flags)
-                prior = (at0.reshape(b.shape), ((at1 - at0) / 100_000).reshape(b.shape))
+                shape = (depths.shape[0], 1, depths.shape[1])
+                prior = (at0.reshape(shape), ((at1 - at0) / 100_000).reshape(shape))
             cached = self._design_cache[key] = (design, prior)
         return cached
-
-    def _latency_theta(self) -> np.ndarray:
-        if self._theta is None:
-            spec = self.spec
-            base_ms = self._latency_ms_ema if self._latency_ms_ema is not None else 10.0
-            if self.cost_prior is not None:
-                prior = np.zeros(7)  # the residual over the profile: none expected
-            else:
-                # The observed level at depth 0, fixed fractions of it for speculating.
-                prior = np.array([base_ms, 0.0, spec.speculation_prior_fraction * base_ms, 0.0,
-                                  spec.draft_step_prior_fraction * base_ms, 0.0, 0.0])
-            ridge = spec.latency_ridge
-            self._theta = np.linalg.solve(self._xtx + ridge * np.eye(7), self._xty + ridge * prior)
-        return self._theta
 
     def observation(self, batch_size: int | None = None) -> Observation:
         """The observation after all records fed so far.
@@ -404,25 +390,23 @@ class FeatureBuilder:
         """
         if batch_size is None:
             batch_size = self._batch_size
-        rates = self._accept_rates()
-        expected = self._expected_accepted(rates)
         quantised = self.spec.grid_floor(batch_size)
-        latency = self.latency_predictions_s(np.array([quantised, batch_size]))
-        vector = self._vectors(np.array([quantised]), rates, expected, latency[:1])[0]
+        # Row 0 (the grid floor) is computed exactly as observation_grids() computes it.
+        batch = _batch([self], np.array([quantised, batch_size]))
         new_records = tuple(self._new_records)
         self._new_records.clear()
         return Observation(
-            vector=vector,
+            vector=batch.vectors[0, 0],
             batch_size=int(batch_size),
             waiting_requests=self._waiting,
             kv_use=self._kv_use,
             steps_used=self._steps_used,
             steps_since_switch=self._steps_since_switch,
-            accept_rate=np.array(rates),
-            expected_accepted=expected,
-            latency_pred_s=latency[1],
+            accept_rate=batch.rates[0],
+            expected_accepted=batch.expected[0],
+            latency_pred_s=batch.latency_s[:, 0, 1],
             kv_used_tokens=self._kv_used_tokens,
-            cost_samples=self._depth_samples.copy(),
+            cost_samples=np.array(self._depth_samples),
             new_records=new_records,
         )
 
@@ -432,60 +416,215 @@ class FeatureBuilder:
         Row i equals ``observation(batch_grid[i]).vector``; the controller
         evaluates the policy on all rows and sends one decision per grid value.
         """
-        grid = np.asarray(self.spec.batch_grid)
-        rates = self._accept_rates()
-        expected = self._expected_accepted(rates)
-        self._new_records.clear()
-        return self._vectors(grid, rates, expected, self.latency_predictions_s(grid))
+        return observation_grids([self])[0]
 
-    def _vectors(self, batch_sizes: np.ndarray, rates: list[float], expected: np.ndarray,
-                 latency: np.ndarray) -> np.ndarray:
-        spec = self.spec
-        depth = spec.max_depth
-        # log(latency_d / latency_0), and log goodput ratios from it: few small-array ops,
-        # since this runs for every decision the controller makes.
-        log_latency = np.log(latency)
-        slower = log_latency[:, 1:] - log_latency[:, :1]
-        log_tokens = np.log1p(expected)
-        # np.minimum/np.maximum, not np.clip: the ufuncs cost a third of clip's overhead.
-        relative_goodput = np.maximum(np.minimum((log_tokens[1:] - log_tokens[0]) - slower, 3.0),
-                                      -3.0) / 3.0
-        relative_latency = np.minimum(slower, 3.0) / 3.0  # >= 0: latency is monotone in depth
-        confidence_scale = 1.0 / math.log1p(1e4)
-        switch_scale = 1.0 / math.log1p(spec.switch_scale)
-        shared = [
-            math.log1p(self._waiting) / math.log1p(spec.waiting_scale),
-            self._kv_use,
-            max(-1.0, min(1.0, self._batch_trend * 10.0)),
-            self._prefill_share,
-            self._steps_used / depth,
-            math.log1p(self._steps_since_switch) * switch_scale,
-            min(1.0, math.log1p(self._steps_since_acceptance) * switch_scale),
-            *rates,
-            *[min(1.0, math.log1p(t) * confidence_scale) for t in self._trials.tolist()],
-            math.log1p(self._latency_ms_ema or 0.0) / math.log1p(1000.0),
+    def _state_row(self) -> list[float]:
+        """This builder's row of :func:`_batch`'s state: the vector's batch-independent
+        entries before their scaling (see :class:`_Layout`), then the KV tokens, the
+        latency level (ms) and the expected accepted drafts per depth."""
+        rates, expected = _acceptance(self._trials, self._successes, self.spec)
+        return [
+            self._waiting, self._kv_use, self._batch_trend, self._prefill_share,
+            self._steps_used, self._steps_since_switch, self._steps_since_acceptance,
+            *rates, *self._trials, self._latency_ms_ema or 0.0,
+            self._throughput_ema or 0.0, *self._depth_samples,
+            1.0 if self.cost_prior is not None else 0.0, self._prior_log_error,
+            self._kv_used_tokens,
+            10.0 if self._latency_ms_ema is None else self._latency_ms_ema, *expected,
         ]
-        out = np.empty((len(batch_sizes), spec.size), dtype=np.float32)
-        out[:, 0] = np.log1p(batch_sizes) / math.log1p(spec.batch_scale)
-        tail = 1 + len(shared)
-        out[:, 1:tail] = shared
-        out[:, tail:tail + depth] = relative_latency
-        out[:, tail + depth:tail + 2 * depth] = relative_goodput
-        out[:, tail + 2 * depth] = math.log1p(self._throughput_ema or 0.0) / math.log1p(1e6)
-        tail += 2 * depth + 1
-        out[:, tail:tail + depth + 1] = np.log1p(self._depth_samples) * confidence_scale
-        out[:, tail + depth + 1] = 1.0 if self.cost_prior is not None else 0.0
-        out[:, tail + depth + 2] = self._prior_log_error  # log(measured / profile), saturates
-        # Extreme loads (e.g. thousands waiting) saturate rather than leave the box.
-        np.minimum(out, 1.0, out=out)
-        return np.maximum(out, -1.0, out=out)
 
     @staticmethod
-    def _regressors(batch_size: int, steps: int, kv_tokens: int) -> np.ndarray:
+    def _regressors(batch_size: int, steps: int, kv_tokens: int,
+                    residual_ms: float) -> np.ndarray:
         b = batch_size / 64.0
         s = 1.0 if steps > 0 else 0.0
         m = max(steps - 1, 0)
-        return np.array([1.0, b, s, s * b, m, m * b, kv_tokens / 1e5])
+        return np.array([1.0, b, s, s * b, m, m * b, kv_tokens / 1e5, residual_ms])
+
+
+def observation_grids(builders: Sequence[FeatureBuilder]) -> np.ndarray:
+    """Every builder's :meth:`~FeatureBuilder.observation_grid` in one go, shape
+    ``(len(builders), grid, size)``: a few whole-array numpy calls for all of them
+    (the controller's decisions for all streams pending in one poll), each row equal
+    bit for bit to the one computed alone (elementwise arithmetic only).
+
+    The builders must share the feature spec and the cost profile (the same object,
+    or None). Raises ``numpy.linalg.LinAlgError`` if any stream's regression is
+    singular (evaluate the streams one by one to find which).
+    """
+    for builder in builders:
+        builder._new_records.clear()
+    return _batch(builders, np.asarray(builders[0].spec.batch_grid))[0]
+
+
+class _Batch(NamedTuple):
+    """What :func:`_batch` computes: vectors (builders, batch sizes, size) float32,
+    latency predictions (s) (depth + 1, builders, batch sizes), the acceptance rates
+    (builders, depth) and the expected accepted drafts (builders, depth + 1)."""
+
+    vectors: np.ndarray
+    latency_s: np.ndarray
+    rates: np.ndarray
+    expected: np.ndarray
+
+
+class _Layout:
+    """How a builder's state row (see :meth:`FeatureBuilder._state_row`) becomes the
+    vector's batch-independent entries: ``log1p`` on some columns, then ``* mul / div``
+    (each column has one of them 1.0, which is exact), so the whole step is four numpy
+    calls however many streams there are."""
+
+    def __init__(self, spec: FeatureSpec) -> None:
+        depth = spec.max_depth
+        log_switch = math.log1p(spec.switch_scale)
+        confidence = 1.0 / math.log1p(1e4)
+        # (log1p?, mul, div) per entry, in vector order from column 1.
+        entries = [
+            (True, 1.0, math.log1p(spec.waiting_scale)),  # waiting requests
+            (False, 1.0, 1.0),  # kv use
+            (False, 10.0, 1.0),  # batch trend (the box clip bounds it)
+            (False, 1.0, 1.0),  # prefill share
+            (False, 1.0, float(depth)),  # steps used
+            (True, 1.0 / log_switch, 1.0),  # steps since switch
+            (True, 1.0 / log_switch, 1.0),  # steps since acceptance
+            *[(False, 1.0, 1.0)] * depth,  # acceptance rates
+            *[(True, confidence, 1.0)] * depth,  # acceptance confidence (trials)
+            (True, 1.0, math.log1p(1000.0)),  # latency (ms)
+            # ... the per-depth relative latency and goodput go here ...
+            (True, 1.0, math.log1p(1e6)),  # throughput
+            *[(True, confidence, 1.0)] * (depth + 1),  # cost confidence (samples)
+            (False, 1.0, 1.0),  # has cost profile
+            (False, 1.0, 1.0),  # cost profile error
+        ]
+        self.head = 8 + 2 * depth  # entries before the per-depth latency and goodput
+        self.width = len(entries)
+        self.logs = np.array([log for log, _, _ in entries])
+        self.mul = np.array([mul for _, mul, _ in entries])
+        self.div = np.array([div for _, _, div in entries])
+        # The latency regression's ridge, and its prior without a cost profile as
+        # fractions of the observed latency level (see _latency_predictions()).
+        self.ridge = spec.latency_ridge
+        self.ridge_eye = spec.latency_ridge * np.eye(7)
+        self.prior_fractions = np.array([1.0, 0.0, spec.speculation_prior_fraction, 0.0,
+                                         spec.draft_step_prior_fraction, 0.0, 0.0])
+
+
+def _batch(builders: Sequence[FeatureBuilder], batch_sizes: np.ndarray) -> _Batch:
+    """Observations of ``builders`` at ``batch_sizes``: a fixed number of whole-array
+    numpy calls for all of them (at these sizes each call's ~1 us overhead is the cost,
+    so the calls are shared), elementwise only, so a row does not depend on what else
+    is in the batch."""
+    if not builders:
+        raise ValueError("no feature builders given")
+    first = builders[0]
+    spec, cost_prior = first.spec, first.cost_prior
+    for builder in builders:
+        if (builder.spec is not spec and builder.spec != spec) or (
+                builder.cost_prior is not cost_prior):
+            raise ValueError("feature builders batched together must share the feature "
+                             "spec and the cost profile")
+    layout = first._layout
+    depth = spec.max_depth
+    flat: list[float] = []
+    for builder in builders:  # one flat list converts faster than nested ones
+        flat += builder._state_row()
+    state = np.array(flat).reshape(len(builders), -1)
+    width = layout.width
+    entries = state[:, :width]
+    np.log1p(entries, out=entries, where=layout.logs)
+    entries = entries * layout.mul / layout.div
+    kv_tokens, base_ms = state[:, width], state[:, width + 1]
+    rates = state[:, 8:8 + depth]
+    expected = state[:, width + 2:]
+    latency = _latency_predictions(builders, batch_sizes, kv_tokens, base_ms)
+    # log(latency_d / latency_0), and log goodput ratios from it (depth first)
+    log_latency = np.log(latency)
+    slower = log_latency[1:] - log_latency[:1]
+    log_tokens = np.log1p(expected).T[:, :, None]
+    gain = log_tokens[1:] - log_tokens[:1]
+    out = np.empty((len(builders), len(batch_sizes), spec.size), dtype=np.float32)
+    out[:, :, 0] = np.log1p(batch_sizes) / math.log1p(spec.batch_scale)
+    head = 1 + layout.head
+    out[:, :, 1:head] = entries[:, None, :layout.head]
+    # np.minimum/np.maximum, not np.clip: the ufuncs cost a third of clip's overhead.
+    out[:, :, head:head + depth] = (np.minimum(slower, 3.0) / 3.0).transpose(1, 2, 0)
+    out[:, :, head + depth:head + 2 * depth] = (
+        np.maximum(np.minimum(gain - slower, 3.0), -3.0) / 3.0).transpose(1, 2, 0)
+    out[:, :, head + 2 * depth:] = entries[:, None, layout.head:]
+    # Extreme loads (e.g. thousands waiting) saturate rather than leave the box.
+    np.minimum(out, 1.0, out=out)
+    np.maximum(out, -1.0, out=out)
+    return _Batch(out, latency, rates, expected)
+
+
+def _acceptance(trials: Sequence[float], successes: Sequence[float],
+                spec: FeatureSpec) -> tuple[list[float], list[float]]:
+    """Acceptance rate per draft position 1..max_depth from the decayed counts, and the
+    expected accepted drafts per depth 0..max_depth (plain floats: 7 values)."""
+    # Each position's prior is the estimate of the position before it.
+    prior = spec.accept_prior_first
+    strength = spec.accept_prior_strength
+    rates, expected, reach, total = [], [0.0], 1.0, 0.0
+    for trial, success in zip(trials, successes, strict=True):
+        prior = (success + strength * prior) / (trial + strength)
+        rates.append(prior)
+        reach *= prior
+        total += reach
+        expected.append(total)
+    return rates, expected
+
+
+def _latency_predictions(builders: Sequence[FeatureBuilder], batch_sizes: np.ndarray,
+                         kv_tokens: np.ndarray, base_ms: np.ndarray) -> np.ndarray:
+    """Predicted step latency (s), shape (depth + 1, builders, batch sizes), given each
+    builder's KV tokens and latency level (ms) (the prior's scale and the floor's)."""
+    first = builders[0]
+    layout = first._layout
+    stale = [i for i, b in enumerate(builders) if b._theta is None]
+    if stale:  # one batched 7 x 7 solve for every stream that saw telemetry
+        moments = _stack([builders[i]._moments for i in stale])
+        rhs = moments[:, :7, 7]
+        if first.cost_prior is None:  # else: the residual over the profile, none expected
+            # The observed level at depth 0, fixed fractions of it for speculating.
+            level = base_ms if len(stale) == len(builders) else base_ms[stale]
+            rhs = rhs + (level[:, None] * layout.prior_fractions) * layout.ridge
+        thetas = np.linalg.solve(moments[:, :7, :7] + layout.ridge_eye, rhs[:, :, None])[..., 0]
+        for i, theta in zip(stale, thetas, strict=True):
+            builders[i]._theta = theta
+        if len(stale) < len(builders):
+            thetas = _stack([b._theta for b in builders])
+    else:
+        thetas = _stack([b._theta for b in builders])
+    # The regression x = [1, b, s, s*b, m, m*b, kv] (see reset()): one matrix-vector
+    # product per stream, never one product for all of them (its rounding could then
+    # depend on how many streams are stacked: batching must be invisible), depth first.
+    design, prior = first._design(batch_sizes)
+    n, rows = len(builders), len(batch_sizes)
+    depths = design.shape[0] // rows
+    if n == 1:
+        predicted = (design @ thetas[0, :6]).reshape(depths, 1, rows)
+    else:
+        predicted = np.empty((depths, n, rows))
+        for i, theta in enumerate(thetas):
+            predicted[:, i, :] = (design @ theta[:6]).reshape(depths, rows)
+    kv = kv_tokens[:, None]
+    predicted += thetas[:, 6:7] * (kv / 1e5)
+    if prior is not None:
+        at0, slope = prior
+        predicted += at0 + slope * kv
+    # Physically a deeper draft never costs less; keep the prediction sane.
+    floor = np.maximum(0.05 * base_ms, 1e-3)[:, None]
+    return np.maximum.accumulate(np.maximum(predicted, floor), axis=0) * 1e-3
+
+
+def _stack(arrays: list[np.ndarray]) -> np.ndarray:
+    """``np.stack(arrays)``; a view for one array (the single stream's common case)."""
+    return arrays[0][None] if len(arrays) == 1 else np.stack(arrays)
+
+
+@functools.lru_cache(maxsize=16)
+def _layout(spec: FeatureSpec) -> _Layout:
+    return _Layout(spec)
 
 
 def _latency_flags(steps: int) -> dict[str, bool]:

@@ -1,6 +1,6 @@
 """Running a policy against the simulator, the way a real server would see it.
 
-:class:`DecisionLoop` couples a :class:`~env.simulator.Simulator` with the
+:class:`DecisionLoop` couples a :class:`~env.sim.simulator.Simulator` with the
 feature module under the feedback lag of overlap scheduling: the decision for
 step M sees telemetry of steps <= M - ``feedback_lag`` only. It also does the
 episode's time accounting (a fixed horizon, the step that crosses it prorated),
@@ -17,8 +17,8 @@ from typing import Protocol
 import numpy as np
 
 from env.features import FeatureBuilder, FeatureSpec, Observation
-from env.schema import StepRecord
-from env.simulator import Simulator
+from env.sim.simulator import Simulator
+from env.traces.schema import StepRecord
 
 
 class Policy(Protocol):

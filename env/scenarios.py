@@ -20,8 +20,6 @@ from typing import Any
 
 import numpy as np
 
-from env.acceptance import AcceptanceModel
-from env.cost_model import CostProfile
 from env.factory import (
     _plain,
     make_acceptance,
@@ -30,14 +28,16 @@ from env.factory import (
     make_scheduler_config,
     make_workload,
 )
-from env.random_servers import (
+from env.sim.acceptance import AcceptanceModel
+from env.sim.cost_model import CostProfile
+from env.sim.random_servers import (
     PRIOR_MODES,
     handed_profile,
     random_scheduler_overrides,
     random_server,
 )
-from env.simulator import SchedulerConfig
-from env.workloads import ClosedLoop, Workload
+from env.sim.simulator import SchedulerConfig
+from env.traces.workloads import ClosedLoop, Workload
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class Scenario:
     #: Server family (the profile entry's label: a profile name, ``random``...).
     family: str = ""
     #: The cost profile the controller is handed (None: none) and how it relates
-    #: to the true one (``env.random_servers.PRIOR_MODES``).
+    #: to the true one (``env.sim.random_servers.PRIOR_MODES``).
     prior: CostProfile | None = None
     prior_mode: str = "exact"
 

@@ -1,7 +1,7 @@
 """``specctl/SpecDecode-v0``: choose the speculation depth of every decode step.
 
 The environment replays a workload through the simulated SGLang server
-(:mod:`env.simulator`) one decode step at a time.
+(:mod:`env.sim.simulator`) one decode step at a time.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from gymnasium import spaces
 from env.features import FeatureSpec
 from env.rollout import DecisionLoop
 from env.scenarios import Scenario, ScenarioSampler
-from env.simulator import Simulator
+from env.sim.simulator import Simulator
 
 #: A small, fast default: one profile, two workloads, light to overloaded.
 DEFAULT_CONFIG: dict[str, Any] = {
@@ -65,7 +65,7 @@ class SpecDecodeEnv(gym.Env):
     with the weights ``cost_prior_modes`` (``cost_prior: none``: always none), so
     the policy learns to trust telemetry where the profile is wrong or missing.
     With ``random_server_share`` > 0 episodes also run on randomised servers
-    (:mod:`env.random_servers`).
+    (:mod:`env.sim.random_servers`).
 
     **Action** (``Discrete(D + 1)``): speculation steps for the next decode step.
 

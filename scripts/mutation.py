@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Mutation testing of chosen modules with mutmut: ``python scripts/mutation.py MODULE...``.
 
-For each module (a path such as ``env/trace_format.py``) the tests that guard it are
+For each module (a path such as ``env/traces/trace_format.py``) the tests that guard it are
 looked up in ``[tool.specctl-mutation.tests]`` of ``pyproject.toml``. Each module runs in
 its own scratch copy of the work tree, ``.mutation/<module>/`` (git-ignored; mutmut keeps
 its results there, so a rerun only retests what changed), whose ``pyproject.toml`` gets
@@ -144,7 +144,7 @@ def summarize(module: str, work: Path, env: dict[str, str], diffs: bool) -> dict
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("modules", nargs="+", help="e.g. env/trace_format.py")
+    parser.add_argument("modules", nargs="+", help="e.g. env/traces/trace_format.py")
     parser.add_argument("--max-children", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--retest", action="store_true",
                         help="run the mutants not killed last time again (after new tests)")

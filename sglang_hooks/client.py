@@ -29,6 +29,7 @@ I/O thread itself fails, its last act is to publish that fallback marker.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import threading
@@ -39,10 +40,12 @@ from collections.abc import Callable
 import zmq
 import zmq.auth
 
+from controller.policy_file import PolicyFileError
 from controller.wire import (
     DECISION_LAG,
     Decision,
     Hello,
+    PolicyPush,
     WireError,
     apply_socket_limits,
     decode,
@@ -193,7 +196,7 @@ class ControllerClient:
         self._context = zmq.Context(io_threads=1)
         self._sock = (self._socket(endpoint, curve_server_key, curve_client_cert)
                       if endpoint else None)
-        self._thread = threading.Thread(target=self._run, args=(encode_hello(hello),),
+        self._thread = threading.Thread(target=self._run, args=(hello,),
                                         name="specctl-client", daemon=True)
         self._thread.start()
 
@@ -272,7 +275,7 @@ class ControllerClient:
         sock.connect(endpoint)
         return sock
 
-    def _run(self, hello: bytes) -> None:
+    def _run(self, hello: Hello) -> None:
         sock, counters, outbox, wake = self._sock, self.counters, self._outbox, self._wake_r
         age = self._age
         local = self._local
@@ -281,6 +284,7 @@ class ControllerClient:
             poller.register(sock, zmq.POLLIN)
         poller.register(wake, zmq.POLLIN)
         next_hello = 0.0 if sock is not None else float("inf")
+        hello_frame, said = None, ""
         last_telemetry = -_ACTIVE_S
         try:
             while not self._stop:
@@ -295,8 +299,14 @@ class ControllerClient:
                     self._block(poller, sock, wake, next_hello)
                 now = time.monotonic()
                 if now >= next_hello:
+                    if hello_frame is None or (local is not None and local.digest != said):
+                        # Local mode: the HELLO says which policy decides (the hub pushes
+                        # its own when they differ).
+                        said = local.digest if local is not None else ""
+                        hello_frame = encode_hello(dataclasses.replace(hello,
+                                                                       policy_digest=said))
                     try:
-                        sock.send(hello, zmq.NOBLOCK)
+                        sock.send(hello_frame, zmq.NOBLOCK)
                         next_hello = now + HELLO_INTERVAL_S
                     except zmq.Again:  # not connected (yet): try again soon
                         next_hello = now + HELLO_RETRY_S
@@ -335,6 +345,25 @@ class ControllerClient:
         self.counters["local_decisions"] += 1
         self._age.accept(decision, self._monotonic())
 
+    def _install(self, push: PolicyPush) -> None:
+        """A policy the hub pushed: local mode decides with it; remote mode has no use."""
+        counters = self.counters
+        if self._local is None:
+            counters["policy_pushes_ignored"] += 1
+            return
+        try:
+            installed = self._local.install(push)
+        except PolicyFileError as exc:
+            counters["policy_pushes_refused"] += 1
+            log.error("specctl: the policy specctl-serve pushed is not valid, deciding with "
+                      "the previous one: %s", exc)
+            return
+        if installed:
+            counters["policy_pushes_installed"] += 1
+            log.info("specctl: deciding with policy %r pushed by specctl-serve", push.name)
+        else:
+            counters["policy_pushes_unchanged"] += 1
+
     def _block(self, poller, sock, wake: int, next_hello: float) -> None:
         """Idle: sleep until a decision, a wake-up, the next HELLO or a deadline is due."""
         now = time.monotonic()
@@ -366,9 +395,12 @@ class ControllerClient:
         while sock.get(zmq.EVENTS) & zmq.POLLIN:
             frame = sock.recv(zmq.NOBLOCK)
             try:
-                message = decode(frame)
+                message = decode(frame, accept_policy=True)
             except WireError as exc:
                 counters[f"wire_error_{exc.kind}"] += 1
+                continue
+            if type(message) is PolicyPush:
+                self._install(message)
                 continue
             if type(message) is not Decision:
                 counters["wire_error_kind"] += 1

@@ -1,6 +1,7 @@
 """What the plugin relies on in SGLang's source, checked by parsing it (never importing).
 
-The hooks patch five targets and read a handful of attributes. SGLang's
+The hooks patch nine targets (four in the scheduler, SGLang's adaptive policy class, and
+the off switch's four in the EAGLE worker) and read a handful of attributes. SGLang's
 scheduler and EAGLE worker modules cannot be imported without a GPU stack, so
 the plugin (at load) and the contract test (for every pinned version) verify
 them with :mod:`ast` on the installed source instead:
@@ -64,7 +65,7 @@ class Calls:
     snippets: tuple[str, ...]
 
 
-#: The five hook targets (the same in every supported version).
+#: The scheduler's hook targets (the same in every supported version).
 HOOK_TARGETS = (
     Method(RECEIVER, "SchedulerRequestReceiver", "_pull_raw_reqs", ("self",)),
     Method(SCHEDULER, "Scheduler", "process_input_requests", ("self", "recv_reqs")),

@@ -11,7 +11,11 @@ it changes (a file that fails to load leaves the old policy deciding).
 
 With ``SPECCTL_CONTROLLER`` set as well, telemetry still goes to that
 ``specctl-serve`` (its metrics and logs see the server); its answers are counted
-and ignored.
+and ignored. That ``specctl-serve`` is then the fleet hub: it pushes the policy it
+serves when it connects and whenever it reloads (a POLICY message), and the plugin
+decides with it from then on (:meth:`LocalDecisions.install`), until the hub pushes
+another or the local policy file changes (the newer wins). A pushed policy that does
+not validate is refused and counted; the one deciding stays.
 """
 
 from __future__ import annotations
@@ -19,8 +23,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from controller.decider import StreamDecider
+from controller.policy_file import ExportedPolicy, PolicyFileError
 from controller.reload import PolicyHolder
-from controller.wire import Decision, decode
+from controller.wire import Decision, PolicyPush, decode
 
 
 class LocalDecisions:
@@ -37,13 +42,36 @@ class LocalDecisions:
         self.holder = PolicyHolder(policy_path)
         cost_prior = None
         if profile is not None:
-            from env.cost_model import load_profile
+            from env.sim.cost_model import load_profile
 
             cost_prior = load_profile(profile)
         self.decider = StreamDecider(self.holder.policy, candidates, cost_prior)
+        #: SHA-256 of the policy deciding (the file's, or the last one the hub pushed).
+        self.digest = self.holder.digest
+        self._refused = ""  # the last pushed policy that failed to load: not tried again
 
     def decide(self, frame: bytes) -> Decision:
         """The decision answering one TELEMETRY frame; raises WireError on a bad frame."""
         if self.holder.poll():
             self.decider.set_policy(self.holder.policy)
+            self.digest = self.holder.digest
         return self.decider.decide(decode(frame))
+
+    def install(self, push: PolicyPush) -> bool:
+        """Decide with a policy the hub pushed; False if it is the one deciding already
+        (or one refused before).
+
+        Raises:
+            PolicyFileError: the pushed file is not a valid policy (the old one stays).
+        """
+        if push.digest in (self.digest, self._refused):
+            return False
+        try:
+            policy = ExportedPolicy.loads(push.blob,
+                                          f"policy {push.name!r} pushed by specctl-serve")
+        except PolicyFileError:
+            self._refused = push.digest
+            raise
+        self.decider.set_policy(policy)
+        self.digest = push.digest
+        return True

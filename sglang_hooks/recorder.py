@@ -2,8 +2,8 @@
 
 The scheduler thread only appends plain tuples to a bounded deque (full: the
 record is dropped and counted, never waited for). A daemon thread turns them
-into :class:`env.schema.StepRecord` / :class:`~env.schema.RequestRecord` and
-hands them to :class:`env.trace_format.TraceWriter`, writing a file at least
+into :class:`env.traces.schema.StepRecord` / :class:`~env.traces.schema.RequestRecord` and
+hands them to :class:`env.traces.trace_format.TraceWriter`, writing a file at least
 every ``flush_s`` seconds so that a killed server (SGLang ends its scheduler
 processes with SIGKILL) loses at most that much; a clean exit flushes the rest
 (``atexit``). Times in the trace count from the recorder's start (``t0``,
@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from controller.wire import telemetry_bytes
-from env.schema import RequestRecord, StepRecord
+from env.traces.schema import RequestRecord, StepRecord
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class Recorder:
     def __init__(self, directory: str | Path, server: str, rank: int, flush_s: float = 30.0,
                  meta: dict | None = None, max_queue: int = 200_000,
                  run_id: str | None = None) -> None:
-        from env.trace_format import TraceWriter  # pyarrow: only when recording
+        from env.traces.trace_format import TraceWriter  # pyarrow: only when recording
 
         Path(directory).mkdir(parents=True, exist_ok=True)
         self.server = server

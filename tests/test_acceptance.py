@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from env.acceptance import (
+from env.sim.acceptance import (
     AcceptanceLogError,
     AcceptanceTable,
     ParametricAcceptance,
@@ -20,8 +20,8 @@ from env.acceptance import (
     acceptance_from_config,
     expected_accepted,
 )
-from env.schema import RequestRecord, StepRecord
-from env.trace_format import RequestColumns, Trace, read_trace, write_trace
+from env.traces.schema import RequestRecord, StepRecord
+from env.traces.trace_format import RequestColumns, Trace, read_trace, write_trace
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def spec_bench() -> SpecBenchAcceptance:
     return SpecBenchAcceptance()
 
 
-# From env/data/SOURCES.md / the upstream Spec-Bench statistics.
+# From env/sim/data/SOURCES.md / the upstream Spec-Bench statistics.
 CATEGORY_MEANS = {
     "writing": 3.51, "roleplay": 3.82, "reasoning": 3.66, "math": 4.14, "coding": 4.51,
     "extraction": 4.24, "stem": 3.62, "humanities": 3.50, "translation": 2.84,

@@ -4,8 +4,8 @@ Each sweep below is the README's command line, composed by Hydra from
 ``configs/bench.yaml`` and run by :func:`agents.bench.run_sweep`, the code path
 of ``specctl-bench`` (without the output files). The targets are the
 published / measured numbers themselves (``shared/anchors/PUBLISHED.md``,
-``env/data/measured/h200-sglang-0.5.15``, shipped), so a drifting profile fails here.
-The rest checks the simulator-in-the-loop machinery of :mod:`env.calibration`.
+``env/sim/data/measured/h200-sglang-0.5.15``, shipped), so a drifting profile fails here.
+The rest checks the simulator-in-the-loop machinery of :mod:`env.sim.calibration`.
 """
 
 from __future__ import annotations
@@ -21,12 +21,13 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 from agents.bench import run_cell, run_sweep
-from env import calibration
-from env.cost_model import load_profile
-from env.simulator import SchedulerConfig, Simulator
-from env.workloads import ClosedLoop
+from env.factory import make_acceptance
+from env.sim.calibration import fitting, h200
+from env.sim.cost_model import COEFFICIENTS, FitReport, load_profile
+from env.sim.simulator import SchedulerConfig, Simulator
+from env.traces.workloads import ClosedLoop
 
-MEASURED = calibration.default_measured_dir()  # shipped with the package
+MEASURED = h200.default_measured_dir()  # shipped with the package
 PRESET = Path(__file__).resolve().parents[1] / "configs" / "workload" / "h200_measured.yaml"
 
 # -- the README commands (specctl-bench overrides) -----------------------------------
@@ -57,7 +58,7 @@ H100_TABLE3 = {2: 1.81, 4: 1.82, 8: 1.62, 16: 1.48, 24: 1.39, 32: 1.32, 48: 1.38
 H100_TABLE4_NO_SPEC = 158.34
 TOLERANCE = 0.05
 #: Table 3 is not reachable within 5% at batches 4, 32 and 64 with step costs
-#: linear in the batch (see env.calibration.calibrate_h100); the minimax fit
+#: linear in the batch (see env.sim.calibration.h100.calibrate_h100); the minimax fit
 #: leaves about 5.3% there. Anything beyond 5.5% is drift.
 H100_TOLERANCE = {4: 0.055, 32: 0.055, 64: 0.055}
 H200_TOLERANCE = 0.10
@@ -135,15 +136,15 @@ def test_h200_reproduces_measured_sweep(h200_results):
 
 
 def test_h200_profile_stays_fitted_to_step_latencies():
-    report = calibration.FitReport.evaluate(load_profile("h200_llama31_8b"),
-                                            calibration.read_h200_points(MEASURED))
+    report = FitReport.evaluate(load_profile("h200_llama31_8b"),
+                                            h200.read_h200_points(MEASURED))
     assert report.median_abs_error < 0.05
     assert report.worst_abs_error < 0.10
 
 
 #: Drift guard, much tighter than the requirement: a cell may move this much (relative)
 #: from what the calibration recorded in the profile's provenance. A change to the
-#: profile or to the simulator's behaviour trips it; re-run ``python -m env.calibration``.
+#: profile or to the simulator's behaviour trips it; re-run ``python -m env.sim.calibration``.
 RECORDED = 1e-3
 
 
@@ -193,7 +194,7 @@ def test_h200_workload_preset_is_the_fitted_setup():
 
 def test_simulate_throughput_is_what_the_bench_runs():
     profile = load_profile("h200_llama31_8b")
-    setup = calibration.h200_sweep_setup(start_interval_s=0.004, client_overhead_s=0.02)
+    setup = h200.h200_sweep_setup(start_interval_s=0.004, client_overhead_s=0.02)
     settings = {
         "profile": "h200_llama31_8b", "acceptance": None, "max_depth": setup.max_depth,
         "sim": setup.sim_overrides(), "workload": setup.workload_config(),
@@ -202,25 +203,25 @@ def test_simulate_throughput_is_what_the_bench_runs():
     }
     for c, d in ((1, 0), (8, 3), (64, 5)):
         expected = run_cell(settings, "no_spec" if d == 0 else f"static_{d}", c).throughput_tok_s
-        assert calibration.simulate_throughput(profile, setup, c, d) == expected
+        assert fitting.simulate_throughput(profile, setup, c, d) == expected
 
 
 def test_fit_in_simulator_hits_simulated_targets_the_steady_state_misses():
     """Recover targets produced by the simulator itself from a perturbed template."""
     truth = load_profile("h200_llama31_8b")
-    setup = calibration.BenchSetup(prompt_tokens=256, output_tokens=256, horizon_s=10.0,
+    setup = fitting.BenchSetup(prompt_tokens=256, output_tokens=256, horizon_s=10.0,
                                    skip_zero_step_draft_extend=True)
     cells = [(1, 0), (16, 0), (48, 0)]
-    simulated = calibration.simulate_cells(truth, setup, cells)
-    targets = [calibration.ThroughputTarget(f"C={c}", c, d, False, float(t))
+    simulated = fitting.simulate_cells(truth, setup, cells)
+    targets = [fitting.ThroughputTarget(f"C={c}", c, d, False, float(t))
                for (c, d), t in zip(cells, simulated, strict=True)]
     template = truth.replace(c_fixed=0.0, c_request=0.0)
     free = ("c_fixed", "c_request")
     # One round = the steady-state fit alone: batched prefills of clients that
     # finish together make it miss at load.
-    _, steady_only = calibration.fit_in_simulator(template, targets, setup, {}, free,
+    _, steady_only = fitting.fit_in_simulator(template, targets, setup, {}, free,
                                                   iterations=1)
-    fitted, result = calibration.fit_in_simulator(template, targets, setup, {}, free)
+    fitted, result = fitting.fit_in_simulator(template, targets, setup, {}, free)
     assert np.abs(steady_only.rel_errors).max() > 0.03
     assert np.abs(result.rel_errors).max() < 1e-3
     assert fitted.c_fixed == pytest.approx(truth.c_fixed, rel=5e-3)
@@ -230,20 +231,20 @@ def test_fit_in_simulator_hits_simulated_targets_the_steady_state_misses():
 
 def test_minimax_fit_lowers_the_largest_error():
     rng = np.random.default_rng(3)
-    rows = np.zeros((12, len(calibration.COEFFICIENTS)))
-    fixed, request = (calibration.COEFFICIENTS.index(n) for n in ("c_fixed", "c_request"))
+    rows = np.zeros((12, len(COEFFICIENTS)))
+    fixed, request = (COEFFICIENTS.index(n) for n in ("c_fixed", "c_request"))
     batch = rng.uniform(1, 64, size=12)
     rows[:, fixed], rows[:, request] = 1.0, batch
     target = (5e-3 + 2e-4 * batch) * rng.uniform(0.93, 1.07, size=12)
     template = load_profile("h200_llama31_8b")
 
     def worst(values):
-        predicted = rows @ calibration._coefficient_vector(values)
+        predicted = rows @ fitting._coefficient_vector(values)
         return np.abs(target / predicted - 1).max()  # throughput error
 
     free = ("c_fixed", "c_request")
-    least_squares = calibration._fit_rows(template, rows, target, free, {}, minimax=False)
-    minimax = calibration._fit_rows(template, rows, target, free, {}, minimax=True)
+    least_squares = fitting._fit_rows(template, rows, target, free, {}, minimax=False)
+    minimax = fitting._fit_rows(template, rows, target, free, {}, minimax=True)
     assert worst(minimax) < worst(least_squares)
     assert min(minimax[n] for n in free) >= 0.0
 
@@ -251,16 +252,16 @@ def test_minimax_fit_lowers_the_largest_error():
 def test_best_overhead_recovers_a_constant_shift():
     elapsed = np.array([0.3, 0.8, 1.1, 2.4])
     measured = (elapsed + 0.021) * np.array([1.02, 0.98, 1.0, 1.0])
-    overhead, error = calibration._best_overhead(elapsed, measured)
+    overhead, error = h200._best_overhead(elapsed, measured)
     assert overhead == pytest.approx(0.021, abs=0.002)
     assert error == pytest.approx(0.02, abs=0.002)
     # An overhead never goes negative: a simulator too slow already gets none.
-    assert calibration._best_overhead(elapsed, 0.9 * elapsed)[0] == 0.0
+    assert h200._best_overhead(elapsed, 0.9 * elapsed)[0] == 0.0
 
 
 def test_client_overhead_delays_every_request_in_the_simulator():
     profile = load_profile("h200_llama31_8b")
-    acceptance = calibration.make_acceptance(None, profile, 7)
+    acceptance = make_acceptance(None, profile, 7)
     config = SchedulerConfig.from_profile(profile, max_depth=7)
     loop = ClosedLoop(concurrency=3, prompt_tokens=64, output_tokens=16, requests_per_client=2,
                       start_interval_s=0.01, client_overhead_s=0.05)

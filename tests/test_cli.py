@@ -13,7 +13,7 @@ import pytest
 
 from agents import checks
 from agents.cli import USAGE_EXIT, UsageError, reported
-from env.cost_model import load_profile
+from env.sim.cost_model import load_profile
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -151,7 +151,7 @@ def test_checks_name_the_key_and_the_valid_values(tmp_path):
     ("agents.train", "specctl-train"), ("controller.cli", "specctl-serve"),
 ])
 def test_help_is_the_commands_own(tmp_path, capsys, monkeypatch, module, prog):
-    from env.cost_model import shipped_profiles
+    from env.sim.cost_model import shipped_profiles
 
     result = invoke(module, "--help", tmp_path=tmp_path, capsys=capsys, monkeypatch=monkeypatch)
     assert result.returncode == 0, result.stderr

@@ -31,7 +31,7 @@ from controller.wire import (
     encode_step,
 )
 from env.features import FeatureBuilder, FeatureSpec
-from env.schema import StepRecord
+from env.traces.schema import StepRecord
 from sglang_hooks.testing import socket_dir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -353,3 +353,28 @@ def test_curve_encrypts_and_admits_only_listed_clients(tmp_path, policy_path):
         listed.close()
         stranger.close()
         server.close()
+
+
+def test_the_batch_histogram_counts_like_prometheus_histograms():
+    """The daemon's latency histogram takes a poll's latencies at once; its exposition
+    must be what prometheus_client's own Histogram gives for the same observations."""
+    from prometheus_client import CollectorRegistry, Histogram
+
+    from controller.metrics import BatchHistogram
+
+    buckets = (25e-6, 1e-4, 5e-4, 1e-3)
+    values = [5e-5, 1e-4, 2e-4, 5e-4, 7e-4, 1e-3, 0.5, 0.0, 25e-6]  # bounds, between, beyond
+    ours_registry, theirs_registry = CollectorRegistry(), CollectorRegistry()
+    ours = BatchHistogram("lat_seconds", "doc", buckets, ours_registry)
+    theirs = Histogram("lat_seconds", "doc", buckets=buckets, registry=theirs_registry)
+    ours.observe_many(np.array(values[:3]))
+    ours.observe_many(np.array(values[3:]))
+    for value in values:
+        theirs.observe(value)
+    for bound in ("2.5e-05", "0.0001", "0.0005", "0.001", "+Inf"):
+        labels = {"le": bound}
+        assert (ours_registry.get_sample_value("lat_seconds_bucket", labels)
+                == theirs_registry.get_sample_value("lat_seconds_bucket", labels)), bound
+    for suffix in ("_count", "_sum"):
+        assert ours_registry.get_sample_value("lat_seconds" + suffix) == pytest.approx(
+            theirs_registry.get_sample_value("lat_seconds" + suffix))

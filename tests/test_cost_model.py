@@ -12,8 +12,9 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from env import calibration
-from env.cost_model import (
+from env.sim.calibration import fitting, h200
+from env.sim.calibration.__main__ import main as recalibrate
+from env.sim.cost_model import (
     COEFFICIENTS,
     DEFAULT_FREE,
     DEFAULT_TIES,
@@ -30,12 +31,12 @@ from env.cost_model import (
     save_profile,
     shipped_profiles,
 )
-from env.fit_profile import main as fit_profile_main
-from env.off_cost import dense_h200_points, fit_off_path
-from env.schema import StepRecord
-from env.trace_format import read_trace, write_trace
+from env.sim.fit_profile import main as fit_profile_main
+from env.sim.off_cost import dense_h200_points, fit_off_path
+from env.traces.schema import StepRecord
+from env.traces.trace_format import read_trace, write_trace
 
-MEASURED = calibration.default_measured_dir()  # shipped with the package
+MEASURED = h200.default_measured_dir()  # shipped with the package
 NAMES = ["blackwell_tp8", "h100_llama31_8b", "h200_llama31_8b", "h200_llama31_8b_recorded",
          "h200_qwen3_30b_a3b"]
 
@@ -170,14 +171,14 @@ def test_nnls_matches_brute_force(seed, m, n):
 
 def test_h200_profile_fits_measured_data():
     profile = load_profile("h200_llama31_8b")
-    points = calibration.read_h200_points(MEASURED)
+    points = h200.read_h200_points(MEASURED)
     report = FitReport.evaluate(profile, points)
     assert len(points) == 67
     assert report.median_abs_error < 0.05
     assert report.worst_abs_error < 0.10
     # The shipped YAML is what the calibration code produces: the step-latency fit, then
-    # the off path's terms from the off-switch measurements (python -m env.calibration).
-    refit, _ = fit_off_path(calibration.calibrate_h200(MEASURED)[0], dense_h200_points())
+    # the off path's terms from the off-switch measurements (python -m env.sim.calibration).
+    refit, _ = fit_off_path(h200.calibrate_h200(MEASURED)[0], dense_h200_points())
     for name in COEFFICIENTS:
         assert getattr(profile, name) == pytest.approx(getattr(refit, name), rel=1e-9)
     # SGLang's cap on running requests under speculation (the measured server's).
@@ -188,7 +189,7 @@ def test_steady_state_by_hand_and_exact_for_one_client():
     """The steady-state approximation is the closed form in the module docstring; with
     one client nothing is batched, so the simulator agrees with it closely."""
     profile = load_profile("h100_llama31_8b")
-    state = calibration.steady_state(profile, 1, 0, 1.0, 256, 384, speculative=False)
+    state = fitting.steady_state(profile, 1, 0, 1.0, 256, 384, speculative=False)
     decode_time = state.decode_steps_per_request * state.decode_step_s
     assert 384 / (decode_time + state.prefill_s) == pytest.approx(state.throughput_tok_s,
                                                                   rel=1e-12)
@@ -225,18 +226,18 @@ def _assert_same(shipped, regenerated, where="") -> None:
 
 @pytest.mark.slow
 def test_calibration_regenerates_the_shipped_files(tmp_path, capsys):
-    """``python -m env.calibration`` writes exactly the shipped profiles and preset (~1-2 min:
+    """``python -m env.sim.calibration`` writes exactly the shipped profiles and preset (~1-2 min:
     it simulates every target cell several times)."""
-    calibration.main(["--out", str(tmp_path / "profiles"), "--configs",
+    recalibrate(["--out", str(tmp_path / "profiles"), "--configs",
                       str(tmp_path / "configs"), "--measured", str(MEASURED)])
     assert "worst |error|" in capsys.readouterr().out
-    shipped_dir = Path(calibration.__file__).parent / "profiles"
-    # h200_qwen3_30b_a3b is fitted by specctl-fit-profile and env.off_cost instead.
+    shipped_dir = fitting.SIM_DIR / "profiles"
+    # h200_qwen3_30b_a3b is fitted by specctl-fit-profile and env.sim.off_cost instead.
     for name in (n for n in NAMES if n != "h200_qwen3_30b_a3b"):
         _assert_same(yaml.safe_load((shipped_dir / f"{name}.yaml").read_text()),
                      yaml.safe_load((tmp_path / "profiles" / f"{name}.yaml").read_text()), name)
     preset = "workload/h200_measured.yaml"
-    shipped_preset = Path(calibration.__file__).parents[1] / "configs" / preset
+    shipped_preset = fitting.REPO_DIR / "configs" / preset
     assert (tmp_path / "configs" / preset).read_text() == shipped_preset.read_text()
 
 

@@ -32,7 +32,7 @@ from controller.wire import (
     encode_step,
 )
 from env.features import FeatureBuilder
-from env.schema import StepRecord
+from env.traces.schema import StepRecord
 
 EXAMPLES = int(os.environ.get("SPECCTL_FUZZ_EXAMPLES", "100"))
 FRAMES = 100  # hostile frames per example

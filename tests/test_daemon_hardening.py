@@ -36,7 +36,7 @@ from controller.wire import (
     pack_telemetry,
 )
 from env.features import FeatureBuilder
-from env.schema import StepRecord
+from env.traces.schema import StepRecord
 
 REPO = Path(__file__).resolve().parents[1]
 _SOCKETS = tempfile.mkdtemp(prefix="sh-")
@@ -135,11 +135,14 @@ def test_a_stream_whose_features_fail_is_reset_alone(server, monkeypatch):
     feed(server, VICTIM, [encode_step(record(1))])
     feed(server, HOSTILE, [encode_step(record(1, server="x"))])
     streams = {s.key[0]: s for s in server.streams}
+    hostile = streams[HOSTILE].builder
+    fold = hostile.update
 
-    def broken():
-        raise np.linalg.LinAlgError("Singular matrix")
+    def singular(record):  # the regression's system turns singular: solving raises
+        fold(record)
+        hostile._moments[:7, :7] = -hostile.spec.latency_ridge * np.eye(7)
 
-    monkeypatch.setattr(streams[HOSTILE].builder, "observation_grid", broken)
+    monkeypatch.setattr(hostile, "update", singular)
     pending: dict = {}
     server.handle_frame(VICTIM, encode_step(record(2)), pending)
     server.handle_frame(HOSTILE, encode_step(record(2, server="x")), pending)
@@ -148,9 +151,11 @@ def test_a_stream_whose_features_fail_is_reset_alone(server, monkeypatch):
     assert server.metrics.registry.get_sample_value(
         "specctl_stream_resets_total", {"reason": "error"}) == 1
 
-    nan_grid = np.full((len(server.holder.policy.feature_spec.batch_grid),
-                        server.holder.policy.feature_spec.size), np.nan, np.float32)
-    monkeypatch.setattr(streams[HOSTILE].builder, "observation_grid", lambda: nan_grid)
+    def poisoned(record):  # an estimate turns NaN: the observation is not finite
+        fold(record)
+        hostile._prior_log_error = float("nan")
+
+    monkeypatch.setattr(hostile, "update", poisoned)
     pending = {}
     server.handle_frame(VICTIM, encode_step(record(3)), pending)
     server.handle_frame(HOSTILE, encode_step(record(3, server="x")), pending)

@@ -98,7 +98,7 @@ def test_held_out_split_uses_the_end_of_the_trace():
 
 def test_requests_too_long_for_the_server_are_left_out_and_counted():
     from env.scenarios import ScenarioSampler
-    from env.simulator import Simulator
+    from env.sim.simulator import Simulator
 
     spec = {"name": "mooncake", "kind": "open", "load": [1.0]}
     cfg = {**SMALL, "horizon_s": 30.0, "profiles": ["blackwell_tp8"], "workloads": [spec]}

@@ -18,11 +18,11 @@ from controller.policy_file import ExportedPolicy
 from controller.reload import PolicyHolder
 from controller.server import ControllerServer, ServeOptions
 from controller.wire import decode, encode_step
-from env.acceptance import SGLangSimulatedAcceptance
-from env.cost_model import load_profile
 from env.rollout import DecisionLoop
-from env.simulator import Simulator
-from env.workloads import ClosedLoop
+from env.sim.acceptance import SGLangSimulatedAcceptance
+from env.sim.cost_model import load_profile
+from env.sim.simulator import Simulator
+from env.traces.workloads import ClosedLoop
 from sglang_hooks.testing import socket_dir
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from env.cost_model import load_profile
-from env.features import FeatureBuilder, FeatureSpec
-from env.schema import StepRecord
+from env.features import FeatureBuilder, FeatureSpec, observation_grids
+from env.sim.cost_model import load_profile
+from env.traces.schema import StepRecord
 
 
 def _record(i: int, batch: int, depth: int, accepted: np.ndarray, latency: float,
@@ -64,6 +64,38 @@ def test_grid_rows_equal_single_observations_and_stay_in_the_box():
     extreme.waiting_requests = 10**6
     builder.update(extreme)
     assert np.abs(builder.observation(5000).vector).max() <= 1.0
+
+
+@pytest.mark.parametrize("with_profile", [False, True])
+def test_batched_grids_equal_each_stream_alone_bit_for_bit(with_profile):
+    """The controller computes all pending streams' grids at once; every stream's rows
+    must be what it would get alone (and what the environment's observation gives)."""
+    profile = load_profile("h200_llama31_8b")
+    prior = profile if with_profile else None
+    builders = []
+    for seed, alpha in enumerate((0.3, 0.6, 0.9)):
+        builder = FeatureBuilder(FeatureSpec(), prior)
+        builder.update_many(_stream(np.full(7, alpha), profile, n=40 + 30 * seed, seed=seed))
+        builders.append(builder)
+    builders.append(FeatureBuilder(FeatureSpec(), prior))  # no telemetry yet
+    batched = observation_grids(builders)
+    for builder in builders:
+        builder._theta = None  # solved again, alone
+    alone = np.stack([b.observation_grid() for b in builders])
+    assert np.array_equal(batched, alone)
+    assert not np.array_equal(batched[0], batched[1])  # the streams differ
+    spec = builders[0].spec
+    for row, batch in ((0, 1), (7, 16), (19, 1024)):
+        assert np.array_equal(batched[2, row], builders[2].observation(batch).vector)
+        assert spec.batch_grid[row] == batch
+
+
+def test_batching_refuses_builders_with_other_specs_or_profiles():
+    profile = load_profile("h200_llama31_8b")
+    with pytest.raises(ValueError, match="share the feature spec and the cost profile"):
+        observation_grids([FeatureBuilder(), FeatureBuilder(FeatureSpec(max_depth=5))])
+    with pytest.raises(ValueError, match="share the feature spec and the cost profile"):
+        observation_grids([FeatureBuilder(), FeatureBuilder(None, profile)])
 
 
 def test_observation_reports_records_fed_since_the_last_one():

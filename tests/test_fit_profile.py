@@ -8,7 +8,8 @@ import re
 import numpy as np
 import pytest
 
-from env.cost_model import (
+from env.scenarios import ScenarioSampler
+from env.sim.cost_model import (
     COEFFICIENTS,
     ProfileError,
     UnidentifiableFitError,
@@ -16,10 +17,9 @@ from env.cost_model import (
     load_profile,
     save_profile,
 )
-from env.fit_profile import main as fit_profile_main
-from env.scenarios import ScenarioSampler
-from env.schema import StepRecord
-from env.trace_format import TraceWriter, read_trace, write_trace
+from env.sim.fit_profile import main as fit_profile_main
+from env.traces.schema import StepRecord
+from env.traces.trace_format import TraceWriter, read_trace, write_trace
 
 TRUTH = load_profile("h200_llama31_8b")
 

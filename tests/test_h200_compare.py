@@ -52,7 +52,7 @@ def test_phases_layout_closed_loops_and_unrecognised_files(tmp_path):
 def test_one_batch_cell_is_simulated_with_the_cells_server_limits():
     from omegaconf import OmegaConf
 
-    from env.cost_model import CostProfile, ServerLimits
+    from env.sim.cost_model import CostProfile, ServerLimits
 
     profile = CostProfile("p", ServerLimits(64, 100_000, 8192), c_fixed=5e-3, c_request=1e-4)
     client = OmegaConf.create({"start_interval_s": 0.0, "client_overhead_s": 0.0})

@@ -18,7 +18,7 @@ from controller.wire import (
     encode_hello,
     encode_step,
 )
-from env.schema import StepRecord
+from env.traces.schema import StepRecord
 from sglang_hooks.client import TIMED_OUT, ControllerClient, DecisionAge, marker_for
 from sglang_hooks.marker import CONTROLLER, FALLBACK
 from sglang_hooks.testing import ManualClock, io_round, socket_dir, wait_until

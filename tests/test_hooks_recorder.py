@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from env.trace_format import read_trace
+from env.traces.trace_format import read_trace
 from sglang_hooks.compat import Ranks
 from sglang_hooks.config import PluginConfig
 from sglang_hooks.recorder import Recorder, start_recorder

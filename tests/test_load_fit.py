@@ -1,4 +1,4 @@
-"""env.load_fit: the KV and prefill terms are recovered from steps made with known coefficients."""
+"""env.sim.load_fit: the KV and prefill terms come back from steps made with known coefficients."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from env.cost_model import CostProfile, ServerLimits
-from env.load_fit import StepArrays, fit_load_profile, load_points, prefill_attributed
+from env.sim.cost_model import CostProfile, ServerLimits
+from env.sim.load_fit import StepArrays, fit_load_profile, load_points, prefill_attributed
 
 SERVER = ServerLimits(max_running_requests=64, kv_capacity_tokens=200_000,
                       chunked_prefill_tokens=8192)

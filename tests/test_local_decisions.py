@@ -1,22 +1,36 @@
 """Local decision mode: the plugin's in-process decisions equal the daemon's, record for
-record, on many random telemetry streams; and the client answers locally without a
-controller."""
+record, on many random telemetry streams; the client answers locally without a
+controller; and specctl-serve, as the fleet hub, pushes its policy to such plugins."""
 
 from __future__ import annotations
 
+import threading
+import time
+
+import msgpack
 import numpy as np
 import pytest
 
 from controller.decider import StreamDecider, allowed_actions, choose
-from controller.policy_file import ExportedPolicy
+from controller.policy_file import ExportedPolicy, PolicyFileError
 from controller.reload import PolicyHolder
 from controller.server import ControllerServer, ServeOptions
-from controller.wire import DECISION_LAG, Hello, decode, encode_hello, pack_telemetry
-from env.cost_model import load_profile
+from controller.wire import (
+    DECISION_LAG,
+    MAX_POLICY_BYTES,
+    Hello,
+    PolicyPush,
+    WireError,
+    decode,
+    encode_hello,
+    encode_policy,
+    pack_telemetry,
+)
+from env.sim.cost_model import load_profile
 from sglang_hooks.client import ControllerClient
 from sglang_hooks.local import LocalDecisions
 from sglang_hooks.marker import CONTROLLER
-from sglang_hooks.testing import ManualClock, io_round, wait_until
+from sglang_hooks.testing import ManualClock, io_round, socket_dir, wait_until
 
 CANDIDATES = (0, 1, 2, 3, 5)  # a server offering fewer depths than the policy's actions
 
@@ -121,3 +135,78 @@ def test_choose_takes_the_best_allowed_action_per_row():
             logits = policy.logits(grid[r])
             ok = [j for j in range(len(actions)) if allowed[i] is None or allowed[i][j]]
             assert steps[i, r] == actions[max(ok, key=lambda j: (logits[j], -j))]
+
+
+def test_the_hub_pushes_its_policy_to_local_mode_plugins(tmp_path):
+    """specctl-serve as the fleet hub: a plugin deciding locally gets the hub's policy
+    when it connects and again when the hub reloads; one deciding remotely gets none."""
+    hub_path, local_path = tmp_path / "hub.npz", tmp_path / "local.npz"
+    ExportedPolicy.random(seed=1, name="hub-first").save(hub_path)
+    ExportedPolicy.random(seed=2, name="local-own").save(local_path)
+    server = ControllerServer(PolicyHolder(hub_path),
+                              ServeOptions(endpoint=f"ipc://{socket_dir()}/hub.sock"))
+    stop = threading.Event()
+    serving = threading.Thread(target=server.run, args=(stop, 10))
+    serving.start()
+    local = LocalDecisions(str(local_path), CANDIDATES)
+    assert local.decider.policy.name == "local-own"
+    hello = Hello("srv", 0, CANDIDATES)
+    client = ControllerClient(server.endpoint, hello, 5.0, local=local)
+    remote = ControllerClient(server.endpoint, Hello("other", 0, CANDIDATES), 5.0)
+    try:
+        wait_until(lambda: local.decider.policy.name == "hub-first", "the policy on connect")
+        ExportedPolicy.random(seed=3, name="hub-second").save(hub_path)
+        server.holder.request_reload()
+        wait_until(lambda: local.decider.policy.name == "hub-second", "the reloaded policy")
+        frames = telemetry_stream(4, 5, restart=False)
+        for frame in frames:
+            client.send_telemetry(frame, decode(frame).step_index, time.monotonic())
+        last = decode(frames[-1]).step_index
+        wait_until(lambda: getattr(client.current, "apply_from_step", None)
+                   == last + DECISION_LAG, "the local decision on the last telemetry")
+        assert client.current.policy == "hub-second"
+        assert client.counters["policy_pushes_installed"] == 2
+        assert server.metrics.registry.get_sample_value("specctl_policy_pushes_total") == 2
+        assert remote.counters["decisions"] == 0 and remote.counters["wire_error_kind"] == 0
+        assert "policy_pushes_ignored" not in remote.counters
+    finally:
+        client.close()
+        remote.close()
+        stop.set()
+        serving.join()
+        server.close()
+
+
+def test_a_pushed_policy_that_does_not_validate_changes_nothing(tmp_path):
+    path = tmp_path / "policy.npz"
+    ExportedPolicy.random(seed=1, name="mine").save(path)
+    local = LocalDecisions(str(path), CANDIDATES)
+    frames = telemetry_stream(5, 3, restart=False)
+    broken = PolicyPush("broken", "0" * 64, b"not an npz archive")
+    with pytest.raises(PolicyFileError, match="'broken' pushed by specctl-serve"):
+        local.install(broken)
+    assert local.install(broken) is False  # refused once, not tried again
+    assert local.decide(frames[0]).policy == "mine"
+    same = PolicyPush("mine", local.digest, path.read_bytes())
+    assert local.install(same) is False  # already deciding with it
+    other = tmp_path / "other.npz"
+    ExportedPolicy.random(seed=2, name="other").save(other)
+    assert local.install(PolicyPush("other", "1" * 64, other.read_bytes())) is True
+    assert local.decide(frames[1]).policy == "other"
+
+
+def test_policy_frames_decode_only_where_they_are_expected():
+    local_hello = Hello("s", 0, (0, 3), "c", 1, policy_digest="b" * 64)
+    assert decode(encode_hello(local_hello)) == local_hello  # nine items
+    assert len(msgpack.unpackb(encode_hello(Hello("s", 0, (0, 3))))) == 8  # as before
+    blob = bytes(range(256)) * 400  # 100 KiB: beyond a telemetry frame's limit
+    frame = encode_policy(PolicyPush("p", "a" * 64, blob))
+    assert decode(frame, accept_policy=True) == PolicyPush("p", "a" * 64, blob)
+    with pytest.raises(WireError, match="oversized"):
+        decode(frame)  # the daemon's side: never read
+    with pytest.raises(WireError) as bad:
+        decode(encode_policy(PolicyPush("p", "not hex", b"x")), accept_policy=True)
+    assert bad.value.field == "digest"
+    with pytest.raises(WireError, match="oversized"):
+        decode(encode_policy(PolicyPush("p", "a" * 64, b"x" * (MAX_POLICY_BYTES + 2048))),
+               accept_policy=True)

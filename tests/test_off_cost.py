@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from env.cost_model import load_profile
-from env.off_cost import OffPoints, dense_h200_points, fit_off_path, moe_h200_points
+from env.sim.cost_model import load_profile
+from env.sim.off_cost import OffPoints, dense_h200_points, fit_off_path, moe_h200_points
 
 
 def test_fit_recovers_a_known_speculative_path_cost():

@@ -12,12 +12,12 @@ from agents.policies import (
     StaticTablePolicy,
     make_policy,
 )
-from env.acceptance import SGLangSimulatedAcceptance
-from env.cost_model import load_profile
 from env.features import FeatureBuilder
-from env.schema import StepRecord
-from env.simulator import SchedulerConfig, Simulator
-from env.workloads import ClosedLoop
+from env.sim.acceptance import SGLangSimulatedAcceptance
+from env.sim.cost_model import load_profile
+from env.sim.simulator import SchedulerConfig, Simulator
+from env.traces.schema import StepRecord
+from env.traces.workloads import ClosedLoop
 
 
 def _obs(batch: int, records=(), rates=None):

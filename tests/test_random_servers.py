@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from env.acceptance import DriftingAcceptance, acceptance_from_config
-from env.cost_model import load_profile
-from env.random_servers import PRIOR_MODES, handed_profile, perturbed, random_server
+from env.sim.acceptance import DriftingAcceptance, acceptance_from_config
+from env.sim.cost_model import load_profile
+from env.sim.random_servers import PRIOR_MODES, handed_profile, perturbed, random_server
 
 
 def test_random_servers_span_the_regimes():

@@ -56,7 +56,7 @@ from controller.wire import (  # noqa: E402
     encode_decision,
 )
 from env.features import FeatureSpec  # noqa: E402
-from env.schema import StepRecord  # noqa: E402
+from env.traces.schema import StepRecord  # noqa: E402
 from sglang_hooks import adaptive_config_path, plugin  # noqa: E402
 from sglang_hooks.compat import Ranks  # noqa: E402
 from sglang_hooks.config import PluginConfig  # noqa: E402
@@ -616,7 +616,7 @@ def test_garbage_and_oversized_replies_are_counted_and_survived(tmp_path):
 
 
 def test_record_mode_with_exploration_writes_a_valid_trace(tmp_path):
-    from env.trace_format import read_trace
+    from env.traces.trace_format import read_trace
 
     rt = runtime(record_dir=str(tmp_path / "trace"), record_explore=True, explore_dwell=2)
     loop = build_rank(rt, is_source=True)
@@ -673,7 +673,7 @@ def test_exploration_is_the_same_on_every_rank():
 def test_step_latency_is_the_steps_own_gpu_time_under_overlap(tmp_path):
     """Launch-to-launch would report step N-1's duration under overlap scheduling.
     The GPU runs on a manual clock, so the expected latencies are exact."""
-    from env.trace_format import read_trace
+    from env.traces.trace_format import read_trace
 
     def gpu_seconds(steps: int) -> float:
         return 0.004 + 0.003 * steps  # 4 ms plain decode, +3 ms per draft step

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from env.simulator import SchedulerConfig, Simulator
+from env.sim.simulator import SchedulerConfig, Simulator
 
 
 @dataclass

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from env.schema import SCHEMA_VERSION, RequestRecord, StepRecord
-from env.trace_format import (
+from env.traces.schema import SCHEMA_VERSION, RequestRecord, StepRecord
+from env.traces.trace_format import (
     RequestColumns,
     Trace,
     TraceFormatError,
@@ -444,7 +444,7 @@ def test_writer_loses_nothing_under_concurrent_flush(tmp_path):
     assert indices == list(range(n))
 
 
-# -- what the mutation run (scripts/mutation.py env/trace_format.py) found unchecked ------
+# -- what the mutation run (scripts/mutation.py env/traces/trace_format.py) found unchecked ------
 
 
 def test_requests_of_several_files_merge_stably_by_arrival(tmp_path):

@@ -93,7 +93,7 @@ def test_train_and_eval_commands_end_to_end(tmp_path):
 
     eval_dir = tmp_path / "eval"
     # A profile given as a YAML path (plots are named by its stem), its eval settings.
-    profile_yaml = Path(__file__).resolve().parents[1] / "env" / "profiles" / "h200_llama31_8b.yaml"
+    profile_yaml = Path(__file__).resolve().parents[1] / "env/sim/profiles/h200_llama31_8b.yaml"
     subprocess.run([sys.executable, "-m", "agents.evaluate", f"profile={profile_yaml}",
                     tiny[0], *tiny[2:4], *tiny[-9:], f"policy={train_dir / 'policy.npz'}",
                     f"hydra.run.dir={eval_dir}"], check=True, capture_output=True, timeout=600)
@@ -127,9 +127,10 @@ def test_training_sweep_runs_through_hydras_local_launcher(tmp_path):
         "agent.pretrain.teacher=null", "evaluate=false",
     ]
     sweep_dir = tmp_path / "sweep"
-    subprocess.run([sys.executable, "-m", "agents.train", "-m", *tiny,
-                    "agent.learning_rate=1e-4,3e-4", f"hydra.sweep.dir={sweep_dir}"],
-                   check=True, capture_output=True, timeout=600)
+    done = subprocess.run([sys.executable, "-m", "agents.train", "-m", *tiny,
+                           "agent.learning_rate=1e-4,3e-4", f"hydra.sweep.dir={sweep_dir}"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]  # a failed job's traceback
     rates = sorted(ExportedPolicy.load(sweep_dir / str(job) / "policy.npz")
                    .provenance["agent"]["learning_rate"] for job in (0, 1))
     assert rates == [1e-4, 3e-4]

@@ -30,7 +30,7 @@ from controller.wire import (
     encode_step,
     pack_telemetry,
 )
-from env.schema import STEP_FIELDS, StepRecord
+from env.traces.schema import STEP_FIELDS, StepRecord
 
 ints = st.integers(0, 2**32)
 times = st.floats(0, 1e7, allow_nan=False, allow_infinity=False)

@@ -17,9 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from env.scenarios import ScenarioSampler
-from env.schema import RequestRecord
-from env.trace_format import DataFileError, write_trace
-from env.workloads import (
+from env.traces.schema import RequestRecord
+from env.traces.trace_format import DataFileError, write_trace
+from env.traces.workloads import (
     ClosedLoop,
     Workload,
     WorkloadFormatError,
@@ -30,9 +30,9 @@ from env.workloads import (
     shipped_workload,
 )
 
-DATA = Path(str(resources.files("env").joinpath("data")))
+DATA = Path(str(resources.files("env.traces").joinpath("data")))
 
-# Facts from env/data/SOURCES.md (computed upstream from the files themselves).
+# Facts from env/traces/data/SOURCES.md (computed upstream from the files themselves).
 SHIPPED = {
     "azure_code": dict(rows=8819, span_s=3435.9, prompt_mean=2048, output_mean=28),
     "azure_conv": dict(rows=19366, span_s=3501.7, prompt_mean=1155, output_mean=211),
@@ -59,22 +59,27 @@ def test_azure_timestamps_parsed_to_sub_microsecond():
     assert w.arrival_s[1] == pytest.approx(0.052, abs=1e-9)
 
 
-def test_shipped_files_match_sources_sha256():
-    text = (DATA / "SOURCES.md").read_text()
+@pytest.mark.parametrize(("package", "files"), [
+    ("env.traces", 3),  # the public workload traces
+    ("env.sim", 1 + 5),  # the Spec-Bench acceptance log, the measured H200 folder
+])
+def test_shipped_files_match_sources_sha256(package, files):
+    data = Path(str(resources.files(package).joinpath("data")))
+    text = (data / "SOURCES.md").read_text()
     sections = re.split(r"^## ", text, flags=re.M)[1:]
     checked = 0
     for section in sections:
         name = section.split("`")[1]
         if name.endswith("/"):  # a folder: "`file` `digest`" for each of its files
-            files = re.findall(r"`([^`/]+)` `([0-9a-f]{64})`", section)
-            assert {f for f, _ in files} == {p.name for p in (DATA / name).iterdir()}, name
-            pairs = [(DATA / name / f, digest) for f, digest in files]
+            found = re.findall(r"`([^`/]+)` `([0-9a-f]{64})`", section)
+            assert {f for f, _ in found} == {p.name for p in (data / name).iterdir()}, name
+            pairs = [(data / name / f, digest) for f, digest in found]
         else:
-            pairs = [(DATA / name, re.search(r"sha256 `([0-9a-f]{64})`", section).group(1))]
+            pairs = [(data / name, re.search(r"sha256 `([0-9a-f]{64})`", section).group(1))]
         for path, digest in pairs:
             assert hashlib.sha256(path.read_bytes()).hexdigest() == digest, path
             checked += 1
-    assert checked == 4 + 5  # the public files, the measured H200 folder
+    assert checked == files
 
 
 def test_reading_azure_conv_is_fast():
@@ -85,9 +90,9 @@ def test_reading_azure_conv_is_fast():
 
 def test_detection_by_content_not_extension(tmp_path):
     csv_as_jsonl = tmp_path / "a.jsonl"
-    shutil.copy(DATA / "workloads" / "AzureLLMInferenceTrace_code.csv", csv_as_jsonl)
+    shutil.copy(DATA / "AzureLLMInferenceTrace_code.csv", csv_as_jsonl)
     jsonl_as_csv = tmp_path / "b.csv"
-    shutil.copy(DATA / "workloads" / "synthetic_trace.jsonl", jsonl_as_csv)
+    shutil.copy(DATA / "synthetic_trace.jsonl", jsonl_as_csv)
     trace = tmp_path / "c.txt"
     write_trace(
         trace,

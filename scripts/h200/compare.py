@@ -40,12 +40,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from measured_runs import Cell, read_run_dir
 
 from agents.policies import make_policy
-from env.acceptance import SGLangSimulatedAcceptance
-from env.cost_model import CostProfile, load_profile
 from env.features import FeatureSpec
 from env.rollout import DecisionLoop, rollout
-from env.simulator import SchedulerConfig, Simulator
-from env.workloads import ClosedLoop, Workload
+from env.sim.acceptance import SGLangSimulatedAcceptance
+from env.sim.cost_model import CostProfile, load_profile
+from env.sim.simulator import SchedulerConfig, Simulator
+from env.traces.workloads import ClosedLoop, Workload
 
 REPO = Path(__file__).resolve().parents[2]
 #: Target of issue 13: throughput and mean TPOT within this relative error.

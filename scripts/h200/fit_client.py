@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compare import simulate
 from measured_runs import read_run_dir
 
-from env.cost_model import load_profile
+from env.sim.cost_model import load_profile
 
 #: Candidate start intervals (seconds).
 INTERVALS = (0.0, 0.0005, 0.001, 0.002, 0.003, 0.0041)

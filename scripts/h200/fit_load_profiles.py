@@ -2,7 +2,7 @@
 
     python scripts/h200/fit_load_profiles.py --out docs/results/h200/fidelity
 
-Per model, two profiles (``env.load_fit``: group medians of every decode and prefill step):
+Per model, two profiles (``env.sim.load_fit``: group medians of every decode and prefill step):
 
 * ``<model>_nospec.yaml``: the server without speculation, fitted to the plain-decode and
   prefill steps of the plugin's off path under a constant steps-0 policy (the off trace of
@@ -15,7 +15,7 @@ Per model, two profiles (``env.load_fit``: group medians of every decode and pre
 Traces: ``docs/results/h200/offswitch/<model>_off_trace.tar.gz`` and the explore traces
 (``docs/results/h200/trace-explore``; ``shared/measured/h200-sglang-0.5.15-offswitch/
 results/moe_acc25_trace_explore.tar.gz``). Depth-0 steps of explore traces are SGLang's
-own steps=0 (a verify forward), not a plain decode: ``env.load_fit`` leaves out depth-0
+own steps=0 (a verify forward), not a plain decode: ``env.sim.load_fit`` leaves out depth-0
 steps next to speculative ones.
 """
 
@@ -26,9 +26,9 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from env.cost_model import load_profile, save_profile
-from env.load_fit import StepArrays, fit_load_profile
-from env.trace_format import read_trace
+from env.sim.cost_model import load_profile, save_profile
+from env.sim.load_fit import StepArrays, fit_load_profile
+from env.traces.trace_format import read_trace
 
 REPO = Path(__file__).resolve().parents[2]
 #: The shared measurements (``/work/shared`` next to the worktrees; ``--shared`` elsewhere).
@@ -39,7 +39,7 @@ SHARED = REPO.parents[1] / "shared/measured/h200-sglang-0.5.15-offswitch/results
 #: prompt's per-token cost, several times a decode token's, goes to c_prefill_token and
 #: not into every decode step.
 BASE = ("c_fixed", "c_request", "c_prefill_token")
-#: Speculative terms, the verify-mode KV cost c_steps0_kv among them (``env.load_fit``:
+#: Speculative terms, the verify-mode KV cost c_steps0_kv among them (``env.sim.load_fit``:
 #: KV is paid on the speculative path; c_kv, a plain decode's, stays 0). c_token is
 #: identified by the depths; c_verify_token is left at 0 (with c_request, c_token,
 #: c_draft_token and c_prefill_token free its column is a combination of theirs).
@@ -113,12 +113,12 @@ def main(argv: list[str] | None = None) -> int:
                     name=f"h200_{model}_{kind}_load",
                     description=f"{model} model on one H200 (SGLang 0.5.15.post1), "
                                 f"{'without speculation' if kind == 'nospec' else 'EAGLE-3'}; "
-                                "env.load_fit on every decode and prefill step",
+                                "env.sim.load_fit on every decode and prefill step",
                     # Only this fit's provenance: the template's describes another fit.
                     provenance={"fit": profile.provenance["fit"],
                                 "fitted_to": [off_path.name]
                                 + ([explore_path.name] if kind == "spec" else []),
-                                "method": "scripts/h200/fit_load_profiles.py (env.load_fit)",
+                                "method": "scripts/h200/fit_load_profiles.py (env.sim.load_fit)",
                                 "server": "--disable-radix-cache --max-running-requests 48 "
                                           "(off trace); explore trace: radix cache on, "
                                           "decode steps only"})

@@ -20,20 +20,33 @@ from pathlib import Path
 
 import numpy as np
 
-from env.trace_format import read_trace
+from env.traces.trace_format import read_trace
 
-#: (model name, no-speculation result, off result) per measured pair, in run order.
+#: (model name, no-speculation result, off result, run) per measured pair, in run order.
+#: Runs 1-2 (dense) and 1 (MoE): the off switch at commit 81e6690; run 3: at 4cc857b (the
+#: verify graph no longer planned on off steps; followers, dwell, lean hooks and the rest
+#: of that day's plugin work included), three one-batch sweeps per C.
 PAIRS = (
     ("llama31_8b", "dense_nospec_run1.json", "dense_off_run1.json", 1),
     ("llama31_8b", "dense_nospec_run2.json", "dense_off_run2.json", 2),
+    ("llama31_8b", "dense_nospec_run3.json", "dense_off_run3.json", 3),
     ("qwen3_30b_a3b", "moe_nospec.json", "moe_off.json", 1),
 )
-#: (key, no-speculation result, replay result with the plugin) per headline.
+#: (key, no-speculation result, replay result with the plugin) per headline: the newest
+#: run of each cell (code at 4cc857b, the retrained default policy).
 HEADLINES = (
+    ("llama31_8b@3.5", "dense_nospec_run1.json", "dense_acc3.5_replay_run2.json"),
+    ("qwen3_30b_a3b@1.1", "moe_nospec_run2.json", "moe_acc1.1_replay_run2.json"),
+    ("qwen3_30b_a3b@2.5", "moe_nospec_run2.json", "moe_acc2.5_replay.json"),
+)
+#: The same cells from the first session (code at 81e6690, the policy trained before it).
+FIRST_HEADLINES = (
     ("llama31_8b@3.5", "dense_nospec_run1.json", "dense_acc3.5_replay.json"),
     ("qwen3_30b_a3b@1.1", "moe_nospec.json", "moe_acc1.1_replay.json"),
 )
-TRACES = (("llama31_8b", "dense_off_trace.tar.gz"), ("qwen3_30b_a3b", "moe_off_trace.tar.gz"))
+TRACES = (("llama31_8b", "dense_off_trace.tar.gz"),
+          ("llama31_8b run 3", "dense_off_trace_run3.tar.gz"),
+          ("qwen3_30b_a3b", "moe_off_trace.tar.gz"))
 CANDIDATES = [0, 1, 3, 5]  # offswitch.py's adaptive config; explored with dwell 1
 
 
@@ -45,22 +58,37 @@ def summary(run: dict) -> dict:
     return {k: run[k] for k in ("throughput_tok_s", "mean_tpot_ms", "mean_ttft_ms", "failed")}
 
 
+def repeats(sweep: dict) -> dict[int, list[dict]]:
+    """Per concurrency, every one-batch result of a sweep (``"C"`` and repeats ``"C#k"``)."""
+    out: dict[int, list[dict]] = {}
+    for key, result in sweep.items():
+        out.setdefault(int(key.split("#")[0]), []).append(result)
+    return out
+
+
+def median_of(results: list[dict], field: str) -> float:
+    return float(np.median([r[field] for r in results]))
+
+
 def tpot_rows(folder: Path) -> list[dict]:
+    """Per model, run and C: TPOT and throughput, the median over the run's repeats."""
     rows = []
     for model, nospec_name, off_name, run in PAIRS:
-        nospec, off = load(folder, nospec_name)["sweep"], load(folder, off_name)["sweep_off"]
-        for c in nospec:
-            rows.append({"model": model, "run": run, "concurrency": int(c),
-                         "nospec_tpot_ms": nospec[c]["mean_tpot_ms"],
-                         "off_tpot_ms": off[c]["mean_tpot_ms"],
-                         "nospec_tok_s": nospec[c]["throughput_tok_s"],
-                         "off_tok_s": off[c]["throughput_tok_s"]})
+        nospec = repeats(load(folder, nospec_name)["sweep"])
+        off = repeats(load(folder, off_name)["sweep_off"])
+        for c in sorted(nospec):
+            rows.append({"model": model, "run": run, "concurrency": c,
+                         "repeats": len(off[c]),
+                         "nospec_tpot_ms": median_of(nospec[c], "mean_tpot_ms"),
+                         "off_tpot_ms": median_of(off[c], "mean_tpot_ms"),
+                         "nospec_tok_s": median_of(nospec[c], "throughput_tok_s"),
+                         "off_tok_s": median_of(off[c], "throughput_tok_s")})
     return rows
 
 
-def headlines(folder: Path) -> dict:
+def headlines(folder: Path, cells=HEADLINES) -> dict:
     out = {}
-    for key, nospec_name, replay_name in HEADLINES:
+    for key, nospec_name, replay_name in cells:
         replay = load(folder, replay_name)
         cell = {"no_speculation": summary(load(folder, nospec_name)["headline"])}
         for name, run in replay.items():
@@ -138,17 +166,20 @@ def switch_costs(folder: Path, batch_sizes=(1, 32)) -> dict:
 
 def main(folder: Path) -> None:
     rows = tpot_rows(folder)
-    report = {"rows": rows, "headline": headlines(folder)}
+    report = {"rows": rows, "headline": headlines(folder),
+              "headline_first_session": headlines(folder, FIRST_HEADLINES)}
     (folder.parent / "offswitch.json").write_text(json.dumps(report, indent=1) + "\n")
-    print("| model | run | C | no speculation TPOT ms | off TPOT ms | off / no spec |")
-    print("|---|---|---|---|---|---|")
+    print("| model | run | C | repeats | no speculation TPOT ms | off TPOT ms | off / no spec |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         ratio = r["off_tpot_ms"] / r["nospec_tpot_ms"]
-        print(f"| {r['model']} | {r['run']} | {r['concurrency']} | {r['nospec_tpot_ms']:.2f} | "
-              f"{r['off_tpot_ms']:.2f} | {ratio:.3f} |")
+        print(f"| {r['model']} | {r['run']} | {r['concurrency']} | {r['repeats']} | "
+              f"{r['nospec_tpot_ms']:.2f} | {r['off_tpot_ms']:.2f} | {ratio:.3f} |")
     print("\n| model@acceptance | policy | tok/s | mean TPOT ms | mean TTFT ms | failed |")
     print("|---|---|---|---|---|---|")
-    for key, cell in report["headline"].items():
+    for key, cell in [*report["headline"].items(),
+                      *((f"{k} (first session)", c)
+                        for k, c in report["headline_first_session"].items())]:
         for policy, s in cell.items():
             print(f"| {key} | {policy} | {s['throughput_tok_s']:,.0f} | {s['mean_tpot_ms']:.1f} | "
                   f"{s['mean_ttft_ms']:,.0f} | {s['failed']} |")

@@ -22,10 +22,13 @@ from pathlib import Path
 
 #: Kernel-name fragments per category, first match wins (names lower-cased).
 CATEGORIES = (
-    ("moe", ("moe", "expert", "align_block_size", "topk_softmax", "grouped_topk")),
-    ("attention", ("attn", "attention", "_fwd_kernel", "decode_grouped", "flash", "extend")),
+    ("moe", ("moe", "expert", "align_block_size", "topk_softmax", "grouped_topk", "router")),
+    ("norm", ("norm",)),  # before attention: flashinfer's norm kernels say "flash"
+    # triton backend: _fwd_kernel (extend/verify), _fwd_grouped_kernel_stage1 and
+    # _fwd_kernel_stage2 (decode)
+    ("attention", ("attn", "attention", "_fwd_kernel", "_fwd_grouped_kernel", "flash",
+                   "extend")),
     ("gemm", ("gemm", "nvjet", "xmma", "cutlass", "cublas", "matmul", "splitk")),
-    ("norm", ("norm",)),
     ("rotary", ("rotary", "rope")),
     ("sampling", ("sample", "argmax", "softmax", "topk", "top_k", "verify", "accept")),
     ("activation", ("silu", "gelu", "act_and_mul")),

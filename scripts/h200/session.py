@@ -145,7 +145,7 @@ def serve_policy(served: Path, source: Path) -> None:
 
 def headline_workload(seconds: float = 40.0, seed: int = 0):
     """Azure conv arrivals, modulated so load rises and falls twice, scaled to this server."""
-    from env.workloads import shipped_workload
+    from env.traces.workloads import shipped_workload
 
     trace = shipped_workload("azure_conv").with_output_cap(256)
     rng = np.random.default_rng(seed)
@@ -185,7 +185,7 @@ def phase_explore() -> None:
         stop(server, "SGLang (explore)")
     save("explore_load.json", results)
     pack(trace_dir, "trace_explore.tar.gz")
-    fit = subprocess.run([sys.executable, "-m", "env.fit_profile", f"trace={trace_dir}",
+    fit = subprocess.run([sys.executable, "-m", "env.sim.fit_profile", f"trace={trace_dir}",
                           f"out={RUN / 'h200_fitted.yaml'}", "name=h200_llama31_8b"],
                          capture_output=True, text=True, cwd=REPO)
     (OUT / "fit_report.txt").write_text(fit.stdout + fit.stderr)

@@ -15,7 +15,7 @@ Keys:
 * ``draft_extend``: whether steps=0 ran the draft extend (default ``true``;
   ``false`` with ``SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1``);
 * ``free``: comma-separated coefficients to fit (default
-  :data:`env.cost_model.DEFAULT_FREE`);
+  :data:`env.sim.cost_model.DEFAULT_FREE`);
 * ``name``: name of the fitted profile (default: the template's);
 * ``per_cell``: fit the median latency of each (batch size, depth) with at least
   5 steps (default ``true``) rather than every step (``false``).
@@ -35,14 +35,14 @@ from collections.abc import Sequence
 
 from agents import checks
 from agents.cli import UsageError, reported
-from env.cost_model import (
+from env.sim.cost_model import (
     COEFFICIENTS,
     DEFAULT_FREE,
     fit_profile_from_trace,
     load_profile,
     save_profile,
 )
-from env.trace_format import read_trace
+from env.traces.trace_format import read_trace
 
 _KEYS = {"trace", "out", "template", "draft_extend", "free", "name", "per_cell"}
 _TRUE = {"true", "1", "yes", "on"}
@@ -99,7 +99,7 @@ def _fit(args: dict[str, str]) -> int:
         profile = profile.replace(name=args["name"])
     provenance = dict(profile.provenance)
     provenance["calibrated_to"] = "trace: " + ", ".join(str(p) for p in trace.sources)
-    provenance["method"] = "specctl-fit-profile (env.cost_model.fit_profile_from_trace)"
+    provenance["method"] = "specctl-fit-profile (env.sim.cost_model.fit_profile_from_trace)"
     profile = profile.replace(provenance=provenance)
     print(report)
     for key in free:

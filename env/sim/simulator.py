@@ -12,7 +12,7 @@ model follows SGLang's default scheduler:
   finishes a prompt emits the request's first output token.
 * **Decode.** Every decoding request verifies ``depth`` draft tokens; with
   ``A[p]`` the drafts its acceptance table accepts at position ``p`` (see
-  :mod:`env.acceptance`), it commits ``min(A[p], depth) + 1`` tokens, never more
+  :mod:`env.sim.acceptance`), it commits ``min(A[p], depth) + 1`` tokens, never more
   than it still has to produce.
 * **KV cache.** A request holds ``prompt + generated`` slots; a decode step
   reserves ``depth + 1`` slots per request while it runs. If that does not fit,
@@ -37,8 +37,8 @@ model follows SGLang's default scheduler:
 * **Time.** Each step lasts ``profile.step_latency_s(...)``; time only moves
   forward, and jumps to the next arrival when the server is idle.
 
-Workloads are open-loop (:class:`env.workloads.Workload`: arrivals from a trace)
-or closed-loop (:class:`env.workloads.ClosedLoop`: C clients, each sending its
+Workloads are open-loop (:class:`env.traces.workloads.Workload`: arrivals from a trace)
+or closed-loop (:class:`env.traces.workloads.ClosedLoop`: C clients, each sending its
 next request when the previous one finishes). A closed loop's
 ``client_overhead_s`` is time each request spends outside the server (request
 transfer, HTTP handling, the response's way back): a request reaches the
@@ -55,7 +55,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from env.schema import StepRecord
+from env.traces.schema import StepRecord
 
 _EMPTY_I8 = np.zeros(0, dtype=np.int8)
 
@@ -214,8 +214,8 @@ class Simulator:
     Args:
         profile: cost profile (``step_latency_s(batch, depth, kv, prefill, draft_extend)``).
         acceptance: acceptance model (``draw(output_tokens, request_class, rng)``).
-        workload: an open-loop :class:`~env.workloads.Workload` or a
-            :class:`~env.workloads.ClosedLoop`.
+        workload: an open-loop :class:`~env.traces.workloads.Workload` or a
+            :class:`~env.traces.workloads.ClosedLoop`.
         config: server limits; defaults to the profile's.
         seed: seeds acceptance draws and closed-loop lengths.
         server: server name reported in the step records.

@@ -7,7 +7,7 @@ far slower than a step of the same model served without speculation: mean TPOT
 (``SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1``) changed nothing measurable.
 So the cost is the speculative path itself (verify-mode target forward and
 bookkeeping), modelled by the profile's ``c_steps0 + c_steps0_request * batch``
-(see :mod:`env.cost_model`).
+(see :mod:`env.sim.cost_model`).
 
 This module fits those two coefficients to such measurements: for each load,
 the ratio ``r`` of the no-speculation server's TPOT to the steps=0 server's,
@@ -21,7 +21,7 @@ is fitted by non-negative least squares on relative errors, and the same
 amounts are taken out of ``c_fixed`` / ``c_request``: every speculative and
 steps=0 latency of the profile stays what it was calibrated to.
 
-    python -m env.off_cost        # rewrite the H200 profiles' off-path terms
+    python -m env.sim.off_cost        # rewrite the H200 profiles' off-path terms
 """
 
 from __future__ import annotations
@@ -32,7 +32,10 @@ from pathlib import Path
 
 import numpy as np
 
-from env.cost_model import CostProfile, load_profile, nnls, save_profile
+from env.sim.cost_model import CostProfile, load_profile, nnls, save_profile
+
+#: The checkout this module sits in (env/sim/off_cost.py).
+_REPO = Path(__file__).resolve().parents[2]
 
 
 def _measured_dir(name: str) -> Path:
@@ -41,14 +44,13 @@ def _measured_dir(name: str) -> Path:
         candidate = parent / "shared" / "measured" / name
         if candidate.is_dir():
             return candidate
-    return Path(__file__).resolve().parents[2] / "shared" / "measured" / name
+    return _REPO.parent / "shared" / "measured" / name
 
 
 #: The measurements (beside the repository checkout, as the other calibration data).
 OFFSWITCH_DIR = _measured_dir("h200-sglang-0.5.15-offswitch")
 #: The steps=0 one-batch sweep of the dense 8B server (the project's own H200 session).
-DENSE_STEPS0_SWEEP = Path(__file__).resolve().parents[1] / "docs" / "results" / "h200" / \
-    "sweep_real.json"
+DENSE_STEPS0_SWEEP = _REPO / "docs" / "results" / "h200" / "sweep_real.json"
 #: KV tokens per request in the measured runs: 256-token prompts, about half of the
 #: 128 new tokens generated (dense one-batch runs), or as the MoE trace recorded.
 DENSE_KV_PER_REQUEST = 256 + 64
@@ -146,7 +148,7 @@ def fit_off_path(profile: CostProfile, points: OffPoints) -> tuple[CostProfile, 
     }
     provenance = dict(fitted.provenance)
     provenance["off_path"] = {
-        "method": "env.off_cost.fit_off_path: c_steps0 + c_steps0_request * batch = "
+        "method": "env.sim.off_cost.fit_off_path: c_steps0 + c_steps0_request * batch = "
                   "(1 - TPOT ratio) * steps0 latency - draft extend, NNLS on relative errors; "
                   "the same amounts taken out of c_fixed / c_request",
         **report,

@@ -1,6 +1,6 @@
 """Fit a cost profile to every step of a recorded trace, KV use and prefill included.
 
-:func:`env.cost_model.fit_profile_from_trace` reduces decode steps to one median per
+:func:`env.sim.cost_model.fit_profile_from_trace` reduces decode steps to one median per
 (batch size, depth) cell, which keeps the per-request term but throws away how latency
 grows with the KV cache at a fixed batch size, and uses prefill steps only for one
 per-token number. Under a replayed workload both matter: long prompts make the KV cache
@@ -12,9 +12,9 @@ log2 bin of their token count; each group gives its *mean* latency (the simulato
 latencies up; steps over ``OUTLIER_RATIO`` x the group median are idle time and left
 out), weighted by the square root of its size. Before that, what a prefill costs its
 neighbours is moved onto it (:func:`prefill_attributed`). The free coefficients are
-fitted jointly by :func:`env.cost_model.fit_profile` (NNLS on relative errors).
+fitted jointly by :func:`env.sim.cost_model.fit_profile` (NNLS on relative errors).
 
-**KV is paid on the speculative path** (``c_steps0_kv`` of :mod:`env.cost_model`). The
+**KV is paid on the speculative path** (``c_steps0_kv`` of :mod:`env.sim.cost_model`). The
 traces put the cost of a cached token read by a plain decode step (the off path, a server
 without speculation) at 0-4 ns on the dense model and 0 on the MoE, but at about 420 ns on
 verify steps (dense: 422 ns fitted to the 256-token explore trace and the off trace, 447 ns
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from env.cost_model import CostProfile, FitReport, LatencyPoints, fit_profile
+from env.sim.cost_model import CostProfile, FitReport, LatencyPoints, fit_profile
 
 #: A step this many times slower than its group's median is idle time, not work.
 OUTLIER_RATIO = 5.0
@@ -71,7 +71,7 @@ class StepArrays:
 
     @classmethod
     def from_trace(cls, trace, prefills_measured: bool = True) -> StepArrays:
-        """The steps of a :class:`~env.trace_format.Trace`, lowest rank, in step order."""
+        """The steps of a :class:`~env.traces.trace_format.Trace`, lowest rank, in step order."""
         cols = trace.step_columns()
         if not len(cols):
             raise ValueError("the trace holds no step records")

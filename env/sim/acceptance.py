@@ -37,7 +37,7 @@ from typing import Literal
 
 import numpy as np
 
-from env.trace_format import DataFileError, Trace
+from env.traces.trace_format import DataFileError, Trace
 
 #: Default maximum draft depth, matching :class:`env.features.FeatureSpec`.
 DEFAULT_MAX_DEPTH = 7
@@ -336,10 +336,10 @@ class SpecBenchAcceptance(AcceptanceModel):
         self.path = None if path is None else Path(path)
         self._categories_arg = None if categories is None else list(categories)
         if self.path is None:
-            ref = resources.files("env").joinpath("data", "acceptance", _SPEC_BENCH_FILE)
+            ref = resources.files("env.sim").joinpath("data", "acceptance", _SPEC_BENCH_FILE)
             with resources.as_file(ref) as p:
                 turn_category, turn_steps, accept_lengths = self._parse(Path(p))
-            self.source = f"package:env/data/acceptance/{_SPEC_BENCH_FILE}"
+            self.source = f"package:env/sim/data/acceptance/{_SPEC_BENCH_FILE}"
         else:
             turn_category, turn_steps, accept_lengths = self._parse(self.path)
             self.source = str(self.path)

@@ -22,8 +22,8 @@ import math
 
 import numpy as np
 
-from env.acceptance import DriftingAcceptance
-from env.cost_model import CostProfile, ServerLimits
+from env.sim.acceptance import DriftingAcceptance
+from env.sim.cost_model import CostProfile, ServerLimits
 
 #: How the profile handed to the controller relates to the server's true costs.
 PRIOR_MODES = ("exact", "perturbed", "swapped", "none")
@@ -63,7 +63,7 @@ def random_server(rng: np.random.Generator, max_depth: int = 7,
         c_prefill_token=_log_uniform(rng, 5e-6, 1e-4),
         c_steps0=_log_uniform(rng, 1e-4, 2e-3) if on_path else 0.0,
         c_steps0_request=_log_uniform(rng, 1e-5, 3e-4) if on_path else 0.0,
-        description="randomised server (env.random_servers)",
+        description="randomised server (env.sim.random_servers)",
     )
     first = float(rng.uniform(0.02, 0.95))
     decay = float(rng.uniform(0.8, 1.0))

@@ -6,10 +6,10 @@ length, optional class), read from one of three formats, told apart by content:
 * the Azure LLM inference trace CSV (``TIMESTAMP,ContextTokens,GeneratedTokens``);
 * the Mooncake JSON-lines trace (``timestamp`` in ms, ``input_length``,
   ``output_length``, ``hash_ids`` which is ignored);
-* a specctl trace (:mod:`env.trace_format`), whose request records are used.
+* a specctl trace (:mod:`env.traces.trace_format`), whose request records are used.
 
 :func:`shipped_workload` loads the copies that ship with the package (see
-``env/data/SOURCES.md`` for origin and licenses). :class:`ClosedLoop` describes
+``env/traces/data/SOURCES.md`` for origin and licenses). :class:`ClosedLoop` describes
 a fixed number of clients that each send a new request when the previous one
 finishes.
 
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from env.trace_format import PARQUET_MAGIC, DataFileError, read_trace
+from env.traces.trace_format import PARQUET_MAGIC, DataFileError, read_trace
 
 
 class WorkloadFormatError(DataFileError):
@@ -420,7 +420,7 @@ def load_workload(path: str | os.PathLike, name: str | None = None) -> Workload:
     return read_mooncake_jsonl(path, name)
 
 
-#: Shipped workloads: name -> file under ``env/data/workloads``.
+#: Shipped workloads: name -> file under ``env/traces/data/``.
 SHIPPED_WORKLOADS = {
     "azure_code": "AzureLLMInferenceTrace_code.csv",
     "azure_conv": "AzureLLMInferenceTrace_conv.csv",
@@ -434,7 +434,7 @@ def shipped_workload(name: str) -> Workload:
         raise KeyError(
             f"unknown shipped workload {name!r}; choose from {sorted(SHIPPED_WORKLOADS)}"
         )
-    ref = resources.files("env").joinpath("data", "workloads", SHIPPED_WORKLOADS[name])
+    ref = resources.files("env.traces").joinpath("data", SHIPPED_WORKLOADS[name])
     with resources.as_file(ref) as path:
         return load_workload(path, name)
 

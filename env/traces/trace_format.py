@@ -1,14 +1,14 @@
 """The project's trace format: one Parquet file per trace (or per rotated chunk).
 
 A trace holds the requests of a workload and/or the scheduler steps an SGLang
-server ran, with the field names of :mod:`env.schema`. Both kinds of record
+server ran, with the field names of :mod:`env.traces.schema`. Both kinds of record
 live in one table with a union schema; the ``record`` column says which kind a
 row is, and the columns of the other kind are null on that row.
 
 File-level key-value metadata:
 
 * ``specctl.format``: ``"specctl-trace"``;
-* ``specctl.schema_version``: ``str(env.schema.SCHEMA_VERSION)``;
+* ``specctl.schema_version``: ``str(env.traces.schema.SCHEMA_VERSION)``;
 * ``specctl.meta``: a free-form JSON object (server args, profile used, ...).
 
 Columns (R = request rows, S = step rows; every column is nullable, and must be
@@ -75,7 +75,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from env.schema import SCHEMA_VERSION, RequestRecord, StepRecord
+from env.traces.schema import SCHEMA_VERSION, RequestRecord, StepRecord
 
 FORMAT = "specctl-trace"
 META_FORMAT = b"specctl.format"
@@ -208,7 +208,7 @@ class RequestColumns:
 
     @classmethod
     def from_records(cls, records: Iterable[RequestRecord]) -> RequestColumns:
-        """Columns from :class:`~env.schema.RequestRecord` s (kept in the given order)."""
+        """Columns from :class:`~env.traces.schema.RequestRecord` s (kept in the given order)."""
         records = list(records)
         return cls(
             request_id=np.array([r.request_id for r in records], dtype=object),
@@ -219,7 +219,7 @@ class RequestColumns:
         )
 
     def records(self) -> list[RequestRecord]:
-        """The rows as :class:`~env.schema.RequestRecord` s."""
+        """The rows as :class:`~env.traces.schema.RequestRecord` s."""
         return [
             RequestRecord(str(i), float(a), int(p), int(o), None if c is None else str(c))
             for i, a, p, o, c in zip(
@@ -262,7 +262,7 @@ class StepColumns:
 
     @classmethod
     def from_records(cls, records: Sequence[StepRecord]) -> StepColumns:
-        """Columns from :class:`~env.schema.StepRecord` s."""
+        """Columns from :class:`~env.traces.schema.StepRecord` s."""
         accepted = [np.asarray(r.accepted_drafts, dtype=np.int8).ravel() for r in records]
         lengths = np.fromiter((a.size for a in accepted), dtype=np.int64, count=len(accepted))
         offsets = np.zeros(len(accepted) + 1, dtype=np.int64)
@@ -295,7 +295,7 @@ class StepColumns:
         return self.accepted_values[self.accepted_offsets[i] : self.accepted_offsets[i + 1]]
 
     def records(self) -> list[StepRecord]:
-        """The rows as :class:`~env.schema.StepRecord` s (accepted arrays are views)."""
+        """The rows as :class:`~env.traces.schema.StepRecord` s (accepted arrays are views)."""
         off = self.accepted_offsets
         vals = self.accepted_values
         out = []

@@ -79,7 +79,7 @@ Three kinds of depth-0 decode step:
 ``batch`` counts decoding requests only; a prefill-only step is ``batch=0,
 prefill_tokens>0``.
 
-Profiles are YAML files (shipped ones under ``env/profiles``) that also hold the
+Profiles are YAML files (shipped ones under ``env/sim/profiles``) that also hold the
 server's limits, model and hardware descriptors, the acceptance model the
 benchmarks should use by default, and provenance (what the coefficients were
 calibrated to). :func:`fit_profile` fits coefficients to measured step
@@ -408,7 +408,7 @@ _COST_KEYS = {"moe_active_fraction", *COEFFICIENTS}
 
 def shipped_profiles() -> list[str]:
     """Names of the profiles that ship with the package."""
-    folder = resources.files("env").joinpath("profiles")
+    folder = resources.files("env.sim").joinpath("profiles")
     return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
 
 
@@ -486,7 +486,7 @@ def load_profile(name_or_path: str | os.PathLike) -> CostProfile:
         if not path.exists():
             raise FileNotFoundError(f"{path}: no such profile file")
         return _load_yaml(path.read_text(encoding="utf-8"), str(path))
-    ref = resources.files("env").joinpath("profiles", f"{text_name}.yaml")
+    ref = resources.files("env.sim").joinpath("profiles", f"{text_name}.yaml")
     if not ref.is_file():
         raise ProfileError(
             f"unknown profile {text_name!r}: not a file, and not one of the shipped "
@@ -922,7 +922,7 @@ def fit_profile(
 
 def points_from_trace(trace: Any, *, draft_extend: bool = True,
                       per_cell: bool = True, min_steps: int = 5) -> LatencyPoints:
-    """Decode steps of a :class:`~env.trace_format.Trace` as fit points.
+    """Decode steps of a :class:`~env.traces.trace_format.Trace` as fit points.
 
     Uses steps with ``prefill_tokens == 0``, ``batch_size > 0`` and a positive
     latency, of the lowest rank of each server (ranks report the same steps):

@@ -1,7 +1,7 @@
 """The telemetry schema: one record per scheduler step and one per request.
 
 This module is the single source of truth for field names. The Parquet trace
-format (:mod:`env.trace_format`), the ZeroMQ wire protocol (:mod:`controller.wire`),
+format (:mod:`env.traces.trace_format`), the ZeroMQ wire protocol (:mod:`controller.wire`),
 the SGLang hooks that produce records and the feature module that consumes them
 (:mod:`env.features`) all use these names, so a record the simulator emits and
 a record a real server sends are interchangeable.
