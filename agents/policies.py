@@ -283,8 +283,9 @@ class GoodputExplorePolicy(Policy):
     its own choice if that is unmeasured too, else the cheapest depth that looks
     better and is unmeasured; a few steps later telemetry has measured it and the
     estimate moves to the truth. Likewise while no acceptance has been measured
-    and speculating looks within ``margin`` of paying, it speculates at depth 1. Every input of these decisions is in the observation vector
-    (relative goodput, cost and acceptance confidence), so a student can learn it.
+    and speculating looks within ``margin`` of paying, it speculates at depth 1.
+    Every input of these decisions is in the observation vector (relative
+    goodput, cost and acceptance confidence), so a student can learn it.
     """
 
     name = "goodput_explore"
@@ -308,13 +309,13 @@ class GoodputExplorePolicy(Policy):
             return choice
         latency = obs.latency_pred_s[: self.max_depth + 1]
         rate = (1.0 + obs.expected_accepted[: self.max_depth + 1]) / latency
-        if choice == 0 and obs.vector[self._accept_confidence] <= 0.0:
-            # No acceptance measured yet: the estimate is the prior's guess. If
-            # speculating looks anywhere near paying, measure it at the cheapest depth
-            # (greedy's own probe runs on a hidden budget, which a student cannot
-            # imitate; the deeper positions' estimates start from the first's).
-            if rate[1:].max() >= rate[0] * (1.0 - self.margin):
-                return 1
+        # No acceptance measured yet: the estimate is the prior's guess. If speculating
+        # looks anywhere near paying, measure it at the cheapest depth (greedy's own
+        # probe runs on a hidden budget, which a student cannot imitate; the deeper
+        # positions' estimates start from the first's).
+        if (choice == 0 and obs.vector[self._accept_confidence] <= 0.0
+                and rate[1:].max() >= rate[0] * (1.0 - self.margin)):
+            return 1
         looks_better = rate > rate[choice] * (1.0 + self.margin)
         unmeasured = samples < self.min_samples
         best = int(np.argmax(rate))
