@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from env.features import FeatureSpec, Observation
+from env.features import Observation
 from env.sim.simulator import SchedulerConfig
 
 #: vLLM V1's documented EAGLE-3 example: [[min_batch, max_batch, steps], ...].
@@ -282,10 +282,9 @@ class GoodputExplorePolicy(Policy):
     than ``min_samples`` recent cost measurements, this rule measures instead:
     its own choice if that is unmeasured too, else the cheapest depth that looks
     better and is unmeasured; a few steps later telemetry has measured it and the
-    estimate moves to the truth. Likewise while no acceptance has been measured
-    and speculating looks within ``margin`` of paying, it speculates at depth 1.
-    Every input of these decisions is in the observation vector (relative
-    goodput, cost and acceptance confidence), so a student can learn it.
+    estimate moves to the truth. Every input of that decision is in the
+    observation vector (relative goodput and cost confidence per depth), so a
+    student can learn it.
     """
 
     name = "goodput_explore"
@@ -296,8 +295,6 @@ class GoodputExplorePolicy(Policy):
         self.max_depth = max_depth
         self.margin = margin
         self.min_samples = min_samples
-        self._accept_confidence = FeatureSpec(max_depth=max_depth).names().index(
-            "accept_confidence_1")
 
     def reset(self, sim=None) -> None:
         self.greedy.reset(sim)
@@ -309,13 +306,6 @@ class GoodputExplorePolicy(Policy):
             return choice
         latency = obs.latency_pred_s[: self.max_depth + 1]
         rate = (1.0 + obs.expected_accepted[: self.max_depth + 1]) / latency
-        # No acceptance measured yet: the estimate is the prior's guess. If speculating
-        # looks anywhere near paying, measure it at the cheapest depth (greedy's own
-        # probe runs on a hidden budget, which a student cannot imitate; the deeper
-        # positions' estimates start from the first's).
-        if (choice == 0 and obs.vector[self._accept_confidence] <= 0.0
-                and rate[1:].max() >= rate[0] * (1.0 - self.margin)):
-            return 1
         looks_better = rate > rate[choice] * (1.0 + self.margin)
         unmeasured = samples < self.min_samples
         best = int(np.argmax(rate))
