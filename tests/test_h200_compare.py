@@ -65,3 +65,64 @@ def test_one_batch_cell_is_simulated_with_the_cells_server_limits():
     assert large["mean_tpot_ms"] == pytest.approx(5.8, rel=1e-6)
     assert small["mean_tpot_ms"] == pytest.approx(5.4, rel=1e-6)
     assert large["throughput_tok_s"] > small["throughput_tok_s"]
+
+
+def test_runs_without_simulated_acceptance_take_the_unsimulated_profile():
+    from env.sim.cost_model import CostProfile, ServerLimits
+
+    limits = ServerLimits(48, 100_000, 8192)
+    plain, replay, off = (CostProfile(n, limits) for n in ("plain", "replay", "off"))
+    base = dict(model="moe", workload="one_batch", concurrency=8, seconds=None,
+                policy="static_0", radix_cache=False, max_running=48, source="x",
+                throughput_tok_s=1.0, mean_tpot_ms=1.0)
+    sweep = Cell(**base, server="spec_off", acceptance=None)
+    simulated = Cell(**base, server="spec_off", acceptance=1.1)
+    profiles = {"moe": replay, "moe.unsimulated": plain}
+    assert compare.profile_for(sweep, profiles) is plain
+    assert compare.profile_for(simulated, profiles) is replay
+    # a server-kind key wins over both
+    assert compare.profile_for(sweep, {**profiles, "moe.spec_off": off}) is off
+    assert compare.profile_for(Cell(**{**base, "model": "dense"}, server="nospec",
+                                    acceptance=None), profiles) is None
+
+
+def test_repeated_server_starts_are_ranked_apart():
+    assert compare.run_suffix("dense_acc3.5_replay_run2.json") == "_run2"
+    assert compare.run_suffix("dense_acc3.5_replay.json") == ""
+    assert compare.run_suffix("moe_off_run3_notes.json") == ""
+
+
+def test_repeated_sweeps_are_one_cell_at_their_median_and_replays_name_their_prior(tmp_path):
+    def summary(tpot):
+        return {"throughput_tok_s": 1000.0 / tpot, "mean_tpot_ms": tpot}
+
+    (tmp_path / "dense_off_run3.json").write_text(json.dumps({"sweep_off": {
+        "48": summary(8.2), "48#1": summary(6.7), "48#2": summary(6.9), "1": summary(4.8)}}))
+    (tmp_path / "moe_acc2.5_replay_run2.json").write_text(json.dumps({
+        "acceptance": 2.5, "profile": "h200_qwen3_30b_a3b",
+        "headline_static_3": summary(26.5)}))
+    cells, skipped = read_run_dir(tmp_path)
+    assert not skipped
+    by_key = {c.key(): c for c in cells}
+    c48 = by_key["spec_off one_batch C=48 static_0"]
+    assert c48.mean_tpot_ms == pytest.approx(6.9)
+    assert "median of 3" in c48.source
+    assert by_key["spec_off one_batch C=1 static_0"].mean_tpot_ms == 4.8
+    assert by_key["spec_off@2.5 headline 40s static_3"].prior == "h200_qwen3_30b_a3b"
+    (tmp_path / "dense_off_run3.json").write_text(json.dumps({"sweep_off": {"48#x": {}}}))
+    with pytest.raises(ValueError, match="sweep key '48#x'"):
+        read_run_dir(tmp_path)
+
+
+def test_replay_policies_reports_the_depths_a_policy_chose():
+    import replay_policies
+
+    from env.sim.cost_model import load_profile
+
+    server = load_profile("h200_qwen3_30b_a3b")
+    off = replay_policies.replay(server, server, 1.1, "static_0")
+    three = replay_policies.replay(server, server, 1.1, "static_3")
+    assert off["depth_share"] == {0: 1.0} and three["depth_share"] == {3: 1.0}
+    # Speculation that never pays: off serves more and faster.
+    assert off["throughput_tok_s"] > three["throughput_tok_s"]
+    assert off["mean_tpot_ms"] < three["mean_tpot_ms"]

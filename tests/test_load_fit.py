@@ -156,3 +156,19 @@ def test_measured_runs_reads_offswitch_layout_and_names_skipped(tmp_path):
     (tmp_path / "dense_off.json").write_text(json.dumps({"sweep_off": {"1": {"oops": 1}}}))
     with pytest.raises(ValueError, match=r"dense_off\.json:sweep_off\.1"):
         read_run_dir(tmp_path)
+
+
+def test_phases_cut_a_trace_of_several_runs_at_its_longest_pauses():
+    # three runs of 40 steps 10 ms apart, 2 s and 3 s pauses between them; a 5 s pause in
+    # the warm-up (first step) is not a cut
+    times = np.r_[0.0, 5.0 + np.arange(39) * 0.01]
+    times = np.r_[times, times[-1] + 2.0 + np.arange(40) * 0.01]
+    times = np.r_[times, times[-1] + 3.0 + np.arange(40) * 0.01]
+    n = len(times)
+    steps = StepArrays(np.arange(n), np.zeros(n), np.zeros(n), np.zeros(n), np.ones(n),
+                       time_s=times)
+    first, second, third = steps.phases(3)
+    assert [len(p.latency_s) for p in (first, second, third)] == [40, 40, 40]
+    assert second.batch_size[0] == 40 and third.batch_size[0] == 80
+    with pytest.raises(ValueError, match="needs time_s"):
+        StepArrays(np.ones(4), np.zeros(4), np.zeros(4), np.zeros(4), np.ones(4)).phases(2)

@@ -14,15 +14,16 @@ out), weighted by the square root of its size. Before that, what a prefill costs
 neighbours is moved onto it (:func:`prefill_attributed`). The free coefficients are
 fitted jointly by :func:`env.sim.cost_model.fit_profile` (NNLS on relative errors).
 
-**KV is paid on the speculative path** (``c_steps0_kv`` of :mod:`env.sim.cost_model`). The
-traces put the cost of a cached token read by a plain decode step (the off path, a server
-without speculation) at 0-4 ns on the dense model and 0 on the MoE, but at about 420 ns on
-verify steps (dense: 422 ns fitted to the 256-token explore trace and the off trace, 447 ns
-with the long-context headline trace added): a verify step, like SGLang's own steps=0,
-runs the target in ``TARGET_VERIFY`` mode through the extend-attention kernel over the
-whole prefix with a custom mask. A prefill step's latency does not grow with the cache the
-other requests hold (dense off trace). So the fits here leave ``c_kv`` at 0 and free
-``c_steps0_kv``; each point says whether it ran on the speculative path.
+**KV is paid far more on the speculative path** (``c_steps0_kv`` of
+:mod:`env.sim.cost_model`): about 500 ns per cached token on the dense model's verify steps
+and ~1 µs on the MoE's (fitted to its replay traces; 0.6 µs within one batch size), against
+~40 ns for a plain decode step (``c_kv``; dense: 37-47 ns within one batch size, with or
+without requests waiting; reading 128 KiB per token at 4.8 TB/s takes 27 ns). A verify
+step, like SGLang's own steps=0, runs the target in ``TARGET_VERIFY`` mode through the
+extend-attention kernel over the whole prefix with a custom mask. Each point says whether
+it ran on the speculative path. (A prefill step's latency does not grow with the cache the
+other requests hold, dense off trace; the simulator charges ``c_kv`` on it all the same,
+and so does this fit, so the two agree.)
 
 Steps are taken as the simulator runs them: a prefill step is ``batch_size = 0`` with the
 prompt tokens it computed; depth-0 steps are the plain decode of the plugin's off path
@@ -35,6 +36,8 @@ With depth-0 steps only, ``c_request`` (batch), ``c_token`` (batch + prompt) and
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -52,7 +55,9 @@ class StepArrays:
 
     ``prefills_measured=False`` keeps the run's prefill steps out of the fit: on a server
     with the radix (prefix) cache on, a prefill step counts only the tokens the cache did
-    not hold, so its latency says nothing about a prefill of that many tokens.
+    not hold, so its latency says nothing about a prefill of that many tokens. ``time_s``
+    (when each step was recorded) lets :meth:`phases` split a trace that holds several
+    runs one after another.
     """
 
     batch_size: np.ndarray
@@ -61,11 +66,12 @@ class StepArrays:
     prefill_tokens: np.ndarray
     latency_s: np.ndarray
     prefills_measured: bool = True
+    time_s: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = len(self.latency_s)
-        for name in ("batch_size", "depth", "kv_tokens", "prefill_tokens"):
-            if len(getattr(self, name)) != n:
+        for name in ("batch_size", "depth", "kv_tokens", "prefill_tokens", "time_s"):
+            if getattr(self, name) is not None and len(getattr(self, name)) != n:
                 raise ValueError(f"StepArrays.{name} has {len(getattr(self, name))} entries, "
                                  f"expected {n} (one per step)")
 
@@ -85,7 +91,31 @@ class StepArrays:
                    cols.steps_used[keep][order].astype(np.int64),
                    cols.kv_used_tokens[keep][order].astype(np.float64),
                    cols.prefill_tokens[keep][order].astype(np.int64),
-                   cols.step_latency_s[keep][order].astype(np.float64), prefills_measured)
+                   cols.step_latency_s[keep][order].astype(np.float64), prefills_measured,
+                   cols.time_s[keep][order].astype(np.float64))
+
+    def phases(self, count: int, edge: float = 0.05) -> list[StepArrays]:
+        """The trace cut into ``count`` runs at its ``count - 1`` longest pauses between steps.
+
+        A trace recorded over several runs on one server (``offswitch.py``'s replays: one
+        policy, then the next) holds them in time order with a pause between them. Pauses
+        within the first and last ``edge`` of the steps (server warm-up, the last drain)
+        are not cuts. Lets a fit use one run of a trace and leave the other held out.
+        """
+        if self.time_s is None:
+            raise ValueError("StepArrays.phases needs time_s (use StepArrays.from_trace)")
+        n = len(self.latency_s)
+        if count < 1 or n < 2 * count:
+            raise ValueError(f"cannot cut {n} steps into {count} phases")
+        gaps = np.diff(self.time_s)
+        lo, hi = int(edge * n), n - 1 - int(edge * n)
+        cuts = sorted(lo + np.argsort(gaps[lo:hi])[::-1][: count - 1] + 1)
+        bounds = [0, *cuts, n]
+        return [dataclasses.replace(
+                    self, **{name: getattr(self, name)[a:b] for name in
+                             ("batch_size", "depth", "kv_tokens", "prefill_tokens", "latency_s",
+                              "time_s")})
+                for a, b in itertools.pairwise(bounds)]
 
 
 def prefill_attributed(run: StepArrays, kv_bin_tokens: int = KV_BIN_TOKENS) -> np.ndarray:

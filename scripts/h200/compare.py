@@ -19,16 +19,20 @@ The client is modelled as the load generator drives the server (``loadgen.py``):
 Server kinds: ``nospec`` and the plugin's off path (``spec_off``) run depth 0 as a plain
 decode (``sim.zero_step=off``); ``spec_sglang0`` (SGLang's own steps=0) runs it on the
 speculative path with the draft extend (``zero_step=sglang_steps0``). A profile key
-``<model>.<server>`` overrides ``<model>`` for that server kind. PPO runs with the prior
-profile the real controller was given (``--prior``).
-``--fitted-on`` names files whose cells the profiles' traces came from: those cells are
-marked ``fit-run`` in the table, all others ``held-out``.
+``<model>.<server>`` overrides ``<model>`` for that server kind, and ``<model>.unsimulated``
+for runs without simulated acceptance (``profile_for``: on the MoE, simulated acceptance
+changes the tokens decoded and with them the step cost). PPO runs with the prior
+profile the real controller was given (the run file's ``profile`` where it names one,
+else ``--prior``).
+``--fitted-on`` names files (or ``file:key`` cells) whose traces the profiles were fitted
+to: those cells are marked ``fit-run`` in the table, all others ``held-out``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -84,7 +88,31 @@ def simulate(cell: Cell, profile: CostProfile, prior: CostProfile, client, seed:
 
 
 def profile_for(cell: Cell, profiles: dict[str, CostProfile]) -> CostProfile | None:
-    return profiles.get(f"{cell.model}.{cell.server}") or profiles.get(cell.model)
+    """The profile of ``<model>.<server>``, else (a run without simulated acceptance)
+    ``<model>.unsimulated``, else ``<model>``.
+
+    Why the second key: with ``SGLANG_SIMULATE_ACC_LEN`` set, SGLang 0.5.15 writes token
+    id 100 for every generated token (``generate_simulated_accept_index``: ``predict.fill_(100)``
+    under the default ``SGLANG_SIMULATE_ACC_TOKEN_MODE=fixed``), at every depth including
+    steps 0 and the off path. Every request then decodes the same token, which on a MoE
+    with random weights collapses the expert routing: the off path's plain decode steps
+    at batch 44-48 took 7.0 ms in the acceptance-1.1 replay against 16.9 ms in the
+    one-batch sweep without simulated acceptance. A dense model does not care which token
+    it decodes, so it needs no such key.
+    """
+    keys = [f"{cell.model}.{cell.server}"]
+    if cell.acceptance is None:
+        keys.append(f"{cell.model}.unsimulated")
+    for key in [*keys, cell.model]:
+        if key in profiles:
+            return profiles[key]
+    return None
+
+
+def run_suffix(file: str) -> str:
+    """``_run<N>`` of a file of a repeated server start (``dense_off_run3.json``), else ""."""
+    match = re.search(r"_run\d+(?=\.json$)", file)
+    return match[0] if match else ""
 
 
 def rel(sim: float, measured: float) -> float:
@@ -96,12 +124,13 @@ def table(model: str, rows: list[dict], profiles: dict[str, str]) -> str:
     lines = [f"# Fidelity, {model}: measured vs simulated", "",
              "Profiles: " + ", ".join(f"`{k}` = {v}" for k, v in sorted(profiles.items())
                                       if k.split(".")[0] == model), "",
-             "| cell | use | radix | tok/s measured | simulated | error | TPOT ms measured "
-             "| simulated | error | within 10% |", "|---" * 10 + "|"]
+             "| cell | source | use | radix | tok/s measured | simulated | error "
+             "| TPOT ms measured | simulated | error | within 10% |", "|---" * 11 + "|"]
     for r in rows:
         ok = abs(r["tok_s_error"]) <= TOLERANCE and abs(r["tpot_error"]) <= TOLERANCE
         lines.append(
-            f"| {r['cell']} | {r['use']} | {'on' if r['radix_cache'] else 'off'} "
+            f"| {r['cell']} | {r['source'].split(':')[0]} | {r['use']} "
+            f"| {'on' if r['radix_cache'] else 'off'} "
             f"| {r['measured_tok_s']:,.0f} | {r['simulated_tok_s']:,.0f} "
             f"| {r['tok_s_error']:+.1%} | {r['measured_tpot_ms']:.1f} "
             f"| {r['simulated_tpot_ms']:.1f} | {r['tpot_error']:+.1%} | {'yes' if ok else 'NO'} |")
@@ -152,9 +181,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="append", default=[],
                         help="MODEL[.SERVER]=PATH_OR_NAME (e.g. dense=h200_llama31_8b_recorded)")
     parser.add_argument("--prior", default="h200_llama31_8b_recorded",
-                        help="the profile the real controller was started with (PPO's prior)")
+                        help="the profile the real controller was started with (PPO's prior), "
+                             "for runs whose file does not name it")
     parser.add_argument("--fitted-on", nargs="*", default=[],
-                        help="run files whose traces the profiles were fitted to")
+                        help="run files (FILE) or single cells (FILE:KEY) whose traces the "
+                             "profiles were fitted to")
     parser.add_argument("--client", default=str(REPO / "configs/workload/h200_measured.yaml"),
                         help="YAML with start_interval_s and client_overhead_s "
                              "(e.g. from fit_client.py)")
@@ -169,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     if not names:
         parser.error("give at least one --profile MODEL=PATH_OR_NAME")
     profiles = {k: load_profile(v) for k, v in names.items()}
-    prior = load_profile(args.prior)
+    priors: dict[str, CostProfile] = {}
     client = OmegaConf.load(args.client)
     out = Path(args.out or args.runs[0])
     out.mkdir(parents=True, exist_ok=True)
@@ -183,12 +214,17 @@ def main(argv: list[str] | None = None) -> int:
             if profile is None:
                 print(f"skipped {cell.source}: no --profile for {cell.model}", file=sys.stderr)
                 continue
-            sim = simulate(cell, profile, prior, client)
+            prior_name = cell.prior or args.prior
+            if prior_name not in priors:
+                priors[prior_name] = load_profile(prior_name)
+            sim = simulate(cell, profile, priors[prior_name], client)
             file = cell.source.split(":")[0]
+            fitted = file in args.fitted_on or cell.source.split(" ")[0] in args.fitted_on
             per_model.setdefault(cell.model, []).append({
-                "cell": cell.key(), "use": "fit-run" if file in args.fitted_on else "held-out",
-                # policies are ranked within one run directory, server kind and acceptance
-                "group": f"{Path(run).name}/{cell.model} {cell.server}"
+                "cell": cell.key(), "use": "fit-run" if fitted else "held-out",
+                # policies are ranked within one run directory, server start (a
+                # ``_run<N>`` file is another start), server kind and acceptance
+                "group": f"{Path(run).name}{run_suffix(file)}/{cell.model} {cell.server}"
                          + ("" if cell.acceptance is None else f"@{cell.acceptance:g}"),
                 **cell.to_dict(),
                 "measured_tok_s": cell.throughput_tok_s,

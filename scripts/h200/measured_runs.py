@@ -8,8 +8,11 @@ the project's sessions have written are recognised by file name and keys:
   without speculation: ``sweep``, ``headline``), ``<model>_off*.json`` (the plugin's off
   path under a constant steps-0 policy: ``sweep_off``, ``headline_off``; ``sweep_switching``
   runs the explore rule and is skipped), ``<model>_acc<A>_replay.json``
-  (``headline_<policy>`` at simulated acceptance A). Every server with
-  ``--disable-radix-cache``, ``--max-running-requests 48``, 40 s headline.
+  (``headline_<policy>`` at simulated acceptance A; ``_replay_run<N>.json`` for later
+  runs). Every server with ``--disable-radix-cache``, ``--max-running-requests 48``, 40 s
+  headline. A sweep repeated at one C (keys ``C``, ``C#1``, ``C#2``, ...; run 3) is one
+  cell: the median of the repeats per metric (the first run at a C can be an outlier:
+  the dense off path's first C = 48 run, 8.20 ms against 6.71 / 6.70).
 * ``session.py`` (``docs/results/h200``): ``sweep_real.json`` (``{policy: {C: ...}}``,
   one batch), ``headline_real.json`` / ``headline_static3.json`` / ``headline_sglang.json``
   (``{policy: ...}``), dense, acceptance 3.5, radix cache on, SGLang's own steps=0.
@@ -26,6 +29,8 @@ import json
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+import numpy as np
 
 #: Server kinds: no speculation at all; speculation with the plugin's off path
 #: (steps 0 = plain decode); speculation with SGLang's own steps=0 (the old plugin).
@@ -48,6 +53,9 @@ class Cell:
     source: str  # file and key it came from
     throughput_tok_s: float
     mean_tpot_ms: float
+    #: The cost profile the real controller was started with, where the run file names
+    #: it (``profile`` of ``offswitch.py``'s replays); the PPO policy's prior.
+    prior: str | None = None
 
     def key(self) -> str:
         """A short unique label of the cell (without the source)."""
@@ -76,6 +84,27 @@ def _cell(base: dict, result: dict, source: str, **kw) -> Cell:
         raise ValueError(f"{source}: not a load-generator summary ({exc})") from exc
 
 
+def _sweep(base: dict, sweep: dict, source: str, policy: str) -> list[Cell]:
+    """One one-batch cell per C of ``sweep``; repeats (``C#k`` keys) give their median."""
+    repeats: dict[int, list[dict]] = {}
+    for key, r in sweep.items():
+        c, _, k = key.partition("#")
+        if not c.isdigit() or (k and not k.isdigit()):
+            raise ValueError(f"{source}: sweep key {key!r} is not C or C#k")
+        repeats.setdefault(int(c), []).append(r)
+    cells = []
+    for c, runs in sorted(repeats.items()):
+        where = f"{source}.{c}" + (f" (median of {len(runs)})" if len(runs) > 1 else "")
+        try:
+            merged = {m: float(np.median([float(r[m]) for r in runs]))
+                      for m in ("throughput_tok_s", "mean_tpot_ms")}
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"{where}: not a load-generator summary ({exc})") from exc
+        cells.append(_cell(base, merged, where, workload="one_batch", concurrency=c,
+                           seconds=None, policy=policy))
+    return cells
+
+
 def _offswitch(path: Path, data: dict) -> list[Cell]:
     name = path.name
     model = _model(name, data)
@@ -83,23 +112,20 @@ def _offswitch(path: Path, data: dict) -> list[Cell]:
     cells = []
     if "_nospec" in name:
         base = {**common, "server": "nospec", "acceptance": None}
-        for c, r in data.get("sweep", {}).items():
-            cells.append(_cell(base, r, f"{name}:sweep.{c}", workload="one_batch",
-                               concurrency=int(c), seconds=None, policy="no_spec"))
+        cells += _sweep(base, data.get("sweep", {}), f"{name}:sweep", "no_spec")
         if "headline" in data:
             cells.append(_cell(base, data["headline"], f"{name}:headline", workload="headline",
                                concurrency=None, seconds=40.0, policy="no_spec"))
     elif "_off" in name:
         base = {**common, "server": "spec_off", "acceptance": None}
-        for c, r in data.get("sweep_off", {}).items():
-            cells.append(_cell(base, r, f"{name}:sweep_off.{c}", workload="one_batch",
-                               concurrency=int(c), seconds=None, policy="static_0"))
+        cells += _sweep(base, data.get("sweep_off", {}), f"{name}:sweep_off", "static_0")
         if "headline_off" in data:
             cells.append(_cell(base, data["headline_off"], f"{name}:headline_off",
                                workload="headline", concurrency=None, seconds=40.0,
                                policy="static_0"))
-    elif name.endswith("_replay.json"):
-        base = {**common, "server": "spec_off", "acceptance": float(data["acceptance"])}
+    elif re.search(r"_replay(_run\d+)?\.json$", name):
+        base = {**common, "server": "spec_off", "acceptance": float(data["acceptance"]),
+                "prior": data.get("profile")}
         for key, r in data.items():
             if key.startswith("headline_"):
                 cells.append(_cell(base, r, f"{name}:{key}", workload="headline",
@@ -172,7 +198,7 @@ def read_run_dir(folder: str | Path) -> tuple[list[Cell], dict[str, str]]:
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path}: invalid JSON at line {exc.lineno}: {exc.msg}") from exc
         name = path.name
-        if re.match(r"(dense|moe)_(nospec(_run\d+)?|off(_run\d+)?|acc[\d.]+_replay)\.json$", name):
+        if re.match(r"(dense|moe)_(nospec|off|acc[\d.]+_replay)(_run\d+)?\.json$", name):
             found = _offswitch(path, data)
         elif name in ("sweep_real.json", "headline_real.json", "headline_static3.json",
                       "headline_sglang.json"):

@@ -46,6 +46,7 @@ ACC = os.environ.get("ACC", "3.5")
 CANDIDATES = [0, 1, 3, 5]
 CONCURRENCY = [1, 8, 32, 48]
 REPS = int(os.environ.get("REPS", "1"))
+TOKEN_MODE = os.environ.get("SGLANG_SIMULATE_ACC_TOKEN_MODE", "real-draft-token")
 PROFILE_C = int(os.environ.get("PROFILE_C", "48"))
 SWITCH_SECONDS = float(os.environ.get("SWITCH_SECONDS", "0"))
 PROFILE = os.environ.get("PROFILE") or (
@@ -296,9 +297,13 @@ def phase_sim() -> None:
     served = RUN / "policy.npz"
     shutil.copy(policies["static_3"], served)
     controller = session.start_controller(served, PROFILE)
-    env = {**plugin_env("trace-sim"), "SGLANG_SIMULATE_ACC_LEN": ACC}
+    # Real tokens: SGLang's default token mode writes id 100 for every generated token,
+    # which routes every request of an MoE to the same experts (cheap, unreal steps).
+    env = {**plugin_env("trace-sim"), "SGLANG_SIMULATE_ACC_LEN": ACC,
+           "SGLANG_SIMULATE_ACC_TOKEN_MODE": TOKEN_MODE}
     server = start("sim", spec=True, env=env)
     result: dict = {"model": MODELS.name, "acceptance": float(ACC), "profile": PROFILE,
+                    "simulate_acc_token_mode": TOKEN_MODE,
                     "policy_sha256": hashlib.sha256(policies["ppo"].read_bytes()).hexdigest()}
     try:
         for name in os.environ.get("POLICIES", "static_3,ppo,static_0").split(","):

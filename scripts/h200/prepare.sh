@@ -28,7 +28,8 @@ done
 "$python" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
     --implementation cp "${platforms[@]}" -d "$out/all" \
     $(grep -v '^#' scripts/h200/wheels.txt) \
-    hydra-core==1.3.2 omegaconf==2.3.0 gymnasium==1.2.2 farama-notifications==0.0.4
+    hydra-core==1.3.2 omegaconf==2.3.0 gymnasium==1.2.2 farama-notifications==0.0.4 \
+    threadpoolctl==3.8.0
 # omegaconf's parser runtime exists only as a source distribution: build its pure wheel.
 "$python" -m pip wheel -q --no-deps -w "$out/all" antlr4-python3-runtime==4.9.3
 # The FA3 / FlashMLA / SM100 kernels are 570 MiB; the run uses the triton backend.

@@ -54,7 +54,10 @@ def adaptive_config() -> Path:
 def start_server(name: str, plugin_env: dict[str, str], adaptive: bool = True,
                  steps: int = max(CANDIDATES), sglang_default_config: bool = False
                  ) -> subprocess.Popen:
-    env = {**os.environ, "SGLANG_SIMULATE_ACC_LEN": "3.5", **plugin_env}
+    # Real tokens (not SGLang's default of id 100 for every generated token, which makes
+    # an MoE's steps cheap): docs/OFFSWITCH.md.
+    env = {**os.environ, "SGLANG_SIMULATE_ACC_LEN": "3.5",
+           "SGLANG_SIMULATE_ACC_TOKEN_MODE": "real-draft-token", **plugin_env}
     args = [
         sys.executable, "-m", "sglang.launch_server",
         "--model-path", str(MODELS / "target"),

@@ -1,0 +1,74 @@
+"""The H200 headline replay in the simulator, per policy: a fitted server, a handed prior.
+
+    python scripts/h200/replay_policies.py --server docs/results/h200/fidelity/moe_spec.yaml \
+        --prior h200_qwen3_30b_a3b --acceptance 2.5 [--policies static_3,static_0,ppo,...]
+
+Replays ``session.headline_workload`` (818 requests over 40 s, load rising and falling
+twice) on a server whose costs are ``--server`` (e.g. the profile fitted to the real
+replays, ``docs/FIDELITY.md``), with ``--prior`` as the cost profile the controller is
+handed (what ``specctl-serve profile=...`` got on the GPU), and prints each policy's
+throughput, mean TPOT and the share of its decisions at each depth.
+
+Why: on the H200 (``docs/OFFSWITCH.md``, run 3) the shipped policy ran depth 3 on every
+step of the MoE replay at acceptance 2.5 while speculation off served the arrivals; this
+reproduces that cell within about 1% in seconds, so a policy can be checked against it
+without a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from session import headline_workload
+
+from agents.policies import make_policy
+from env.features import FeatureSpec
+from env.rollout import DecisionLoop, rollout
+from env.sim.acceptance import SGLangSimulatedAcceptance
+from env.sim.cost_model import load_profile
+from env.sim.simulator import SchedulerConfig, Simulator
+from env.traces.workloads import Workload
+
+
+def replay(server, prior, acceptance: float, policy_name: str, seed: int = 0) -> dict:
+    """One headline replay; throughput, mean TPOT and the share of decisions per depth."""
+    arrivals, prompts, outputs = headline_workload(40.0)
+    workload = Workload("headline", np.asarray(arrivals), np.asarray(prompts, np.int32),
+                        np.asarray(outputs, np.int32))
+    # 48 running requests and a plain decode for depth 0, as the GPU servers ran.
+    config = SchedulerConfig.from_profile(server, max_running_requests=48, zero_step="off")
+    sim = Simulator(server, SGLangSimulatedAcceptance(acceptance), workload, config, seed=seed)
+    policy = make_policy(policy_name, profile=server, sim_config=config)
+    loop = DecisionLoop(sim, FeatureSpec(), 3, None, cost_prior=prior)
+    result = rollout(loop, policy)
+    depths = dict(enumerate(result.steps_chosen))  # decisions per depth
+    total = sum(depths.values()) or 1
+    return {"throughput_tok_s": result.throughput_tok_s, "mean_tpot_ms": result.mean_tpot_ms,
+            "depth_share": {d: n / total for d, n in depths.items() if n}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--server", required=True, help="the server's cost profile (path or name)")
+    parser.add_argument("--prior", default=None,
+                        help="the profile handed to the controller (default: none)")
+    parser.add_argument("--acceptance", type=float, default=2.5)
+    parser.add_argument("--policies", default="static_3,static_0,ppo,goodput_online")
+    args = parser.parse_args()
+    server = load_profile(args.server)
+    prior = load_profile(args.prior) if args.prior else None
+    print("| policy | tok/s | mean TPOT ms | decisions per depth |\n|---|---|---|---|")
+    for name in args.policies.split(","):
+        r = replay(server, prior, args.acceptance, name)
+        share = ", ".join(f"{d}: {s:.0%}" for d, s in r["depth_share"].items())
+        print(f"| {name} | {r['throughput_tok_s']:,.0f} | {r['mean_tpot_ms']:.1f} | {share} |")
+
+
+if __name__ == "__main__":
+    main()
