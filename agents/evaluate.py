@@ -54,6 +54,10 @@ CLAIRVOYANT = {"oracle"}
 _PRIOR_FREE_PREFIXES = ("no_spec", "static_", "table", "sglang_adaptive", "oracle")
 #: A window with fewer decisions than this (or nothing served) says nothing: left out.
 MIN_DECISIONS = 50
+#: A window is one where speculation never pays when the oracle is off on >= 95% of its
+#: steps and no speculation reaches this close to the reference (best of oracle and
+#: fixed depths).
+NEVER_PAYS_MARGIN = 0.01
 
 
 def _prior_free(policy: str) -> bool:
@@ -72,7 +76,7 @@ def _run_scenario(env_json: str, windows: int, seed: int, modes: tuple[str, ...]
                   policy_path: str | None) -> dict | None:
     env = json.loads(env_json)
     scenario = _scenarios(env_json, windows, seed, modes, random_servers)[index]
-    if policy_name == "goodput_greedy" and scenario.prior is None:
+    if policy_name in ("goodput_greedy", "goodput_explore") and scenario.prior is None:
         return None  # no profile handed: the rule has nothing to work from
     sim = Simulator(scenario.profile, scenario.acceptance, scenario.workload, scenario.config,
                     seed=scenario.seed)
@@ -211,7 +215,8 @@ def target_checks(document: dict, policy: str = "ppo",
     ratio to the best non-clairvoyant baseline. Targets: held-out families and
     workloads with the exact profile >= 0.95 of the oracle and >= 0.99x the best
     baseline; with a perturbed or missing profile >= 0.90 of the oracle; off on
-    >= 90% of steps where the oracle is off on >= 95% (speculation never pays);
+    >= 90% of steps where speculation never pays (the oracle is off on >= 95% of
+    steps and no speculation is within ``NEVER_PAYS_MARGIN`` of the reference);
     the training families (exact profile) as before, >= 0.967 of the oracle.
     """
     checks: dict[str, Any] = {}
@@ -245,14 +250,22 @@ def target_checks(document: dict, policy: str = "ppo",
     checks["cells"] = cells
     checks["cells_met"] = sum(1 for c in cells.values() if c["met"])
     checks["cells_with_target"] = sum(1 for c in cells.values() if c["met"] is not None)
-    never_pays = [d for d in document.get("scenarios", [])
+    oracle_off = [d for d in document.get("scenarios", [])
                   if "oracle" in d["runs"] and policy in d["runs"]
                   and d["runs"]["oracle"]["off_share"] >= 0.95]
+    # The per-step oracle is myopic (re-entry costs): on some servers it stays off
+    # where a fixed depth is far faster. Speculation "never pays" only where no
+    # speculation is also within NEVER_PAYS_MARGIN of the reference.
+    never_pays = [d for d in oracle_off if "no_spec" not in d["runs"]
+                  or (d["runs"]["no_spec"].get("oracle_fraction") or 0.0)
+                  >= 1.0 - NEVER_PAYS_MARGIN]
     if never_pays:
         shares = [d["runs"][policy]["off_share"] for d in never_pays]
         checks["never_pays"] = {"scenarios": len(never_pays),
                                 "mean_off_share": float(np.mean(shares)),
-                                "at_least_90pct_off": int(sum(s >= 0.9 for s in shares))}
+                                "at_least_90pct_off": int(sum(s >= 0.9 for s in shares)),
+                                "oracle_off_but_speculation_pays": len(oracle_off)
+                                - len(never_pays)}
     checks["left_out_empty_windows"] = len(document.get("left_out_empty", []))
     varying = [d for d in document.get("scenarios", []) if d["modulated"]
                and policy in d["runs"] and "sglang_adaptive" in d["runs"]

@@ -14,7 +14,10 @@ batch size of the step being decided. Names, as used on the command line and in
                        batch-size bucket, re-decided every few verify steps, hysteresis
 ``goodput_greedy``     online acceptance estimate + the cost profile handed to the
                        controller: the depth maximising expected tokens per second
-                       (TurboSpec-like); with the true profile it is the kick-start teacher
+                       (TurboSpec-like)
+``goodput_explore``    ``goodput_greedy``, except where the observation's own estimate
+                       prefers a depth whose cost was not measured lately: then it
+                       measures (with the true profile: the kick-start teacher)
 ``goodput_online``     the same rule on the feature module's estimates (profile as prior,
                        corrected by measured step latencies), probing a depth whose cost
                        has not been measured lately: the best hand-written rule on the
@@ -267,6 +270,54 @@ class GoodputGreedyPolicy(Policy):
         return self.rule.choose(rate, latency, obs.steps_used)
 
 
+class GoodputExplorePolicy(Policy):
+    """:class:`GoodputGreedyPolicy`, measuring where the observation cannot tell.
+
+    The kick-start teacher knows the true costs; the student sees only the feature
+    module's estimates, which for a depth not run lately are the handed profile's
+    or, without one, a generic prior's guess. Imitating the privileged choice
+    there teaches the student to act on knowledge it does not have (e.g. never
+    to try speculating on an unknown server). So where the estimate prefers a
+    depth by more than ``margin`` over the greedy choice and that depth has fewer
+    than ``min_samples`` recent cost measurements, this rule measures instead:
+    its own choice if that is unmeasured too, else the cheapest depth that looks
+    better and is unmeasured; a few steps later telemetry has measured it and the
+    estimate moves to the truth. Every input of that decision is in the
+    observation vector (relative goodput and cost confidence per depth), so a
+    student can learn it.
+    """
+
+    name = "goodput_explore"
+
+    def __init__(self, profile, max_depth: int, sim_config: SchedulerConfig | None = None,
+                 margin: float = 0.1, min_samples: float = 1.0) -> None:
+        self.greedy = GoodputGreedyPolicy(profile, max_depth, sim_config)
+        self.max_depth = max_depth
+        self.margin = margin
+        self.min_samples = min_samples
+
+    def reset(self, sim=None) -> None:
+        self.greedy.reset(sim)
+
+    def act(self, obs: Observation) -> int:
+        choice = self.greedy.act(obs)  # every step: the rule's probing budget runs on
+        samples = obs.cost_samples[: self.max_depth + 1]
+        if not samples.size:
+            return choice
+        latency = obs.latency_pred_s[: self.max_depth + 1]
+        rate = (1.0 + obs.expected_accepted[: self.max_depth + 1]) / latency
+        looks_better = rate > rate[choice] * (1.0 + self.margin)
+        unmeasured = samples < self.min_samples
+        best = int(np.argmax(rate))
+        if not (looks_better[best] and unmeasured[best]):
+            return choice
+        if unmeasured[choice]:
+            return choice  # running the right depth measures it as well as any probe
+        # The cheapest candidate first: it costs least to measure, and once the cost
+        # of speculating at all is known, the deeper depths' guesses move with it.
+        return int(np.flatnonzero(looks_better & unmeasured)[0])
+
+
 class GoodputOnlinePolicy(Policy):
     """Greedy expected tokens per second on the observation's own estimates.
 
@@ -363,7 +414,7 @@ class ExportedPolicyAdapter(Policy):
 
 #: The policy names ``make_policy`` knows (``static_<d>``: any depth 0..max_depth).
 POLICY_NAMES = ("no_spec", "static_<d>", "table", "sglang_adaptive", "goodput_greedy",
-                "goodput_online", "oracle", "ppo")
+                "goodput_explore", "goodput_online", "oracle", "ppo")
 
 
 def make_policy(name: str, *, profile=None, max_depth: int = 7, policy_path: str | None = None,
@@ -385,10 +436,12 @@ def make_policy(name: str, *, profile=None, max_depth: int = 7, policy_path: str
         return SGLangAdaptivePolicy(max_depth=max_depth, initial_steps=max_depth)
     if name == "goodput_online":
         return GoodputOnlinePolicy(max_depth)
-    if name in ("goodput_greedy", "oracle") and profile is None:
+    if name in ("goodput_greedy", "goodput_explore", "oracle") and profile is None:
         raise ValueError(f"policy {name!r} needs a cost profile")
     if name == "goodput_greedy":
         return GoodputGreedyPolicy(profile, max_depth, sim_config)
+    if name == "goodput_explore":
+        return GoodputExplorePolicy(profile, max_depth, sim_config)
     if name == "oracle":
         return OraclePolicy(profile, max_depth)
     if name == "ppo":

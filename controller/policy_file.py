@@ -34,7 +34,8 @@ from env.features import FeatureSpec
 FORMAT = "specctl-policy"
 #: 2: feature spec version 2 (the observation gained per-depth cost confidence and the
 #: cost profile's presence and error; steps 0 means the plugin's real off switch).
-FORMAT_VERSION = 2
+#: 3: feature spec version 3 (per-depth cost confidence saturates within a few samples).
+FORMAT_VERSION = 3
 #: Largest speculation depth a decision can carry (int8 on the wire).
 MAX_STEPS = 127
 _ACTIVATIONS = {"tanh": np.tanh, "relu": lambda x: np.maximum(x, 0.0)}
@@ -152,9 +153,8 @@ class ExportedPolicy:
         if meta.get("format_version") != FORMAT_VERSION:
             raise PolicyFileError(
                 f"{path}: field 'format_version' is {meta.get('format_version')!r}; "
-                f"this build reads version {FORMAT_VERSION} only (version 1 policies were "
-                "trained on the old observation and on steps=0 costing SGLang's steps=0, "
-                "not a real off switch: retrain with specctl-train)"
+                f"this build reads version {FORMAT_VERSION} only (older policies were "
+                "trained on an older observation: retrain with specctl-train)"
             )
         for name, kind in (("feature_spec", dict), ("actions", list)):
             if name in meta and not isinstance(meta[name], kind):
@@ -235,6 +235,7 @@ _SPEC_RANGES = (
     ("latency_ridge", 0.0, 1e9, True),
     ("speculation_prior_fraction", 0.0, 1e3, False),
     ("draft_step_prior_fraction", 0.0, 1e3, False),
+    ("cost_confidence_samples", 0.0, 1e9, True),  # divides: must be > 0
     ("batch_scale", 0.0, 1e12, True),
     ("waiting_scale", 0.0, 1e12, True),
     ("switch_scale", 0.0, 1e12, True),

@@ -32,9 +32,10 @@ The observation holds only what a server can know online:
   profile is recommended;
 * their combination: the estimated goodput of each depth relative to no
   speculation, ``(1 + E[accepted | d]) / latency(d)``;
-* what is measured and what is assumed: per depth, how many recent steps ran at
-  that depth (exponentially forgotten, as the latency regression: a depth never
-  run has a cost that is only the prior's guess), whether a cost profile was
+* what is measured and what is assumed: per depth, a confidence that rises from
+  0 to 1 within a few recent steps at that depth (exponentially forgotten, as the
+  latency regression: a depth never run has a cost that is only the prior's
+  guess), whether a cost profile was
   given, and how far the measured latencies sit from the profile's
   prediction (a wrong or swapped profile shows here within a few steps);
 * control state: the steps of the latest step, steps since the last switch, and
@@ -59,7 +60,10 @@ from env.traces.schema import StepRecord
 
 #: Bump when the meaning or order of the observation vector changes.
 #: 2: per-depth cost confidence, cost-profile presence and error (after log_throughput).
-FEATURE_VERSION = 2
+#: 3: cost confidence is ``1 - exp(-samples / cost_confidence_samples)``: it tells an
+#: unmeasured depth from one measured a few steps ago (log1p(samples) / log1p(1e4) put
+#: both near 0, so a policy could not learn to measure a depth before trusting it).
+FEATURE_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,8 @@ class FeatureSpec:
     #: further draft step, as fractions of the plain decode step.
     speculation_prior_fraction: float = 0.05
     draft_step_prior_fraction: float = 0.07
+    #: Recent cost measurements of a depth at which its confidence is 1 - 1/e.
+    cost_confidence_samples: float = 2.0
     #: EMA weight for the load and throughput trackers.
     ema_alpha: float = 0.1
     #: Normalisers (log1p scales) of the load features.
@@ -198,6 +204,7 @@ class FeatureBuilder:
                 :class:`env.sim.cost_model.CostProfile`): the latency model's prior mean.
         """
         self.spec = spec or FeatureSpec()
+        self._per_sample = 1.0 / self.spec.cost_confidence_samples
         self.cost_prior = cost_prior
         self._layout = _layout(self.spec)
         self.reset()
@@ -427,7 +434,8 @@ class FeatureBuilder:
             self._waiting, self._kv_use, self._batch_trend, self._prefill_share,
             self._steps_used, self._steps_since_switch, self._steps_since_acceptance,
             *rates, *self._trials, self._latency_ms_ema or 0.0,
-            self._throughput_ema or 0.0, *self._depth_samples,
+            self._throughput_ema or 0.0,
+            *[-math.expm1(-samples * self._per_sample) for samples in self._depth_samples],
             1.0 if self.cost_prior is not None else 0.0, self._prior_log_error,
             self._kv_used_tokens,
             10.0 if self._latency_ms_ema is None else self._latency_ms_ema, *expected,
@@ -492,7 +500,7 @@ class _Layout:
             (True, 1.0, math.log1p(1000.0)),  # latency (ms)
             # ... the per-depth relative latency and goodput go here ...
             (True, 1.0, math.log1p(1e6)),  # throughput
-            *[(True, confidence, 1.0)] * (depth + 1),  # cost confidence (samples)
+            *[(False, 1.0, 1.0)] * (depth + 1),  # cost confidence (1 - exp(-samples/k))
             (False, 1.0, 1.0),  # has cost profile
             (False, 1.0, 1.0),  # cost profile error
         ]

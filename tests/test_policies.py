@@ -120,3 +120,42 @@ def test_goodput_online_measures_off_one_and_deepest_before_trusting_its_model()
     # Measured: speculation at this server costs nothing extra, drafts are accepted:
     # after the probes it speculates.
     assert probes[-1] > 0
+
+
+def _timed(i: int, batch: int, steps: int, accepted: int, latency_s: float) -> StepRecord:
+    return StepRecord(server="t", rank=0, step_index=i, time_s=float(i), batch_size=batch,
+                      waiting_requests=0, running_requests=batch, kv_used_tokens=1000,
+                      kv_capacity_tokens=100_000, prefill_tokens=0, steps_used=steps,
+                      accepted_drafts=np.full(batch if steps else 0, accepted, np.int8),
+                      step_latency_s=latency_s)
+
+
+def test_goodput_explore_measures_what_the_observation_only_guesses():
+    from agents.policies import GoodputExplorePolicy
+
+    blackwell = load_profile("blackwell_tp8")
+    teacher = GoodputExplorePolicy(blackwell, max_depth=7)
+    greedy = GoodputGreedyPolicy(blackwell, max_depth=7)
+    # No profile, only off measured: the feature module's generic prior says speculating
+    # is nearly free, so the observation prefers a deep depth; the teacher (true costs:
+    # speculation is ruinous at batch 64) keeps off, which is measured: still off.
+    off = [_timed(i, 64, 0, 0, 0.07) for i in range(20)]
+    builder = FeatureBuilder()
+    builder.update_many(off)
+    obs = builder.observation(64)
+    rate = (1 + obs.expected_accepted) / obs.latency_pred_s
+    assert int(np.argmax(rate)) > 0 and obs.cost_samples[1:].sum() == 0
+    assert greedy.act(obs) == 0
+    # ...so it measures the cheapest depth that looks better instead of imitating the
+    # knowledge of the true cost, which the student cannot have.
+    assert teacher.act(obs) == 1
+    # Once depth 1 was measured (and costs what it does: 5x off), the estimate agrees: off.
+    slow = [_timed(20 + i, 64, 1, 1, 0.37) for i in range(10)]
+    for record in slow:
+        record.accepted_drafts[::4] = 0  # 3 in 4 first drafts accepted
+    builder.update_many(slow)
+    assert teacher.act(builder.observation(64)) == 0
+    # With the true profile the estimate is the truth: nothing to measure, greedy's choice.
+    exact = FeatureBuilder(cost_prior=blackwell)
+    exact.update_many(off)
+    assert teacher.act(exact.observation(64)) == greedy.act(exact.observation(64)) == 0

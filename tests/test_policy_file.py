@@ -46,6 +46,7 @@ def _write(path, meta_changes: dict | None = None, spec_changes: dict | None = N
     (dict(spec_changes={"accept_decay": float("nan")}), "accept_decay"),
     (dict(spec_changes={"accept_decay": 1.5}), "accept_decay"),
     (dict(spec_changes={"latency_ridge": 0.0}), "latency_ridge"),
+    (dict(spec_changes={"cost_confidence_samples": 0.0}), "cost_confidence_samples"),
     (dict(spec_changes={"ema_alpha": float("inf")}), "ema_alpha"),
     (dict(spec_changes={"batch_scale": -1.0}), "batch_scale"),
     (dict(meta_override=[1, 2, 3]), "must be a JSON object"),
