@@ -254,7 +254,9 @@ def test_one_measurement_moves_the_level_not_the_prior_fractions():
     assert vector["log_latency_ms"] == pytest.approx(np.log1p(20) / np.log1p(1000), rel=1e-6)
     assert vector["log_throughput"] == pytest.approx(np.log1p(64 / 0.02) / np.log1p(1e6),
                                                      rel=1e-6)
-    assert vector["cost_confidence_0"] == pytest.approx(np.log1p(1) / np.log1p(1e4), rel=1e-6)
+    # One step measured at depth 0: confidence 1 - exp(-samples / cost_confidence_samples).
+    assert vector["cost_confidence_0"] == pytest.approx(
+        1 - np.exp(-1 / builder.spec.cost_confidence_samples), rel=1e-6)
 
 
 @pytest.mark.parametrize("kv", [0, 30_000, 400_000])

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.policy_file import MAX_STEPS, ExportedPolicy, PolicyFileError
+from controller.policy_file import FORMAT_VERSION, MAX_STEPS, ExportedPolicy, PolicyFileError
 from controller.reload import PolicyHolder
 from controller.wire import MAX_BATCH, MAX_NAME_CHARS
 from env.features import FeatureSpec
@@ -286,7 +286,7 @@ def test_unreadable_files_are_refused_saying_why(tmp_path, content, message):
 @pytest.mark.parametrize(("changes", "message"), [
     (dict(meta_changes={"feature_spec": [1]}), "field 'feature_spec' must be a JSON object"),
     (dict(meta_changes={"actions": {"a": 1}}), "field 'actions' must be a JSON array"),
-    (dict(meta_changes={"format_version": 1}), "version 1 policies were trained"),
+    (dict(meta_changes={"format_version": 1}), "field 'format_version' is 1; this build"),
     (dict(meta_changes={"activation": "gelu"}), "unknown activation"),
     (dict(meta_changes={"actions": ["x"] * 8}), "invalid literal"),
     (dict(spec_changes={"nonsense": 1}), "unknown feature-spec fields"),
@@ -367,9 +367,8 @@ def test_a_three_dimensional_layer_is_refused_even_when_its_edges_fit():
 @pytest.mark.parametrize(("meta", "text"), [
     ([1, 2], "field 'meta' must be a JSON object, got a list"),
     ({"format": "specctl-policy", "format_version": 1},
-     "field 'format_version' is 1; this build reads version 2 only (version 1 policies were "
-     "trained on the old observation and on steps=0 costing SGLang's steps=0, not a real off "
-     "switch: retrain with specctl-train)"),
+     f"field 'format_version' is 1; this build reads version {FORMAT_VERSION} only (older "
+     "policies were trained on an older observation: retrain with specctl-train)"),
 ])
 def test_file_level_messages_read_in_full(tmp_path, meta, text):
     path = tmp_path / "p.npz"
