@@ -72,7 +72,7 @@ def workload_of(cell: Cell, client) -> tuple[object, float | None]:
 
 
 def simulate(cell: Cell, profile: CostProfile, prior: CostProfile, client, seed: int = 0) -> dict:
-    """Replay one cell; throughput (tok/s) and mean TPOT (ms)."""
+    """Replay one cell; throughput (tok/s), mean TPOT (ms) and decisions per depth."""
     workload, horizon = workload_of(cell, client)
     # A depth-0 step is a plain decode on a server without speculation and on the plugin's
     # off path; SGLang's own steps=0 (the old plugin) stays on the speculative path.
@@ -84,7 +84,8 @@ def simulate(cell: Cell, profile: CostProfile, prior: CostProfile, client, seed:
     sim = Simulator(profile, acceptance, workload, config, seed=seed)
     policy = make_policy(cell.policy, profile=profile, sim_config=config)
     result = rollout(DecisionLoop(sim, FeatureSpec(), 3, horizon, cost_prior=prior), policy)
-    return {"throughput_tok_s": result.throughput_tok_s, "mean_tpot_ms": result.mean_tpot_ms}
+    return {"throughput_tok_s": result.throughput_tok_s, "mean_tpot_ms": result.mean_tpot_ms,
+            "steps_chosen": list(result.steps_chosen)}
 
 
 def profile_for(cell: Cell, profiles: dict[str, CostProfile]) -> CostProfile | None:

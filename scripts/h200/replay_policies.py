@@ -21,36 +21,24 @@ import argparse
 import sys
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from session import headline_workload
+from compare import simulate
+from measured_runs import Cell
 
-from agents.policies import make_policy
-from env.features import FeatureSpec
-from env.rollout import DecisionLoop, rollout
-from env.sim.acceptance import SGLangSimulatedAcceptance
 from env.sim.cost_model import load_profile
-from env.sim.simulator import SchedulerConfig, Simulator
-from env.traces.workloads import Workload
 
 
 def replay(server, prior, acceptance: float, policy_name: str, seed: int = 0) -> dict:
     """One headline replay; throughput, mean TPOT and the share of decisions per depth."""
-    arrivals, prompts, outputs = headline_workload(40.0)
-    workload = Workload("headline", np.asarray(arrivals), np.asarray(prompts, np.int32),
-                        np.asarray(outputs, np.int32))
-    # 48 running requests and a plain decode for depth 0, as the GPU servers ran.
-    config = SchedulerConfig.from_profile(server, max_running_requests=48, zero_step="off")
-    sim = Simulator(server, SGLangSimulatedAcceptance(acceptance), workload, config, seed=seed)
-    policy = make_policy(policy_name, profile=server, sim_config=config)
-    loop = DecisionLoop(sim, FeatureSpec(), 3, None, cost_prior=prior)
-    result = rollout(loop, policy)
-    depths = dict(enumerate(result.steps_chosen))  # decisions per depth
-    total = sum(depths.values()) or 1
-    return {"throughput_tok_s": result.throughput_tok_s, "mean_tpot_ms": result.mean_tpot_ms,
-            "depth_share": {d: n / total for d, n in depths.items() if n}}
+    # The GPU servers' set-up: 48 running requests, depth 0 a plain decode (off path).
+    cell = Cell(model="", server="spec_off", acceptance=acceptance, workload="headline",
+                concurrency=None, seconds=40.0, policy=policy_name, radix_cache=False,
+                max_running=48, source="", throughput_tok_s=0.0, mean_tpot_ms=0.0)
+    result = simulate(cell, server, prior, client=None, seed=seed)
+    chosen = result.pop("steps_chosen")
+    total = sum(chosen) or 1
+    return {**result, "depth_share": {d: n / total for d, n in enumerate(chosen) if n}}
 
 
 def main() -> None:
