@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -172,3 +173,21 @@ def test_phases_cut_a_trace_of_several_runs_at_its_longest_pauses():
     assert second.batch_size[0] == 40 and third.batch_size[0] == 80
     with pytest.raises(ValueError, match="needs time_s"):
         StepArrays(np.ones(4), np.zeros(4), np.zeros(4), np.zeros(4), np.ones(4)).phases(2)
+
+
+def test_within_batch_kv_slope_finds_the_kv_cost_a_joint_fit_cannot_place():
+    from env.sim.load_fit import within_batch_kv_slope
+
+    rng = np.random.default_rng(0)
+    batch = np.repeat([8, 32, 48], 200)
+    # about 330 cached tokens per request: KV moves with the batch, plus a spread within
+    kv = batch * 330.0 + rng.uniform(-3000, 3000, len(batch))
+    latency = 5e-3 + 2e-4 * batch + 35e-9 * kv + rng.normal(0, 5e-5, len(batch))
+    n = len(batch)
+    steps = StepArrays(batch, np.zeros(n), kv, np.zeros(n), latency)
+    assert within_batch_kv_slope(steps) == pytest.approx(35e-9, rel=0.1)
+    # speculative steps are not depth 0's
+    spec = dataclasses.replace(steps, depth=np.full(n, 3))
+    with pytest.raises(ValueError, match="depth-0 decode steps"):
+        within_batch_kv_slope(spec)
+    assert within_batch_kv_slope(spec, depth=3) == pytest.approx(35e-9, rel=0.1)

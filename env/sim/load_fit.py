@@ -209,6 +209,45 @@ def load_points(steps: StepArrays | Sequence[StepArrays], *, draft_extend: bool 
                          weight=w, draft_extend=ext, speculative_path=(d > 0) | ext)
 
 
+def within_batch_kv_slope(steps: StepArrays | Sequence[StepArrays], depth: int = 0, *,
+                          min_steps: int = 5, min_kv_range: float = 1000.0) -> float:
+    """Seconds per cached token of decode steps at ``depth``, within one batch size.
+
+    Latency and KV use are demeaned per batch size (no per-request term can absorb what is
+    left) and regressed through the origin. Steps next to a prefill, depth-0 steps next to
+    a speculative one (``load_points``' guard) and steps over ``OUTLIER_RATIO`` x their
+    batch's median are left out; batch sizes with fewer than ``min_steps`` steps or a KV
+    range under ``min_kv_range`` tokens say nothing. Why: where every request holds about
+    as many cached tokens (one-batch sweeps) the KV column moves with the batch and a
+    joint fit cannot place the cost; the slope within a batch size in another trace can
+    (e.g. the MoE's plain decode: 34-36 ns per token in its replays, whose token-100
+    routing changes the expert reads but not the attention over the cache).
+    """
+    xs, ys = [], []
+    for run in [steps] if isinstance(steps, StepArrays) else steps:
+        prefill = run.prefill_tokens > 0
+        near = np.r_[False, prefill[:-1]] | np.r_[prefill[1:], False]
+        spec = (run.depth > 0).astype(np.int64)
+        guard = np.convolve(spec, np.ones(11, dtype=np.int64), "same") > 0
+        ok = (run.depth == depth) & ~prefill & ~near & (run.batch_size > 0) & (run.latency_s > 0)
+        if depth == 0:
+            ok &= ~guard
+        for b in np.unique(run.batch_size[ok]):
+            member = ok & (run.batch_size == b)
+            kv, latency = run.kv_tokens[member], run.latency_s[member]
+            keep = latency <= OUTLIER_RATIO * np.median(latency)
+            kv, latency = kv[keep], latency[keep]
+            if len(kv) < min_steps or np.ptp(kv) < min_kv_range:
+                continue
+            xs.append(kv - kv.mean())
+            ys.append(latency - latency.mean())
+    if not xs:
+        raise ValueError(f"no batch size has {min_steps} depth-{depth} decode steps spanning "
+                         f"{min_kv_range:.0f} KV tokens")
+    x, y = np.concatenate(xs), np.concatenate(ys)
+    return float(x @ y / (x @ x))
+
+
 def fit_load_profile(steps: StepArrays | Sequence[StepArrays], template: CostProfile,
                      free: Sequence[str], *, draft_extend: bool = False,
                      ties: dict[str, tuple[str, float]] | None = None,

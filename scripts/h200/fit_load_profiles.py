@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 
 from env.sim.cost_model import load_profile, save_profile
-from env.sim.load_fit import StepArrays, fit_load_profile
+from env.sim.load_fit import StepArrays, fit_load_profile, within_batch_kv_slope
 from env.traces.trace_format import read_trace
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,14 +41,14 @@ SHARED = REPO.parents[1] / "shared/measured/h200-sglang-0.5.15-offswitch/results
 #: prompt's per-token cost, several times a decode token's, goes to c_prefill_token and
 #: not into every decode step.
 BASE = ("c_fixed", "c_request", "c_prefill_token")
-#: A plain decode step's KV cost, dense model only (run 3): within one batch size the dense
-#: off trace's plain decode steps grow by 37-47 ns per cached token (batch 32 and 48, with
-#: and without requests waiting; reading 128 KiB per token at 4.8 TB/s is 27 ns), which the
-#: fit can see only with c_kv free. Left out, it went into c_request, and one-batch runs
-#: (256-token prompts, small caches) came out 10-14% slow at C = 32 and 48. The MoE's
-#: traces do not identify it (its plain steps are either all small caches, the sweep, or
-#: in the token-100 routing regime, the replays).
-DENSE_PLAIN_KV = ("c_kv",)
+#: A plain decode step's KV cost, ``c_kv``, is not fitted jointly but set to the slope of
+#: latency over cached tokens *within* one batch size of the fit's plain decode steps
+#: (``env.sim.load_fit.within_batch_kv_slope``): dense 40 ns per token (run-1 off trace;
+#: reading 128 KiB per token at 4.8 TB/s is 27 ns), MoE 35 ns in its one-batch off trace
+#: and 34-36 ns in both runs of the token-100 replay (attention over the cache does not
+#: depend on the expert routing). In a one-batch sweep every request holds about as many
+#: cached tokens, so a joint fit puts that cost on c_request (the MoE's no-speculation
+#: headline, 713-token prompts, came out 12% fast with c_kv 0).
 #: Speculative terms, the verify-mode KV cost c_steps0_kv among them (``env.sim.load_fit``:
 #: KV is paid far more on the speculative path). c_token is
 #: identified by the depths; c_verify_token is left at 0 (with c_request, c_token,
@@ -106,11 +106,14 @@ def main(argv: list[str] | None = None) -> int:
             # The explore servers ran with the radix cache on: their prefill steps count
             # uncached tokens only, so only their decode steps are used.
             explore = steps_of(explore_path, Path(scratch), prefills_measured=False)
-            free = BASE + (("c_moe",) if moe else DENSE_PLAIN_KV)
+            free = BASE + (("c_moe",) if moe else ())
             template = template.replace(moe_active_fraction=moe, c_kv=0.0, c_token=0.0,
                                         c_prefill_token=0.0, c_steps0=0.0,
                                         c_steps0_request=0.0, c_steps0_kv=0.0)
             spec_runs, spec_files = [off, explore], [off_path.name, explore_path.name]
+            # the runs whose depth-0 steps are plain decodes (an explore trace's are
+            # SGLang's steps=0, a verify forward)
+            spec_plain = [off]
             if moe:
                 template = template.replace(model=MOE_MODEL)
                 # With random weights the MoE's step cost depends on the tokens routed:
@@ -118,13 +121,16 @@ def main(argv: list[str] | None = None) -> int:
                 # in the one-batch sweep of the off trace. One profile cannot hold both;
                 # the speculative server's is fitted in the replays' regime (the off
                 # trace's sweep steps left out), the no-speculation one in the sweep's.
-                spec_runs = [explore] + [steps_of(offswitch / name, Path(scratch)).phases(2)[0]
-                                         for name in MOE_REPLAY_TRACES]
+                spec_plain = [steps_of(offswitch / name, Path(scratch)).phases(2)[0]
+                              for name in MOE_REPLAY_TRACES]
+                spec_runs = [explore, *spec_plain]
                 spec_files = [explore_path.name] + [f"{name} (first run)"
                                                     for name in MOE_REPLAY_TRACES]
-            for kind, steps, names, files in (("nospec", [off], free, [off_path.name]),
-                                              ("spec", spec_runs, free + SPEC, spec_files)):
-                profile, report = fit_load_profile(steps, template, names,
+            for kind, steps, plain, names, files in (
+                    ("nospec", [off], [off], free, [off_path.name]),
+                    ("spec", spec_runs, spec_plain, free + SPEC, spec_files)):
+                c_kv = within_batch_kv_slope(plain)
+                profile, report = fit_load_profile(steps, template.replace(c_kv=c_kv), names,
                                                    plain_only=kind == "nospec")
                 profile = profile.replace(
                     name=f"h200_{model}_{kind}_load",
@@ -134,12 +140,15 @@ def main(argv: list[str] | None = None) -> int:
                     # Only this fit's provenance: the template's describes another fit.
                     provenance={"fit": profile.provenance["fit"],
                                 "fitted_to": files,
+                                "c_kv": "env.sim.load_fit.within_batch_kv_slope of the plain "
+                                        "decode steps of the fitted off / replay traces",
                                 "method": "scripts/h200/fit_load_profiles.py (env.sim.load_fit)",
                                 "server": "--disable-radix-cache --max-running-requests 48 "
                                           "(off and replay traces); explore trace: radix "
                                           "cache on, decode steps only"})
                 save_profile(profile, out / f"{model}_{kind}.yaml")
-                print(f"{model} {kind}: {report.summary()}")
+                print(f"{model} {kind}: {report.summary()}; c_kv {c_kv * 1e9:.1f} ns "
+                      "(within-batch slope)")
                 print("  " + ", ".join(f"{k}={v * 1e6:.3f}us" for k, v in
                                        profile.coefficients.items() if k in names))
     return 0
