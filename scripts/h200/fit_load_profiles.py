@@ -28,7 +28,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from env.sim.cost_model import load_profile, save_profile
+from env.sim.cost_model import CostProfile, load_profile, save_profile
 from env.sim.load_fit import StepArrays, fit_load_profile, within_batch_kv_slope
 from env.traces.trace_format import read_trace
 
@@ -85,10 +85,21 @@ def steps_of(path: Path, scratch: Path, prefills_measured: bool = True) -> StepA
     return StepArrays.from_trace(read_trace(path), prefills_measured)
 
 
+def base_template(template: CostProfile, moe_fraction: float) -> CostProfile:
+    """``template`` with every fitted term at 0 (and the MoE's shape where ``moe_fraction``)."""
+    template = template.replace(moe_active_fraction=moe_fraction, c_kv=0.0, c_token=0.0,
+                                c_prefill_token=0.0, c_steps0=0.0, c_steps0_request=0.0,
+                                c_steps0_kv=0.0)
+    return template.replace(model=MOE_MODEL) if moe_fraction else template
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(REPO / "docs/results/h200/fidelity"))
     parser.add_argument("--shared", default=str(SHARED))
+    parser.add_argument("--moe-real-off", default=None,
+                        help="the MoE off server's trace with real tokens (.tar.gz or folder): "
+                             "also fit moe_real_{nospec,spec}.yaml to it")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -101,21 +112,19 @@ def main(argv: list[str] | None = None) -> int:
                 load_profile("h200_llama31_8b_recorded"), MOE_ACTIVE_FRACTION),
     }
     with tempfile.TemporaryDirectory() as scratch:
+        jobs = []  # (file stem, kind, steps, plain-decode runs, template, free, files)
         for model, (off_path, explore_path, template, moe) in sources.items():
             off = steps_of(off_path, Path(scratch))
             # The explore servers ran with the radix cache on: their prefill steps count
             # uncached tokens only, so only their decode steps are used.
             explore = steps_of(explore_path, Path(scratch), prefills_measured=False)
             free = BASE + (("c_moe",) if moe else ())
-            template = template.replace(moe_active_fraction=moe, c_kv=0.0, c_token=0.0,
-                                        c_prefill_token=0.0, c_steps0=0.0,
-                                        c_steps0_request=0.0, c_steps0_kv=0.0)
+            template = base_template(template, moe)
             spec_runs, spec_files = [off, explore], [off_path.name, explore_path.name]
             # the runs whose depth-0 steps are plain decodes (an explore trace's are
             # SGLang's steps=0, a verify forward)
             spec_plain = [off]
             if moe:
-                template = template.replace(model=MOE_MODEL)
                 # With random weights the MoE's step cost depends on the tokens routed:
                 # plain decode steps at batch 44-48 took 7.0 ms in the replay and 16.9 ms
                 # in the one-batch sweep of the off trace. One profile cannot hold both;
@@ -126,31 +135,43 @@ def main(argv: list[str] | None = None) -> int:
                 spec_runs = [explore, *spec_plain]
                 spec_files = [explore_path.name] + [f"{name} (first run)"
                                                     for name in MOE_REPLAY_TRACES]
-            for kind, steps, plain, names, files in (
-                    ("nospec", [off], [off], free, [off_path.name]),
-                    ("spec", spec_runs, spec_plain, free + SPEC, spec_files)):
-                c_kv = within_batch_kv_slope(plain)
-                profile, report = fit_load_profile(steps, template.replace(c_kv=c_kv), names,
-                                                   plain_only=kind == "nospec")
-                profile = profile.replace(
-                    name=f"h200_{model}_{kind}_load",
-                    description=f"{model} model on one H200 (SGLang 0.5.15.post1), "
-                                f"{'without speculation' if kind == 'nospec' else 'EAGLE-3'}; "
-                                "env.sim.load_fit on every decode and prefill step",
-                    # Only this fit's provenance: the template's describes another fit.
-                    provenance={"fit": profile.provenance["fit"],
-                                "fitted_to": files,
-                                "c_kv": "env.sim.load_fit.within_batch_kv_slope of the plain "
-                                        "decode steps of the fitted off / replay traces",
-                                "method": "scripts/h200/fit_load_profiles.py (env.sim.load_fit)",
-                                "server": "--disable-radix-cache --max-running-requests 48 "
-                                          "(off and replay traces); explore trace: radix "
-                                          "cache on, decode steps only"})
-                save_profile(profile, out / f"{model}_{kind}.yaml")
-                print(f"{model} {kind}: {report.summary()}; c_kv {c_kv * 1e9:.1f} ns "
-                      "(within-batch slope)")
-                print("  " + ", ".join(f"{k}={v * 1e6:.3f}us" for k, v in
-                                       profile.coefficients.items() if k in names))
+            jobs += [(model, "nospec", [off], [off], template, free, [off_path.name]),
+                     (model, "spec", spec_runs, spec_plain, template, free + SPEC, spec_files)]
+        if args.moe_real_off:
+            # Real tokens throughout (no simulated acceptance on the off server): every
+            # step of its trace, the one-batch sweeps, the depth-3 and switching steps
+            # and its replay under constant off, in one routing regime. The other real-token
+            # servers (no speculation, simulated acceptance with real-draft-token) are
+            # held out.
+            path = Path(args.moe_real_off)
+            off = steps_of(path, Path(scratch))
+            template = base_template(sources["moe"][2], MOE_ACTIVE_FRACTION)
+            free = (*BASE, "c_moe")
+            jobs += [("moe_real", "nospec", [off], [off], template, free, [path.name]),
+                     ("moe_real", "spec", [off], [off], template, free + SPEC, [path.name])]
+        for stem, kind, steps, plain, template, names, files in jobs:
+            c_kv = within_batch_kv_slope(plain)
+            profile, report = fit_load_profile(steps, template.replace(c_kv=c_kv), names,
+                                               plain_only=kind == "nospec")
+            profile = profile.replace(
+                name=f"h200_{stem}_{kind}_load",
+                description=f"{stem} model on one H200 (SGLang 0.5.15.post1), "
+                            f"{'without speculation' if kind == 'nospec' else 'EAGLE-3'}; "
+                            "env.sim.load_fit on every decode and prefill step",
+                # Only this fit's provenance: the template's describes another fit.
+                provenance={"fit": profile.provenance["fit"],
+                            "fitted_to": files,
+                            "c_kv": "env.sim.load_fit.within_batch_kv_slope of the plain "
+                                    "decode steps of the fitted off / replay traces",
+                            "method": "scripts/h200/fit_load_profiles.py (env.sim.load_fit)",
+                            "server": "--disable-radix-cache --max-running-requests 48 "
+                                      "(off and replay traces); explore trace: radix "
+                                      "cache on, decode steps only"})
+            save_profile(profile, out / f"{stem}_{kind}.yaml")
+            print(f"{stem} {kind}: {report.summary()}; c_kv {c_kv * 1e9:.1f} ns "
+                  "(within-batch slope)")
+            print("  " + ", ".join(f"{k}={v * 1e6:.3f}us" for k, v in
+                                   profile.coefficients.items() if k in names))
     return 0
 
 
