@@ -191,3 +191,16 @@ def test_within_batch_kv_slope_finds_the_kv_cost_a_joint_fit_cannot_place():
     with pytest.raises(ValueError, match="depth-0 decode steps"):
         within_batch_kv_slope(spec)
     assert within_batch_kv_slope(spec, depth=3) == pytest.approx(35e-9, rel=0.1)
+
+
+def test_a_run_can_lend_its_prefill_steps_alone():
+    n = 40
+    batch = np.where(np.arange(n) % 10 == 5, 0, 8)
+    prefill = np.where(batch == 0, 512, 0)
+    latency = np.where(batch == 0, 30e-3, 6e-3)
+    steps = StepArrays(batch, np.zeros(n), np.full(n, 3000.0), prefill, latency)
+    both = load_points(steps)
+    only = load_points(dataclasses.replace(steps, decodes_measured=False))
+    assert (both.prefill_tokens == 0).any()
+    assert (only.prefill_tokens > 0).all()
+    np.testing.assert_allclose(only.latency_s, both.latency_s[both.prefill_tokens > 0])

@@ -67,6 +67,7 @@ class StepArrays:
     latency_s: np.ndarray
     prefills_measured: bool = True
     time_s: np.ndarray | None = None
+    decodes_measured: bool = True
 
     def __post_init__(self) -> None:
         n = len(self.latency_s)
@@ -176,6 +177,7 @@ def load_points(steps: StepArrays | Sequence[StepArrays], *, draft_extend: bool 
         ok = latency > 0
         decode = ok & (run.prefill_tokens == 0) & (run.batch_size > 0)
         decode &= ((run.depth > 0) & (not plain_only)) | (window == 0)
+        decode &= run.decodes_measured
         prefill = ok & (run.prefill_tokens > 0) & run.prefills_measured
         kv_bin = np.floor(run.kv_tokens / kv_bin_tokens).astype(np.int64)
         pf_bin = np.floor(np.log2(np.maximum(run.prefill_tokens, 1))).astype(np.int64)

@@ -24,6 +24,7 @@ steps next to speculative ones.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import tarfile
 import tempfile
 from pathlib import Path
@@ -135,7 +136,18 @@ def main(argv: list[str] | None = None) -> int:
                 spec_runs = [explore, *spec_plain]
                 spec_files = [explore_path.name] + [f"{name} (first run)"
                                                     for name in MOE_REPLAY_TRACES]
-            jobs += [(model, "nospec", [off], [off], template, free, [off_path.name]),
+            nospec_runs, nospec_files = [off], [off_path.name]
+            if moe:
+                # The off trace's prefill steps are 10 groups of 256-6,016 tokens, several
+                # of them first-use kernel compilation (256 tokens: 50 ms, 6,016: 25 ms).
+                # The replays' prefills compute the loadgen's real prompt ids (only the
+                # generated tokens are token 100), 26-8,192 tokens at 500+ steps: their
+                # prefill steps join the fit, their decode steps do not.
+                nospec_runs += [dataclasses.replace(run, decodes_measured=False)
+                                for run in spec_plain]
+                nospec_files += [f"{name} (first run, prefill steps)"
+                                 for name in MOE_REPLAY_TRACES]
+            jobs += [(model, "nospec", nospec_runs, [off], template, free, nospec_files),
                      (model, "spec", spec_runs, spec_plain, template, free + SPEC, spec_files)]
         if args.moe_real_off:
             # Real tokens throughout (no simulated acceptance on the off server): every
