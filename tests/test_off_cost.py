@@ -25,6 +25,22 @@ def test_fit_recovers_a_known_speculative_path_cost():
     assert all(abs(p["rel_error"]) < 1e-6 for p in report["points"])
 
 
+def test_fit_leaves_the_verify_kv_cost_where_it_is():
+    truth = load_profile("h200_llama31_8b").replace(c_steps0=0.0012, c_steps0_request=1.5e-4,
+                                                    c_steps0_kv=5e-7)
+    b = np.array([1.0, 8.0, 32.0, 48.0])
+    kv = b * 320
+    ratio = (truth.step_latency_array(b, 0, kv, 0, False, False)
+             / truth.step_latency_array(b, 0, kv, 0, True, True))
+    merged = truth.replace(c_fixed=truth.c_fixed + truth.c_steps0,
+                           c_request=truth.c_request + truth.c_steps0_request,
+                           c_steps0=0.0, c_steps0_request=0.0)
+    fitted, report = fit_off_path(merged, OffPoints(b, kv, ratio, "synthetic"))
+    assert fitted.c_steps0 == pytest.approx(truth.c_steps0, rel=1e-6)
+    assert fitted.c_steps0_request == pytest.approx(truth.c_steps0_request, rel=1e-6)
+    assert fitted.c_steps0_kv == truth.c_steps0_kv
+
+
 def test_fit_leaves_every_speculative_and_steps0_latency_unchanged():
     before = load_profile("h200_llama31_8b").replace(c_steps0=0.0, c_steps0_request=0.0)
     b = np.array([1.0, 16.0, 64.0])

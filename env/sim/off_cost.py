@@ -121,7 +121,9 @@ def fit_off_path(profile: CostProfile, points: OffPoints) -> tuple[CostProfile, 
     steps0 = profile.step_latency_array(b, 0, kv, 0, True, True)
     extend = steps0 - profile.step_latency_array(b, 0, kv, 0, False, True)
     target_off = points.ratio * steps0
-    overhead = steps0 - extend - target_off
+    # The verify-mode KV cost is on the speculative path too but not fitted here: what
+    # c_steps0 + c_steps0_request * batch must hold is the rest of the difference.
+    overhead = steps0 - extend - target_off - profile.c_steps0_kv * kv
     # Relative to the off latency: that is what the fit must get right.
     scale = 1.0 / target_off
     design = np.stack([np.ones_like(b), b], axis=1) * scale[:, None]
