@@ -35,7 +35,7 @@ def test_fit_leaves_the_verify_kv_cost_where_it_is():
     merged = truth.replace(c_fixed=truth.c_fixed + truth.c_steps0,
                            c_request=truth.c_request + truth.c_steps0_request,
                            c_steps0=0.0, c_steps0_request=0.0)
-    fitted, report = fit_off_path(merged, OffPoints(b, kv, ratio, "synthetic"))
+    fitted, _ = fit_off_path(merged, OffPoints(b, kv, ratio, "synthetic"))
     assert fitted.c_steps0 == pytest.approx(truth.c_steps0, rel=1e-6)
     assert fitted.c_steps0_request == pytest.approx(truth.c_steps0_request, rel=1e-6)
     assert fitted.c_steps0_kv == truth.c_steps0_kv
