@@ -204,3 +204,22 @@ def test_a_run_can_lend_its_prefill_steps_alone():
     assert (both.prefill_tokens == 0).any()
     assert (only.prefill_tokens > 0).all()
     np.testing.assert_allclose(only.latency_s, both.latency_s[both.prefill_tokens > 0])
+
+
+def test_step_medians_keep_clean_steps_of_one_depth():
+    from env.sim.load_fit import step_medians
+
+    n = 60
+    batch = np.full(n, 8)
+    depth = np.where(np.arange(n) < 30, 0, 3)
+    prefill = np.zeros(n, dtype=np.int64)
+    prefill[10] = 512
+    latency = np.where(depth == 0, 6e-3, 12e-3)
+    latency[[9, 11]] = 40e-3  # next to the prefill: left out
+    steps = StepArrays(batch, depth, np.full(n, 2000.0), prefill, latency)
+    plain, three = step_medians(steps, 0), step_medians(steps, 3)
+    assert plain[8][0] == pytest.approx(6e-3) and three[8][0] == pytest.approx(12e-3)
+    # depth-0 steps within 5 of a speculative one are warm-ups, not plain steps
+    assert step_medians(dataclasses.replace(steps, latency_s=np.where(
+        (np.arange(n) >= 25) & (np.arange(n) < 30), 1.0, latency)), 0)[8][0] == pytest.approx(6e-3)
+    assert step_medians(steps, 5) == {}

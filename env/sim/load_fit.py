@@ -240,6 +240,34 @@ def load_points(steps: StepArrays | Sequence[StepArrays], *, draft_extend: bool 
                          weight=w, draft_extend=ext, speculative_path=(d > 0) | ext)
 
 
+def clean_decode_steps(run: StepArrays, depth: int, switch_guard: int = 5) -> np.ndarray:
+    """Mask of ``run``'s decode steps at ``depth`` that show that depth's own cost.
+
+    Left out: steps next to a prefill (:func:`prefill_attributed`), and at depth 0 steps
+    within ``switch_guard`` steps of a speculative one (a warm-up is recorded as depth 0).
+    """
+    prefill = run.prefill_tokens > 0
+    near = np.r_[False, prefill[:-1]] | np.r_[prefill[1:], False]
+    ok = (run.depth == depth) & ~prefill & ~near & (run.batch_size > 0) & (run.latency_s > 0)
+    if depth == 0:
+        spec = (run.depth > 0).astype(np.int64)
+        ok &= np.convolve(spec, np.ones(2 * switch_guard + 1, dtype=np.int64), "same") == 0
+    return ok
+
+
+def step_medians(run: StepArrays, depth: int, min_steps: int = 5) -> dict[int, tuple[float, float]]:
+    """Per batch size with ``min_steps`` clean steps at ``depth``: median latency (s) and
+    median KV tokens (:func:`clean_decode_steps`)."""
+    ok = clean_decode_steps(run, depth)
+    out = {}
+    for b in np.unique(run.batch_size[ok]):
+        member = ok & (run.batch_size == b)
+        if member.sum() >= min_steps:
+            out[int(b)] = (float(np.median(run.latency_s[member])),
+                           float(np.median(run.kv_tokens[member])))
+    return out
+
+
 def within_batch_kv_slope(steps: StepArrays | Sequence[StepArrays], depth: int = 0, *,
                           min_steps: int = 5, min_kv_range: float = 1000.0) -> float:
     """Seconds per cached token of decode steps at ``depth``, within one batch size.
@@ -256,13 +284,7 @@ def within_batch_kv_slope(steps: StepArrays | Sequence[StepArrays], depth: int =
     """
     xs, ys = [], []
     for run in [steps] if isinstance(steps, StepArrays) else steps:
-        prefill = run.prefill_tokens > 0
-        near = np.r_[False, prefill[:-1]] | np.r_[prefill[1:], False]
-        spec = (run.depth > 0).astype(np.int64)
-        guard = np.convolve(spec, np.ones(11, dtype=np.int64), "same") > 0
-        ok = (run.depth == depth) & ~prefill & ~near & (run.batch_size > 0) & (run.latency_s > 0)
-        if depth == 0:
-            ok &= ~guard
+        ok = clean_decode_steps(run, depth)
         for b in np.unique(run.batch_size[ok]):
             member = ok & (run.batch_size == b)
             kv, latency = run.kv_tokens[member], run.latency_s[member]
