@@ -45,6 +45,9 @@ HEADLINES = (
     ("qwen3_30b_a3b@1.1", "moe_nospec_run2.json", "moe_acc1.1_replay_realtokens.json"),
     ("qwen3_30b_a3b@1.1 (token 100)", "moe_nospec_run2.json", "moe_acc1.1_replay_run2.json"),
     ("qwen3_30b_a3b@2.5 (token 100)", "moe_nospec_run2.json", "moe_acc2.5_replay.json"),
+    # Run 4: the off path alone (constant policy 0, no simulated acceptance: real tokens)
+    # against the no-speculation server of the same lease.
+    ("qwen3_30b_a3b, off path (run 4)", "moe_nospec_run4.json", "moe_off_run4.json"),
 )
 #: The same cells from the first session (code at 81e6690, the policy trained before it).
 FIRST_HEADLINES = (
