@@ -27,8 +27,8 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from env.sim.cost_model import load_profile, save_profile
-from env.sim.load_fit import StepArrays, blank_template, fit_server_profile
+from env.sim.cost_model import FitReport, load_profile, save_profile
+from env.sim.load_fit import StepArrays, blank_template, fit_server_profile, load_points
 
 REPO = Path(__file__).resolve().parents[2]
 #: The shared measurements (``/work/shared`` next to the worktrees; ``--shared`` elsewhere).
@@ -72,6 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--moe-real-off", default=None,
                         help="the MoE off server's trace with real tokens (.tar.gz or folder): "
                              "also fit moe_real_{nospec,spec}.yaml to it")
+    parser.add_argument("--held-out", nargs="*", default=[], metavar="TRACE[:RUNS]",
+                        help="with --moe-real-off: real-token MoE traces the fit never saw "
+                             "(a replay trace holding RUNS runs one after another): print "
+                             "moe_real_spec's step-level error on each run")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -153,6 +157,14 @@ def main(argv: list[str] | None = None) -> int:
               "(within-batch slope)")
         print("  " + ", ".join(f"{k}={v * 1e6:.3f}us" for k, v in
                                profile.coefficients.items() if k in report.free))
+    if args.held_out and not args.moe_real_off:
+        parser.error("--held-out checks the moe_real_spec fit: give --moe-real-off too")
+    for item in args.held_out:
+        path, _, runs = item.partition(":")
+        profile = load_profile(out / "moe_real_spec.yaml")
+        for i, run in enumerate(steps_of(Path(path)).phases(int(runs or 1))):
+            report = FitReport.evaluate(profile, load_points(run))
+            print(f"held out {Path(path).name} run {i + 1}: {report.summary()}")
     return 0
 
 
