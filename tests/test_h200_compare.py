@@ -166,3 +166,15 @@ def test_replay_policies_reports_the_depths_a_policy_chose():
     # Speculation that never pays: off serves more and faster.
     assert off["throughput_tok_s"] > three["throughput_tok_s"]
     assert off["mean_tpot_ms"] < three["mean_tpot_ms"]
+
+
+def test_a_run_file_can_be_given_the_prior_it_was_handed(tmp_path):
+    summary = {"throughput_tok_s": 100.0, "mean_tpot_ms": 5.0}
+    (tmp_path / "moe_acc2.5_replay_run2.json").write_text(json.dumps({
+        "acceptance": 2.5, "profile": "h200_qwen3_30b_a3b", "policy_sha256": "ab",
+        "headline_ppo": summary}))
+    missing = tmp_path / "prior_then.yaml"
+    with pytest.raises(FileNotFoundError, match="prior_then"):
+        compare.main([str(tmp_path), "--profile", "moe=h200_qwen3_30b_a3b", "--out",
+                      str(tmp_path / "out"), "--prior-file",
+                      f"moe_acc2.5_replay_run2.json={missing}"])

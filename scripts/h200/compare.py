@@ -23,7 +23,8 @@ speculative path with the draft extend (``zero_step=sglang_steps0``). A profile 
 ``<model>.token100`` for runs that decoded real tokens / SGLang's token 100 (``profile_for``:
 on the MoE, the tokens decoded set the expert routing and with it the step cost). PPO runs
 with the prior profile the real controller was given (the run file's ``profile`` where it
-names one, else ``--prior``).
+names one, else ``--prior``); ``--prior-file FILE=PATH`` gives the prior profile file the
+runs of FILE were handed, where the shipped profile they name has been refitted since.
 ``--fitted-on`` names files (or ``file:key`` cells) whose traces the profiles were fitted
 to: those cells are marked ``fit-run`` in the table, all others ``held-out``. Cells of a
 configuration no longer representative (``measured_runs.APART``: MoE token-100 runs, the
@@ -220,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prior", default="h200_llama31_8b_recorded",
                         help="the profile the real controller was started with (PPO's prior), "
                              "for runs whose file does not name it")
+    parser.add_argument("--prior-file", action="append", default=[], metavar="FILE=PATH",
+                        help="the prior profile the runs of FILE were handed, where the "
+                             "shipped profile the file names has been refitted since")
     parser.add_argument("--fitted-on", nargs="*", default=[],
                         help="run files (FILE) or single cells (FILE:KEY) whose traces the "
                              "profiles were fitted to")
@@ -231,6 +235,12 @@ def main(argv: list[str] | None = None) -> int:
     names = profile_names(args.profile, parser)
     profiles = {k: load_profile(v) for k, v in names.items()}
     priors: dict[str, CostProfile] = {}
+    prior_files: dict[str, str] = {}
+    for item in args.prior_file:
+        name, sep, path = item.partition("=")
+        if not sep or not path:
+            parser.error(f"--prior-file {item!r}: expected FILE=PATH")
+        prior_files[name] = path
     client = OmegaConf.load(args.client)
     out = Path(args.out or args.runs[0])
     out.mkdir(parents=True, exist_ok=True)
@@ -244,14 +254,15 @@ def main(argv: list[str] | None = None) -> int:
             if profile is None:
                 print(f"skipped {cell.source}: no --profile for {cell.model}", file=sys.stderr)
                 continue
-            prior_name = cell.prior or args.prior
+            file = cell.source.split(":")[0]
+            prior_name = prior_files.get(file) or cell.prior or args.prior
             if prior_name not in priors:
                 priors[prior_name] = load_profile(prior_name)
             sim = simulate(cell, profile, priors[prior_name], client)
-            file = cell.source.split(":")[0]
             fitted = file in args.fitted_on or cell.source.split(" ")[0] in args.fitted_on
             per_model.setdefault(cell.model, []).append({
                 "cell": cell.key(), "use": "fit-run" if fitted else "held-out",
+                "prior_used": prior_name,
                 # policies are ranked within one run directory, server start (a
                 # ``_run<N>`` file is another start), server kind and acceptance
                 "group": f"{Path(run).name}{run_suffix(file)}/{cell.model} {cell.server}"
@@ -268,7 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     for model, rows in per_model.items():
         (out / f"fidelity_{model}.json").write_text(json.dumps(
             {"profiles": {k: v for k, v in names.items() if k.split(".")[0] == model},
-             "prior": args.prior, "runs": args.runs, "cells": rows}, indent=2))
+             "prior": args.prior, "prior_files": prior_files, "runs": args.runs,
+             "cells": rows}, indent=2))
         text = table(model, rows, names)
         (out / f"fidelity_{model}.md").write_text(text)
         print(text)
