@@ -26,12 +26,13 @@ import threading
 import time
 from collections import Counter, deque
 from dataclasses import dataclass
+from itertools import compress as compress_
 
 import numpy as np
 import zmq
 from threadpoolctl import threadpool_limits
 
-from controller.decider import allowed_actions, choose, compress, steps_at
+from controller.decider import allowed_actions, choose
 from controller.metrics import Metrics
 from controller.policy_file import ExportedPolicy
 from controller.reload import PolicyHolder
@@ -401,26 +402,42 @@ class ControllerServer:
         now = time.monotonic()
         out = []
         chosen_counts: Counter[int] = Counter()  # counted per poll: one inc per value
-        for i, stream in enumerate(streams):
+        # Whole-array work for every stream at once (numpy's per-call overhead, not the
+        # arithmetic, is the cost at these sizes), then plain lists per stream: which
+        # grid entry each stream's current batch falls in, and which entries repeat the
+        # previous entry's steps (compress() drops those).
+        n = len(streams)
+        current_at = np.searchsorted(grid, [s.batch_size for s in streams], side="right") - 1
+        np.maximum(current_at, 0, out=current_at)
+        changes = np.empty(chosen.shape, dtype=bool)
+        changes[:, 0] = True
+        np.not_equal(chosen[:, 1:], chosen[:, :-1], out=changes[:, 1:])
+        rows, keeps, at = chosen.tolist(), changes.tolist(), current_at.tolist()
+        ok, can = healthy.tolist(), runnable.tolist()
+        name = policy.name
+        for i in range(n):
+            stream = streams[i]
             stream.last_seen = now
             stream.seq += 1
             apply_from = stream.last_step + DECISION_LAG
-            steps = chosen[i].tolist()
-            current = steps_at(grid, steps, stream.batch_size)
-            if not healthy[i]:
-                decision = Decision.fallback(stream.seq, apply_from, policy.name)
-            elif not runnable[i]:
+            steps = rows[i]
+            current = steps[at[i]]
+            if not ok[i]:
+                decision = Decision.fallback(stream.seq, apply_from, name)
+            elif not can[i]:
                 self._count(metrics.fallbacks, "no_allowed_action")
-                decision = Decision.fallback(stream.seq, apply_from, policy.name)
+                decision = Decision.fallback(stream.seq, apply_from, name)
             elif shadow:
                 self._shadow_steps[current] += 1
                 self._count(metrics.fallbacks, "shadow")
                 log.debug("shadow: %r rank %d step %d: steps %s for grid %s", stream.key[1],
                           stream.key[2], stream.last_step, steps, grid)
-                decision = Decision.fallback(stream.seq, apply_from, policy.name)
+                decision = Decision.fallback(stream.seq, apply_from, name)
             else:
                 chosen_counts[current] += 1
-                decision = Decision(stream.seq, apply_from, policy.name, *compress(grid, steps))
+                keep = keeps[i]  # compress(): entries repeating the previous one's steps go
+                decision = Decision(stream.seq, apply_from, name, tuple(compress_(grid, keep)),
+                                    tuple(compress_(steps, keep)))
             out.append((stream, decision))
         for steps, count in chosen_counts.items():
             self._count(metrics.steps_chosen, steps, count)
