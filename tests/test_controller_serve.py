@@ -190,22 +190,40 @@ def pump(server: ControllerServer, until: int, timeout_s: float = 5.0) -> int:
     return sent
 
 
-def test_every_record_of_a_poll_is_answered_in_order(server):
+def test_one_decision_per_stream_answering_its_latest_record(server):
     a, b = Client(server.endpoint), Client(server.endpoint)
     for step in (1, 2, 3):
         a.send(encode_step(record(step, server="a")))
     b.send(encode_step(record(7, server="b", rank=1)))
     time.sleep(0.2)  # all four frames are waiting: one poll drains them
-    assert server.poll_once(100) == 4
-    assert [a.recv().apply_from_step for _ in range(3)] == [s + DECISION_LAG for s in (1, 2, 3)]
+    assert server.poll_once(100) == 2
+    assert a.recv().apply_from_step == 3 + DECISION_LAG
     assert b.recv().apply_from_step == 7 + DECISION_LAG
     assert a.recv(0.2) is None
     assert server.metrics.registry.get_sample_value("specctl_telemetry_records_total") == 4
 
 
+def test_with_answers_per_poll_every_record_of_a_poll_is_answered_in_order(policy_path):
+    server = ControllerServer(PolicyHolder(policy_path), ServeOptions(
+        endpoint=ipc(), answers_per_poll=4))
+    a, b = Client(server.endpoint), Client(server.endpoint)
+    try:
+        for step in (1, 2, 3):
+            a.send(encode_step(record(step, server="a")))
+        b.send(encode_step(record(7, server="b", rank=1)))
+        time.sleep(0.2)  # all four frames are waiting: one poll drains them
+        assert server.poll_once(100) == 4
+        assert [a.recv().apply_from_step for _ in range(3)] == [
+            s + DECISION_LAG for s in (1, 2, 3)]
+        assert b.recv().apply_from_step == 7 + DECISION_LAG
+        assert a.recv(0.2) is None
+    finally:
+        server.close()
+
+
 def test_after_a_slow_round_only_each_streams_latest_record_is_answered(policy_path):
     server = ControllerServer(PolicyHolder(policy_path), ServeOptions(
-        endpoint=ipc(), overload_busy_s=0.0, overload_records_per_poll=16))
+        endpoint=ipc(), overload_busy_s=0.0, overload_records_per_poll=16, answers_per_poll=4))
     a = Client(server.endpoint)
     try:
         a.send(encode_step(record(1, server="a")))
