@@ -531,7 +531,7 @@ class ControllerServer:
                 continue
             latencies.append(clock() - stream.received)
         if latencies:
-            metrics.latency.observe_many(np.array(latencies))
+            metrics.latency.observe_many(latencies)
             metrics.decisions.inc(len(latencies))
         return len(latencies)
 

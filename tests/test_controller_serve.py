@@ -401,11 +401,13 @@ def test_the_batch_histogram_counts_like_prometheus_histograms():
 
     buckets = (25e-6, 1e-4, 5e-4, 1e-3)
     values = [5e-5, 1e-4, 2e-4, 5e-4, 7e-4, 1e-3, 0.5, 0.0, 25e-6]  # bounds, between, beyond
+    values += values * 4  # a large poll too (counted with numpy, small ones in Python)
     ours_registry, theirs_registry = CollectorRegistry(), CollectorRegistry()
     ours = BatchHistogram("lat_seconds", "doc", buckets, ours_registry)
     theirs = Histogram("lat_seconds", "doc", buckets=buckets, registry=theirs_registry)
-    ours.observe_many(np.array(values[:3]))
-    ours.observe_many(np.array(values[3:]))
+    ours.observe_many(values[:3])
+    ours.observe_many(np.array(values[3:9]))
+    ours.observe_many(values[9:])
     for value in values:
         theirs.observe(value)
     for bound in ("2.5e-05", "0.0001", "0.0005", "0.001", "+Inf"):
