@@ -613,8 +613,11 @@ def _latency_predictions(builders: Sequence[FeatureBuilder], batch_sizes: np.nda
     design, prior = first._design(batch_sizes)
     n, rows = len(builders), len(batch_sizes)
     depths = design.shape[0] // rows
-    predicted = np.matmul(design, thetas[:, :6, None]).reshape(n, depths, rows)
-    predicted = predicted.transpose(1, 0, 2)
+    if n == 1:  # the same product, without the stacking's few extra calls
+        predicted = (design @ thetas[0, :6]).reshape(depths, 1, rows)
+    else:
+        predicted = np.matmul(design, thetas[:, :6, None]).reshape(n, depths, rows)
+        predicted = predicted.transpose(1, 0, 2)
     kv = kv_tokens[:, None]
     predicted += thetas[:, 6:7] * (kv / 1e5)
     if prior is not None:
@@ -634,7 +637,16 @@ def _fold_moments(builders: Sequence[FeatureBuilder]) -> np.ndarray:
     over all streams at once (the j-th pending record of every stream that has one):
     three numpy calls per round instead of four per record and stream.
     """
-    moments = _stack([b._moments for b in builders])  # a copy, or a view for one
+    if len(builders) == 1:  # one stream (local mode, the gym env): fold in place
+        builder = builders[0]
+        moments, forget = builder._moments, builder.spec.latency_forgetting
+        for regressors in builder._pending:
+            z = np.array(regressors)
+            moments *= forget
+            moments += z[:, None] * z
+        builder._pending.clear()
+        return moments[None]
+    moments = _stack([b._moments for b in builders])  # a copy
     counts = [len(b._pending) for b in builders]
     most = max(counts)
     if not most:
