@@ -9,8 +9,10 @@ Every poll drains all pending frames, folds each stream's records into its
 builder, then evaluates the policy once for all streams that sent telemetry:
 one batched MLP forward over every stream's ``observation_grid()`` (a row per
 batch-size grid value). Each of those streams gets one DECISION, answering its
-latest record (latest wins): steps per grid value, restricted to the steps the
-server offers (its HELLO), ``apply_from_step = step_index + DECISION_LAG``.
+latest record (latest wins; ``answers_per_poll`` > 1 answers up to that many of its
+latest records, in rounds, each as local mode would): steps per grid value, restricted
+to the steps the server offers (its HELLO), ``apply_from_step = step_index +
+DECISION_LAG``.
 In shadow mode the decision is computed and logged but the reply says "use
 your fallback".
 
