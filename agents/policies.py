@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from env.features import Observation
+from env.features import FeatureSpec, Observation
 from env.sim.simulator import SchedulerConfig
 
 #: vLLM V1's documented EAGLE-3 example: [[min_batch, max_batch, steps], ...].
@@ -296,21 +296,29 @@ class GoodputExplorePolicy(Policy):
     at half what the server measured, the estimate charged off with the same
     excess, and a policy never tried off, which served the load 30-40% faster.
 
+    And while no acceptance has been measured at all and speculating looks within
+    ``accept_margin`` of paying, it speculates at depth 1 to measure it: greedy
+    escapes such a state only on a probe budget the student cannot see (a closed
+    loop starting at batch 32 on the H200 kept the student off, 18% below static 3).
+
     Every input of these decisions is in the observation vector (relative goodput,
-    cost confidence per depth, the depth running and the cost-profile error), so
-    a student can learn them.
+    cost and acceptance confidence, the depth running and the cost-profile error),
+    so a student can learn them.
     """
 
     name = "goodput_explore"
 
     def __init__(self, profile, max_depth: int, sim_config: SchedulerConfig | None = None,
                  margin: float = 0.1, min_samples: float = 1.0,
-                 contradiction: float = 0.25) -> None:
+                 contradiction: float = 0.25, accept_margin: float = 0.05) -> None:
         self.greedy = GoodputGreedyPolicy(profile, max_depth, sim_config)
         self.max_depth = max_depth
         self.margin = margin
         self.min_samples = min_samples
         self.contradiction = contradiction
+        self.accept_margin = accept_margin
+        self._accept_confidence = FeatureSpec(max_depth=max_depth).names().index(
+            "accept_confidence_1")
 
     def reset(self, sim=None) -> None:
         self.greedy.reset(sim)
@@ -322,6 +330,14 @@ class GoodputExplorePolicy(Policy):
             return choice
         latency = obs.latency_pred_s[: self.max_depth + 1]
         rate = (1.0 + obs.expected_accepted[: self.max_depth + 1]) / latency
+        if (choice == 0 and obs.vector[self._accept_confidence] <= 0.0
+                and rate[1:].max() >= rate[0] * (1.0 - self.accept_margin)):
+            # No acceptance measured yet (e.g. a closed loop that starts at batch 32):
+            # the estimate is the prior's guess, and speculating looks within
+            # accept_margin of paying. Measure it at the cheapest depth (greedy's own
+            # probes run on a hidden budget a student cannot imitate; the deeper
+            # positions' estimates start from the first's).
+            return 1
         looks_better = rate > rate[choice] * (1.0 + self.margin)
         unmeasured = samples < self.min_samples
         best = int(np.argmax(rate))

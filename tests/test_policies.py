@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -197,3 +199,33 @@ def test_goodput_explore_measures_off_when_the_measured_depth_contradicts_the_pr
     obs = agrees.observation(48)
     assert abs(obs.cost_profile_error) < 0.01
     assert GoodputExplorePolicy(moe, max_depth=7).act(obs) == greedy.act(obs) > 0
+
+
+def test_goodput_explore_measures_acceptance_it_never_saw_when_speculating_looks_close():
+    from agents.policies import GoodputExplorePolicy
+
+    # A closed loop that starts at batch 32 on the H200: with the features' acceptance
+    # prior, off looks a few per cent better than speculating, so greedy stays off (and
+    # escapes only on a probe budget the student cannot see). The teacher measures the
+    # acceptance at depth 1 instead; once it is measured (high), greedy's choice again.
+    h200 = load_profile("h200_llama31_8b")
+    teacher = GoodputExplorePolicy(h200, max_depth=7)
+    greedy = GoodputGreedyPolicy(h200, max_depth=7)
+
+    def at(depth: int, accepted: int, start: int, n: int) -> list[StepRecord]:
+        kv = 10_000
+        latency = h200.step_latency_s(32, depth, kv, 0, draft_extend=depth > 0,
+                                      speculative_path=depth > 0)
+        return [dataclasses.replace(_timed(start + i, 32, depth, accepted, latency),
+                                    kv_used_tokens=kv) for i in range(n)]
+
+    builder = FeatureBuilder(cost_prior=h200)
+    builder.update_many(at(0, 0, 0, 20))
+    obs = builder.observation(32)
+    rate = (1 + obs.expected_accepted) / obs.latency_pred_s
+    assert rate[0] > rate[1:].max() > 0.95 * rate[0]
+    assert greedy.act(obs) == 0
+    assert teacher.act(obs) == 1
+    builder.update_many(at(1, 1, 20, 2) + at(1, 1, 22, 4))  # the first one back is left out
+    obs = builder.observation(32)
+    assert teacher.act(obs) == greedy.act(obs) > 0
