@@ -317,8 +317,9 @@ class GoodputExplorePolicy(Policy):
         self.min_samples = min_samples
         self.contradiction = contradiction
         self.accept_margin = accept_margin
-        self._accept_confidence = FeatureSpec(max_depth=max_depth).names().index(
-            "accept_confidence_1")
+        names = FeatureSpec(max_depth=max_depth).names()
+        self._accept_confidence = names.index("accept_confidence_1")
+        self._has_profile = names.index("has_cost_profile")
 
     def reset(self, sim=None) -> None:
         self.greedy.reset(sim)
@@ -331,9 +332,12 @@ class GoodputExplorePolicy(Policy):
         latency = obs.latency_pred_s[: self.max_depth + 1]
         rate = (1.0 + obs.expected_accepted[: self.max_depth + 1]) / latency
         if (choice == 0 and obs.vector[self._accept_confidence] <= 0.0
+                and obs.vector[self._has_profile] > 0.0
                 and rate[1:].max() >= rate[0] * (1.0 - self.accept_margin)):
             # No acceptance measured yet (e.g. a closed loop that starts at batch 32):
-            # the estimate is the prior's guess, and speculating looks within
+            # the estimate is the prior's guess, and, priced by the handed profile
+            # (without one the costs are guesses too, and the rule below already
+            # measures a depth that looks better), speculating looks within
             # accept_margin of paying. Measure it at the cheapest depth (greedy's own
             # probes run on a hidden budget a student cannot imitate; the deeper
             # positions' estimates start from the first's).
