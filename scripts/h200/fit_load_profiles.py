@@ -72,6 +72,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--moe-real-off", default=None,
                         help="the MoE off server's trace with real tokens (.tar.gz or folder): "
                              "also fit moe_real_{nospec,spec}.yaml to it")
+    parser.add_argument("--moe-real-replay", default=None, metavar="TRACE:RUNS",
+                        help="with --moe-real-off: a real-token replay trace of RUNS runs whose "
+                             "first (static depth 3 at long contexts) joins moe_real_spec's fit: "
+                             "the off trace's verify steps all hold ~330 cached tokens per "
+                             "request and cannot tell per-request from per-KV verify cost")
     parser.add_argument("--held-out", nargs="*", default=[], metavar="TRACE[:RUNS]",
                         help="with --moe-real-off: real-token MoE traces the fit never saw "
                              "(a replay trace holding RUNS runs one after another): print "
@@ -133,8 +138,13 @@ def main(argv: list[str] | None = None) -> int:
         off = steps_of(path)
         template = blank_template(sources["moe"][2], MOE_ACTIVE_FRACTION).replace(
             model=MOE_MODEL)
+        spec_runs, spec_files = [off], [path.name]
+        if args.moe_real_replay:
+            replay, _, runs = args.moe_real_replay.partition(":")
+            spec_runs.append(steps_of(Path(replay)).phases(int(runs or 1))[0])
+            spec_files.append(f"{Path(replay).name} (first run)")
         jobs += [("moe_real_nospec", False, [off], [off], template, [path.name]),
-                 ("moe_real_spec", True, [off], [off], template, [path.name])]
+                 ("moe_real_spec", True, spec_runs, [off], template, spec_files)]
     for stem, speculative, steps, plain, template, files in jobs:
         profile, report = fit_server_profile(steps, template, speculative=speculative,
                                              plain_runs=plain)
