@@ -3,23 +3,36 @@ its I/O thread builds the markers the scheduler thread attaches."""
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 from collections import Counter
 
 import numpy as np
+import pytest
 import zmq
 
+from controller.policy_file import PolicyFileError
 from controller.wire import (
     DECISION_LAG,
     Decision,
     Hello,
+    PolicyPush,
+    WireError,
     decode,
     encode_decision,
     encode_hello,
+    encode_policy,
     encode_step,
 )
 from env.traces.schema import StepRecord
-from sglang_hooks.client import TIMED_OUT, ControllerClient, DecisionAge, marker_for
+from sglang_hooks.client import (
+    TIMED_OUT,
+    ControllerClient,
+    DecisionAge,
+    client_name,
+    marker_for,
+)
 from sglang_hooks.marker import CONTROLLER, FALLBACK
 from sglang_hooks.testing import ManualClock, io_round, socket_dir, wait_until
 
@@ -348,3 +361,113 @@ def test_repeated_and_late_answers_are_each_counted():
     for decision in (decision_for(3), decision_for(4)):  # both stale
         age.accept(decision, 2.5)
     assert age.counters["decisions_stale"] == 2
+
+
+# -- local decision mode and pushed policies, with a stand-in for LocalDecisions ----------
+
+
+class LocalStandIn:
+    """What the client uses of :class:`sglang_hooks.local.LocalDecisions`."""
+
+    def __init__(self, digest: str = "a" * 64, install: object = True) -> None:
+        self.digest = digest
+        self.frames: list[bytes] = []
+        self.pushes: list[PolicyPush] = []
+        self._install = install
+
+    def decide(self, frame: bytes) -> Decision:
+        self.frames.append(frame)
+        step = decode(frame).step_index
+        if step == 13:
+            raise WireError("range", "a telemetry the daemon would refuse")
+        return decision_for(step, steps=step % 8)
+
+    def install(self, push: PolicyPush) -> bool:
+        self.pushes.append(push)
+        if isinstance(self._install, Exception):
+            raise self._install
+        return self._install
+
+
+def test_local_mode_answers_each_telemetry_on_the_io_thread():
+    clock = ManualClock()
+    local = LocalStandIn()
+    client = ControllerClient(None, HELLO, timeout_s=0.1, local=local, monotonic=clock)
+    try:
+        client.send_telemetry(frame(5), 5, clock())
+        wait_until(lambda: client.counters["local_decisions"] == 1, "a local decision")
+        io_round(client)
+        assert local.frames == [frame(5)]
+        assert client.current.steps == (5,) and client.marker.steps == (5,)
+        assert client.answered_step == 5
+        client.send_telemetry(frame(13), 13, clock())  # refused: no answer
+        wait_until(lambda: client.counters["local_wire_error_range"] == 1, "the refusal")
+        assert client.counters["local_decisions"] == 1
+        # A telemetry given as the hooks' values is packed before it is decided on.
+        client.send_telemetry(("s", 0, 14, 0.0, 1, 0, 1, 0, 1, 0, 1, [0], 0.01), 14, clock())
+        wait_until(lambda: client.counters["local_decisions"] == 2, "a second decision")
+        assert decode(local.frames[-1]).step_index == 14
+        assert client.counters["telemetry_sent"] == 0  # no socket: nothing sent
+    finally:
+        client.close()
+
+
+def test_local_mode_says_its_policy_in_hello_and_ignores_the_hubs_decisions():
+    endpoint = ipc()
+    router = Router(endpoint)
+    local = LocalStandIn(digest="b" * 64)
+    client = ControllerClient(endpoint, HELLO, timeout_s=5.0, local=local)
+    try:
+        identity, hello = router.receive()
+        assert hello == Hello("s", 0, HELLO.candidate_steps, policy_digest="b" * 64)
+        client.send_telemetry(frame(1), 1, time.monotonic())
+        router.telemetry()
+        wait_until(lambda: client.counters["local_decisions"] == 1, "a local decision")
+        router.answer(identity, 1, steps=7)  # the hub's answer: not needed here
+        wait_until(lambda: client.counters["remote_decisions_ignored"] == 1, "ignored")
+        assert client.current.steps == (1,)
+        local.digest = "c" * 64  # a pushed policy took over: the next HELLO says so
+        _, again = router.receive()
+        while not isinstance(again, Hello):
+            _, again = router.receive()
+        assert again.policy_digest == "c" * 64
+    finally:
+        client.close()
+        router.close()
+
+
+@pytest.mark.parametrize(("install", "counter", "level", "says"), [
+    (True, "policy_pushes_installed", logging.INFO, "deciding with policy 'pushed'"),
+    (False, "policy_pushes_unchanged", None, None),
+    (PolicyFileError("bad weights"), "policy_pushes_refused", logging.ERROR, "bad weights"),
+    (None, "policy_pushes_ignored", None, None),  # remote mode: no use for a policy
+])
+def test_a_pushed_policy_is_installed_kept_refused_or_ignored(install, counter, level, says,
+                                                              caplog):
+    endpoint = ipc()
+    router = Router(endpoint)
+    local = None if install is None else LocalStandIn(install=install)
+    client = ControllerClient(endpoint, HELLO, timeout_s=5.0, local=local)
+    push = PolicyPush("pushed", "d" * 64, b"npz bytes")
+    try:
+        identity, _ = router.receive()
+        with caplog.at_level(logging.INFO, logger="sglang_hooks.client"):
+            router.sock.send_multipart([identity, encode_policy(push)])
+            wait_until(lambda: client.counters[counter] == 1, counter)
+        pushes = {k: v for k, v in client.counters.items() if k.startswith("policy_pushes")}
+        assert pushes == {counter: 1}
+        assert local is None or local.pushes == [push]
+        messages = [(r.levelno, r.getMessage()) for r in caplog.records
+                    if r.name == "sglang_hooks.client"]
+        if says is None:
+            assert messages == []
+        else:
+            [(logged_level, message)] = messages
+            assert logged_level == level and says in message
+    finally:
+        client.close()
+        router.close()
+
+
+def test_the_plugin_introduces_itself_with_version_and_pid():
+    assert client_name("0.5.23") == f"specctl-plugin sglang=0.5.23 pid={os.getpid()}"
