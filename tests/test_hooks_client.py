@@ -471,3 +471,36 @@ def test_a_pushed_policy_is_installed_kept_refused_or_ignored(install, counter, 
 
 def test_the_plugin_introduces_itself_with_version_and_pid():
     assert client_name("0.5.23") == f"specctl-plugin sglang=0.5.23 pid={os.getpid()}"
+
+
+@pytest.mark.parametrize("with_cert", [False, True])
+def test_the_socket_drops_rather_than_queues_and_speaks_curve_when_given_a_key(with_cert,
+                                                                                monkeypatch):
+    from controller.wire import TRANSPORT_MAX_MSG_BYTES
+
+    # libzmq does not read CURVE keys back: which keys the client took is seen here.
+    pair, used = zmq.curve_keypair(), []
+    server_key = zmq.curve_keypair()[0].decode()
+    monkeypatch.setattr(zmq.auth, "load_certificate", lambda path: used.append(path) or pair)
+    monkeypatch.setattr(zmq, "curve_keypair", lambda: used.append("fresh") or pair)
+    client = ControllerClient(None, HELLO, timeout_s=0.1)
+    # A second socket built the same way on the client's context, inspected here (the
+    # client's own belongs to its I/O thread).
+    sock = client._socket(ipc(), server_key, "client.key_secret" if with_cert else None)
+    plain = client._socket(ipc(), None, "client.key_secret")
+    try:
+        assert sock.type == zmq.DEALER
+        options = {name: sock.getsockopt(getattr(zmq, name)) for name in (
+            "IMMEDIATE", "SNDHWM", "RCVHWM", "RECONNECT_IVL", "RECONNECT_IVL_MAX",
+            "HEARTBEAT_IVL", "HEARTBEAT_TIMEOUT", "MAXMSGSIZE", "LINGER")}
+        assert options == {"IMMEDIATE": 1, "SNDHWM": 64, "RCVHWM": 256, "RECONNECT_IVL": 100,
+                           "RECONNECT_IVL_MAX": 500, "HEARTBEAT_IVL": 1000,
+                           "HEARTBEAT_TIMEOUT": 3000, "MAXMSGSIZE": TRANSPORT_MAX_MSG_BYTES,
+                           "LINGER": 0}
+        assert sock.getsockopt(zmq.MECHANISM) == zmq.CURVE
+        assert plain.getsockopt(zmq.MECHANISM) == zmq.NULL  # no server key: no CURVE
+        assert used == ["client.key_secret" if with_cert else "fresh"]
+    finally:
+        sock.close(0)
+        plain.close(0)
+        client.close()
