@@ -26,6 +26,7 @@ from controller.wire import (
     encode_step,
 )
 from env.traces.schema import StepRecord
+from sglang_hooks import client as client_module
 from sglang_hooks.client import (
     TIMED_OUT,
     ControllerClient,
@@ -58,7 +59,8 @@ class Router:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.bind(endpoint)
 
-    def receive(self, timeout_s: float = 5.0) -> tuple[bytes, object]:
+    def receive(self, timeout_s: float = 60.0) -> tuple[bytes, object]:
+        """The next frame (the timeout is a hang guard: a loaded machine may be slow)."""
         assert self.sock.poll(int(timeout_s * 1000)), "nothing received"
         identity, payload = self.sock.recv_multipart()
         return identity, decode(payload)
@@ -453,7 +455,9 @@ def test_a_pushed_policy_is_installed_kept_refused_or_ignored(install, counter, 
         identity, _ = router.receive()
         with caplog.at_level(logging.INFO, logger="sglang_hooks.client"):
             router.sock.send_multipart([identity, encode_policy(push)])
-            wait_until(lambda: client.counters[counter] == 1, counter)
+            # The counter moves before the log line is written: wait for both.
+            wait_until(lambda: client.counters[counter] == 1 and (says is None or any(
+                says in r.getMessage() for r in caplog.records)), counter)
         pushes = {k: v for k, v in client.counters.items() if k.startswith("policy_pushes")}
         assert pushes == {counter: 1}
         assert local is None or local.pushes == [push]
@@ -503,4 +507,172 @@ def test_the_socket_drops_rather_than_queues_and_speaks_curve_when_given_a_key(w
     finally:
         sock.close(0)
         plain.close(0)
+        client.close()
+
+
+# -- the I/O thread's timers, made deterministic: no HELLO and no polling period unless a
+# -- test asks (module constants patched), so every wake-up has a cause the test controls.
+
+
+def quiet(monkeypatch, active_s: float = 0.0) -> None:
+    """No HELLO timer (an hour), no retry, and ``active_s`` of polling after telemetry."""
+    monkeypatch.setattr(client_module, "HELLO_INTERVAL_S", 3600.0)
+    monkeypatch.setattr(client_module, "HELLO_RETRY_S", 3600.0)
+    monkeypatch.setattr(client_module, "_ACTIVE_S", active_s)
+
+
+def one_round_per_wake(client: ControllerClient) -> None:
+    """Asleep, one wake-up gives exactly one round of the I/O thread, then sleep again."""
+    counters = client.counters
+    wait_until(lambda: client._sleeping, "the I/O thread asleep")
+    before = counters["io_wakeups"]
+    client._wake()
+    wait_until(lambda: counters["io_wakeups"] > before and client._sleeping, "one round")
+    assert counters["io_wakeups"] == before + 1
+
+
+def test_asleep_the_thread_wakes_once_per_cause(monkeypatch):
+    quiet(monkeypatch)
+    endpoint = ipc()
+    router = Router(endpoint)
+    client = ControllerClient(endpoint, HELLO, timeout_s=5.0, monotonic=ManualClock())
+    try:
+        identity, _ = router.receive()
+        one_round_per_wake(client)  # the wake-up pipe is drained, not left ringing
+        wait_until(lambda: client._sleeping, "asleep")
+        client.send_telemetry(frame(1), 1, 1000.0)  # wakes it: no timer would
+        router.telemetry()
+        one_round_per_wake(client)
+        router.answer(identity, 1)  # a decision wakes it too
+        wait_until(lambda: client.counters["decisions"] == 1, "the decision taken")
+        one_round_per_wake(client)
+        assert client.counters["telemetry_sent"] == 1
+    finally:
+        client.close()
+        router.close()
+
+
+def test_a_failed_hello_is_retried_after_the_retry_interval_not_at_once(monkeypatch):
+    quiet(monkeypatch)
+    client = ControllerClient(ipc(), HELLO, timeout_s=5.0)  # nobody there: HELLO fails
+    try:
+        one_round_per_wake(client)
+    finally:
+        client.close()
+
+
+def test_while_serving_the_thread_polls_and_takes_decisions_unwoken(monkeypatch):
+    quiet(monkeypatch, active_s=3600.0)  # serving from the first telemetry on
+    endpoint = ipc()
+    router = Router(endpoint)
+    client = ControllerClient(endpoint, HELLO, timeout_s=5.0, monotonic=ManualClock())
+    try:
+        identity, _ = router.receive()
+        client.send_telemetry(frame(1), 1, 1000.0)
+        client.send_telemetry(frame(2), 2, 1000.0)
+        router.telemetry()
+        router.telemetry()
+        assert not client._sleeping
+        before = client.counters["io_wakeups"]
+        wait_until(lambda: client.counters["io_wakeups"] >= before + 3, "polling rounds")
+        router.answer(identity, 2)
+        router.answer(identity, 2)  # a repeat: counted out of order
+        wait_until(lambda: client.counters["decisions_out_of_order"] == 1, "both taken")
+        assert client.counters["decisions"] == 1 and not client._sleeping
+        assert client.counters["telemetry_sent"] == 2
+    finally:
+        client.close()
+        router.close()
+
+
+def test_asleep_the_thread_wakes_for_the_timeout_deadline(monkeypatch):
+    quiet(monkeypatch)
+    clock = ManualClock()
+    endpoint = ipc()
+    router = Router(endpoint)
+    # 50 ms on the decisions' clock: the thread sleeps until then (real time), looks at
+    # the (manual) clock, and sleeps again while it has not moved.
+    client = ControllerClient(endpoint, HELLO, timeout_s=0.05, monotonic=clock)
+    try:
+        router.receive()
+        client.send_telemetry(frame(1), 1, clock())
+        router.telemetry()
+        clock.advance(0.0625)  # past the deadline; nothing wakes the thread but it
+        wait_until(lambda: client.current is TIMED_OUT, "the deadline's wake-up")
+        assert client.marker.mode == FALLBACK
+    finally:
+        client.close()
+        router.close()
+
+
+def test_remote_decisions_and_wrong_kinds_are_each_counted(monkeypatch):
+    endpoint = ipc()
+    router = Router(endpoint)
+    client = ControllerClient(endpoint, HELLO, timeout_s=5.0, local=LocalStandIn())
+    try:
+        identity, _ = router.receive()
+        for _ in range(2):
+            router.answer(identity, 1)
+            router.sock.send_multipart([identity, encode_hello(HELLO)])
+        wait_until(lambda: client.counters["remote_decisions_ignored"] == 2
+                   and client.counters["wire_error_kind"] == 2, "four frames")
+    finally:
+        client.close()
+        router.close()
+
+
+def test_a_dead_io_thread_leaves_the_scheduler_thread_unblocked(caplog):
+    clock = ManualClock()
+    client = ControllerClient(None, HELLO, timeout_s=5.0, monotonic=clock)
+    assert client.timeout_s == 5.0 and client.answered_step == -1
+    assert client._thread.name == "specctl-client" and client._thread.daemon
+    assert client._context.get(zmq.IO_THREADS) == 1
+    assert not os.get_blocking(client._wake_r) and not os.get_blocking(client._wake_w)
+    try:
+        with caplog.at_level(logging.ERROR, logger="sglang_hooks.client"):
+            client.send_telemetry(("not", "telemetry"), 1, clock())  # a bug's stand-in
+            wait_until(lambda: not client._thread.is_alive(), "the I/O thread to stop")
+        assert [r.getMessage() for r in caplog.records] == [
+            "specctl: controller client thread stopped (fallback from now on)"]
+        assert client.counters["client_thread_failed"] == 1
+        # Nothing drains the outbox or the wake-up pipe now: both fill, neither blocks.
+        for step in range(2, 302):
+            client._sleeping = True  # as if asleep: every send writes a wake-up
+            client.send_telemetry(frame(step), step, clock())
+        assert len(client._outbox) == 256
+        assert client.counters["telemetry_backlog_dropped"] == 300 - 256
+        for _ in range(70_000):  # more than a pipe holds (64 KiB)
+            client._wake()
+    finally:
+        client.close()
+    assert not client._thread.is_alive()
+
+
+def test_close_stops_the_thread_and_closes_the_pipe():
+    client = ControllerClient(None, HELLO, timeout_s=5.0)
+    fds = (client._wake_r, client._wake_w)
+    client.close()
+    assert not client._thread.is_alive()
+    for fd in fds:
+        with pytest.raises(OSError):
+            os.fstat(fd)
+    client.close()  # a second close does nothing
+
+
+def test_the_hooks_values_become_one_telemetry_frame():
+    local = LocalStandIn()
+    client = ControllerClient(None, HELLO, timeout_s=5.0, local=local,
+                              monotonic=ManualClock())
+    try:
+        client.send_telemetry(("srv", 3, 14, 0.5, 2, 4, 5, 60, 100, 7, 2, [1, 2], 0.25), 14,
+                              1000.0)
+        wait_until(lambda: client.counters["local_decisions"] == 1, "a local decision")
+        record = decode(local.frames[0])
+        assert record.accepted_drafts.tolist() == [1, 2]
+        assert (record.server, record.rank, record.step_index, record.time_s,
+                record.batch_size, record.waiting_requests, record.running_requests,
+                record.kv_used_tokens, record.kv_capacity_tokens, record.prefill_tokens,
+                record.steps_used, record.step_latency_s) == (
+                    "srv", 3, 14, 0.5, 2, 4, 5, 60, 100, 7, 2, 0.25)
+    finally:
         client.close()
