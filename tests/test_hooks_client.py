@@ -514,10 +514,13 @@ def test_the_socket_drops_rather_than_queues_and_speaks_curve_when_given_a_key(w
 # -- test asks (module constants patched), so every wake-up has a cause the test controls.
 
 
-def quiet(monkeypatch, active_s: float = 0.0) -> None:
-    """No HELLO timer (an hour), no retry, and ``active_s`` of polling after telemetry."""
+def quiet(monkeypatch, active_s: float = 0.0, retry_s: float | None = None) -> None:
+    """No HELLO timer once a HELLO went out (an hour), ``active_s`` of polling after
+    telemetry, and ``retry_s`` between HELLOs that found no peer (None: as shipped; a
+    test then waits for the first HELLO, after which no timer is left)."""
     monkeypatch.setattr(client_module, "HELLO_INTERVAL_S", 3600.0)
-    monkeypatch.setattr(client_module, "HELLO_RETRY_S", 3600.0)
+    if retry_s is not None:
+        monkeypatch.setattr(client_module, "HELLO_RETRY_S", retry_s)
     monkeypatch.setattr(client_module, "_ACTIVE_S", active_s)
 
 
@@ -535,7 +538,7 @@ def test_asleep_the_thread_wakes_once_per_cause(monkeypatch):
     quiet(monkeypatch)
     endpoint = ipc()
     router = Router(endpoint)
-    client = ControllerClient(endpoint, HELLO, timeout_s=5.0, monotonic=ManualClock())
+    client = ControllerClient(endpoint, HELLO, timeout_s=3600.0, monotonic=ManualClock())
     try:
         identity, _ = router.receive()
         one_round_per_wake(client)  # the wake-up pipe is drained, not left ringing
@@ -553,7 +556,7 @@ def test_asleep_the_thread_wakes_once_per_cause(monkeypatch):
 
 
 def test_a_failed_hello_is_retried_after_the_retry_interval_not_at_once(monkeypatch):
-    quiet(monkeypatch)
+    quiet(monkeypatch, retry_s=3600.0)
     client = ControllerClient(ipc(), HELLO, timeout_s=5.0)  # nobody there: HELLO fails
     try:
         one_round_per_wake(client)
@@ -565,7 +568,7 @@ def test_while_serving_the_thread_polls_and_takes_decisions_unwoken(monkeypatch)
     quiet(monkeypatch, active_s=3600.0)  # serving from the first telemetry on
     endpoint = ipc()
     router = Router(endpoint)
-    client = ControllerClient(endpoint, HELLO, timeout_s=5.0, monotonic=ManualClock())
+    client = ControllerClient(endpoint, HELLO, timeout_s=3600.0, monotonic=ManualClock())
     try:
         identity, _ = router.receive()
         client.send_telemetry(frame(1), 1, 1000.0)
