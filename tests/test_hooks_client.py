@@ -35,7 +35,7 @@ from sglang_hooks.client import (
     marker_for,
 )
 from sglang_hooks.marker import CONTROLLER, FALLBACK
-from sglang_hooks.testing import ManualClock, io_round, socket_dir, wait_until
+from sglang_hooks.testing import HANG_GUARD_S, ManualClock, io_round, socket_dir, wait_until
 
 _SOCKETS = socket_dir()
 _names = iter(range(10**6))
@@ -59,9 +59,9 @@ class Router:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.bind(endpoint)
 
-    def receive(self, timeout_s: float = 60.0) -> tuple[bytes, object]:
-        """The next frame (the timeout is a hang guard: a loaded machine may be slow)."""
-        assert self.sock.poll(int(timeout_s * 1000)), "nothing received"
+    def receive(self) -> tuple[bytes, object]:
+        """The next frame (waiting at most HANG_GUARD_S: a hang guard, not a window)."""
+        assert self.sock.poll(int(HANG_GUARD_S * 1000)), "nothing received"
         identity, payload = self.sock.recv_multipart()
         return identity, decode(payload)
 
@@ -559,6 +559,8 @@ def test_a_failed_hello_is_retried_after_the_retry_interval_not_at_once(monkeypa
     quiet(monkeypatch, retry_s=3600.0)
     client = ControllerClient(ipc(), HELLO, timeout_s=5.0)  # nobody there: HELLO fails
     try:
+        # Round 1 looks (asleep for no time) before its HELLO; round 2 follows the failure.
+        wait_until(lambda: client.counters["io_wakeups"] >= 2, "the round after the HELLO")
         one_round_per_wake(client)
     finally:
         client.close()
