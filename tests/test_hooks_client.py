@@ -15,6 +15,7 @@ import zmq
 from controller.policy_file import PolicyFileError
 from controller.wire import (
     DECISION_LAG,
+    MAX_FRAME_BYTES,
     Decision,
     Hello,
     PolicyPush,
@@ -439,9 +440,12 @@ def test_local_mode_says_its_policy_in_hello_and_ignores_the_hubs_decisions():
 
 
 @pytest.mark.parametrize(("install", "counter", "level", "says"), [
-    (True, "policy_pushes_installed", logging.INFO, "deciding with policy 'pushed'"),
+    (True, "policy_pushes_installed", logging.INFO,
+     "specctl: deciding with policy 'pushed' pushed by specctl-serve"),
     (False, "policy_pushes_unchanged", None, None),
-    (PolicyFileError("bad weights"), "policy_pushes_refused", logging.ERROR, "bad weights"),
+    (PolicyFileError("bad weights"), "policy_pushes_refused", logging.ERROR,
+     "specctl: the policy specctl-serve pushed is not valid, deciding with the previous "
+     "one: bad weights"),
     (None, "policy_pushes_ignored", None, None),  # remote mode: no use for a policy
 ])
 def test_a_pushed_policy_is_installed_kept_refused_or_ignored(install, counter, level, says,
@@ -450,27 +454,44 @@ def test_a_pushed_policy_is_installed_kept_refused_or_ignored(install, counter, 
     router = Router(endpoint)
     local = None if install is None else LocalStandIn(install=install)
     client = ControllerClient(endpoint, HELLO, timeout_s=5.0, local=local)
-    push = PolicyPush("pushed", "d" * 64, b"npz bytes")
+    # Larger than any other frame may be (MAX_FRAME_BYTES): taken only as a POLICY.
+    push = PolicyPush("pushed", "d" * 64, bytes(MAX_FRAME_BYTES + 1))
     try:
         identity, _ = router.receive()
         with caplog.at_level(logging.INFO, logger="sglang_hooks.client"):
-            router.sock.send_multipart([identity, encode_policy(push)])
+            for _ in range(2):
+                router.sock.send_multipart([identity, encode_policy(push)])
             # The counter moves before the log line is written: wait for both.
-            wait_until(lambda: client.counters[counter] == 1 and (says is None or any(
-                says in r.getMessage() for r in caplog.records)), counter)
+            wait_until(lambda: client.counters[counter] == 2 and (says is None or sum(
+                r.getMessage() == says for r in caplog.records) == 2), counter)
         pushes = {k: v for k, v in client.counters.items() if k.startswith("policy_pushes")}
-        assert pushes == {counter: 1}
-        assert local is None or local.pushes == [push]
+        assert pushes == {counter: 2}
+        assert local is None or local.pushes == [push, push]
         messages = [(r.levelno, r.getMessage()) for r in caplog.records
                     if r.name == "sglang_hooks.client"]
-        if says is None:
-            assert messages == []
-        else:
-            [(logged_level, message)] = messages
-            assert logged_level == level and says in message
+        assert messages == ([] if says is None else [(level, says)] * 2)
     finally:
         client.close()
         router.close()
+
+
+def test_the_sent_window_keeps_the_newest_1024_steps():
+    age = DecisionAge(0.5, Counter())
+    age.sent(0, 1.0)  # pushed out by the 1024 after it
+    for step in range(1, 1025):
+        age.sent(step, 2.0)
+    assert age.deadline() == 2.5
+    age.accept(decision_for(0), 2.0)  # no longer waited for: stale
+    assert age.counters["decisions_stale"] == 1 and age.counters["decisions"] == 0
+
+
+def test_the_constructor_hands_the_curve_keys_to_the_socket(monkeypatch):
+    pair, used = zmq.curve_keypair(), []
+    server_key = zmq.curve_keypair()[0].decode()
+    monkeypatch.setattr(zmq.auth, "load_certificate", lambda path: used.append(path) or pair)
+    client = ControllerClient(ipc(), HELLO, 5.0, server_key, "client.key_secret")
+    client.close()
+    assert used == ["client.key_secret"]
 
 
 def test_the_plugin_introduces_itself_with_version_and_pid():
