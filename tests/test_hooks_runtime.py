@@ -774,3 +774,315 @@ def test_with_hook_timing_every_hook_is_timed_and_each_launch_ends_a_step(tmp_pa
         assert rt.clock.total_steps == 2
     finally:
         rt.close()
+
+
+# -- what the first mutation run found unchecked ----------------------------------------------
+
+
+def record_faults(rt: Runtime) -> list[tuple[str, str]]:
+    """(site, exception type) of every fault the runtime reports (still counted)."""
+    seen: list[tuple[str, str]] = []
+    count = rt.fault
+
+    def fault(where: str, exc: BaseException) -> None:
+        seen.append((where, type(exc).__name__))
+        count(where, exc)
+
+    rt.fault = fault
+    return seen
+
+
+def test_a_fresh_runtime_knows_nothing_yet():
+    rt = Runtime(PluginConfig(server="srv", off_path="decode"), "test")
+    assert (rt.verify_steps, rt.launch_step, rt.last_steps) == (-1, 0, -1)
+    assert rt.is_source is False and rt.follower is False and rt.controller is None
+    assert rt.offswitch.counters is rt.counters and rt.offswitch.build is True
+    other = Runtime(PluginConfig(server="srv", off_path="sglang"), "test", follower=True)
+    assert other.offswitch.build is False and other.follower is True
+    rt.attach_policy("the policy")
+    assert rt.policy == "the policy"
+
+
+def test_a_broken_runtime_that_never_attached_a_marker_attaches_nothing():
+    rt = source(ManualClock(T0), ClientStandIn())
+    rt._announced = True
+    rt._broken = True
+    pulled: list = []
+    rt.after_pull_raw_reqs(pulled)
+    assert pulled == [] and rt.counters == Counter()
+
+
+def test_timeouts_and_overwrites_add_up():
+    clock = ManualClock(T0)
+    client = ClientStandIn()
+    rt = source(clock, client)
+    for seq in (1, 2):
+        client.marker = marker(seq, FALLBACK, 0, policy="")
+        rt.after_pull_raw_reqs([])
+    assert rt.counters["timeouts"] == 2
+    sched = scheduler()
+    for forward_ct in (0, 16, 32):  # three launches into one ring slot, none processed
+        sched.forward_ct = forward_ct
+        launch(rt, sched, decode_batch(1), 1)
+    assert rt.counters["telemetry_overwritten"] == 2
+
+
+def test_a_source_without_a_client_attaches_only_its_rule():
+    rt = source(ManualClock(T0), None)
+    pulled: list = []
+    rt.after_pull_raw_reqs(pulled)
+    rt.after_pull_raw_reqs(pulled)
+    assert pulled == [rt.local] and rt.counters == Counter()
+
+
+def test_a_full_cache_reports_no_negative_use_and_steps_are_reported_as_run():
+    clock = ManualClock(T0)
+    client = ClientStandIn()
+    rt = source(clock, client)
+    sched = scheduler()
+    sched.token_to_kv_pool_allocator = Pool(10_000, 0)  # all free: 0 used
+    for steps in (1, 0):
+        batch = decode_batch(1)
+        launch(rt, sched, batch, steps)
+        finish(rt, sched, batch)
+    assert [sent[0][7] for sent in client.sent] == [0, 0]  # kv used
+    assert [sent[0][10] for sent in client.sent] == [1, 0]  # steps used
+    assert [sent[0][11] for sent in client.sent] == [None, None]
+    assert rt.counters == Counter()
+
+
+def test_a_step_the_policy_was_not_asked_about_reports_no_depth():
+    clock = ManualClock(T0)
+    client = ClientStandIn()
+    rt = source(clock, client)
+    sched = scheduler()
+    first = decode_batch(1)
+    launch(rt, sched, first, 3)
+    finish(rt, sched, first)
+
+    def run_batch(s, b):  # the policy is not asked (last_steps stays as the hook set it)
+        s.forward_ct += 1
+        b.forward_iter = s.forward_ct
+        return "ran"
+
+    second = decode_batch(1)
+    rt.around_run_batch(run_batch, sched, second)
+    assert rt.last_steps == -1
+    _, verify = finish(rt, sched, second)
+    assert verify == -1 and client.sent[1][0][10] == 0
+
+
+def test_request_ids_are_kept_only_for_the_recorder():
+    clock = ManualClock(T0)
+    rt = source(clock, ClientStandIn())
+    sched, batch = scheduler(), decode_batch(2)
+    launch(rt, sched, batch, 1)
+    assert rt._slots[1].request_ids is None and rt._slots[1].sent is False
+
+
+def test_hooks_pass_the_scheduler_and_keywords_on_to_sglang_even_on_a_fault():
+    rt = source(ManualClock(T0), ClientStandIn())
+    faults = record_faults(rt)
+    broken = SimpleNamespace()  # no forward_ct
+    batch = SimpleNamespace(reqs=[])  # no forward_iter
+
+    def original(s, batch, flag):
+        return (s, batch, flag)
+
+    assert rt.around_run_batch(original, broken, batch=batch, flag=1) == (broken, batch, 1)
+    assert rt.around_process_batch_result(original, broken, batch=batch, flag=2) == (
+        broken, batch, 2)
+    assert faults == [("run_batch", "AttributeError"), ("result", "AttributeError")]
+
+
+def test_a_followers_result_reaches_sglang_with_its_scheduler_and_keywords():
+    rt = source(ManualClock(T0), ClientStandIn())
+    rt.is_source = False
+    sched, batch = scheduler(), decode_batch(1)
+    batch.forward_iter = 1
+
+    def original(s, batch, flag):
+        return (s, batch, flag)
+
+    assert rt.around_process_batch_result(original, sched, batch=batch, flag=3) == (
+        sched, batch, 3)
+
+
+def test_a_sources_result_reaches_sglang_with_its_scheduler():
+    clock = ManualClock(T0)
+    rt = source(clock, ClientStandIn())
+    sched, batch = scheduler(), decode_batch(1)
+    launch(rt, sched, batch, 1)
+    assert rt.around_process_batch_result(lambda s, b: s, sched, batch) is sched
+    rt.on_verify([1])  # after the result: nothing being processed
+    assert rt.counters == Counter()
+
+
+class OddStep(int):
+    """A step index whose comparison fails (the lookup's fault handler)."""
+
+    def __ne__(self, other: object) -> bool:
+        raise TypeError("cannot compare")
+
+
+def test_faults_name_their_site_and_carry_the_exception(caplog):
+    clock = ManualClock(T0)
+    client = ClientStandIn()
+    rt = source(clock, client)
+    faults = record_faults(rt)
+    sched = scheduler()
+    batch = decode_batch(1)
+    batch.forward_iter = OddStep(3)
+    rt.around_process_batch_result(lambda s, b: "done", sched, batch)  # lookup fails
+    rt._processing = object()  # a slot that cannot take the drafts
+    rt.on_verify([1])
+    rt._processing = None
+    rt.trimmer = SimpleNamespace(trim=None)
+    launch(rt, sched, decode_batch(1), 2)  # the trim fails
+    rt.trimmer = None
+    del sched.tree_cache
+    launch(rt, sched, decode_batch(1), 3)  # the launch cannot be read
+    client.send_telemetry = None
+    ok = decode_batch(1)
+    sched.tree_cache = Pool(0, 1_000)
+    launch(rt, sched, ok, 3)
+    finish(rt, sched, ok)  # the send fails
+    rt.after_pull_raw_reqs(())  # cannot append
+    recorder = RecorderStandIn()
+    recorder.add_arrival = None
+    rt.recorder = recorder
+    rt.before_process_input_requests(sched, [SimpleNamespace(rid="a", input_ids=[1])])
+    assert faults == [("result", "TypeError"), ("verify", "AttributeError"),
+                      ("trim", "TypeError"), ("launch", "AttributeError"),
+                      ("result", "TypeError"), ("pull", "AttributeError"),
+                      ("arrivals", "TypeError")]
+
+
+def test_a_failed_attach_carries_its_exception(monkeypatch):
+    def no_ranks(scheduler, version):
+        raise RuntimeError("no parallel state")
+
+    monkeypatch.setattr(runtime_module, "read_ranks", no_ranks)
+    rt = Runtime(PluginConfig(server="srv"), "test")
+    faults = record_faults(rt)
+    rt.attach(SimpleNamespace())
+    assert faults == [("attach", "RuntimeError")]
+
+
+def test_attach_reads_the_ranks_of_the_scheduler_it_is_given(monkeypatch):
+    given = []
+    monkeypatch.setattr(runtime_module, "read_ranks",
+                        lambda s, v: given.append(s) or Ranks(1, 2, 0, 1, 0, False))
+    rt = Runtime(PluginConfig(server="srv"), "test")
+    sched = SimpleNamespace()
+    rt.before_process_input_requests(sched, [])
+    assert given == [sched]
+
+
+def test_a_source_without_server_args_is_named_after_its_host(monkeypatch):
+    monkeypatch.setattr(runtime_module, "ControllerClient", Built())
+    rt = Runtime(PluginConfig(), "test", ranks=SOURCE)
+    rt.policy = SimpleNamespace(candidate_steps=())
+    rt.attach(SimpleNamespace())
+    assert rt.server == socket.gethostname() and rt.is_source
+
+
+@pytest.mark.parametrize(("ranks", "policy", "message"), [
+    (SOURCE, None, "specctl: this server does not run --speculative-adaptive (no adaptive "
+                   "policy was built); specctl does nothing"),
+    (Ranks(0, 1, 0, 2, 0, False), object(),
+     "specctl: pipeline parallelism / attention DP is not supported; every rank runs the "
+     "local 'table' rule, no controller, no recording"),
+])
+def test_the_warnings_say_what_specctl_does_instead(ranks, policy, message, caplog):
+    rt = Runtime(PluginConfig(server="srv", fallback="table"), "test", ranks=ranks)
+    rt.policy = policy
+    with caplog.at_level(logging.WARNING, logger="sglang_hooks.runtime"):
+        rt.attach(SimpleNamespace())
+    assert [r.getMessage() for r in caplog.records] == [message]
+
+
+@pytest.mark.parametrize("controller", [None, "ipc:///c"])
+def test_the_source_says_what_it_runs(controller, caplog, monkeypatch):
+    monkeypatch.setattr(runtime_module, "ControllerClient", Built())
+    cfg = PluginConfig(server="srv", controller=controller, policy=None, record_dir=None)
+    rt = Runtime(cfg, "test", ranks=SOURCE)
+    with caplog.at_level(logging.INFO, logger="sglang_hooks.runtime"):
+        rt.start_source()
+    assert [r.getMessage() for r in caplog.records] == [
+        f"specctl: source rank of server 'srv': controller={controller}, local policy=None, "
+        "rule=sglang, recording=None"]
+
+
+def test_the_source_names_its_local_policy_and_recording(caplog, monkeypatch, tmp_path):
+    import sglang_hooks.local
+    import sglang_hooks.recorder
+
+    monkeypatch.setattr(runtime_module, "ControllerClient", Built())
+    monkeypatch.setattr(sglang_hooks.local, "LocalDecisions", Built())
+    monkeypatch.setattr(sglang_hooks.recorder, "start_recorder", Built())
+    cfg = PluginConfig(server="srv", policy="/p.npz", record_dir="/rec", fallback="table")
+    rt = Runtime(cfg, "test", ranks=SOURCE)
+    with caplog.at_level(logging.INFO, logger="sglang_hooks.runtime"):
+        rt.start_source()
+    assert [r.getMessage() for r in caplog.records] == [
+        "specctl: source rank of server 'srv': controller=None, local policy=/p.npz, "
+        "rule=table, recording=/rec"]
+
+
+def test_a_marker_already_taken_is_not_queued_again():
+    rt = source(ManualClock(T0), None)
+    sched = scheduler()
+    rt.before_process_input_requests(sched, [marker(4, apply_from=1)])
+    launch(rt, sched, decode_batch(1), 2)
+    assert rt.controller == marker(4, apply_from=1) and rt._pending is None
+    rt.before_process_input_requests(sched, [marker(4, apply_from=1)])
+    assert rt._pending is None
+
+
+def test_a_tuple_list_keeps_the_arguments_after_it():
+    rt = source(ManualClock(T0), None)
+    sched = SimpleNamespace()
+    req = ReqStandIn("a")
+    args, kwargs = rt.before_process_input_requests(sched, (req, marker(1)), "more", "args")
+    assert args == (sched, [req], "more", "args") and kwargs == {}
+
+
+def test_arrivals_without_a_rid_or_ids_are_skipped_not_faults():
+    recorder = RecorderStandIn()
+    rt = source(ManualClock(T0), None, recorder)
+    rt.before_process_input_requests(SimpleNamespace(), [SimpleNamespace(input_ids=[1]),
+                                                         SimpleNamespace(rid="b")])
+    assert recorder.arrivals == [] and rt.counters == Counter()
+
+
+def test_hook_timing_times_around_hooks_without_sglangs_own_time(tmp_path, monkeypatch):
+    """An AROUND hook's wrapper leaves out the original's time, a plain one would not: on
+    a clock that moves only inside SGLang's original (a second per call), the around
+    wrapper of run_batch records none of it."""
+    import sglang_hooks.timing
+
+    rt = source(ManualClock(T0), None, hook_timing=str(tmp_path / "timing"))
+    try:
+        table = rt.hook_table()
+        now = [0]
+        monkeypatch.setattr(sglang_hooks.timing.time, "perf_counter_ns", lambda: now[0])
+        rt.clock.plain_overhead_ns = rt.clock.around_overhead_ns = 0
+
+        def original(s, b):
+            now[0] += 10**9
+            s.forward_ct += 1
+            b.forward_iter = s.forward_ct
+            return "ran"
+
+        rt.clock.current_ns = 0
+        assert table["run_batch"][0](original, scheduler(), decode_batch(1)) == "ran"
+        assert rt.clock.current_ns == 0
+        rt.clock.current_ns = 0
+        assert table["process_input_requests"][0](SimpleNamespace(), []) is None
+        assert rt.clock.current_ns == 0  # a plain hook: the whole (clock-free) call
+        pulled: list = []
+        table["_pull_raw_reqs"][0](pulled)  # AFTER: called with SGLang's result alone
+        assert pulled == [rt.local]
+    finally:
+        rt.close()
