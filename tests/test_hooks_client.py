@@ -461,10 +461,14 @@ def test_a_pushed_policy_is_installed_kept_refused_or_ignored(install, counter, 
         with caplog.at_level(logging.INFO, logger="sglang_hooks.client"):
             for _ in range(2):
                 router.sock.send_multipart([identity, encode_policy(push)])
-            # The counter moves before the log line is written: wait for both.
-            wait_until(lambda: client.counters[counter] == 2 and (says is None or sum(
-                r.getMessage() == says for r in caplog.records) == 2), counter)
-        pushes = {k: v for k, v in client.counters.items() if k.startswith("policy_pushes")}
+            router.answer(identity, 1)  # taken after both pushes: frames keep their order
+            counters = client.counters
+            wait_until(lambda: counters["decisions_stale"] + counters["remote_decisions_ignored"]
+                       == 1, "the decision after the pushes")
+            # The counter moves before the log line is written: wait for the lines too.
+            wait_until(lambda: says is None or sum(
+                r.getMessage() == says for r in caplog.records) == 2, "the log lines")
+        pushes = {k: v for k, v in counters.items() if k.startswith("policy_pushes")}
         assert pushes == {counter: 2}
         assert local is None or local.pushes == [push, push]
         messages = [(r.levelno, r.getMessage()) for r in caplog.records
