@@ -1086,3 +1086,28 @@ def test_hook_timing_times_around_hooks_without_sglangs_own_time(tmp_path, monke
         assert pulled == [rt.local]
     finally:
         rt.close()
+
+
+def test_without_a_client_the_source_names_no_controller_and_no_policy(caplog, monkeypatch):
+    import sglang_hooks.recorder
+
+    monkeypatch.setattr(sglang_hooks.recorder, "start_recorder", Built())
+    cfg = PluginConfig(server="srv", controller="ipc:///c", policy="/p.npz", record_dir="/rec",
+                       record_explore=True)  # exploring: no controller, no local policy
+    rt = Runtime(cfg, "test", ranks=SOURCE)
+    with caplog.at_level(logging.INFO, logger="sglang_hooks.runtime"):
+        rt.start_source()
+    assert rt.client is None
+    assert [r.getMessage() for r in caplog.records] == [
+        "specctl: source rank of server 'srv': controller=None, local policy=None, "
+        "rule=explore, recording=/rec"]
+
+
+def test_finished_requests_without_a_recorder_are_no_fault():
+    clock = ManualClock(T0)
+    rt = source(clock, ClientStandIn())
+    sched, batch = scheduler(), decode_batch(1)
+    batch.reqs[0].finished_reason = "stop"
+    launch(rt, sched, batch, 1)
+    finish(rt, sched, batch)
+    assert rt.counters == Counter()
