@@ -17,7 +17,10 @@ Not a test: run it, read the table, keep the JSON. Medians over ``--runs`` (defa
 (b) ``rtt``: 1 and 8 servers at 1 kHz (one cheap client process) against
     ``specctl-serve`` and against a bare pyzmq ROUTER + msgpack echo (the floor).
     Reported: the fraction of steps answered within the plugin's timeout, latency of
-    the answered steps, and latency of all steps (an unanswered one counts as never).
+    the answered steps, and latency of all steps (an unanswered one counts as never);
+    the same for steps *covered* (by an answer to them or to a later step of their
+    server, which folded their telemetry: the plugin waits for nothing older once that
+    arrives); and the CPU cores the answering and the client process used.
 (d) ``local``: the plugin's local decision mode at 1 kHz: from telemetry queued (as
     the hooks queue it) to the decision on it, made on the client's I/O thread.
 (c) ``throughput``: 128 streams, each keeping one telemetry message in flight
@@ -40,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import deque
 from pathlib import Path
 
 import numpy as np
@@ -299,11 +303,16 @@ def bench_hooks(sglang_path: Path, iterations: int, workdir: Path) -> dict:
 
 
 def _rtt_clients(endpoint: str, names: list[str], seconds: float, rate_hz: float,
-                 timeout_s: float, out, ready) -> None:
+                 timeout_s: float, out, ready, server_pid: int | None = None) -> None:
     """Servers ``names`` stepping at ``rate_hz``, one DEALER each, one poller for all.
 
     Cheap on purpose (one process, prepacked accepted drafts, only the answered step read
     back): eight client processes on a 2-core machine would measure the clients.
+    Puts (steps sent, own-answer latencies, covered latencies, CPU seconds of this
+    process and of ``server_pid`` during the run, the run's wall seconds): a step is
+    *covered* by the first decision, arriving within ``timeout_s``, that answers it or a
+    later step of its server (that decision folded its telemetry, and the plugin stops
+    waiting for an older step's answer once a newer one arrives: ``DecisionAge``).
     """
     import msgpack
     import zmq
@@ -313,12 +322,15 @@ def _rtt_clients(endpoint: str, names: list[str], seconds: float, rate_hz: float
     _context, poller, socks, index = connect_servers(endpoint, names, "bench")  # kept alive
     accepted = bytes(np.random.default_rng(0).integers(0, 4, size=32).astype(np.int8))
     total = sum(accepted)
-    sent = [dict() for _ in names]  # step -> send time (ns); popped when answered
+    sent = [deque() for _ in names]  # (step, send time ns), oldest first, until answered
     latencies: list[int] = []
+    covered: list[int] = []
+    timeout_ns = timeout_s * 1e9
     steps = [0] * len(names)
     period = 1.0 / rate_hz
     ready.wait()
     time.sleep(0.3)  # HELLOs in
+    cpu0 = time.process_time(), server_pid and process_cpu_s(server_pid)
     start = time.perf_counter()
     # Staggered: server i steps at start + (k + i / n) * period.
     due = [start + i * period / len(names) for i in range(len(names))]
@@ -334,20 +346,27 @@ def _rtt_clients(endpoint: str, names: list[str], seconds: float, rate_hz: float
                 step = steps[i]
                 frame = pack_telemetry(names[i], 0, step, now, 32, 4, 32, 50_000, 500_000, 0, 3,
                                        accepted, total, 0.012)
-                sent[i][step] = time.perf_counter_ns()
+                sent[i].append((step, time.perf_counter_ns()))
                 with contextlib.suppress(zmq.Again):  # counted as unanswered
                     sock.send(frame, zmq.NOBLOCK)
         wait_ms = max(0.0, (min(due) - time.perf_counter()) * 1e3)
         for sock, _ in poller.poll(math.ceil(wait_ms)):
             i = index[sock]
+            waiting = sent[i]
             while sock.get(zmq.EVENTS) & zmq.POLLIN:
                 arrived = time.perf_counter_ns()
                 message = msgpack.unpackb(sock.recv(zmq.NOBLOCK))
                 answered = message[3] - DECISION_LAG  # DECISION: apply_from_step
-                sent_ns = sent[i].pop(answered, None)
-                if sent_ns is not None and arrived - sent_ns <= timeout_s * 1e9:
-                    latencies.append(arrived - sent_ns)
-    out.put((sum(steps), latencies))
+                while waiting and waiting[0][0] <= answered:
+                    step, sent_ns = waiting.popleft()
+                    if arrived - sent_ns <= timeout_ns:
+                        covered.append(arrived - sent_ns)
+                        if step == answered:
+                            latencies.append(arrived - sent_ns)
+    wall = time.perf_counter() - start
+    cpu = (time.process_time() - cpu0[0],
+           server_pid and process_cpu_s(server_pid) - cpu0[1])
+    out.put((sum(steps), latencies, covered, cpu, wall))
 
 
 def _echo_server(endpoint: str) -> None:
@@ -400,18 +419,26 @@ def bench_rtt(server: str, policy: Path, clients: int, seconds: float, rate_hz: 
     try:
         proc = ctx.Process(target=_rtt_clients,
                            args=(endpoint, [f"c{i}" for i in range(clients)], seconds, rate_hz,
-                                 timeout_s, queue, ready))
+                                 timeout_s, queue, ready, process.pid))
         proc.start()
-        sent, latencies = queue.get(timeout=seconds + 60)
+        sent, latencies, covered_ns, (client_cpu, server_cpu), wall = queue.get(
+            timeout=seconds + 60)
         proc.join()
     finally:
         stop(process)
     answered = np.asarray(latencies, dtype=float) / 1e3
+    covered = np.asarray(covered_ns, dtype=float) / 1e3
     every = np.concatenate([answered, np.full(max(sent - answered.size, 0), np.inf)])
+    every_covered = np.concatenate([covered, np.full(max(sent - covered.size, 0), np.inf)])
     return {
         "server": server, "clients": clients, "rate_hz": rate_hz, "sent": sent,
         "answered": int(answered.size), "answered_fraction": answered.size / max(sent, 1),
         "answered_us": _pct(answered), "all_steps_us": _pct(every),
+        "covered_fraction": covered.size / max(sent, 1), "covered_us": _pct(covered),
+        "all_steps_covered_us": _pct(every_covered),
+        # CPU cores busy during the run (1.0 = one core all the time): is the machine's
+        # CPU (2 cores, shared) enough for both sides?
+        "server_cpu_cores": server_cpu / wall, "client_cpu_cores": client_cpu / wall,
         "transport": endpoint.split(":", 1)[0],
     }
 
@@ -554,6 +581,14 @@ SUMMARY = (
      ("rtt_8", "serve", "all_steps_us", "p50"), ("rtt_8", "echo", "all_steps_us", "p50")),
     ("steps answered, 8 clients x 1 kHz (fraction)", ("rtt_8", "serve", "answered_fraction"),
      ("rtt_8", "echo", "answered_fraction")),
+    ("steps covered, 8 clients x 1 kHz (fraction)", ("rtt_8", "serve", "covered_fraction"),
+     ("rtt_8", "echo", "covered_fraction")),
+    ("round trip, 8 clients x 1 kHz, covered (us, p50)", ("rtt_8", "serve", "covered_us", "p50"),
+     ("rtt_8", "echo", "covered_us", "p50")),
+    ("CPU cores, 8 clients x 1 kHz: the answering process",
+     ("rtt_8", "serve", "server_cpu_cores"), ("rtt_8", "echo", "server_cpu_cores")),
+    ("CPU cores, 8 clients x 1 kHz: the client process",
+     ("rtt_8", "serve", "client_cpu_cores"), ("rtt_8", "echo", "client_cpu_cores")),
     ("decisions per controller CPU-second", ("throughput", "serve", "decisions_per_cpu_s"),
      ("throughput", "echo", "decisions_per_cpu_s")),
     ("decisions per second (closed loop)", ("throughput", "serve", "decisions_per_s"),

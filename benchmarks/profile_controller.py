@@ -95,7 +95,7 @@ def main() -> None:
         if args.load == "flood":
             print(f"decisions: {sum(results)} in {args.seconds} s")
         else:
-            sent, latencies = results[0]
+            sent, latencies = results[0][:2]
             value = server.metrics.registry.get_sample_value
             print(f"round trip p50 {np.percentile(latencies, 50) / 1e3:.0f} us, "
                   f"answered {len(latencies)}/{sent}; decisions "

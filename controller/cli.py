@@ -56,6 +56,7 @@ def serve(cfg: DictConfig, stop: threading.Event | None = None) -> int:
         max_records_per_poll=int(cfg.max_records_per_poll),
         overload_busy_s=float(cfg.overload_busy_ms) / 1e3,
         overload_records_per_poll=int(cfg.overload_records_per_poll),
+        answers_per_poll=int(cfg.answers_per_poll),
         log_every_s=float(cfg.log_every_s), curve=curve,
         ipc_allowed_uids=tuple(int(u) for u in cfg.ipc_allowed_uids or ()),
     )

@@ -38,7 +38,14 @@ FORMAT = "specctl-policy"
 FORMAT_VERSION = 3
 #: Largest speculation depth a decision can carry (int8 on the wire).
 MAX_STEPS = 127
-_ACTIVATIONS = {"tanh": np.tanh, "relu": lambda x: np.maximum(x, 0.0)}
+
+
+def _relu(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    return np.maximum(x, 0.0, out=out)
+
+
+#: Activations, each a ufunc-like callable taking ``out=`` (see ExportedPolicy.logits).
+_ACTIVATIONS = {"tanh": np.tanh, "relu": _relu}
 
 
 class PolicyFileError(ValueError):
@@ -61,15 +68,32 @@ class ExportedPolicy:
         self._validate()
         self._act = _ACTIVATIONS[self.activation]
         self._actions = np.asarray(self.actions, dtype=np.int64)
+        # Per layer: whether adding its bias in place gives x @ w + b exactly (the
+        # product's dtype already holds the sum's; float32 weights and biases do).
+        dtype = np.dtype(np.float32)
+        self._bias_in_place = []
+        for w, b in zip(self.weights, self.biases, strict=True):
+            dtype = np.result_type(dtype, w.dtype)
+            self._bias_in_place.append(np.result_type(dtype, b.dtype) == dtype)
+            dtype = np.result_type(dtype, b.dtype)
 
     def logits(self, observations: np.ndarray) -> np.ndarray:
         """Action logits for one observation vector or a batch of them."""
         x = np.asarray(observations, dtype=np.float32)
         last = len(self.weights) - 1
-        for i, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
-            x = x @ w + b
+        # One new array per layer, the bias and activation applied in place: the same
+        # values as x @ w + b and act(...), without two more temporaries of (rows, width)
+        # each. The controller's batches (~1,800 rows x 64) made each temporary a fresh
+        # mmap of page-faulting memory: 1.2-1.4 ms -> 0.46-0.54 ms per forward here.
+        for i, (w, b, in_place) in enumerate(zip(self.weights, self.biases,
+                                                 self._bias_in_place, strict=True)):
+            x = x @ w
+            if in_place:
+                x += b
+            else:
+                x = x + b
             if i < last:
-                x = self._act(x)
+                self._act(x, out=x)
         return x
 
     def act(self, observations: np.ndarray) -> np.ndarray | int:

@@ -9,8 +9,10 @@ Every poll drains all pending frames, folds each stream's records into its
 builder, then evaluates the policy once for all streams that sent telemetry:
 one batched MLP forward over every stream's ``observation_grid()`` (a row per
 batch-size grid value). Each of those streams gets one DECISION, answering its
-latest record (latest wins): steps per grid value, restricted to the steps the
-server offers (its HELLO), ``apply_from_step = step_index + DECISION_LAG``.
+latest record (latest wins; ``answers_per_poll`` > 1 answers up to that many of its
+latest records, in rounds, each as local mode would): steps per grid value, restricted
+to the steps the server offers (its HELLO), ``apply_from_step = step_index +
+DECISION_LAG``.
 In shadow mode the decision is computed and logged but the reply says "use
 your fallback".
 
@@ -26,12 +28,13 @@ import threading
 import time
 from collections import Counter, deque
 from dataclasses import dataclass
+from itertools import compress as compress_
 
 import numpy as np
 import zmq
 from threadpoolctl import threadpool_limits
 
-from controller.decider import allowed_actions, choose, compress, steps_at
+from controller.decider import allowed_actions, choose
 from controller.metrics import Metrics
 from controller.policy_file import ExportedPolicy
 from controller.reload import PolicyHolder
@@ -91,6 +94,17 @@ class ServeOptions:
     #: host) otherwise spends a round folding records and answers too late for all.
     overload_busy_s: float = 0.02
     overload_records_per_poll: int = 2
+    #: Records of one stream answered per poll at most (its latest ones; the older ones
+    #: are folded without an answer): each gets the decision the policy makes on the
+    #: telemetry up to it, as local mode decides, computed in rounds (the streams'
+    #: first answered records in one batch, their second in the next, ...). An older
+    #: answer is of no use to the plugin once a newer one arrived; without it, a step
+    #: whose telemetry shared a poll with its successor's (a daemon late by more than a
+    #: step) has no answer of its own. Default 1, the latest only: a daemon short of CPU
+    #: that answers more falls further behind (8 servers x 1 kHz on the shared 2-core
+    #: machine: 4 answers took the round trip from 1.4 ms to 7.6 ms p50, and the steps
+    #: answered from 71% to 63%). Always 1 after a slow round (``overload_busy_s``).
+    answers_per_poll: int = 1
     log_every_s: float = 60.0
     curve: CurveConfig | None = None
     #: Users besides the daemon's own who may connect to an ipc:// endpoint.
@@ -100,8 +114,9 @@ class ServeOptions:
 class _Stream:
     """One (connection, server, rank): its feature builder and where to answer."""
 
-    __slots__ = ("allowed", "backlog", "batch_size", "builder", "candidates", "deciding",
-                 "identity", "key", "last_seen", "last_step", "pushed", "received", "seq")
+    __slots__ = ("allowed", "answering", "backlog", "batch_size", "builder", "candidates",
+                 "deciding", "identity", "key", "last_seen", "last_step", "pushed", "received",
+                 "seq")
 
     def __init__(self, key: StreamKey, builder: FeatureBuilder, backlog: int) -> None:
         self.key = key
@@ -109,8 +124,9 @@ class _Stream:
         self.identity = key[0][0]
         self.builder = builder
         self.seq = 0
-        self.last_step = -1
-        self.batch_size = 1
+        self.last_step = -1  # the latest telemetry received
+        self.answering = -1  # the step of the latest record folded: the one answered next
+        self.batch_size = 1  # the batch of the latest decode record folded
         self.candidates: tuple[int, ...] | None = None
         self.allowed: np.ndarray | None = None
         self.last_seen = 0.0
@@ -320,8 +336,6 @@ class ControllerServer:
             stream.backlog.clear()
             self.counters["stream_restarts"] += 1
         stream.last_step = record.step_index
-        if record.prefill_tokens == 0:
-            stream.batch_size = record.batch_size
         stream.received = received
         pending[stream.key] = stream
         self._telemetry_folded += 1  # counted once per poll (decide): one inc, not one each
@@ -382,15 +396,35 @@ class ControllerServer:
     # -- decisions out --------------------------------------------------------------------
 
     def decide(self, pending: dict[StreamKey, _Stream]) -> list[tuple[_Stream, Decision]]:
-        """One decision per stream in ``pending`` (a batched policy evaluation)."""
+        """The decisions for the streams in ``pending``: the latest
+        ``answers_per_poll`` records of each answered, in order, in rounds of one batched
+        policy evaluation each."""
         if not pending:
             self.metrics.telemetry.inc(self._telemetry_folded)  # accepted, then its stream failed
             self._telemetry_folded = 0
             return []
-        policy = self.holder.policy
+        options = self.options
+        answers = (1 if self._busy_s > options.overload_busy_s
+                   else max(options.answers_per_poll, 1))
         streams = list(pending.values())
+        # Round 1 folds every record up to each stream's first answered one.
+        folds = [max(len(s.backlog) - answers, 0) + 1 for s in streams]
+        out: list[tuple[_Stream, Decision]] = []
+        while streams:
+            out += self._decide_round(streams, folds)
+            streams = [s for s in streams if s.backlog]
+            folds = [1] * len(streams)
+        self.metrics.telemetry.inc(self._telemetry_folded)
+        self._telemetry_folded = 0
+        return out
+
+    def _decide_round(self, streams: list[_Stream],
+                      folds: list[int]) -> list[tuple[_Stream, Decision]]:
+        """Fold ``folds[i]`` records into each stream, then one decision each, answering
+        the last record folded (one batched policy evaluation)."""
+        policy = self.holder.policy
         grid = policy.feature_spec.batch_grid
-        grids = self._observation_grids(streams)
+        grids = self._observation_grids(streams, folds)
         chosen, healthy, runnable = choose(policy, self._policy_actions, grids,
                                            [s.allowed for s in streams])
         for i in np.flatnonzero(~healthy):
@@ -401,44 +435,62 @@ class ControllerServer:
         now = time.monotonic()
         out = []
         chosen_counts: Counter[int] = Counter()  # counted per poll: one inc per value
-        for i, stream in enumerate(streams):
+        # Whole-array work for every stream at once (numpy's per-call overhead, not the
+        # arithmetic, is the cost at these sizes), then plain lists per stream: which
+        # grid entry each stream's current batch falls in, and which entries repeat the
+        # previous entry's steps (compress() drops those).
+        n = len(streams)
+        current_at = np.searchsorted(grid, [s.batch_size for s in streams], side="right") - 1
+        np.maximum(current_at, 0, out=current_at)
+        changes = np.empty(chosen.shape, dtype=bool)
+        changes[:, 0] = True
+        np.not_equal(chosen[:, 1:], chosen[:, :-1], out=changes[:, 1:])
+        rows, keeps, at = chosen.tolist(), changes.tolist(), current_at.tolist()
+        ok, can = healthy.tolist(), runnable.tolist()
+        name = policy.name
+        for i in range(n):
+            stream = streams[i]
             stream.last_seen = now
             stream.seq += 1
-            apply_from = stream.last_step + DECISION_LAG
-            steps = chosen[i].tolist()
-            current = steps_at(grid, steps, stream.batch_size)
-            if not healthy[i]:
-                decision = Decision.fallback(stream.seq, apply_from, policy.name)
-            elif not runnable[i]:
+            apply_from = stream.answering + DECISION_LAG
+            steps = rows[i]
+            current = steps[at[i]]
+            if not ok[i]:
+                decision = Decision.fallback(stream.seq, apply_from, name)
+            elif not can[i]:
                 self._count(metrics.fallbacks, "no_allowed_action")
-                decision = Decision.fallback(stream.seq, apply_from, policy.name)
+                decision = Decision.fallback(stream.seq, apply_from, name)
             elif shadow:
                 self._shadow_steps[current] += 1
                 self._count(metrics.fallbacks, "shadow")
                 log.debug("shadow: %r rank %d step %d: steps %s for grid %s", stream.key[1],
-                          stream.key[2], stream.last_step, steps, grid)
-                decision = Decision.fallback(stream.seq, apply_from, policy.name)
+                          stream.key[2], stream.answering, steps, grid)
+                decision = Decision.fallback(stream.seq, apply_from, name)
             else:
                 chosen_counts[current] += 1
-                decision = Decision(stream.seq, apply_from, policy.name, *compress(grid, steps))
+                keep = keeps[i]  # compress(): entries repeating the previous one's steps go
+                decision = Decision(stream.seq, apply_from, name, tuple(compress_(grid, keep)),
+                                    tuple(compress_(steps, keep)))
             out.append((stream, decision))
         for steps, count in chosen_counts.items():
             self._count(metrics.steps_chosen, steps, count)
-        metrics.telemetry.inc(self._telemetry_folded)
-        self._telemetry_folded = 0
         return out
 
-    def _observation_grids(self, streams: list[_Stream]) -> np.ndarray | list:
-        """Fold each stream's new records, then the observation grids of all of them in
+    def _observation_grids(self, streams: list[_Stream], folds: list[int]) -> np.ndarray | list:
+        """Fold ``folds[i]`` of stream i's new records, then the observation grids of all of them in
         one batched computation, shape (streams, grid rows, size). Should a stream's
         estimators fail, it is reset and the others are computed one by one (a list with
         None for the failed ones): one stream must not cost the others their answer."""
         folded = []
-        for stream in streams:
+        for stream, count in zip(streams, folds, strict=True):
             backlog, builder = stream.backlog, stream.builder
             try:
-                while backlog:
-                    builder.update(backlog.popleft())
+                for _ in range(min(count, len(backlog))):
+                    record = backlog.popleft()
+                    stream.answering = record.step_index
+                    if record.prefill_tokens == 0:
+                        stream.batch_size = record.batch_size
+                    builder.update(record)
                 folded.append(True)
             except Exception:  # a bug, or a record the estimators cannot take
                 self._reset_failed(stream)
@@ -481,7 +533,7 @@ class ControllerServer:
                 continue
             latencies.append(clock() - stream.received)
         if latencies:
-            metrics.latency.observe_many(np.array(latencies))
+            metrics.latency.observe_many(latencies)
             metrics.decisions.inc(len(latencies))
         return len(latencies)
 

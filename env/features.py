@@ -220,8 +220,11 @@ class FeatureBuilder:
         # s = 1 if speculating, m = draft forwards beyond the first (depth - 1),
         # kv = tokens/1e5: the cost model's structure (verify + extend switch on
         # with speculation; each further depth adds a draft forward). Its sufficient
-        # statistics X'X and X'y live in one 8 x 8 matrix (see update()).
+        # statistics X'X and X'y live in one 8 x 8 matrix (see update()); the records'
+        # regressors are folded into it when it is next read (_fold_moments), batched
+        # across the streams of a poll.
         self._moments = np.zeros((8, 8))
+        self._pending: list[list[float]] = []
         self._theta: np.ndarray | None = None
         # Depth first, shape (depth + 1, 1, 1): see _latency_predictions().
         depths = np.arange(self.spec.max_depth + 1, dtype=float).reshape(-1, 1, 1)
@@ -305,10 +308,9 @@ class FeatureBuilder:
             samples[steps] += 1.0
             # The regression's sufficient statistics in one matrix, [x, y] [x, y]^T with
             # y the residual: X'X is its top-left 7 x 7 block, X'y its last column.
-            z = self._regressors(batch, steps, record.kv_used_tokens, residual_ms)
-            moments = self._moments
-            moments *= forget
-            moments += z[:, None] * z
+            # Folded (moments * forget + z z^T, record by record) when next read.
+            self._pending.append(self._regressors(batch, steps, record.kv_used_tokens,
+                                                  residual_ms))
             self._theta = None
             if self._latency_ms_ema is None:
                 self._latency_ms_ema = latency_ms
@@ -443,11 +445,11 @@ class FeatureBuilder:
 
     @staticmethod
     def _regressors(batch_size: int, steps: int, kv_tokens: int,
-                    residual_ms: float) -> np.ndarray:
+                    residual_ms: float) -> list[float]:
         b = batch_size / 64.0
         s = 1.0 if steps > 0 else 0.0
-        m = max(steps - 1, 0)
-        return np.array([1.0, b, s, s * b, m, m * b, kv_tokens / 1e5, residual_ms])
+        m = float(max(steps - 1, 0))
+        return [1.0, b, s, s * b, m, m * b, kv_tokens / 1e5, residual_ms]
 
 
 def observation_grids(builders: Sequence[FeatureBuilder]) -> np.ndarray:
@@ -590,7 +592,7 @@ def _latency_predictions(builders: Sequence[FeatureBuilder], batch_sizes: np.nda
     layout = first._layout
     stale = [i for i, b in enumerate(builders) if b._theta is None]
     if stale:  # one batched 7 x 7 solve for every stream that saw telemetry
-        moments = _stack([builders[i]._moments for i in stale])
+        moments = _fold_moments([builders[i] for i in stale])
         rhs = moments[:, :7, 7]
         if first.cost_prior is None:  # else: the residual over the profile, none expected
             # The observed level at depth 0, fixed fractions of it for speculating.
@@ -606,15 +608,16 @@ def _latency_predictions(builders: Sequence[FeatureBuilder], batch_sizes: np.nda
     # The regression x = [1, b, s, s*b, m, m*b, kv] (see reset()): one matrix-vector
     # product per stream, never one product for all of them (its rounding could then
     # depend on how many streams are stacked: batching must be invisible), depth first.
+    # A stacked matmul makes exactly those products, one per stream, in one call (bit for
+    # bit the per-stream `design @ theta[:6]` it replaced, without its Python loop).
     design, prior = first._design(batch_sizes)
     n, rows = len(builders), len(batch_sizes)
     depths = design.shape[0] // rows
-    if n == 1:
+    if n == 1:  # the same product, without the stacking's few extra calls
         predicted = (design @ thetas[0, :6]).reshape(depths, 1, rows)
     else:
-        predicted = np.empty((depths, n, rows))
-        for i, theta in enumerate(thetas):
-            predicted[:, i, :] = (design @ theta[:6]).reshape(depths, rows)
+        predicted = np.matmul(design, thetas[:, :6, None]).reshape(n, depths, rows)
+        predicted = predicted.transpose(1, 0, 2)
     kv = kv_tokens[:, None]
     predicted += thetas[:, 6:7] * (kv / 1e5)
     if prior is not None:
@@ -623,6 +626,48 @@ def _latency_predictions(builders: Sequence[FeatureBuilder], batch_sizes: np.nda
     # Physically a deeper draft never costs less; keep the prediction sane.
     floor = np.maximum(0.05 * base_ms, 1e-3)[:, None]
     return np.maximum.accumulate(np.maximum(predicted, floor), axis=0) * 1e-3
+
+
+def _fold_moments(builders: Sequence[FeatureBuilder]) -> np.ndarray:
+    """The builders' moments stacked, shape (builders, 8, 8), with the regressors their
+    records left pending folded in (each builder keeps a view of its row).
+
+    Record by record, exactly as folding each on arrival (``moments * forget + z z^T``,
+    elementwise: a stream's values do not depend on what else is stacked), but in rounds
+    over all streams at once (the j-th pending record of every stream that has one):
+    three numpy calls per round instead of four per record and stream.
+    """
+    if len(builders) == 1:  # one stream (local mode, the gym env): fold in place
+        builder = builders[0]
+        moments, forget = builder._moments, builder.spec.latency_forgetting
+        for regressors in builder._pending:
+            z = np.array(regressors)
+            moments *= forget
+            moments += z[:, None] * z
+        builder._pending.clear()
+        return moments[None]
+    moments = _stack([b._moments for b in builders])  # a copy
+    counts = [len(b._pending) for b in builders]
+    most = max(counts)
+    if not most:
+        return moments
+    forget = builders[0].spec.latency_forgetting
+    for j in range(most):
+        if counts[-1] > j and min(counts) > j:  # every stream (the common case)
+            z = np.array([b._pending[j] for b in builders])
+            moments *= forget
+            moments += z[:, :, None] * z[:, None, :]
+        else:
+            rows = [i for i, count in enumerate(counts) if count > j]
+            z = np.array([builders[i]._pending[j] for i in rows])
+            part = moments[rows] * forget
+            part += z[:, :, None] * z[:, None, :]
+            moments[rows] = part
+    for i, builder in enumerate(builders):
+        if counts[i]:
+            builder._pending.clear()
+            builder._moments = moments[i]
+    return moments
 
 
 def _stack(arrays: list[np.ndarray]) -> np.ndarray:

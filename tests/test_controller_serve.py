@@ -215,6 +215,43 @@ def test_one_decision_per_stream_answering_its_latest_record(policy_path):
 
 
 
+def test_with_answers_per_poll_every_record_of_a_poll_is_answered_in_order(policy_path):
+    server = ControllerServer(PolicyHolder(policy_path), ServeOptions(
+        endpoint=ipc(), answers_per_poll=4))
+    a, b = Client(server.endpoint), Client(server.endpoint)
+    try:
+        for step in (1, 2, 3):
+            a.send(encode_step(record(step, server="a")))
+        b.send(encode_step(record(7, server="b", rank=1)))
+        time.sleep(0.2)  # all four frames are waiting: one poll drains them
+        assert server.poll_once(100) == 4
+        assert [a.recv().apply_from_step for _ in range(3)] == [
+            s + DECISION_LAG for s in (1, 2, 3)]
+        assert b.recv().apply_from_step == 7 + DECISION_LAG
+        assert a.recv(0.2) is None
+    finally:
+        server.close()
+
+
+def test_after_a_slow_round_only_each_streams_latest_record_is_answered(policy_path):
+    server = ControllerServer(PolicyHolder(policy_path), ServeOptions(
+        endpoint=ipc(), overload_busy_s=0.0, overload_records_per_poll=16, answers_per_poll=4))
+    a = Client(server.endpoint)
+    try:
+        a.send(encode_step(record(1, server="a")))
+        assert pump(server, 1) == 1  # a round that took longer than 0 s: "slow"
+        assert a.recv().apply_from_step == 1 + DECISION_LAG
+        for step in (2, 3, 4):
+            a.send(encode_step(record(step, server="a")))
+        time.sleep(0.2)
+        assert server.poll_once(100) == 1
+        assert a.recv().apply_from_step == 4 + DECISION_LAG
+        assert a.recv(0.2) is None
+        assert server.metrics.registry.get_sample_value("specctl_telemetry_records_total") == 4
+    finally:
+        server.close()
+
+
 def test_decisions_are_the_policy_on_the_feature_modules_observations(server, policy_path):
     """The controller's table equals the policy evaluated on FeatureBuilder's grid."""
     policy = ExportedPolicy.load(policy_path)
@@ -379,11 +416,13 @@ def test_the_batch_histogram_counts_like_prometheus_histograms():
 
     buckets = (25e-6, 1e-4, 5e-4, 1e-3)
     values = [5e-5, 1e-4, 2e-4, 5e-4, 7e-4, 1e-3, 0.5, 0.0, 25e-6]  # bounds, between, beyond
+    values += values * 4  # a large poll too (counted with numpy, small ones in Python)
     ours_registry, theirs_registry = CollectorRegistry(), CollectorRegistry()
     ours = BatchHistogram("lat_seconds", "doc", buckets, ours_registry)
     theirs = Histogram("lat_seconds", "doc", buckets=buckets, registry=theirs_registry)
-    ours.observe_many(np.array(values[:3]))
-    ours.observe_many(np.array(values[3:]))
+    ours.observe_many(values[:3])
+    ours.observe_many(np.array(values[3:9]))
+    ours.observe_many(values[9:])
     for value in values:
         theirs.observe(value)
     for bound in ("2.5e-05", "0.0001", "0.0005", "0.001", "+Inf"):

@@ -223,8 +223,7 @@ def test_calibration_regenerates_the_shipped_files(tmp_path, capsys):
                       str(tmp_path / "configs"), "--measured", str(MEASURED)])
     assert "worst |error|" in capsys.readouterr().out
     shipped_dir = fitting.SIM_DIR / "profiles"
-    # h200_qwen3_30b_a3b is fitted by specctl-fit-profile and env.sim.off_cost instead.
-    for name in (n for n in NAMES if n != "h200_qwen3_30b_a3b"):
+    for name in NAMES:
         _assert_same(yaml.safe_load((shipped_dir / f"{name}.yaml").read_text()),
                      yaml.safe_load((tmp_path / "profiles" / f"{name}.yaml").read_text()), name)
     preset = "workload/h200_measured.yaml"

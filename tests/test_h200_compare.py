@@ -67,7 +67,7 @@ def test_one_batch_cell_is_simulated_with_the_cells_server_limits():
     assert large["throughput_tok_s"] > small["throughput_tok_s"]
 
 
-def test_runs_without_simulated_acceptance_take_the_unsimulated_profile():
+def test_cells_take_the_profile_of_the_tokens_they_decoded():
     from env.sim.cost_model import CostProfile, ServerLimits
 
     limits = ServerLimits(48, 100_000, 8192)
@@ -76,14 +76,54 @@ def test_runs_without_simulated_acceptance_take_the_unsimulated_profile():
                 policy="static_0", radix_cache=False, max_running=48, source="x",
                 throughput_tok_s=1.0, mean_tpot_ms=1.0)
     sweep = Cell(**base, server="spec_off", acceptance=None)
-    simulated = Cell(**base, server="spec_off", acceptance=1.1)
-    profiles = {"moe": replay, "moe.unsimulated": plain}
+    simulated = Cell(**base, server="spec_off", acceptance=1.1, tokens="token100")
+    real_draft = Cell(**base, server="spec_off", acceptance=1.1, tokens="real")
+    profiles = {"moe": replay, "moe.real": plain}
     assert compare.profile_for(sweep, profiles) is plain
+    assert compare.profile_for(real_draft, profiles) is plain
     assert compare.profile_for(simulated, profiles) is replay
     # a server-kind key wins over both
     assert compare.profile_for(sweep, {**profiles, "moe.spec_off": off}) is off
     assert compare.profile_for(Cell(**{**base, "model": "dense"}, server="nospec",
                                     acceptance=None), profiles) is None
+
+
+def test_token_mode_and_unrepresentative_configurations_are_read_from_the_files(tmp_path):
+    summary = {"throughput_tok_s": 100.0, "mean_tpot_ms": 5.0}
+    (tmp_path / "moe_acc1.1_replay_realtokens.json").write_text(json.dumps({
+        "acceptance": 1.1, "policy_sha256": "ab", "simulate_acc_token_mode": "real-draft-token",
+        "headline_ppo": summary}))
+    (tmp_path / "moe_acc1.1_replay_run2.json").write_text(json.dumps({
+        "acceptance": 1.1, "policy_sha256": "ab", "headline_static_0": summary}))
+    (tmp_path / "dense_acc3.5_replay_run2.json").write_text(json.dumps({
+        "acceptance": 3.5, "headline_ppo": summary, "headline_static_3": summary}))
+    (tmp_path / "dense_off_run1.json").write_text(json.dumps({"sweep_off": {"8": summary}}))
+    cells, skipped = read_run_dir(tmp_path)
+    assert not skipped
+    by_source = {c.source: c for c in cells}
+    real = by_source["moe_acc1.1_replay_realtokens.json:headline_ppo"]
+    assert (real.tokens, real.apart) == ("real", None)
+    token100 = by_source["moe_acc1.1_replay_run2.json:headline_static_0"]
+    assert (token100.tokens, token100.apart) == ("token100", "token-100")
+    # the dense model's step cost does not depend on the tokens; a PPO cell whose policy
+    # is not recorded is no replay of what ran
+    assert by_source["dense_acc3.5_replay_run2.json:headline_static_3"].apart is None
+    assert by_source["dense_acc3.5_replay_run2.json:headline_ppo"].apart == "policy gone"
+    assert by_source["dense_off_run1.json:sweep_off.8"].apart == "first off path"
+    (tmp_path / "moe_acc1.1_replay_realtokens.json").write_text(json.dumps({
+        "acceptance": 1.1, "simulate_acc_token_mode": "random", "headline_ppo": summary}))
+    with pytest.raises(ValueError, match=r"realtokens\.json: simulate_acc_token_mode 'random'"):
+        read_run_dir(tmp_path)
+
+
+def test_counts_keep_apart_cells_out_of_the_representative_ones():
+    def r(use, err, apart=None):
+        return {"use": use, "apart": apart, "tok_s_error": err, "tpot_error": 0.0}
+
+    rows = [r("held-out", 0.05), r("held-out", 0.2), r("fit-run", 0.0),
+            r("held-out", 0.0, "token-100"), r("fit-run", 0.3, "token-100")]
+    assert compare.counts(rows) == {"held-out": (1, 2), "fit-run": (1, 1),
+                                    "apart: token-100": (1, 2)}
 
 
 def test_repeated_server_starts_are_ranked_apart():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -172,3 +173,53 @@ def test_phases_cut_a_trace_of_several_runs_at_its_longest_pauses():
     assert second.batch_size[0] == 40 and third.batch_size[0] == 80
     with pytest.raises(ValueError, match="needs time_s"):
         StepArrays(np.ones(4), np.zeros(4), np.zeros(4), np.zeros(4), np.ones(4)).phases(2)
+
+
+def test_within_batch_kv_slope_finds_the_kv_cost_a_joint_fit_cannot_place():
+    from env.sim.load_fit import within_batch_kv_slope
+
+    rng = np.random.default_rng(0)
+    batch = np.repeat([8, 32, 48], 200)
+    # about 330 cached tokens per request: KV moves with the batch, plus a spread within
+    kv = batch * 330.0 + rng.uniform(-3000, 3000, len(batch))
+    latency = 5e-3 + 2e-4 * batch + 35e-9 * kv + rng.normal(0, 5e-5, len(batch))
+    n = len(batch)
+    steps = StepArrays(batch, np.zeros(n), kv, np.zeros(n), latency)
+    assert within_batch_kv_slope(steps) == pytest.approx(35e-9, rel=0.1)
+    # speculative steps are not depth 0's
+    spec = dataclasses.replace(steps, depth=np.full(n, 3))
+    with pytest.raises(ValueError, match="depth-0 decode steps"):
+        within_batch_kv_slope(spec)
+    assert within_batch_kv_slope(spec, depth=3) == pytest.approx(35e-9, rel=0.1)
+
+
+def test_a_run_can_lend_its_prefill_steps_alone():
+    n = 40
+    batch = np.where(np.arange(n) % 10 == 5, 0, 8)
+    prefill = np.where(batch == 0, 512, 0)
+    latency = np.where(batch == 0, 30e-3, 6e-3)
+    steps = StepArrays(batch, np.zeros(n), np.full(n, 3000.0), prefill, latency)
+    both = load_points(steps)
+    only = load_points(dataclasses.replace(steps, decodes_measured=False))
+    assert (both.prefill_tokens == 0).any()
+    assert (only.prefill_tokens > 0).all()
+    np.testing.assert_allclose(only.latency_s, both.latency_s[both.prefill_tokens > 0])
+
+
+def test_step_medians_keep_clean_steps_of_one_depth():
+    from env.sim.load_fit import step_medians
+
+    n = 60
+    batch = np.full(n, 8)
+    depth = np.where(np.arange(n) < 30, 0, 3)
+    prefill = np.zeros(n, dtype=np.int64)
+    prefill[10] = 512
+    latency = np.where(depth == 0, 6e-3, 12e-3)
+    latency[[9, 11]] = 40e-3  # next to the prefill: left out
+    steps = StepArrays(batch, depth, np.full(n, 2000.0), prefill, latency)
+    plain, three = step_medians(steps, 0), step_medians(steps, 3)
+    assert plain[8][0] == pytest.approx(6e-3) and three[8][0] == pytest.approx(12e-3)
+    # depth-0 steps within 5 of a speculative one are warm-ups, not plain steps
+    assert step_medians(dataclasses.replace(steps, latency_s=np.where(
+        (np.arange(n) >= 25) & (np.arange(n) < 30), 1.0, latency)), 0)[8][0] == pytest.approx(6e-3)
+    assert step_medians(steps, 5) == {}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 
 import msgpack
 import numpy as np
@@ -80,6 +81,40 @@ def test_local_decisions_equal_the_daemons(tmp_path, profile):
     finally:
         server.close()
     assert compared == 12 * 150
+
+
+@pytest.mark.parametrize("answers", [1, 4])
+def test_records_sharing_a_poll_get_local_modes_decisions(tmp_path, answers):
+    """Several records of one stream in one poll (a daemon late by more than a step): the
+    latest ``answers_per_poll`` of them are answered, in order, each with the decision
+    local mode makes on that record; older ones are folded unanswered."""
+    path = tmp_path / "policy.npz"
+    ExportedPolicy.random(seed=4, hidden=(32,)).save(path)
+    server = ControllerServer(PolicyHolder(path), ServeOptions(
+        endpoint="inproc://polls", answers_per_poll=answers, max_records_per_poll=16))
+    try:
+        peer = (b"peer", "")
+        server.handle_frame(peer, encode_hello(Hello("srv", 0, CANDIDATES)), {})
+        local = StreamDecider(ExportedPolicy.load(path), CANDIDATES)
+        frames = telemetry_stream(11, 60, restart=False)
+        mine = [local.decide(decode(frame)) for frame in frames]
+        position = 0
+        for size in (1, 3, 7, 2, 10, 1, 6, 30):  # records per poll (16 at most are kept)
+            pending: dict = {}
+            polled = frames[position:position + size]
+            for frame in polled:
+                server.handle_frame(peer, frame, pending)
+            remote = [decision for _, decision in server.decide(pending)]
+            if size > 16:  # the daemon sheds beyond max_records_per_poll: features differ
+                break
+            expected = mine[position:position + size][-answers:]
+            assert [d.apply_from_step for d in remote] == [
+                d.apply_from_step for d in expected], f"poll of {size} at {position}"
+            # seq counts each decider's own answers: everything else is equal
+            assert [replace(d, seq=0) for d in remote] == [replace(d, seq=0) for d in expected]
+            position += size
+    finally:
+        server.close()
 
 
 def test_the_client_decides_locally_without_a_controller(tmp_path):

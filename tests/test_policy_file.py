@@ -321,6 +321,25 @@ def test_logits_are_float32_whatever_the_input():
     assert policy.logits(x.tolist()).dtype == np.float32
 
 
+@pytest.mark.parametrize("activation", ["tanh", "relu"])
+@pytest.mark.parametrize("bias_dtype", [np.float32, np.float64])
+def test_logits_equal_the_textbook_forward_bit_for_bit(activation, bias_dtype):
+    """The forward adds biases and activates in place where that is exact; with float64
+    biases (a policy built in memory) the product's dtype widens, as x @ w + b does."""
+    policy = ExportedPolicy.random(hidden=(16, 8), seed=3)
+    policy = ExportedPolicy(policy.weights, [b.astype(bias_dtype) + 0.1 for b in policy.biases],
+                            policy.actions, policy.feature_spec, activation=activation)
+    x = np.random.default_rng(1).normal(size=(300, policy.feature_spec.size))
+    expected = x.astype(np.float32)
+    act = np.tanh if activation == "tanh" else (lambda v: np.maximum(v, 0.0))
+    for i, (w, b) in enumerate(zip(policy.weights, policy.biases, strict=True)):
+        expected = expected @ w + b
+        if i < len(policy.weights) - 1:
+            expected = act(expected)
+    logits = policy.logits(x)
+    assert logits.dtype == expected.dtype and np.array_equal(logits, expected)
+
+
 def test_random_policies_are_seeded_and_scaled_by_fan_in():
     a = ExportedPolicy.random()
     assert a.name == "random" and a.provenance == {"random_seed": 0}

@@ -38,17 +38,32 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
+import tarfile
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from env.sim.cost_model import CostProfile, FitReport, LatencyPoints, fit_profile
+from env.traces.trace_format import read_trace
 
 #: A step this many times slower than its group's median is idle time, not work.
 OUTLIER_RATIO = 5.0
 #: Decode steps are binned by KV use in bins of this many tokens.
 KV_BIN_TOKENS = 4096
+#: Coefficients a plain decode + prefill trace identifies. At depth 0 the columns of
+#: c_request (batch), c_token (batch + prompt) and c_prefill_token (prompt) are dependent:
+#: c_token stays at 0 there (a decode step's per-token cost is in c_request) so that the
+#: prompt's per-token cost, several times a decode token's, goes to c_prefill_token and
+#: not into every decode step. An MoE adds ``c_moe``.
+BASE_TERMS = ("c_fixed", "c_request", "c_prefill_token")
+#: Speculative terms, the verify-mode KV cost c_steps0_kv among them. c_token is identified
+#: by the depths; c_verify_token is left at 0 (with c_request, c_token, c_draft_token and
+#: c_prefill_token free its column is a combination of theirs).
+SPEC_TERMS = ("c_token", "c_steps0_kv", "c_verify", "c_draft", "c_draft_token")
 @dataclass(frozen=True)
 class StepArrays:
     """One server's steps, in step order (the lowest rank of a recorded trace).
@@ -67,6 +82,7 @@ class StepArrays:
     latency_s: np.ndarray
     prefills_measured: bool = True
     time_s: np.ndarray | None = None
+    decodes_measured: bool = True
 
     def __post_init__(self) -> None:
         n = len(self.latency_s)
@@ -74,6 +90,20 @@ class StepArrays:
             if getattr(self, name) is not None and len(getattr(self, name)) != n:
                 raise ValueError(f"StepArrays.{name} has {len(getattr(self, name))} entries, "
                                  f"expected {n} (one per step)")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, prefills_measured: bool = True) -> StepArrays:
+        """The steps of a recorded trace folder, or of a ``.tar.gz`` holding one folder."""
+        path = Path(path)
+        if not path.name.endswith(".tar.gz"):
+            return cls.from_trace(read_trace(path), prefills_measured)
+        with tempfile.TemporaryDirectory() as scratch, tarfile.open(path) as tar:
+            tar.extractall(scratch, filter="data")
+            folders = [p for p in Path(scratch).iterdir() if p.is_dir()]
+            if len(folders) != 1:
+                raise ValueError(f"{path}: expected one trace folder inside, found "
+                                 f"{[f.name for f in folders]}")
+            return cls.from_trace(read_trace(folders[0]), prefills_measured)
 
     @classmethod
     def from_trace(cls, trace, prefills_measured: bool = True) -> StepArrays:
@@ -176,6 +206,7 @@ def load_points(steps: StepArrays | Sequence[StepArrays], *, draft_extend: bool 
         ok = latency > 0
         decode = ok & (run.prefill_tokens == 0) & (run.batch_size > 0)
         decode &= ((run.depth > 0) & (not plain_only)) | (window == 0)
+        decode &= run.decodes_measured
         prefill = ok & (run.prefill_tokens > 0) & run.prefills_measured
         kv_bin = np.floor(run.kv_tokens / kv_bin_tokens).astype(np.int64)
         pf_bin = np.floor(np.log2(np.maximum(run.prefill_tokens, 1))).astype(np.int64)
@@ -209,6 +240,67 @@ def load_points(steps: StepArrays | Sequence[StepArrays], *, draft_extend: bool 
                          weight=w, draft_extend=ext, speculative_path=(d > 0) | ext)
 
 
+def clean_decode_steps(run: StepArrays, depth: int, switch_guard: int = 5) -> np.ndarray:
+    """Mask of ``run``'s decode steps at ``depth`` that show that depth's own cost.
+
+    Left out: steps next to a prefill (:func:`prefill_attributed`), and at depth 0 steps
+    within ``switch_guard`` steps of a speculative one (a warm-up is recorded as depth 0).
+    """
+    prefill = run.prefill_tokens > 0
+    near = np.r_[False, prefill[:-1]] | np.r_[prefill[1:], False]
+    ok = (run.depth == depth) & ~prefill & ~near & (run.batch_size > 0) & (run.latency_s > 0)
+    if depth == 0:
+        spec = (run.depth > 0).astype(np.int64)
+        ok &= np.convolve(spec, np.ones(2 * switch_guard + 1, dtype=np.int64), "same") == 0
+    return ok
+
+
+def step_medians(run: StepArrays, depth: int, min_steps: int = 5) -> dict[int, tuple[float, float]]:
+    """Per batch size with ``min_steps`` clean steps at ``depth``: median latency (s) and
+    median KV tokens (:func:`clean_decode_steps`)."""
+    ok = clean_decode_steps(run, depth)
+    out = {}
+    for b in np.unique(run.batch_size[ok]):
+        member = ok & (run.batch_size == b)
+        if member.sum() >= min_steps:
+            out[int(b)] = (float(np.median(run.latency_s[member])),
+                           float(np.median(run.kv_tokens[member])))
+    return out
+
+
+def within_batch_kv_slope(steps: StepArrays | Sequence[StepArrays], depth: int = 0, *,
+                          min_steps: int = 5, min_kv_range: float = 1000.0) -> float:
+    """Seconds per cached token of decode steps at ``depth``, within one batch size.
+
+    Latency and KV use are demeaned per batch size (no per-request term can absorb what is
+    left) and regressed through the origin. Steps next to a prefill, depth-0 steps next to
+    a speculative one (``load_points``' guard) and steps over ``OUTLIER_RATIO`` x their
+    batch's median are left out; batch sizes with fewer than ``min_steps`` steps or a KV
+    range under ``min_kv_range`` tokens say nothing. Why: where every request holds about
+    as many cached tokens (one-batch sweeps) the KV column moves with the batch and a
+    joint fit cannot place the cost; the slope within a batch size in another trace can
+    (e.g. the MoE's plain decode: 34-36 ns per token in its replays, whose token-100
+    routing changes the expert reads but not the attention over the cache).
+    """
+    xs, ys = [], []
+    for run in [steps] if isinstance(steps, StepArrays) else steps:
+        ok = clean_decode_steps(run, depth)
+        for b in np.unique(run.batch_size[ok]):
+            member = ok & (run.batch_size == b)
+            kv, latency = run.kv_tokens[member], run.latency_s[member]
+            keep = latency <= OUTLIER_RATIO * np.median(latency)
+            kv, latency = kv[keep], latency[keep]
+            if len(kv) < min_steps or np.ptp(kv) < min_kv_range:
+                continue
+            xs.append(kv - kv.mean())
+            ys.append(latency - latency.mean())
+    if not xs:
+        raise ValueError(f"no batch size has {min_steps} depth-{depth} decode steps spanning "
+                         f"{min_kv_range:.0f} KV tokens")
+    x, y = np.concatenate(xs), np.concatenate(ys)
+    return float(x @ y / (x @ x))
+
+
 def fit_load_profile(steps: StepArrays | Sequence[StepArrays], template: CostProfile,
                      free: Sequence[str], *, draft_extend: bool = False,
                      ties: dict[str, tuple[str, float]] | None = None,
@@ -216,3 +308,29 @@ def fit_load_profile(steps: StepArrays | Sequence[StepArrays], template: CostPro
     """Fit ``free`` coefficients to :func:`load_points` of ``steps`` (others from ``template``)."""
     points = load_points(steps, draft_extend=draft_extend, plain_only=plain_only)
     return fit_profile(points, template=template, free=free, ties=ties)
+
+
+def blank_template(template: CostProfile, moe_active_fraction: float = 0.0) -> CostProfile:
+    """``template`` (server limits, descriptors, priors) with every term a fit sets at 0."""
+    return template.replace(moe_active_fraction=moe_active_fraction, c_kv=0.0, c_token=0.0,
+                            c_prefill_token=0.0, c_steps0=0.0, c_steps0_request=0.0,
+                            c_steps0_kv=0.0)
+
+
+def fit_server_profile(steps: Sequence[StepArrays], template: CostProfile, *,
+                       speculative: bool, plain_runs: Sequence[StepArrays] | None = None,
+                       ) -> tuple[CostProfile, FitReport]:
+    """A server's profile from its steps, the way ``docs/FIDELITY.md`` fits them.
+
+    ``c_kv`` (a plain decode's KV cost) is set to :func:`within_batch_kv_slope` of
+    ``plain_runs`` (default ``steps``: the runs whose depth-0 steps are plain decodes), not
+    fitted jointly: in a one-batch sweep every request holds about as many cached tokens and
+    a joint fit puts that cost on ``c_request``. Free: ``BASE_TERMS`` (+ ``c_moe`` for an MoE
+    template), and ``SPEC_TERMS`` when ``speculative``; without, the fit takes plain decode
+    and prefill steps only (``plain_only``).
+    """
+    c_kv = within_batch_kv_slope(plain_runs if plain_runs is not None else steps)
+    free = BASE_TERMS + (("c_moe",) if template.moe_active_fraction else ())
+    free += SPEC_TERMS if speculative else ()
+    return fit_load_profile(steps, template.replace(c_kv=c_kv), free,
+                            plain_only=not speculative)

@@ -19,13 +19,16 @@ The client is modelled as the load generator drives the server (``loadgen.py``):
 Server kinds: ``nospec`` and the plugin's off path (``spec_off``) run depth 0 as a plain
 decode (``sim.zero_step=off``); ``spec_sglang0`` (SGLang's own steps=0) runs it on the
 speculative path with the draft extend (``zero_step=sglang_steps0``). A profile key
-``<model>.<server>`` overrides ``<model>`` for that server kind, and ``<model>.unsimulated``
-for runs without simulated acceptance (``profile_for``: on the MoE, simulated acceptance
-changes the tokens decoded and with them the step cost). PPO runs with the prior
-profile the real controller was given (the run file's ``profile`` where it names one,
-else ``--prior``).
+``<model>.<server>`` overrides ``<model>`` for that server kind, and ``<model>.real`` /
+``<model>.token100`` for runs that decoded real tokens / SGLang's token 100 (``profile_for``:
+on the MoE, the tokens decoded set the expert routing and with it the step cost). PPO runs
+with the prior profile the real controller was given (the run file's ``profile`` where it
+names one, else ``--prior``).
 ``--fitted-on`` names files (or ``file:key`` cells) whose traces the profiles were fitted
-to: those cells are marked ``fit-run`` in the table, all others ``held-out``.
+to: those cells are marked ``fit-run`` in the table, all others ``held-out``. Cells of a
+configuration no longer representative (``measured_runs.APART``: MoE token-100 runs, the
+off path's first version, radix cache on, a policy no longer recorded) are still
+simulated, but marked ``apart`` and counted separately.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from measured_runs import Cell, read_run_dir
+from measured_runs import APART, Cell, read_run_dir
 
 from agents.policies import make_policy
 from env.features import FeatureSpec
@@ -89,22 +92,19 @@ def simulate(cell: Cell, profile: CostProfile, prior: CostProfile, client, seed:
 
 
 def profile_for(cell: Cell, profiles: dict[str, CostProfile]) -> CostProfile | None:
-    """The profile of ``<model>.<server>``, else (a run without simulated acceptance)
-    ``<model>.unsimulated``, else ``<model>``.
+    """The profile of ``<model>.<server>``, else ``<model>.<tokens>``, else ``<model>``.
 
-    Why the second key: with ``SGLANG_SIMULATE_ACC_LEN`` set, SGLang 0.5.15 writes token
-    id 100 for every generated token (``generate_simulated_accept_index``: ``predict.fill_(100)``
-    under the default ``SGLANG_SIMULATE_ACC_TOKEN_MODE=fixed``), at every depth including
+    Why the token key (``real`` or ``token100``, ``measured_runs.TOKEN_MODES``): with
+    ``SGLANG_SIMULATE_ACC_LEN`` set and the default ``SGLANG_SIMULATE_ACC_TOKEN_MODE=fixed``,
+    SGLang 0.5.15 writes token id 100 for every generated token
+    (``generate_simulated_accept_index``: ``predict.fill_(100)``), at every depth including
     steps 0 and the off path. Every request then decodes the same token, which on a MoE
-    with random weights collapses the expert routing: the off path's plain decode steps
-    at batch 44-48 took 7.0 ms in the acceptance-1.1 replay against 16.9 ms in the
-    one-batch sweep without simulated acceptance. A dense model does not care which token
-    it decodes, so it needs no such key.
+    with random weights collapses the expert routing: the off path's plain decode steps at
+    batch 44-48 took 7.0 ms in the acceptance-1.1 replay against 16.9 ms in the one-batch
+    sweep with real tokens. A dense model does not care which token it decodes, so it
+    needs no such key.
     """
-    keys = [f"{cell.model}.{cell.server}"]
-    if cell.acceptance is None:
-        keys.append(f"{cell.model}.unsimulated")
-    for key in [*keys, cell.model]:
+    for key in (f"{cell.model}.{cell.server}", f"{cell.model}.{cell.tokens}", cell.model):
         if key in profiles:
             return profiles[key]
     return None
@@ -120,24 +120,46 @@ def rel(sim: float, measured: float) -> float:
     return sim / measured - 1.0
 
 
+def within(r: dict) -> bool:
+    """Whether a row's throughput and mean TPOT are both within ``TOLERANCE``."""
+    return abs(r["tok_s_error"]) <= TOLERANCE and abs(r["tpot_error"]) <= TOLERANCE
+
+
+def counts(rows: list[dict]) -> dict[str, tuple[int, int]]:
+    """Cells within ``TOLERANCE`` and cells in all, per use (``fit-run``, ``held-out``,
+    ``apart: <reason>``)."""
+    out: dict[str, tuple[int, int]] = {}
+    for r in rows:
+        use = r["use"] if not r.get("apart") else f"apart: {r['apart']}"
+        hit, total = out.get(use, (0, 0))
+        out[use] = (hit + within(r), total + 1)
+    return out
+
+
 def table(model: str, rows: list[dict], profiles: dict[str, str]) -> str:
     """The Markdown fidelity table of one model."""
     lines = [f"# Fidelity, {model}: measured vs simulated", "",
              "Profiles: " + ", ".join(f"`{k}` = {v}" for k, v in sorted(profiles.items())
                                       if k.split(".")[0] == model), "",
-             "| cell | source | use | radix | tok/s measured | simulated | error "
-             "| TPOT ms measured | simulated | error | within 10% |", "|---" * 11 + "|"]
+             "| cell | source | use | apart | tokens | radix | tok/s measured | simulated | error "
+             "| TPOT ms measured | simulated | error | within 10% |", "|---" * 13 + "|"]
     for r in rows:
-        ok = abs(r["tok_s_error"]) <= TOLERANCE and abs(r["tpot_error"]) <= TOLERANCE
         lines.append(
-            f"| {r['cell']} | {r['source'].split(':')[0]} | {r['use']} "
-            f"| {'on' if r['radix_cache'] else 'off'} "
+            f"| {r['cell']} | {r['source'].split(':')[0]} | {r['use']} | {r.get('apart') or ''} "
+            f"| {r['tokens']} | {'on' if r['radix_cache'] else 'off'} "
             f"| {r['measured_tok_s']:,.0f} | {r['simulated_tok_s']:,.0f} "
             f"| {r['tok_s_error']:+.1%} | {r['measured_tpot_ms']:.1f} "
-            f"| {r['simulated_tpot_ms']:.1f} | {r['tpot_error']:+.1%} | {'yes' if ok else 'NO'} |")
-    within = sum(abs(r["tok_s_error"]) <= TOLERANCE and abs(r["tpot_error"]) <= TOLERANCE
-                 for r in rows)
-    lines += ["", f"{within} of {len(rows)} cells within {TOLERANCE:.0%} on both."]
+            f"| {r['simulated_tpot_ms']:.1f} | {r['tpot_error']:+.1%} "
+            f"| {'yes' if within(r) else 'NO'} |")
+    rep = [r for r in rows if not r.get("apart")]
+    per_use = counts(rows)
+    lines += ["", f"{sum(map(within, rows))} of {len(rows)} cells within {TOLERANCE:.0%} on both; "
+              f"representative cells {sum(map(within, rep))} of {len(rep)} ("
+              + ", ".join(f"{u} {h} of {n}" for u, (h, n) in sorted(per_use.items())
+                          if not u.startswith("apart")) + ")."]
+    lines += [f"* apart, {u[len('apart: '):]}: {h} of {n} within; "
+              f"{APART[u[len('apart: '):]]}"
+              for u, (h, n) in sorted(per_use.items()) if u.startswith("apart")]
     for group, ranked in rankings(rows).items():
         lines.append(f"* ranking by throughput, {group}: measured {' > '.join(ranked[0])}; "
                      f"simulated {' > '.join(ranked[1])}"
@@ -176,11 +198,25 @@ def ranked(members: list[dict], key: str) -> list[str]:
     return out
 
 
+def profile_names(items: list[str], parser: argparse.ArgumentParser) -> dict[str, str]:
+    """``--profile KEY=PATH_OR_NAME`` arguments as a dict (``profile_for``'s keys)."""
+    names: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not value:
+            parser.error(f"--profile {item!r}: expected MODEL[.SERVER|.TOKENS]=PATH_OR_NAME")
+        names[key] = value
+    if not names:
+        parser.error("give at least one --profile MODEL=PATH_OR_NAME")
+    return names
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", help="recorded run directories")
     parser.add_argument("--profile", action="append", default=[],
-                        help="MODEL[.SERVER]=PATH_OR_NAME (e.g. dense=h200_llama31_8b_recorded)")
+                        help="MODEL[.SERVER|.TOKENS]=PATH_OR_NAME (e.g. "
+                             "dense=h200_llama31_8b_recorded, moe.real=PATH)")
     parser.add_argument("--prior", default="h200_llama31_8b_recorded",
                         help="the profile the real controller was started with (PPO's prior), "
                              "for runs whose file does not name it")
@@ -192,14 +228,7 @@ def main(argv: list[str] | None = None) -> int:
                              "(e.g. from fit_client.py)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
-    names: dict[str, str] = {}
-    for item in args.profile:
-        key, sep, value = item.partition("=")
-        if not sep or not value:
-            parser.error(f"--profile {item!r}: expected MODEL[.SERVER]=PATH_OR_NAME")
-        names[key] = value
-    if not names:
-        parser.error("give at least one --profile MODEL=PATH_OR_NAME")
+    names = profile_names(args.profile, parser)
     profiles = {k: load_profile(v) for k, v in names.items()}
     priors: dict[str, CostProfile] = {}
     client = OmegaConf.load(args.client)
@@ -226,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
                 # policies are ranked within one run directory, server start (a
                 # ``_run<N>`` file is another start), server kind and acceptance
                 "group": f"{Path(run).name}{run_suffix(file)}/{cell.model} {cell.server}"
-                         + ("" if cell.acceptance is None else f"@{cell.acceptance:g}"),
+                         + ("" if cell.acceptance is None
+                            else f"@{cell.acceptance:g} {cell.tokens}"),
                 **cell.to_dict(),
                 "measured_tok_s": cell.throughput_tok_s,
                 "simulated_tok_s": sim["throughput_tok_s"],

@@ -24,36 +24,24 @@ steps next to speculative ones.
 from __future__ import annotations
 
 import argparse
-import tarfile
-import tempfile
+import dataclasses
 from pathlib import Path
 
 from env.sim.cost_model import load_profile, save_profile
-from env.sim.load_fit import StepArrays, fit_load_profile
-from env.traces.trace_format import read_trace
+from env.sim.load_fit import StepArrays, blank_template, fit_server_profile
 
 REPO = Path(__file__).resolve().parents[2]
 #: The shared measurements (``/work/shared`` next to the worktrees; ``--shared`` elsewhere).
 SHARED = REPO.parents[1] / "shared/measured/h200-sglang-0.5.15-offswitch/results"
-#: Coefficients a plain decode + prefill trace identifies. At depth 0 the columns of
-#: c_request (batch), c_token (batch + prompt) and c_prefill_token (prompt) are dependent:
-#: c_token stays at 0 there (a decode step's per-token cost is in c_request) so that the
-#: prompt's per-token cost, several times a decode token's, goes to c_prefill_token and
-#: not into every decode step.
-BASE = ("c_fixed", "c_request", "c_prefill_token")
-#: A plain decode step's KV cost, dense model only (run 3): within one batch size the dense
-#: off trace's plain decode steps grow by 37-47 ns per cached token (batch 32 and 48, with
-#: and without requests waiting; reading 128 KiB per token at 4.8 TB/s is 27 ns), which the
-#: fit can see only with c_kv free. Left out, it went into c_request, and one-batch runs
-#: (256-token prompts, small caches) came out 10-14% slow at C = 32 and 48. The MoE's
-#: traces do not identify it (its plain steps are either all small caches, the sweep, or
-#: in the token-100 routing regime, the replays).
-DENSE_PLAIN_KV = ("c_kv",)
-#: Speculative terms, the verify-mode KV cost c_steps0_kv among them (``env.sim.load_fit``:
-#: KV is paid far more on the speculative path). c_token is
-#: identified by the depths; c_verify_token is left at 0 (with c_request, c_token,
-#: c_draft_token and c_prefill_token free its column is a combination of theirs).
-SPEC = ("c_token", "c_steps0_kv", "c_verify", "c_draft", "c_draft_token")
+#: What is fitted: ``env.sim.load_fit.fit_server_profile`` (``BASE_TERMS``, ``c_moe``,
+#: ``SPEC_TERMS``). A plain decode step's KV cost, ``c_kv``, is not fitted jointly but set to
+#: the slope of latency over cached tokens *within* one batch size of the fit's plain decode
+#: steps (``env.sim.load_fit.within_batch_kv_slope``): dense 40 ns per token (run-1 off
+#: trace; reading 128 KiB per token at 4.8 TB/s is 27 ns), MoE 35 ns in its one-batch off
+#: trace and 34-36 ns in both runs of the token-100 replay (attention over the cache does
+#: not depend on the expert routing). In a one-batch sweep every request holds about as
+#: many cached tokens, so a joint fit puts that cost on c_request (the MoE's no-speculation
+#: headline, 713-token prompts, came out 12% fast with c_kv 0).
 MOE_ACTIVE_FRACTION = 8 / 128  # Qwen3-30B-A3B: top-8 of 128 experts
 #: The MoE's shape (shared/measured/h200-sglang-0.5.15-offswitch/models_moe/target/config.json).
 MOE_MODEL = {"name": "Qwen3-30B-A3B (shape), EAGLE-3 draft head (1 layer)", "params_b": 30.5,
@@ -72,23 +60,18 @@ MOE_MODEL = {"name": "Qwen3-30B-A3B (shape), EAGLE-3 draft head (1 layer)", "par
 MOE_REPLAY_TRACES = ("moe_acc2.5_trace.tar.gz", "moe_acc1.1_trace_run2.tar.gz")
 
 
-def steps_of(path: Path, scratch: Path, prefills_measured: bool = True) -> StepArrays:
+def steps_of(path: Path, prefills_measured: bool = True) -> StepArrays:
     """The steps of a trace folder or a ``.tar.gz`` holding one."""
-    if path.name.endswith(".tar.gz"):
-        target = scratch / path.name.removesuffix(".tar.gz")
-        with tarfile.open(path) as tar:
-            tar.extractall(target, filter="data")
-        folders = [p for p in target.iterdir() if p.is_dir()]
-        if len(folders) != 1:
-            raise ValueError(f"{path}: expected one trace folder inside, found {folders}")
-        path = folders[0]
-    return StepArrays.from_trace(read_trace(path), prefills_measured)
+    return StepArrays.load(path, prefills_measured)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(REPO / "docs/results/h200/fidelity"))
     parser.add_argument("--shared", default=str(SHARED))
+    parser.add_argument("--moe-real-off", default=None,
+                        help="the MoE off server's trace with real tokens (.tar.gz or folder): "
+                             "also fit moe_real_{nospec,spec}.yaml to it")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -100,48 +83,76 @@ def main(argv: list[str] | None = None) -> int:
                 Path(args.shared) / "moe_acc25_trace_explore.tar.gz",
                 load_profile("h200_llama31_8b_recorded"), MOE_ACTIVE_FRACTION),
     }
-    with tempfile.TemporaryDirectory() as scratch:
-        for model, (off_path, explore_path, template, moe) in sources.items():
-            off = steps_of(off_path, Path(scratch))
-            # The explore servers ran with the radix cache on: their prefill steps count
-            # uncached tokens only, so only their decode steps are used.
-            explore = steps_of(explore_path, Path(scratch), prefills_measured=False)
-            free = BASE + (("c_moe",) if moe else DENSE_PLAIN_KV)
-            template = template.replace(moe_active_fraction=moe, c_kv=0.0, c_token=0.0,
-                                        c_prefill_token=0.0, c_steps0=0.0,
-                                        c_steps0_request=0.0, c_steps0_kv=0.0)
-            spec_runs, spec_files = [off, explore], [off_path.name, explore_path.name]
-            if moe:
-                template = template.replace(model=MOE_MODEL)
-                # With random weights the MoE's step cost depends on the tokens routed:
-                # plain decode steps at batch 44-48 took 7.0 ms in the replay and 16.9 ms
-                # in the one-batch sweep of the off trace. One profile cannot hold both;
-                # the speculative server's is fitted in the replays' regime (the off
-                # trace's sweep steps left out), the no-speculation one in the sweep's.
-                spec_runs = [explore] + [steps_of(offswitch / name, Path(scratch)).phases(2)[0]
-                                         for name in MOE_REPLAY_TRACES]
-                spec_files = [explore_path.name] + [f"{name} (first run)"
-                                                    for name in MOE_REPLAY_TRACES]
-            for kind, steps, names, files in (("nospec", [off], free, [off_path.name]),
-                                              ("spec", spec_runs, free + SPEC, spec_files)):
-                profile, report = fit_load_profile(steps, template, names,
-                                                   plain_only=kind == "nospec")
-                profile = profile.replace(
-                    name=f"h200_{model}_{kind}_load",
-                    description=f"{model} model on one H200 (SGLang 0.5.15.post1), "
-                                f"{'without speculation' if kind == 'nospec' else 'EAGLE-3'}; "
-                                "env.sim.load_fit on every decode and prefill step",
-                    # Only this fit's provenance: the template's describes another fit.
-                    provenance={"fit": profile.provenance["fit"],
-                                "fitted_to": files,
-                                "method": "scripts/h200/fit_load_profiles.py (env.sim.load_fit)",
-                                "server": "--disable-radix-cache --max-running-requests 48 "
-                                          "(off and replay traces); explore trace: radix "
-                                          "cache on, decode steps only"})
-                save_profile(profile, out / f"{model}_{kind}.yaml")
-                print(f"{model} {kind}: {report.summary()}")
-                print("  " + ", ".join(f"{k}={v * 1e6:.3f}us" for k, v in
-                                       profile.coefficients.items() if k in names))
+    jobs = []  # (file stem, speculative, steps, plain-decode runs, template, files)
+    for model, (off_path, explore_path, template, moe) in sources.items():
+        off = steps_of(off_path)
+        # The explore servers ran with the radix cache on: their prefill steps count
+        # uncached tokens only, so only their decode steps are used.
+        explore = steps_of(explore_path, prefills_measured=False)
+        template = blank_template(template, moe)
+        if moe:
+            template = template.replace(model=MOE_MODEL)
+        spec_runs, spec_files = [off, explore], [off_path.name, explore_path.name]
+        # the runs whose depth-0 steps are plain decodes (an explore trace's are
+        # SGLang's steps=0, a verify forward)
+        spec_plain = [off]
+        nospec_runs, nospec_files = [off], [off_path.name]
+        if moe:
+            # With random weights the MoE's step cost depends on the tokens routed:
+            # plain decode steps at batch 44-48 took 7.0 ms in the replay and 16.9 ms
+            # in the one-batch sweep of the off trace. One profile cannot hold both;
+            # the speculative server's is fitted in the replays' regime (the off
+            # trace's sweep steps left out), the no-speculation one in the sweep's.
+            spec_plain = [steps_of(offswitch / name).phases(2)[0]
+                          for name in MOE_REPLAY_TRACES]
+            spec_runs = [explore, *spec_plain]
+            spec_files = [explore_path.name] + [f"{name} (first run)"
+                                                for name in MOE_REPLAY_TRACES]
+            # The off trace's prefill steps are 10 groups of 256-6,016 tokens, several
+            # of them first-use kernel compilation (256 tokens: 50 ms, 6,016: 25 ms).
+            # The replays' prefills compute the loadgen's real prompt ids (only the
+            # generated tokens are token 100), 26-8,192 tokens at 500+ steps: their
+            # prefill steps join the fit, their decode steps do not.
+            nospec_runs += [dataclasses.replace(run, decodes_measured=False)
+                            for run in spec_plain]
+            nospec_files += [f"{name} (first run, prefill steps)"
+                             for name in MOE_REPLAY_TRACES]
+        jobs += [(f"{model}_nospec", False, nospec_runs, [off], template, nospec_files),
+                 (f"{model}_spec", True, spec_runs, spec_plain, template, spec_files)]
+    if args.moe_real_off:
+        # Real tokens throughout (no simulated acceptance on the off server): every
+        # step of its trace, the one-batch sweeps, the depth-3 and switching steps
+        # and its replay under constant off, in one routing regime. The other real-token
+        # servers (no speculation, simulated acceptance with real-draft-token) are
+        # held out.
+        path = Path(args.moe_real_off)
+        off = steps_of(path)
+        template = blank_template(sources["moe"][2], MOE_ACTIVE_FRACTION).replace(
+            model=MOE_MODEL)
+        jobs += [("moe_real_nospec", False, [off], [off], template, [path.name]),
+                 ("moe_real_spec", True, [off], [off], template, [path.name])]
+    for stem, speculative, steps, plain, template, files in jobs:
+        profile, report = fit_server_profile(steps, template, speculative=speculative,
+                                             plain_runs=plain)
+        profile = profile.replace(
+            name=f"h200_{stem}_load",
+            description=f"{stem} on one H200 (SGLang 0.5.15.post1), "
+                        f"{'EAGLE-3' if speculative else 'without speculation'}; "
+                        "env.sim.load_fit on every decode and prefill step",
+            # Only this fit's provenance: the template's describes another fit.
+            provenance={"fit": profile.provenance["fit"],
+                        "fitted_to": files,
+                        "c_kv": "env.sim.load_fit.within_batch_kv_slope of the plain "
+                                "decode steps of the fitted off / replay traces",
+                        "method": "scripts/h200/fit_load_profiles.py (env.sim.load_fit)",
+                        "server": "--disable-radix-cache --max-running-requests 48 "
+                                  "(off and replay traces); explore trace: radix "
+                                  "cache on, decode steps only"})
+        save_profile(profile, out / f"{stem}.yaml")
+        print(f"{stem}: {report.summary()}; c_kv {profile.c_kv * 1e9:.1f} ns "
+              "(within-batch slope)")
+        print("  " + ", ".join(f"{k}={v * 1e6:.3f}us" for k, v in
+                               profile.coefficients.items() if k in report.free))
     return 0
 
 

@@ -9,10 +9,13 @@ the project's sessions have written are recognised by file name and keys:
   path under a constant steps-0 policy: ``sweep_off``, ``headline_off``; ``sweep_switching``
   runs the explore rule and is skipped), ``<model>_acc<A>_replay.json``
   (``headline_<policy>`` at simulated acceptance A; ``_replay_run<N>.json`` for later
-  runs). Every server with ``--disable-radix-cache``, ``--max-running-requests 48``, 40 s
-  headline. A sweep repeated at one C (keys ``C``, ``C#1``, ``C#2``, ...; run 3) is one
-  cell: the median of the repeats per metric (the first run at a C can be an outlier:
-  the dense off path's first C = 48 run, 8.20 ms against 6.71 / 6.70).
+  runs, ``_replay_<tag>.json`` / ``_replay_<tag>_run<N>.json`` for a variant such as
+  ``realtokens``; the file's ``simulate_acc_token_mode`` says which tokens it decoded,
+  SGLang's default ``fixed`` when absent). Every server with ``--disable-radix-cache``,
+  ``--max-running-requests 48``, 40 s headline. A sweep repeated at one C (keys ``C``,
+  ``C#1``, ``C#2``, ...; run 3) is one cell: the median of the repeats per metric (the
+  first run at a C can be an outlier: the dense off path's first C = 48 run, 8.20 ms
+  against 6.71 / 6.70).
 * ``session.py`` (``docs/results/h200``): ``sweep_real.json`` (``{policy: {C: ...}}``,
   one batch), ``headline_real.json`` / ``headline_static3.json`` / ``headline_sglang.json``
   (``{policy: ...}``), dense, acceptance 3.5, radix cache on, SGLang's own steps=0.
@@ -21,13 +24,17 @@ the project's sessions have written are recognised by file name and keys:
   ``*_nospec_server*.json``; radix cache on, ``--max-running-requests 64``.
 
 Unknown files are listed in ``skipped`` with the reason, never silently dropped.
+
+Each cell also says which tokens its server decoded (``tokens``) and, where its
+configuration is no longer the one the project measures, why it is reported apart
+(``apart``, one of ``APART``'s keys; :func:`apart_reason`).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +42,25 @@ import numpy as np
 #: Server kinds: no speculation at all; speculation with the plugin's off path
 #: (steps 0 = plain decode); speculation with SGLang's own steps=0 (the old plugin).
 SERVERS = ("nospec", "spec_off", "spec_sglang0")
+#: What the generated tokens were: ``real`` (the target's own greedy tokens, and with
+#: ``SGLANG_SIMULATE_ACC_TOKEN_MODE=real-draft-token`` the draft chain's accepted ones) or
+#: ``token100`` (SGLang 0.5.15's default simulated-acceptance mode writes id 100 for every
+#: generated token; on the random-weight MoE that collapses the expert routing).
+TOKEN_MODES = {"fixed": "token100", "real-draft-token": "real"}
+#: Why a cell is reported apart from the representative ones (docs/FIDELITY.md).
+APART = {
+    "token-100": "MoE run with SGLang's default simulated-acceptance tokens (id 100 for "
+                 "every token): its expert routing, hence every step cost, is not real text's",
+    "first off path": "the off path's first version (runs 1-2, commit 81e6690), replaced in "
+                      "run 3: 3-17% slower than no speculation at C = 32/48 (OFFSWITCH.md)",
+    "radix on": "radix cache on with prompt ids reused across runs (prefix-cache hits the "
+                "simulator does not model) and SGLang's own steps=0 instead of the off path",
+    "policy gone": "the policy that ran is not recorded and its format no longer loads: the "
+                   "simulator runs today's policy, not a replay of what ran",
+}
+#: Files measured with the off path's first version (``APART["first off path"]``).
+FIRST_OFF_PATH = ("dense_off_run1.json", "dense_off_run2.json", "moe_off.json",
+                  "dense_acc3.5_replay.json", "moe_acc1.1_replay.json")
 
 
 @dataclass(frozen=True)
@@ -56,6 +82,10 @@ class Cell:
     #: The cost profile the real controller was started with, where the run file names
     #: it (``profile`` of ``offswitch.py``'s replays); the PPO policy's prior.
     prior: str | None = None
+    #: Which tokens the server decoded (``TOKEN_MODES``' values).
+    tokens: str = "real"
+    #: Why the cell is reported apart (a key of ``APART``), None for a representative cell.
+    apart: str | None = None
 
     def key(self) -> str:
         """A short unique label of the cell (without the source)."""
@@ -123,9 +153,13 @@ def _offswitch(path: Path, data: dict) -> list[Cell]:
             cells.append(_cell(base, data["headline_off"], f"{name}:headline_off",
                                workload="headline", concurrency=None, seconds=40.0,
                                policy="static_0"))
-    elif re.search(r"_replay(_run\d+)?\.json$", name):
+    elif re.search(r"_replay(_[a-z]+)?(_run\d+)?\.json$", name):
+        mode = data.get("simulate_acc_token_mode", "fixed")
+        if mode not in TOKEN_MODES:
+            raise ValueError(f"{name}: simulate_acc_token_mode {mode!r} is not one of "
+                             f"{sorted(TOKEN_MODES)}")
         base = {**common, "server": "spec_off", "acceptance": float(data["acceptance"]),
-                "prior": data.get("profile")}
+                "prior": data.get("profile"), "tokens": TOKEN_MODES[mode]}
         for key, r in data.items():
             if key.startswith("headline_"):
                 cells.append(_cell(base, r, f"{name}:{key}", workload="headline",
@@ -136,7 +170,7 @@ def _offswitch(path: Path, data: dict) -> list[Cell]:
 
 def _session(path: Path, data: dict) -> list[Cell]:
     base = {"model": "dense", "server": "spec_sglang0", "acceptance": 3.5, "radix_cache": True,
-            "max_running": 48}
+            "max_running": 48, "tokens": "token100"}
     name = path.name
     cells = []
     if name == "sweep_real.json":
@@ -160,7 +194,7 @@ def _phases(path: Path, data: dict) -> list[Cell]:
     cells = []
     if match:
         acc = float(f"{match[1]}.{match[2]}")
-        base = {**common, "server": "spec_sglang0", "acceptance": acc}
+        base = {**common, "server": "spec_sglang0", "acceptance": acc, "tokens": "token100"}
         # acceptance 1.1 headlines were 30 s (585 requests), 2.5 ones 40 s
         seconds = 30.0 if acc < 2 else 40.0
         for policy, r in data.items():
@@ -185,6 +219,25 @@ def _phases(path: Path, data: dict) -> list[Cell]:
     return cells
 
 
+def apart_reason(cell: Cell, data: dict) -> str | None:
+    """Why ``cell`` (read from a file holding ``data``) is reported apart, or None.
+
+    The first matching reason of ``APART``, in its order: MoE token-100 runs, the first
+    version's off path (cells that can run an off step), the radix-cache-on runs, PPO
+    cells whose policy is not recorded (``policy_sha256``).
+    """
+    file = cell.source.split(":")[0]
+    if cell.model == "moe" and cell.tokens == "token100":
+        return "token-100"
+    if file in FIRST_OFF_PATH and cell.server == "spec_off" and cell.policy != "static_3":
+        return "first off path"
+    if cell.radix_cache:
+        return "radix on"
+    if cell.policy == "ppo" and "policy_sha256" not in data:
+        return "policy gone"
+    return None
+
+
 def read_run_dir(folder: str | Path) -> tuple[list[Cell], dict[str, str]]:
     """Every recognised cell under ``folder`` and, per skipped JSON file, why."""
     folder = Path(folder)
@@ -198,7 +251,8 @@ def read_run_dir(folder: str | Path) -> tuple[list[Cell], dict[str, str]]:
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path}: invalid JSON at line {exc.lineno}: {exc.msg}") from exc
         name = path.name
-        if re.match(r"(dense|moe)_(nospec|off|acc[\d.]+_replay)(_run\d+)?\.json$", name):
+        if re.match(r"(dense|moe)_(nospec|off|acc[\d.]+_replay(_[a-z]+)?)(_run\d+)?\.json$",
+                    name):
             found = _offswitch(path, data)
         elif name in ("sweep_real.json", "headline_real.json", "headline_static3.json",
                       "headline_sglang.json"):
@@ -208,7 +262,7 @@ def read_run_dir(folder: str | Path) -> tuple[list[Cell], dict[str, str]]:
         else:
             found = []
         if found:
-            cells += found
+            cells += [replace(c, apart=apart_reason(c, data)) for c in found]
         else:
             skipped[name] = "no recognised layout (see scripts/h200/measured_runs.py)"
     return cells, skipped

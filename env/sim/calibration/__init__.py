@@ -14,6 +14,8 @@ One module per profile family, on shared fitting code:
 * :mod:`~env.sim.calibration.h200`: step latencies measured on SGLang 0.5.15 / H200
   (Llama-3.1-8B shape), fitted point by point; the measured sweep's load generator; the
   profile fitted to traces the plugin recorded on the real server;
+* :mod:`~env.sim.calibration.h200_moe`: the Qwen3-30B-A3B MoE fitted to every step of a
+  real-token trace of its off server (``env.sim.load_fit``);
 * :mod:`~env.sim.calibration.h100`: EAGLE-3 paper, Tables 3 and 4 (SGLang, H100,
   LLaMA-3.1-8B, MT-bench, chain of 3): end-to-end throughputs;
 * :mod:`~env.sim.calibration.blackwell`: PUBLISHED.md section 1 (a Kimi-K2.5-class MoE,

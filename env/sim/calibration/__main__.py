@@ -20,14 +20,17 @@ from env.sim.calibration.h200 import (
     recorded_trace_dir,
     write_h200_workload_preset,
 )
+from env.sim.calibration.h200_moe import MOE_REAL_TRACE, calibrate_h200_moe
 from env.sim.cost_model import load_profile, save_profile
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Recalibrate and write the shipped profiles (``python -m env.sim.calibration``).
 
-    The H200 profiles then get their off-path terms (:mod:`env.sim.off_cost`); the
-    H100 profile is derived from the H200 fit before that.
+    The dense H200 profiles then get their off-path terms (:mod:`env.sim.off_cost`); the
+    H100 profile is derived from the H200 fit before that. The MoE's
+    (``h200_qwen3_30b_a3b``) is fitted to a real-token trace of its off server where the
+    project holds one (:mod:`env.sim.calibration.h200_moe`).
     """
     from env.sim.off_cost import dense_h200_points, fit_off_path
 
@@ -66,6 +69,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"h200_llama31_8b_recorded (fit to {recorded}):\n{fit}\n")
         save_profile(fit_off_path(profile, dense_h200_points())[0],
                      args.out / "h200_llama31_8b_recorded.yaml")
+    if MOE_REAL_TRACE.exists():
+        # server limits, model and acceptance from the shipped file; every cost refitted
+        profile, fit = calibrate_h200_moe(MOE_REAL_TRACE, load_profile("h200_qwen3_30b_a3b"))
+        print(f"h200_qwen3_30b_a3b (fit to {MOE_REAL_TRACE}): {fit.summary()}\n")
+        save_profile(profile, args.out / "h200_qwen3_30b_a3b.yaml")
+    else:
+        print(f"{MOE_REAL_TRACE} not found: keeping the shipped h200_qwen3_30b_a3b profile")
     for name, calibrate in (
         ("h100_llama31_8b", lambda: calibrate_h100(h200, args.workers)),
         ("blackwell_tp8", lambda: calibrate_blackwell_tp8(args.workers)),
