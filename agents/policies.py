@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from env.features import Observation
+from env.features import FeatureSpec, Observation
 from env.sim.simulator import SchedulerConfig
 
 #: vLLM V1's documented EAGLE-3 example: [[min_batch, max_batch, steps], ...].
@@ -282,19 +282,44 @@ class GoodputExplorePolicy(Policy):
     than ``min_samples`` recent cost measurements, this rule measures instead:
     its own choice if that is unmeasured too, else the cheapest depth that looks
     better and is unmeasured; a few steps later telemetry has measured it and the
-    estimate moves to the truth. Every input of that decision is in the
-    observation vector (relative goodput and cost confidence per depth), so a
-    student can learn it.
+    estimate moves to the truth.
+
+    It also measures when the measured costs contradict the profile: if the depth
+    running costs more than ``exp(contradiction)`` times the profile's prediction
+    (the observation's recent cost-profile error), the profile's guesses for the
+    cheaper depths not measured lately are suspect too (the latency regression
+    charges most of the excess to every depth, but a verify cost that grows with
+    the cached KV, say, is not paid by off at all). Then a cheaper unmeasured
+    depth that would beat the running one by ``margin`` were its cost as far below
+    its estimate as the measured one sits above the profile is measured (the
+    cheapest such). On the H200 MoE at acceptance 2.5 the profile priced depth 3
+    at half what the server measured, the estimate charged off with the same
+    excess, and a policy never tried off, which served the load 30-40% faster.
+
+    And while no acceptance has been measured at all and speculating looks within
+    ``accept_margin`` of paying, it speculates at depth 1 to measure it: greedy
+    escapes such a state only on a probe budget the student cannot see (a closed
+    loop starting at batch 32 on the H200 kept the student off, 18% below static 3).
+
+    Every input of these decisions is in the observation vector (relative goodput,
+    cost and acceptance confidence, the depth running and the cost-profile error),
+    so a student can learn them.
     """
 
     name = "goodput_explore"
 
     def __init__(self, profile, max_depth: int, sim_config: SchedulerConfig | None = None,
-                 margin: float = 0.1, min_samples: float = 1.0) -> None:
+                 margin: float = 0.1, min_samples: float = 1.0,
+                 contradiction: float = 0.25, accept_margin: float = 0.05) -> None:
         self.greedy = GoodputGreedyPolicy(profile, max_depth, sim_config)
         self.max_depth = max_depth
         self.margin = margin
         self.min_samples = min_samples
+        self.contradiction = contradiction
+        self.accept_margin = accept_margin
+        names = FeatureSpec(max_depth=max_depth).names()
+        self._accept_confidence = names.index("accept_confidence_1")
+        self._has_profile = names.index("has_cost_profile")
 
     def reset(self, sim=None) -> None:
         self.greedy.reset(sim)
@@ -306,16 +331,41 @@ class GoodputExplorePolicy(Policy):
             return choice
         latency = obs.latency_pred_s[: self.max_depth + 1]
         rate = (1.0 + obs.expected_accepted[: self.max_depth + 1]) / latency
+        if (choice == 0 and obs.vector[self._accept_confidence] <= 0.0
+                and obs.vector[self._has_profile] > 0.0
+                and rate[1:].max() >= rate[0] * (1.0 - self.accept_margin)):
+            # No acceptance measured yet (e.g. a closed loop that starts at batch 32):
+            # the estimate is the prior's guess, and, priced by the handed profile
+            # (without one the costs are guesses too, and the rule below already
+            # measures a depth that looks better), speculating looks within
+            # accept_margin of paying. Measure it at the cheapest depth (greedy's own
+            # probes run on a hidden budget a student cannot imitate; the deeper
+            # positions' estimates start from the first's).
+            return 1
         looks_better = rate > rate[choice] * (1.0 + self.margin)
         unmeasured = samples < self.min_samples
         best = int(np.argmax(rate))
         if not (looks_better[best] and unmeasured[best]):
-            return choice
+            probe = self._contradiction_probe(obs, rate, unmeasured)
+            return choice if probe is None else probe
         if unmeasured[choice]:
             return choice  # running the right depth measures it as well as any probe
         # The cheapest candidate first: it costs least to measure, and once the cost
         # of speculating at all is known, the deeper depths' guesses move with it.
         return int(np.flatnonzero(looks_better & unmeasured)[0])
+
+    def _contradiction_probe(self, obs: Observation, rate: np.ndarray,
+                             unmeasured: np.ndarray) -> int | None:
+        """The cheapest unmeasured depth below the running one that would beat it if the
+        profile's excess over the measured cost did not apply to it; None if none does
+        or the measured costs do not contradict the profile (see the class docstring)."""
+        error = min(obs.cost_profile_error, 1.0)  # the vector's entry is clipped there
+        current = min(max(obs.steps_used, 0), len(rate) - 1)
+        if error <= self.contradiction or unmeasured[current]:
+            return None
+        optimistic = rate[:current] * math.exp(error)
+        candidates = unmeasured[:current] & (optimistic > rate[current] * (1.0 + self.margin))
+        return int(np.flatnonzero(candidates)[0]) if candidates.any() else None
 
 
 class GoodputOnlinePolicy(Policy):

@@ -184,6 +184,9 @@ class Observation:
     #: Decode steps recently measured at each depth 0..max_depth (forgotten as the
     #: latency regression forgets); near 0 = that depth's cost is the prior's guess.
     cost_samples: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    #: Recent mean of log(measured / profile-predicted latency) of the depths run (0
+    #: without a profile): the vector's ``cost_profile_error`` before its clip to [-1, 1].
+    cost_profile_error: float = 0.0
     #: Records fed since the previous observation, oldest first.
     new_records: tuple[StepRecord, ...] = field(default=())
 
@@ -416,6 +419,7 @@ class FeatureBuilder:
             latency_pred_s=batch.latency_s[:, 0, 1],
             kv_used_tokens=self._kv_used_tokens,
             cost_samples=np.array(self._depth_samples),
+            cost_profile_error=self._prior_log_error,
             new_records=new_records,
         )
 

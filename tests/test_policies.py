@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -159,3 +161,74 @@ def test_goodput_explore_measures_what_the_observation_only_guesses():
     exact = FeatureBuilder(cost_prior=blackwell)
     exact.update_many(off)
     assert teacher.act(exact.observation(64)) == greedy.act(exact.observation(64)) == 0
+
+
+def test_goodput_explore_measures_a_cheaper_depth_when_the_measured_one_contradicts_the_profile():
+    from agents.policies import GoodputExplorePolicy
+
+    # The teacher's "true" costs are the handed profile's: by them the deepest depth pays
+    # (every draft accepted), so greedy runs it. The server measures it at twice that (as
+    # the H200 MoE at acceptance 2.5 did with its first profile), and the estimate charges
+    # the cheaper depths with the same excess: the deepest still looks best. But the
+    # profile is contradicted, so what it says of the cheaper depths is suspect too: the
+    # teacher measures one instead of acting on a cost the student cannot know.
+    moe = load_profile("h200_qwen3_30b_a3b")
+    teacher = GoodputExplorePolicy(moe, max_depth=7)
+    greedy = GoodputGreedyPolicy(moe, max_depth=7)
+
+    def at(depth: int, times: float, start: int, n: int) -> list[StepRecord]:
+        latency = times * moe.step_latency_s(48, depth, 1000, 0, draft_extend=depth > 0,
+                                             speculative_path=depth > 0)
+        return [_timed(start + i, 48, depth, depth, latency) for i in range(n)]
+
+    builder = FeatureBuilder(cost_prior=moe)
+    builder.update_many(at(7, 2.0, 0, 40))
+    obs = builder.observation(48)
+    rate = (1 + obs.expected_accepted) / obs.latency_pred_s
+    assert obs.cost_profile_error > 0.6 and obs.cost_samples[:7].max() == 0
+    assert int(np.argmax(rate)) == 7 and greedy.act(obs) == 7
+    probe = teacher.act(obs)
+    assert probe < 7
+    # That depth measured (at its prior: the excess was the deep depth's own) until the
+    # recent profile error has decayed: the estimate now knows, and the teacher follows
+    # its true costs again.
+    builder.update_many(at(probe, 1.0, 40, 12))
+    obs = builder.observation(48)
+    assert obs.cost_samples[probe] > 1
+    assert teacher.act(obs) == greedy.act(obs)
+    # Measured as the profile says: nothing contradicts it, no probing.
+    agrees = FeatureBuilder(cost_prior=moe)
+    agrees.update_many(at(7, 1.0, 0, 40))
+    obs = agrees.observation(48)
+    assert abs(obs.cost_profile_error) < 0.01
+    assert GoodputExplorePolicy(moe, max_depth=7).act(obs) == greedy.act(obs) == 7
+
+
+def test_goodput_explore_measures_acceptance_it_never_saw_when_speculating_looks_close():
+    from agents.policies import GoodputExplorePolicy
+
+    # A closed loop that starts at batch 32 on the H200: with the features' acceptance
+    # prior, off looks a few per cent better than speculating, so greedy stays off (and
+    # escapes only on a probe budget the student cannot see). The teacher measures the
+    # acceptance at depth 1 instead; once it is measured (high), greedy's choice again.
+    h200 = load_profile("h200_llama31_8b")
+    teacher = GoodputExplorePolicy(h200, max_depth=7)
+    greedy = GoodputGreedyPolicy(h200, max_depth=7)
+
+    def at(depth: int, accepted: int, start: int, n: int) -> list[StepRecord]:
+        kv = 10_000
+        latency = h200.step_latency_s(32, depth, kv, 0, draft_extend=depth > 0,
+                                      speculative_path=depth > 0)
+        return [dataclasses.replace(_timed(start + i, 32, depth, accepted, latency),
+                                    kv_used_tokens=kv) for i in range(n)]
+
+    builder = FeatureBuilder(cost_prior=h200)
+    builder.update_many(at(0, 0, 0, 20))
+    obs = builder.observation(32)
+    rate = (1 + obs.expected_accepted) / obs.latency_pred_s
+    assert rate[0] > rate[1:].max() > 0.95 * rate[0]
+    assert greedy.act(obs) == 0
+    assert teacher.act(obs) == 1
+    builder.update_many(at(1, 1, 20, 2) + at(1, 1, 22, 4))  # the first one back is left out
+    obs = builder.observation(32)
+    assert teacher.act(obs) == greedy.act(obs) > 0

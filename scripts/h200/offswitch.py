@@ -318,6 +318,8 @@ def phase_sim() -> None:
             session.stop(controller, "specctl-serve")
         save_log(RUN / "server-sim.log")
         shutil.copy(RUN / "controller.log", OUT / "offswitch_controller.log")
+        if (RUN / "trace-sim").exists():  # every policy's decisions, step by step
+            session.pack(RUN / "trace-sim", "offswitch_trace_sim.tar.gz")
 
 
 if __name__ == "__main__":

@@ -45,6 +45,12 @@ HEADLINES = (
     ("qwen3_30b_a3b@1.1", "moe_nospec_run2.json", "moe_acc1.1_replay_realtokens.json"),
     ("qwen3_30b_a3b@1.1 (token 100)", "moe_nospec_run2.json", "moe_acc1.1_replay_run2.json"),
     ("qwen3_30b_a3b@2.5 (token 100)", "moe_nospec_run2.json", "moe_acc2.5_replay.json"),
+    # Run 4: the policy shipped now (sha256 fb769766...), real tokens on the MoE
+    # (SGLANG_SIMULATE_ACC_TOKEN_MODE=real-draft-token), against the no-speculation
+    # server of run 4's first lease.
+    ("qwen3_30b_a3b@2.5 (run 4)", "moe_nospec_run4.json", "moe_acc2.5_replay_run4.json"),
+    ("qwen3_30b_a3b@1.1 (run 4)", "moe_nospec_run4.json", "moe_acc1.1_replay_run4.json"),
+    ("llama31_8b@3.5 (run 4)", "dense_nospec_run1.json", "dense_acc3.5_replay_run4.json"),
     # Run 4: the off path alone (constant policy 0, no simulated acceptance: real tokens)
     # against the no-speculation server of the same lease.
     ("qwen3_30b_a3b, off path (run 4)", "moe_nospec_run4.json", "moe_off_run4.json"),
