@@ -94,6 +94,9 @@ def environment(tests: list[str], stand_ins: Path) -> dict[str, str]:
     # mutmut forks each mutant from a process that ran the tests; a fork of a process whose
     # OpenMP pool (torch's) is running deadlocks at its next parallel op (a false timeout).
     env["OMP_NUM_THREADS"] = "1"
+    # A mutant that stops a background thread makes a test wait for what never comes;
+    # with the tests' usual hang guard (60 s) that is a timeout, with 10 s a kill.
+    env["SPECCTL_HANG_GUARD_S"] = "10"
     if INSIDE in tests:
         version = os.environ.get("SGLANG_VERSION", "0.5.23")
         root = REPO / ".sglang" / version

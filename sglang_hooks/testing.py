@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import importlib.util
 import itertools
+import os
 import shutil
 import sys
 import tempfile
@@ -75,9 +76,16 @@ def socket_dir() -> str:
     return path
 
 
-def wait_until(condition: Callable[[], bool], what: str, deadline_s: float = 60.0) -> None:
-    """Poll ``condition`` until it holds. The deadline only turns a hang into a failure:
-    nothing a test asserts may depend on how soon it holds."""
+#: How long a test waits for something before calling it a hang (a failure). Long, so a
+#: loaded machine never trips it; ``scripts/mutation.py`` shortens it, so that a mutant
+#: that makes a test wait forever is killed in seconds rather than timed out.
+HANG_GUARD_S = float(os.environ.get("SPECCTL_HANG_GUARD_S", "60"))
+
+
+def wait_until(condition: Callable[[], bool], what: str, deadline_s: float | None = None) -> None:
+    """Poll ``condition`` until it holds. The deadline (default :data:`HANG_GUARD_S`) only
+    turns a hang into a failure: nothing a test asserts may depend on how soon it holds."""
+    deadline_s = HANG_GUARD_S if deadline_s is None else deadline_s
     give_up = time.monotonic() + deadline_s
     while not condition():
         if time.monotonic() > give_up:

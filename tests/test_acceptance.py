@@ -395,10 +395,14 @@ def test_config_errors_and_calibration_form():
 
 
 def test_table_validation():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"offsets\[-1\] = 3 does not match 2 values"):
         AcceptanceTable(np.array([0, 3]), np.array([1, 0], np.int8))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="offsets must be non-decreasing"):
         AcceptanceTable(np.array([0, 2, 1]), np.array([1], np.int8))
+    with pytest.raises(ValueError, match=r"offsets\[0\] == 0"):
+        AcceptanceTable(np.array([1, 2]), np.array([1, 0], np.int8))
+    with pytest.raises(ValueError, match="values must be >= 0"):
+        AcceptanceTable(np.array([0, 2]), np.array([1, -1], np.int8))
     table = AcceptanceTable.from_rows([np.array([2, 1, 0]), np.array([], np.int8)])
     assert table.lengths.tolist() == [3, 0]
     assert table.replay_counts(7).tolist() == [1, 0]

@@ -3,25 +3,40 @@ its I/O thread builds the markers the scheduler thread attaches."""
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 from collections import Counter
 
 import numpy as np
+import pytest
 import zmq
 
+from controller.policy_file import PolicyFileError
 from controller.wire import (
     DECISION_LAG,
+    MAX_FRAME_BYTES,
     Decision,
     Hello,
+    PolicyPush,
+    WireError,
     decode,
     encode_decision,
     encode_hello,
+    encode_policy,
     encode_step,
 )
 from env.traces.schema import StepRecord
-from sglang_hooks.client import TIMED_OUT, ControllerClient, DecisionAge, marker_for
+from sglang_hooks import client as client_module
+from sglang_hooks.client import (
+    TIMED_OUT,
+    ControllerClient,
+    DecisionAge,
+    client_name,
+    marker_for,
+)
 from sglang_hooks.marker import CONTROLLER, FALLBACK
-from sglang_hooks.testing import ManualClock, io_round, socket_dir, wait_until
+from sglang_hooks.testing import HANG_GUARD_S, ManualClock, io_round, socket_dir, wait_until
 
 _SOCKETS = socket_dir()
 _names = iter(range(10**6))
@@ -45,8 +60,9 @@ class Router:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.bind(endpoint)
 
-    def receive(self, timeout_s: float = 5.0) -> tuple[bytes, object]:
-        assert self.sock.poll(int(timeout_s * 1000)), "nothing received"
+    def receive(self) -> tuple[bytes, object]:
+        """The next frame (waiting at most HANG_GUARD_S: a hang guard, not a window)."""
+        assert self.sock.poll(int(HANG_GUARD_S * 1000)), "nothing received"
         identity, payload = self.sock.recv_multipart()
         return identity, decode(payload)
 
@@ -348,3 +364,345 @@ def test_repeated_and_late_answers_are_each_counted():
     for decision in (decision_for(3), decision_for(4)):  # both stale
         age.accept(decision, 2.5)
     assert age.counters["decisions_stale"] == 2
+
+
+# -- local decision mode and pushed policies, with a stand-in for LocalDecisions ----------
+
+
+class LocalStandIn:
+    """What the client uses of :class:`sglang_hooks.local.LocalDecisions`."""
+
+    def __init__(self, digest: str = "a" * 64, install: object = True) -> None:
+        self.digest = digest
+        self.frames: list[bytes] = []
+        self.pushes: list[PolicyPush] = []
+        self._install = install
+
+    def decide(self, frame: bytes) -> Decision:
+        self.frames.append(frame)
+        step = decode(frame).step_index
+        if step == 13:
+            raise WireError("range", "a telemetry the daemon would refuse")
+        return decision_for(step, steps=step % 8)
+
+    def install(self, push: PolicyPush) -> bool:
+        self.pushes.append(push)
+        if isinstance(self._install, Exception):
+            raise self._install
+        return self._install
+
+
+def test_local_mode_answers_each_telemetry_on_the_io_thread():
+    clock = ManualClock()
+    local = LocalStandIn()
+    client = ControllerClient(None, HELLO, timeout_s=0.1, local=local, monotonic=clock)
+    try:
+        client.send_telemetry(frame(5), 5, clock())
+        wait_until(lambda: client.counters["local_decisions"] == 1, "a local decision")
+        io_round(client)
+        assert local.frames == [frame(5)]
+        assert client.current.steps == (5,) and client.marker.steps == (5,)
+        assert client.answered_step == 5
+        client.send_telemetry(frame(13), 13, clock())  # refused: no answer
+        wait_until(lambda: client.counters["local_wire_error_range"] == 1, "the refusal")
+        assert client.counters["local_decisions"] == 1
+        # A telemetry given as the hooks' values is packed before it is decided on.
+        client.send_telemetry(("s", 0, 14, 0.0, 1, 0, 1, 0, 1, 0, 1, [0], 0.01), 14, clock())
+        wait_until(lambda: client.counters["local_decisions"] == 2, "a second decision")
+        assert decode(local.frames[-1]).step_index == 14
+        assert client.counters["telemetry_sent"] == 0  # no socket: nothing sent
+    finally:
+        client.close()
+
+
+def test_local_mode_says_its_policy_in_hello_and_ignores_the_hubs_decisions():
+    endpoint = ipc()
+    router = Router(endpoint)
+    local = LocalStandIn(digest="b" * 64)
+    client = ControllerClient(endpoint, HELLO, timeout_s=5.0, local=local)
+    try:
+        identity, hello = router.receive()
+        assert hello == Hello("s", 0, HELLO.candidate_steps, policy_digest="b" * 64)
+        client.send_telemetry(frame(1), 1, time.monotonic())
+        router.telemetry()
+        wait_until(lambda: client.counters["local_decisions"] == 1, "a local decision")
+        router.answer(identity, 1, steps=7)  # the hub's answer: not needed here
+        wait_until(lambda: client.counters["remote_decisions_ignored"] == 1, "ignored")
+        assert client.current.steps == (1,)
+        local.digest = "c" * 64  # a pushed policy took over: the next HELLO says so
+        _, again = router.receive()
+        while not isinstance(again, Hello):
+            _, again = router.receive()
+        assert again.policy_digest == "c" * 64
+    finally:
+        client.close()
+        router.close()
+
+
+@pytest.mark.parametrize(("install", "counter", "level", "says"), [
+    (True, "policy_pushes_installed", logging.INFO,
+     "specctl: deciding with policy 'pushed' pushed by specctl-serve"),
+    (False, "policy_pushes_unchanged", None, None),
+    (PolicyFileError("bad weights"), "policy_pushes_refused", logging.ERROR,
+     "specctl: the policy specctl-serve pushed is not valid, deciding with the previous "
+     "one: bad weights"),
+    (None, "policy_pushes_ignored", None, None),  # remote mode: no use for a policy
+])
+def test_a_pushed_policy_is_installed_kept_refused_or_ignored(install, counter, level, says,
+                                                              caplog):
+    endpoint = ipc()
+    router = Router(endpoint)
+    local = None if install is None else LocalStandIn(install=install)
+    client = ControllerClient(endpoint, HELLO, timeout_s=5.0, local=local)
+    # Larger than any other frame may be (MAX_FRAME_BYTES): taken only as a POLICY.
+    push = PolicyPush("pushed", "d" * 64, bytes(MAX_FRAME_BYTES + 1))
+    try:
+        identity, _ = router.receive()
+        with caplog.at_level(logging.INFO, logger="sglang_hooks.client"):
+            for _ in range(2):
+                router.sock.send_multipart([identity, encode_policy(push)])
+            router.answer(identity, 1)  # taken after both pushes: frames keep their order
+            counters = client.counters
+            wait_until(lambda: counters["decisions_stale"] + counters["remote_decisions_ignored"]
+                       == 1, "the decision after the pushes")
+            # The counter moves before the log line is written: wait for the lines too.
+            wait_until(lambda: says is None or sum(
+                r.getMessage() == says for r in caplog.records) == 2, "the log lines")
+        pushes = {k: v for k, v in counters.items() if k.startswith("policy_pushes")}
+        assert pushes == {counter: 2}
+        assert local is None or local.pushes == [push, push]
+        messages = [(r.levelno, r.getMessage()) for r in caplog.records
+                    if r.name == "sglang_hooks.client"]
+        assert messages == ([] if says is None else [(level, says)] * 2)
+    finally:
+        client.close()
+        router.close()
+
+
+def test_the_sent_window_keeps_the_newest_1024_steps():
+    age = DecisionAge(0.5, Counter())
+    age.sent(0, 1.0)  # pushed out by the 1024 after it
+    for step in range(1, 1025):
+        age.sent(step, 2.0)
+    assert age.deadline() == 2.5
+    age.accept(decision_for(0), 2.0)  # no longer waited for: stale
+    assert age.counters["decisions_stale"] == 1 and age.counters["decisions"] == 0
+
+
+def test_the_constructor_hands_the_curve_keys_to_the_socket(monkeypatch):
+    pair, used = zmq.curve_keypair(), []
+    server_key = zmq.curve_keypair()[0].decode()
+    monkeypatch.setattr(zmq.auth, "load_certificate", lambda path: used.append(path) or pair)
+    client = ControllerClient(ipc(), HELLO, 5.0, server_key, "client.key_secret")
+    client.close()
+    assert used == ["client.key_secret"]
+
+
+def test_the_plugin_introduces_itself_with_version_and_pid():
+    assert client_name("0.5.23") == f"specctl-plugin sglang=0.5.23 pid={os.getpid()}"
+
+
+@pytest.mark.parametrize("with_cert", [False, True])
+def test_the_socket_drops_rather_than_queues_and_speaks_curve_when_given_a_key(with_cert,
+                                                                                monkeypatch):
+    from controller.wire import TRANSPORT_MAX_MSG_BYTES
+
+    # libzmq does not read CURVE keys back: which keys the client took is seen here.
+    pair, used = zmq.curve_keypair(), []
+    server_key = zmq.curve_keypair()[0].decode()
+    monkeypatch.setattr(zmq.auth, "load_certificate", lambda path: used.append(path) or pair)
+    monkeypatch.setattr(zmq, "curve_keypair", lambda: used.append("fresh") or pair)
+    client = ControllerClient(None, HELLO, timeout_s=0.1)
+    # A second socket built the same way on the client's context, inspected here (the
+    # client's own belongs to its I/O thread).
+    sock = client._socket(ipc(), server_key, "client.key_secret" if with_cert else None)
+    plain = client._socket(ipc(), None, "client.key_secret")
+    try:
+        assert sock.type == zmq.DEALER
+        options = {name: sock.getsockopt(getattr(zmq, name)) for name in (
+            "IMMEDIATE", "SNDHWM", "RCVHWM", "RECONNECT_IVL", "RECONNECT_IVL_MAX",
+            "HEARTBEAT_IVL", "HEARTBEAT_TIMEOUT", "MAXMSGSIZE", "LINGER")}
+        assert options == {"IMMEDIATE": 1, "SNDHWM": 64, "RCVHWM": 256, "RECONNECT_IVL": 100,
+                           "RECONNECT_IVL_MAX": 500, "HEARTBEAT_IVL": 1000,
+                           "HEARTBEAT_TIMEOUT": 3000, "MAXMSGSIZE": TRANSPORT_MAX_MSG_BYTES,
+                           "LINGER": 0}
+        assert sock.getsockopt(zmq.MECHANISM) == zmq.CURVE
+        assert plain.getsockopt(zmq.MECHANISM) == zmq.NULL  # no server key: no CURVE
+        assert used == ["client.key_secret" if with_cert else "fresh"]
+    finally:
+        sock.close(0)
+        plain.close(0)
+        client.close()
+
+
+# -- the I/O thread's timers, made deterministic: no HELLO and no polling period unless a
+# -- test asks (module constants patched), so every wake-up has a cause the test controls.
+
+
+def quiet(monkeypatch, active_s: float = 0.0, retry_s: float | None = None) -> None:
+    """No HELLO timer once a HELLO went out (an hour), ``active_s`` of polling after
+    telemetry, and ``retry_s`` between HELLOs that found no peer (None: as shipped; a
+    test then waits for the first HELLO, after which no timer is left)."""
+    monkeypatch.setattr(client_module, "HELLO_INTERVAL_S", 3600.0)
+    if retry_s is not None:
+        monkeypatch.setattr(client_module, "HELLO_RETRY_S", retry_s)
+    monkeypatch.setattr(client_module, "_ACTIVE_S", active_s)
+
+
+def one_round_per_wake(client: ControllerClient) -> None:
+    """Asleep, one wake-up gives exactly one round of the I/O thread, then sleep again."""
+    counters = client.counters
+    wait_until(lambda: client._sleeping, "the I/O thread asleep")
+    before = counters["io_wakeups"]
+    client._wake()
+    wait_until(lambda: counters["io_wakeups"] > before and client._sleeping, "one round")
+    assert counters["io_wakeups"] == before + 1
+
+
+def test_asleep_the_thread_wakes_once_per_cause(monkeypatch):
+    quiet(monkeypatch)
+    endpoint = ipc()
+    router = Router(endpoint)
+    client = ControllerClient(endpoint, HELLO, timeout_s=3600.0, monotonic=ManualClock())
+    try:
+        identity, _ = router.receive()
+        one_round_per_wake(client)  # the wake-up pipe is drained, not left ringing
+        wait_until(lambda: client._sleeping, "asleep")
+        client.send_telemetry(frame(1), 1, 1000.0)  # wakes it: no timer would
+        router.telemetry()
+        one_round_per_wake(client)
+        router.answer(identity, 1)  # a decision wakes it too
+        wait_until(lambda: client.counters["decisions"] == 1, "the decision taken")
+        one_round_per_wake(client)
+        assert client.counters["telemetry_sent"] == 1
+    finally:
+        client.close()
+        router.close()
+
+
+def test_a_failed_hello_is_retried_after_the_retry_interval_not_at_once(monkeypatch):
+    quiet(monkeypatch, retry_s=3600.0)
+    client = ControllerClient(ipc(), HELLO, timeout_s=5.0)  # nobody there: HELLO fails
+    try:
+        # Round 1 looks (asleep for no time) before its HELLO; round 2 follows the failure.
+        wait_until(lambda: client.counters["io_wakeups"] >= 2, "the round after the HELLO")
+        one_round_per_wake(client)
+    finally:
+        client.close()
+
+
+def test_while_serving_the_thread_polls_and_takes_decisions_unwoken(monkeypatch):
+    quiet(monkeypatch, active_s=3600.0)  # serving from the first telemetry on
+    endpoint = ipc()
+    router = Router(endpoint)
+    client = ControllerClient(endpoint, HELLO, timeout_s=3600.0, monotonic=ManualClock())
+    try:
+        identity, _ = router.receive()
+        client.send_telemetry(frame(1), 1, 1000.0)
+        client.send_telemetry(frame(2), 2, 1000.0)
+        router.telemetry()
+        router.telemetry()
+        assert not client._sleeping
+        before = client.counters["io_wakeups"]
+        wait_until(lambda: client.counters["io_wakeups"] >= before + 3, "polling rounds")
+        router.answer(identity, 2)
+        router.answer(identity, 2)  # a repeat: counted out of order
+        wait_until(lambda: client.counters["decisions_out_of_order"] == 1, "both taken")
+        assert client.counters["decisions"] == 1 and not client._sleeping
+        assert client.counters["telemetry_sent"] == 2
+    finally:
+        client.close()
+        router.close()
+
+
+def test_asleep_the_thread_wakes_for_the_timeout_deadline(monkeypatch):
+    quiet(monkeypatch)
+    clock = ManualClock()
+    endpoint = ipc()
+    router = Router(endpoint)
+    # 50 ms on the decisions' clock: the thread sleeps until then (real time), looks at
+    # the (manual) clock, and sleeps again while it has not moved.
+    client = ControllerClient(endpoint, HELLO, timeout_s=0.05, monotonic=clock)
+    try:
+        router.receive()
+        client.send_telemetry(frame(1), 1, clock())
+        router.telemetry()
+        clock.advance(0.0625)  # past the deadline; nothing wakes the thread but it
+        wait_until(lambda: client.current is TIMED_OUT, "the deadline's wake-up")
+        assert client.marker.mode == FALLBACK
+    finally:
+        client.close()
+        router.close()
+
+
+def test_remote_decisions_and_wrong_kinds_are_each_counted(monkeypatch):
+    endpoint = ipc()
+    router = Router(endpoint)
+    client = ControllerClient(endpoint, HELLO, timeout_s=5.0, local=LocalStandIn())
+    try:
+        identity, _ = router.receive()
+        for _ in range(2):
+            router.answer(identity, 1)
+            router.sock.send_multipart([identity, encode_hello(HELLO)])
+        wait_until(lambda: client.counters["remote_decisions_ignored"] == 2
+                   and client.counters["wire_error_kind"] == 2, "four frames")
+    finally:
+        client.close()
+        router.close()
+
+
+def test_a_dead_io_thread_leaves_the_scheduler_thread_unblocked(caplog):
+    clock = ManualClock()
+    client = ControllerClient(None, HELLO, timeout_s=5.0, monotonic=clock)
+    assert client.timeout_s == 5.0 and client.answered_step == -1
+    assert client._thread.name == "specctl-client" and client._thread.daemon
+    assert client._context.get(zmq.IO_THREADS) == 1
+    assert not os.get_blocking(client._wake_r) and not os.get_blocking(client._wake_w)
+    try:
+        with caplog.at_level(logging.ERROR, logger="sglang_hooks.client"):
+            client.send_telemetry(("not", "telemetry"), 1, clock())  # a bug's stand-in
+            wait_until(lambda: not client._thread.is_alive(), "the I/O thread to stop")
+        assert [r.getMessage() for r in caplog.records] == [
+            "specctl: controller client thread stopped (fallback from now on)"]
+        assert client.counters["client_thread_failed"] == 1
+        # Nothing drains the outbox or the wake-up pipe now: both fill, neither blocks.
+        for step in range(2, 302):
+            client._sleeping = True  # as if asleep: every send writes a wake-up
+            client.send_telemetry(frame(step), step, clock())
+        assert len(client._outbox) == 256
+        assert client.counters["telemetry_backlog_dropped"] == 300 - 256
+        for _ in range(70_000):  # more than a pipe holds (64 KiB)
+            client._wake()
+    finally:
+        client.close()
+    assert not client._thread.is_alive()
+
+
+def test_close_stops_the_thread_and_closes_the_pipe():
+    client = ControllerClient(None, HELLO, timeout_s=5.0)
+    fds = (client._wake_r, client._wake_w)
+    client.close()
+    assert not client._thread.is_alive()
+    for fd in fds:
+        with pytest.raises(OSError):
+            os.fstat(fd)
+    client.close()  # a second close does nothing
+
+
+def test_the_hooks_values_become_one_telemetry_frame():
+    local = LocalStandIn()
+    client = ControllerClient(None, HELLO, timeout_s=5.0, local=local,
+                              monotonic=ManualClock())
+    try:
+        client.send_telemetry(("srv", 3, 14, 0.5, 2, 4, 5, 60, 100, 7, 2, [1, 2], 0.25), 14,
+                              1000.0)
+        wait_until(lambda: client.counters["local_decisions"] == 1, "a local decision")
+        record = decode(local.frames[0])
+        assert record.accepted_drafts.tolist() == [1, 2]
+        assert (record.server, record.rank, record.step_index, record.time_s,
+                record.batch_size, record.waiting_requests, record.running_requests,
+                record.kv_used_tokens, record.kv_capacity_tokens, record.prefill_tokens,
+                record.steps_used, record.step_latency_s) == (
+                    "srv", 3, 14, 0.5, 2, 4, 5, 60, 100, 7, 2, 0.25)
+    finally:
+        client.close()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -13,6 +12,7 @@ from sglang_hooks.compat import Ranks
 from sglang_hooks.config import PluginConfig
 from sglang_hooks.recorder import Recorder, start_recorder
 from sglang_hooks.runtime import Runtime
+from sglang_hooks.testing import wait_until
 
 
 def add_steps(recorder: Recorder, first: int, count: int) -> None:
@@ -46,10 +46,9 @@ def test_files_are_written_periodically_not_only_at_exit(tmp_path):
     recorder = Recorder(tmp_path, "srv", 0, flush_s=0.2)
     try:
         add_steps(recorder, 1, 10)
-        deadline = time.monotonic() + 5
-        while not recorder.files and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert recorder.files, "a file should appear within flush_s"
+        # Without a flush every flush_s, no file would appear before close (a hang guard,
+        # not a timing assertion: a loaded machine may take longer than flush_s).
+        wait_until(lambda: bool(recorder.files), "a periodic flush")
         add_steps(recorder, 11, 10)
     finally:
         recorder.close()
@@ -59,9 +58,9 @@ def test_files_are_written_periodically_not_only_at_exit(tmp_path):
 def test_a_full_queue_drops_and_counts_instead_of_blocking(tmp_path):
     recorder = Recorder(tmp_path, "srv", 0, max_queue=100)
     try:
-        started = time.perf_counter()
         add_steps(recorder, 1, 20_000)
-        assert time.perf_counter() - started < 1.0
+        # A queue that blocked instead would drop nothing (how long adding takes is a
+        # benchmark's business, not a test's: no timed assertion here).
         assert recorder.counters["dropped"] > 0
     finally:
         recorder.close()
