@@ -516,3 +516,89 @@ def test_an_off_step_carrying_zero_entries_is_no_acceptance_evidence():
     builder.update(_step(2, 0, [0, 0, 0, 0]))
     np.testing.assert_array_equal(builder.accept_rates(), rates)
     assert _named(builder)["log_steps_since_acceptance"] > 0
+
+
+# -- mutation survivors of the batched code (docs/MUTATION.md, env/features.py) -----------
+
+
+def _twins(lengths: tuple[int, ...], prior=None) -> tuple[list, list]:
+    """Two identical sets of builders, stream i fed ``lengths[i]`` records of its own."""
+    profile = load_profile("h200_llama31_8b")
+    sets = []
+    for _ in range(2):
+        builders = []
+        for seed, n in enumerate(lengths):
+            builder = FeatureBuilder(FeatureSpec(), prior)
+            builder.update_many(_stream(np.full(7, 0.3 + 0.2 * seed), profile, n=n, seed=seed))
+            builders.append(builder)
+        sets.append(builders)
+    return sets[0], sets[1]
+
+
+@pytest.mark.parametrize("lengths", [(30, 30), (30, 45, 12), (45, 30, 0)])
+def test_batched_folding_equals_each_stream_folded_alone(lengths):
+    """Streams with equal or unequal pending records, folded together in one call, end
+    with the regression of twins that never met another stream (checked on the twins'
+    own, independently folded state, not on state the batched call left behind)."""
+    batched, alone = _twins(lengths)
+    grids = observation_grids(batched)
+    for i, twin in enumerate(alone):
+        np.testing.assert_array_equal(grids[i], twin.observation_grid())
+        np.testing.assert_array_equal(batched[i].latency_predictions_s(np.array([1, 64, 700])),
+                                      twin.latency_predictions_s(np.array([1, 64, 700])))
+
+
+def test_batching_some_stale_and_some_solved_streams():
+    """Only the streams with new telemetry are solved again; each keeps its own latency
+    level as the prior's scale, and two solved streams are not given the first's fit."""
+    batched, alone = _twins((40, 25, 60))
+    for i in (0, 2):  # solved alone first: not stale in the batch below
+        batched[i].observation()
+    extra = list(_stream(np.full(7, 0.5), load_profile("blackwell_tp8"), n=7, seed=9))
+    batched[1].update_many(extra)
+    alone[1].update_many(extra)
+    grids = observation_grids(batched)
+    for i, twin in enumerate(alone):
+        np.testing.assert_array_equal(grids[i], twin.observation_grid())
+        np.testing.assert_array_equal(batched[i].latency_predictions_s(64),
+                                      twin.latency_predictions_s(64))
+    solved = observation_grids([batched[0], batched[2]])  # neither stale
+    np.testing.assert_array_equal(solved, np.stack([grids[0], grids[2]]))
+    assert not np.array_equal(solved[0], solved[1])
+
+
+def test_the_latency_regression_forgets_old_steps():
+    """Depth 0 at one batch size: the prediction is the forgetting-weighted mean of the
+    measured latencies (weights forgetting**age; a tiny ridge)."""
+    spec = FeatureSpec(latency_forgetting=0.5, latency_ridge=1e-9)
+    builder = FeatureBuilder(spec)
+    latencies = [0.010] * 20 + [0.030]
+    for i, latency in enumerate(latencies):
+        builder.update(_step(i, 0, [], batch=64, latency=latency, kv_used_tokens=0))
+    weights = 0.5 ** np.arange(len(latencies))[::-1]
+    expected = float(np.dot(weights, latencies) / weights.sum())
+    assert builder.latency_predictions_s(64)[0] == pytest.approx(expected, rel=1e-6)
+
+
+def test_the_vector_carries_the_acceptance_rates_unscaled():
+    """accept_rate_k in the vector is the rate itself (the first below 1/2 here, so neither
+    a doubling nor a halving could hide behind the box clip)."""
+    builder = FeatureBuilder()
+    for i in range(30):
+        builder.update(_step(i, 3, [0, 0, 0, 0, 1, 2, 3]))
+    obs = builder.observation()
+    assert 0.1 < obs.accept_rate[0] < 0.5
+    vector = _named(builder)
+    for k in range(1, 8):
+        assert vector[f"accept_rate_{k}"] == pytest.approx(obs.accept_rate[k - 1], rel=1e-6)
+
+
+def test_observation_reports_the_profile_error_unclipped():
+    """Observation.cost_profile_error is the EMA (alpha 0.1) of log(measured / profile)."""
+    profile = load_profile("h200_llama31_8b")
+    builder = FeatureBuilder(FeatureSpec(), profile)
+    builder.update(_step(0, 2, [1] * 16, batch=16, kv_used_tokens=0,
+                         latency=3 * profile.step_latency_s(16, 2, 0, 0)))
+    obs = builder.observation()
+    assert obs.cost_profile_error == pytest.approx(0.1 * np.log(3.0), rel=1e-9)
+    assert _named(builder)["cost_profile_error"] == pytest.approx(0.1 * np.log(3.0), rel=1e-6)
