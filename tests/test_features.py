@@ -535,7 +535,7 @@ def _twins(lengths: tuple[int, ...], prior=None) -> tuple[list, list]:
     return sets[0], sets[1]
 
 
-@pytest.mark.parametrize("lengths", [(30, 30), (30, 45, 12), (45, 30, 0)])
+@pytest.mark.parametrize("lengths", [(30, 30), (30, 45, 12), (45, 30, 0), (12, 30, 45)])
 def test_batched_folding_equals_each_stream_folded_alone(lengths):
     """Streams with equal or unequal pending records, folded together in one call, end
     with the regression of twins that never met another stream (checked on the twins'
