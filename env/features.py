@@ -468,7 +468,9 @@ def observation_grids(builders: Sequence[FeatureBuilder]) -> np.ndarray:
     """
     for builder in builders:
         builder._new_records.clear()
-    return _batch(builders, np.asarray(builders[0].spec.batch_grid))[0]
+    # No builders: _batch's clear error, not an IndexError from builders[0] here.
+    grid = builders[0].spec.batch_grid if builders else ()
+    return _batch(builders, np.asarray(grid))[0]
 
 
 class _Batch(NamedTuple):

@@ -106,6 +106,11 @@ def test_batching_refuses_builders_with_other_specs_or_profiles():
         observation_grids([FeatureBuilder(), FeatureBuilder(None, profile)])
 
 
+def test_batching_no_builders_is_a_clear_error():
+    with pytest.raises(ValueError, match="no feature builders given"):
+        observation_grids([])
+
+
 def test_observation_reports_records_fed_since_the_last_one():
     builder = FeatureBuilder()
     records = list(_stream(np.full(7, 0.5), load_profile("h200_llama31_8b"), n=5))
