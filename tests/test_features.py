@@ -107,7 +107,7 @@ def test_batching_refuses_builders_with_other_specs_or_profiles():
 
 
 def test_batching_no_builders_is_a_clear_error():
-    with pytest.raises(ValueError, match="^no feature builders given$"):
+    with pytest.raises(ValueError, match=r"^no feature builders given$"):
         observation_grids([])
 
 
