@@ -532,7 +532,10 @@ def _split_table(table: pa.Table, file: str) -> tuple[RequestColumns, StepColumn
     if index.size > 1:
         # One integer key per (server, rank); a stable sort keeps file order within a key.
         _, server_code = np.unique(server.astype(str), return_inverse=True)
-        keys = server_code.astype(np.int64) * (int(rank.max()) + 1) + (rank - rank.min())
+        # The stride is the span of ranks, not max + 1: a negative rank must not make two
+        # servers' keys collide.
+        low = int(rank.min())
+        keys = server_code.astype(np.int64) * (int(rank.max()) - low + 1) + (rank - low)
         order = np.argsort(keys, kind="stable")
         same = keys[order[1:]] == keys[order[:-1]]
         not_increasing = same & (index[order[1:]] <= index[order[:-1]])
