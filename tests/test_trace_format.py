@@ -678,3 +678,30 @@ def test_negative_or_large_ranks_do_not_mix_servers(tmp_path, ranks):
     with pytest.raises(TraceFormatError, match=rf"row 3, field 'step_index': .* = \('s0', "
                        rf"{ranks[0]}\): 4 after 5$"):
         write_trace(tmp_path / "bad.parquet", [], steps)
+
+
+def test_cross_file_continuity_uses_each_keys_last_index(tmp_path):
+    first = write_trace(tmp_path / "t-00001.parquet", [], [
+        *make_steps(2, start=0, server="s0"), *make_steps(1, start=7, server="s1")
+    ], {"a": 1})
+    # A file of another key in between does not reset s0's last index (2), and an equal
+    # index is no increase; the row is the step's row in its file, after the requests.
+    write_trace(tmp_path / "t-00002.parquet", [], make_steps(1, start=8, server="s1"), {"a": 2})
+    second = write_trace(tmp_path / "t-00003.parquet", make_requests(), [
+        *make_steps(1, start=9, server="s1"), *make_steps(1, start=2, server="s0")
+    ])
+    with pytest.raises(TraceFormatError) as exc:
+        read_trace(tmp_path)
+    assert str(exc.value) == (
+        f"{second}: row 4, field 'step_index': must strictly increase per (server, rank) = "
+        f"('s0', 0) across files: 2 after 2 in {first} (files without a 'run_id' in their "
+        "metadata count as one run)"
+    )
+    # one more than the last index is fine; the trace's meta is the first file's
+    _rewrite(second, "step_index", 4, 3)
+    trace = read_trace(tmp_path)
+    assert [(s.server, s.step_index) for s in trace.steps] == [
+        ("s0", 0), ("s0", 2), ("s1", 7), ("s1", 8), ("s1", 9), ("s0", 3)
+    ]
+    assert trace.meta == {"a": 1}
+    assert trace.sources == sorted(tmp_path.iterdir())
