@@ -331,8 +331,9 @@ def test_column_errors(tmp_path):
         read_trace(path)
     assert exc.value.file == str(path) and exc.value.where is None
     pq.write_table(table.drop_columns(["rank"]).replace_schema_metadata(meta), path)
-    with pytest.raises(TraceFormatError, match="field 'rank': missing column"):
+    with pytest.raises(TraceFormatError, match="field 'rank': missing column") as exc:
         read_trace(path)
+    assert exc.value.file == str(path) and exc.value.where is None
     bad_type = table.set_column(
         table.column_names.index("request_id"),
         "request_id",
@@ -500,7 +501,7 @@ def test_write_trace_takes_columns_too(tmp_path):
 def test_writer_arguments_are_checked(tmp_path):
     with pytest.raises(ValueError, match="rotate_records must be >= 1, got 0"):
         TraceWriter(tmp_path / "run", server="s0", rank=0, rotate_records=0)
-    with pytest.raises(ValueError, match="server must be a non-empty name"):
+    with pytest.raises(ValueError, match=r"^server must be a non-empty name$"):
         TraceWriter(tmp_path / "run", server="", rank=0)
     with TraceWriter(tmp_path / "run", server="s0", rank=0, rotate_records=1,
                      run_id="run1") as w:
@@ -508,7 +509,7 @@ def test_writer_arguments_are_checked(tmp_path):
         for step in make_steps(2):
             w.add_step(step)
     assert len(w.files) == 2, "rotate_records=1: one file per record"
-    with pytest.raises(RuntimeError, match="TraceWriter is closed"):
+    with pytest.raises(RuntimeError, match=r"^TraceWriter is closed$"):
         w.add_request(make_requests()[0])
 
 
@@ -705,3 +706,30 @@ def test_cross_file_continuity_uses_each_keys_last_index(tmp_path):
     ]
     assert trace.meta == {"a": 1}
     assert trace.sources == sorted(tmp_path.iterdir())
+
+
+def test_a_column_of_a_wider_type_is_cast_if_every_value_fits(tmp_path):
+    path = write_trace(tmp_path / "t.parquet", make_requests(), make_steps(2))
+    table = pq.read_table(path)
+    i = table.column_names.index("prompt_tokens")
+    wide = table.set_column(i, "prompt_tokens", table.column(i).cast(pa.int64()))
+    pq.write_table(wide, path)
+    assert read_trace(path).requests.records() == make_requests()
+    values = wide.column(i).to_pylist()
+    values[1] = 2**40
+    pq.write_table(wide.set_column(i, "prompt_tokens", pa.array(values, pa.int64())), path)
+    with pytest.raises(TraceFormatError) as exc:
+        read_trace(path)
+    assert (exc.value.file, exc.value.where, exc.value.field) == (str(path), None,
+                                                                  "prompt_tokens")
+    assert re.match(r"has type int64, expected int32 \(.+\)$", exc.value.message), exc.value
+
+
+def test_requests_of_two_files_are_both_read_and_a_duplicate_is_named(tmp_path):
+    write_trace(tmp_path / "t-1.parquet", [RequestRecord("b", 1.0, 1, 1)], [])
+    second = write_trace(tmp_path / "t-2.parquet", [RequestRecord("a", 0.5, 2, 2)], [])
+    assert list(read_trace(tmp_path).requests.request_id) == ["a", "b"]
+    # the duplicate is not the smallest id of the merged requests
+    write_trace(second, [RequestRecord("a", 0.5, 2, 2), RequestRecord("b", 0.7, 1, 1)], [])
+    with pytest.raises(TraceFormatError, match=r"duplicate id 'b' across files$"):
+        read_trace(tmp_path)
