@@ -733,3 +733,15 @@ def test_requests_of_two_files_are_both_read_and_a_duplicate_is_named(tmp_path):
     write_trace(second, [RequestRecord("a", 0.5, 2, 2), RequestRecord("b", 0.7, 1, 1)], [])
     with pytest.raises(TraceFormatError, match=r"duplicate id 'b' across files$"):
         read_trace(tmp_path)
+
+
+def test_writer_names_its_file_when_a_buffered_record_is_invalid(tmp_path):
+    w = TraceWriter(tmp_path / "run", server="s0", rank=0)
+    w.add_request(RequestRecord("r0", 0.0, 10, 0))
+    with pytest.raises(TraceFormatError) as exc:
+        w.flush()
+    assert str(exc.value) == (
+        f"{tmp_path / 'run-s0-r0-00000.parquet'}: row 0, field 'output_tokens': "
+        "must be >= 1, got 0"
+    )
+    assert list(tmp_path.iterdir()) == []
