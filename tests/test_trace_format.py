@@ -556,6 +556,7 @@ def test_writer_errors_name_the_file_row_and_field(tmp_path):
          r"row 2, field 'arrival_s': requests must be sorted by arrival: 0.1 after 0.5$"),
         ("request_id", 2, "", "row 2, field 'request_id': must not be empty$"),
         ("request_id", 2, "r0", "row 2, field 'request_id': duplicate id 'r0'$"),
+        ("request_id", 2, "r1", "row 2, field 'request_id': duplicate id 'r1'$"),
         ("request_id", 0, None, "row 0, field 'request_id': must not be null on a request row$"),
         ("record", 1, None, "row 1, field 'record': must be 'request' or 'step', got None$"),
         ("batch_size", 3, -1, "row 3, field 'batch_size': must be >= 0, got -1$"),
@@ -745,3 +746,24 @@ def test_writer_names_its_file_when_a_buffered_record_is_invalid(tmp_path):
         "must be >= 1, got 0"
     )
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [
+        # three servers and a negative rank: a stride of max + low + 1 would mix them
+        [("s0", 1, 5), ("s1", 0, 9), ("s2", -1, 3)],
+        # three servers, ranks 0 and 1: keys divided instead of multiplied would mix them
+        [("a", 1, 5), ("b", 0, 9), ("c", 0, 3)],
+    ],
+)
+def test_step_index_keys_of_three_servers_stay_apart(tmp_path, keys):
+    steps = [make_steps(1, start=i, server=s, rank=r)[0] for s, r, i in keys]
+    trace = read_trace(write_trace(tmp_path / "t.parquet", [], steps))
+    assert [(s.server, s.rank, s.step_index) for s in trace.steps] == keys
+
+
+def test_two_steps_are_enough_to_be_out_of_order(tmp_path):
+    steps = [*make_steps(1, start=3), *make_steps(1, start=3)]
+    with pytest.raises(TraceFormatError, match=r"row 1, field 'step_index': .*: 3 after 3$"):
+        write_trace(tmp_path / "t.parquet", [], steps)
