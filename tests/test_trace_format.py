@@ -767,3 +767,12 @@ def test_two_steps_are_enough_to_be_out_of_order(tmp_path):
     steps = [*make_steps(1, start=3), *make_steps(1, start=3)]
     with pytest.raises(TraceFormatError, match=r"row 1, field 'step_index': .*: 3 after 3$"):
         write_trace(tmp_path / "t.parquet", [], steps)
+
+
+def test_a_duplicate_id_is_reported_at_its_later_row(tmp_path):
+    # 17 ids: enough for numpy's default (unstable) sort to put row 14 before row 10.
+    requests = [RequestRecord(f"r{k}", 0.1 * k, 1, 1) for k in range(17)]
+    requests[10] = RequestRecord("r14", 1.0, 1, 1)
+    with pytest.raises(TraceFormatError, match=r"row 14, field 'request_id': duplicate id "
+                       r"'r14'$"):
+        write_trace(tmp_path / "t.parquet", requests, [])
