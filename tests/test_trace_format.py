@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from env.traces.schema import SCHEMA_VERSION, RequestRecord, StepRecord
 from env.traces.trace_format import (
     RequestColumns,
+    StepColumns,
     Trace,
     TraceFormatError,
     TraceWriter,
@@ -588,6 +589,8 @@ def test_writer_errors_name_the_file_row_and_field(tmp_path):
         ("accepted_drafts", 6, [1],
          "row 6, field 'accepted_drafts': has 1 entries but request_ids has 2$"),
         ("request_ids", 6, ["r0", None], "row 6, field 'request_ids': holds a null id$"),
+        # a null entry used to read back as an arbitrary number (a NaN cast to int8)
+        ("accepted_drafts", 6, [1, None], "row 6, field 'accepted_drafts': entry 1 is null$"),
     ],
 )
 def test_each_check_names_row_field_and_the_values(tmp_path, column, row, value, expected):
@@ -776,3 +779,12 @@ def test_a_duplicate_id_is_reported_at_its_later_row(tmp_path):
     with pytest.raises(TraceFormatError, match=r"row 14, field 'request_id': duplicate id "
                        r"'r14'$"):
         write_trace(tmp_path / "t.parquet", requests, [])
+
+
+def test_read_back_step_columns_have_the_writers_dtypes(tmp_path):
+    steps = make_steps(6)
+    cols = read_trace(write_trace(tmp_path / "t.parquet", [], steps)).step_columns()
+    built = StepColumns.from_records(steps)
+    for name in StepColumns.__dataclass_fields__:
+        if name != "request_ids":
+            assert getattr(cols, name).dtype == getattr(built, name).dtype, name
