@@ -579,6 +579,8 @@ def test_writer_errors_name_the_file_row_and_field(tmp_path):
          "row 4, field 'accepted_drafts': has 2 entries, more than batch_size 1$"),
         ("accepted_drafts", 7, [1, 1],
          "row 7, field 'accepted_drafts': must be empty when steps_used is 0, got 2 entries$"),
+        ("accepted_drafts", 7, [0],
+         "row 7, field 'accepted_drafts': must be empty when steps_used is 0, got 1 entries$"),
         # the second entry of a later row: the entry number counts within the row
         ("accepted_drafts", 5, [0, 3],
          r"row 5, field 'accepted_drafts': entry 1 is 3, outside \[0, steps_used=2\]$"),
