@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from env.traces.schema import SCHEMA_VERSION, RequestRecord, StepRecord
 from env.traces.trace_format import (
     RequestColumns,
+    StepColumns,
     Trace,
     TraceFormatError,
     TraceWriter,
@@ -331,8 +332,9 @@ def test_column_errors(tmp_path):
         read_trace(path)
     assert exc.value.file == str(path) and exc.value.where is None
     pq.write_table(table.drop_columns(["rank"]).replace_schema_metadata(meta), path)
-    with pytest.raises(TraceFormatError, match="field 'rank': missing column"):
+    with pytest.raises(TraceFormatError, match="field 'rank': missing column") as exc:
         read_trace(path)
+    assert exc.value.file == str(path) and exc.value.where is None
     bad_type = table.set_column(
         table.column_names.index("request_id"),
         "request_id",
@@ -500,7 +502,7 @@ def test_write_trace_takes_columns_too(tmp_path):
 def test_writer_arguments_are_checked(tmp_path):
     with pytest.raises(ValueError, match="rotate_records must be >= 1, got 0"):
         TraceWriter(tmp_path / "run", server="s0", rank=0, rotate_records=0)
-    with pytest.raises(ValueError, match="server must be a non-empty name"):
+    with pytest.raises(ValueError, match=r"^server must be a non-empty name$"):
         TraceWriter(tmp_path / "run", server="", rank=0)
     with TraceWriter(tmp_path / "run", server="s0", rank=0, rotate_records=1,
                      run_id="run1") as w:
@@ -508,7 +510,7 @@ def test_writer_arguments_are_checked(tmp_path):
         for step in make_steps(2):
             w.add_step(step)
     assert len(w.files) == 2, "rotate_records=1: one file per record"
-    with pytest.raises(RuntimeError, match="TraceWriter is closed"):
+    with pytest.raises(RuntimeError, match=r"^TraceWriter is closed$"):
         w.add_request(make_requests()[0])
 
 
@@ -540,3 +542,251 @@ def test_writer_errors_name_the_file_row_and_field(tmp_path):
     assert exc.value.file == str(tmp_path / "run-s0-r0-00002.parquet")
     assert (exc.value.where, exc.value.field) == (1, "step_index")
     assert exc.value.message == "must strictly increase: 4 after 10 in the previous file"
+
+
+# Issue 14 (mutation testing): every check of the reader, each message in full, and the
+# boundaries (equal values that are allowed, the first values that are not).
+# Rows: 0..2 are requests, 3..8 the steps of make_steps(6): steps_used 0,1,2,3,0,0;
+# accepted_drafts [], [1,0], [2,0], [3,0], [], []; request_ids on rows 4, 6 and 8.
+@pytest.mark.parametrize(
+    ("column", "row", "value", "expected"),
+    [
+        ("arrival_s", 0, -1.0, "row 0, field 'arrival_s': must be >= 0, got -1.0$"),
+        ("arrival_s", 1, float("inf"), "row 1, field 'arrival_s': must be finite, got inf$"),
+        ("arrival_s", 2, 0.1,
+         r"row 2, field 'arrival_s': requests must be sorted by arrival: 0.1 after 0.5$"),
+        ("request_id", 2, "", "row 2, field 'request_id': must not be empty$"),
+        ("request_id", 2, "r0", "row 2, field 'request_id': duplicate id 'r0'$"),
+        ("request_id", 2, "r1", "row 2, field 'request_id': duplicate id 'r1'$"),
+        ("request_id", 0, None, "row 0, field 'request_id': must not be null on a request row$"),
+        ("record", 1, None, "row 1, field 'record': must be 'request' or 'step', got None$"),
+        ("batch_size", 3, -1, "row 3, field 'batch_size': must be >= 0, got -1$"),
+        ("waiting_requests", 5, -2, "row 5, field 'waiting_requests': must be >= 0, got -2$"),
+        ("running_requests", 6, -1, "row 6, field 'running_requests': must be >= 0, got -1$"),
+        ("kv_capacity_tokens", 7, -5,
+         "row 7, field 'kv_capacity_tokens': must be >= 0, got -5$"),
+        ("prefill_tokens", 8, -64, "row 8, field 'prefill_tokens': must be >= 0, got -64$"),
+        ("steps_used", 3, -1, "row 3, field 'steps_used': must be >= 0, got -1$"),
+        ("time_s", 6, float("inf"), "row 6, field 'time_s': must be finite, got inf$"),
+        ("time_s", 4, float("nan"), "row 4, field 'time_s': must be finite, got nan$"),
+        ("step_latency_s", 5, -0.5, r"row 5, field 'step_latency_s': must be >= 0, got -0.5$"),
+        ("server", 7, None, "row 7, field 'server': must not be null on a step row$"),
+        ("accepted_drafts", 8, None,
+         "row 8, field 'accepted_drafts': must not be null on a step row$"),
+        ("step_index", 6, 4, r"row 6, field 'step_index': must strictly increase per "
+         r"\(server, rank\) = \('s0', 0\): 4 after 4$"),
+        ("batch_size", 4, 1,
+         "row 4, field 'accepted_drafts': has 2 entries, more than batch_size 1$"),
+        ("accepted_drafts", 7, [1, 1],
+         "row 7, field 'accepted_drafts': must be empty when steps_used is 0, got 2 entries$"),
+        ("accepted_drafts", 7, [0],
+         "row 7, field 'accepted_drafts': must be empty when steps_used is 0, got 1 entries$"),
+        # the second entry of a later row: the entry number counts within the row
+        ("accepted_drafts", 5, [0, 3],
+         r"row 5, field 'accepted_drafts': entry 1 is 3, outside \[0, steps_used=2\]$"),
+        ("accepted_drafts", 6, [0, -1],
+         r"row 6, field 'accepted_drafts': entry 1 is -1, outside \[0, steps_used=3\]$"),
+        ("request_ids", 6, ["r0", "r1", "r2"],
+         "row 6, field 'request_ids': has 3 ids, expected batch_size 2$"),
+        ("accepted_drafts", 6, [1],
+         "row 6, field 'accepted_drafts': has 1 entries but request_ids has 2$"),
+        ("request_ids", 6, ["r0", None], "row 6, field 'request_ids': holds a null id$"),
+        # a null entry used to read back as an arbitrary number (a NaN cast to int8)
+        ("accepted_drafts", 6, [1, None], "row 6, field 'accepted_drafts': entry 1 is null$"),
+    ],
+)
+def test_each_check_names_row_field_and_the_values(tmp_path, column, row, value, expected):
+    path = write_trace(tmp_path / "bad.parquet", make_requests(), make_steps(6))
+    _rewrite(path, column, row, value)
+    with pytest.raises(TraceFormatError) as exc:
+        read_trace(path)
+    assert re.match(re.escape(f"{path}: ") + expected, str(exc.value)), str(exc.value)
+    assert (exc.value.file, exc.value.where) == (str(path), row)
+
+
+@pytest.mark.parametrize(
+    ("column", "row", "value"),
+    [
+        ("arrival_s", 1, 0.0),  # equal arrivals are sorted
+        ("arrival_s", 2, 0.5),
+        ("request_id", 1, "r"),  # a prefix of another id is no duplicate
+        ("step_latency_s", 5, 0.0),
+        ("batch_size", 3, 0),  # no entries, batch 0: fine
+        ("waiting_requests", 4, 0),
+        ("kv_capacity_tokens", 4, 0),
+        ("step_index", 3, -7),  # step_index may be negative; only its order matters
+        ("accepted_drafts", 6, [3, 3]),  # both ends of [0, steps_used]
+        ("accepted_drafts", 5, [0, 0]),
+        ("accepted_drafts", 6, []),  # no entries even though request_ids has 2
+        ("request_ids", 6, []),
+    ],
+)
+def test_boundary_values_are_accepted(tmp_path, column, row, value):
+    path = write_trace(tmp_path / "ok.parquet", make_requests(), make_steps(6))
+    if (column, value) == ("request_ids", []):
+        _rewrite(path, "batch_size", row, 0)
+        _rewrite(path, "accepted_drafts", row, [])
+    _rewrite(path, column, row, value)
+    trace = read_trace(path)
+    record = trace.requests.records()[row] if row < 3 else trace.steps[row - 3]
+    got = getattr(record, column)
+    if isinstance(value, list):
+        assert list(got) == value
+    else:
+        assert got == value
+
+
+def test_one_request_and_two_unsorted_requests(tmp_path):
+    one = write_trace(tmp_path / "one.parquet", [RequestRecord("a", 3.0, 1, 1)], [])
+    assert read_trace(one).requests.records() == [RequestRecord("a", 3.0, 1, 1)]
+    two = write_trace(tmp_path / "two.parquet", make_requests()[:2], [])
+    _rewrite(two, "arrival_s", 1, -0.0)
+    _rewrite(two, "arrival_s", 0, 0.25)
+    with pytest.raises(TraceFormatError, match=r"row 1, field 'arrival_s': requests must be "
+                       r"sorted by arrival: -0.0 after 0.25$"):
+        read_trace(two)
+
+
+def test_step_index_is_checked_per_server_and_rank(tmp_path):
+    # Interleaved keys, each increasing on its own: valid, whatever the others do.
+    steps = [
+        *make_steps(1, start=9, server="b", rank=2),
+        *make_steps(1, start=0, server="a", rank=0),
+        *make_steps(1, start=5, server="b", rank=1),
+        *make_steps(1, start=1, server="a", rank=2),
+        *make_steps(1, start=10, server="b", rank=2),
+        *make_steps(1, start=1, server="a", rank=0),
+        *make_steps(1, start=6, server="b", rank=1),
+    ]
+    trace = read_trace(write_trace(tmp_path / "ok.parquet", [], steps))
+    assert [s.step_index for s in trace.steps] == [9, 0, 5, 1, 10, 1, 6]
+    # A repeat within one of those keys is caught at its row, naming the key.
+    steps.append(make_steps(1, start=1, server="a", rank=2)[0])
+    with pytest.raises(TraceFormatError, match=r"bad.parquet: row 7, field 'step_index': must "
+                       r"strictly increase per \(server, rank\) = \('a', 2\): 1 after 1$"):
+        write_trace(tmp_path / "bad.parquet", [], steps)
+
+
+@pytest.mark.parametrize("ranks", [(1, -1), (-1, 1), (3, 1), (0, 5)])
+def test_negative_or_large_ranks_do_not_mix_servers(tmp_path, ranks):
+    # Two servers, one step each, the second with a smaller step_index: no error, as they
+    # are different keys (a rank stride of max + 1 made ('s0', 1) and ('s1', -1) collide).
+    steps = [
+        *make_steps(1, start=5, server="s0", rank=ranks[0]),
+        *make_steps(1, start=3, server="s1", rank=ranks[1]),
+    ]
+    trace = read_trace(write_trace(tmp_path / "t.parquet", [], steps))
+    assert [(s.server, s.rank, s.step_index) for s in trace.steps] == [
+        ("s0", ranks[0], 5), ("s1", ranks[1], 3)
+    ]
+    # and the same rank twice on one server is still one key
+    steps.append(make_steps(1, start=5, server="s1", rank=ranks[1])[0])
+    steps.append(make_steps(1, start=4, server="s0", rank=ranks[0])[0])
+    with pytest.raises(TraceFormatError, match=rf"row 3, field 'step_index': .* = \('s0', "
+                       rf"{ranks[0]}\): 4 after 5$"):
+        write_trace(tmp_path / "bad.parquet", [], steps)
+
+
+def test_cross_file_continuity_uses_each_keys_last_index(tmp_path):
+    first = write_trace(tmp_path / "t-00001.parquet", [], [
+        *make_steps(2, start=0, server="s0"), *make_steps(1, start=7, server="s1")
+    ], {"a": 1})
+    # A file of another key in between does not reset s0's last index (2), and an equal
+    # index is no increase; the row is the step's row in its file, after the requests.
+    write_trace(tmp_path / "t-00002.parquet", [], make_steps(1, start=8, server="s1"), {"a": 2})
+    second = write_trace(tmp_path / "t-00003.parquet", make_requests(), [
+        *make_steps(1, start=9, server="s1"), *make_steps(1, start=2, server="s0")
+    ])
+    with pytest.raises(TraceFormatError) as exc:
+        read_trace(tmp_path)
+    assert str(exc.value) == (
+        f"{second}: row 4, field 'step_index': must strictly increase per (server, rank) = "
+        f"('s0', 0) across files: 2 after 2 in {first} (files without a 'run_id' in their "
+        "metadata count as one run)"
+    )
+    # one more than the last index is fine; the trace's meta is the first file's
+    _rewrite(second, "step_index", 4, 3)
+    trace = read_trace(tmp_path)
+    assert [(s.server, s.step_index) for s in trace.steps] == [
+        ("s0", 0), ("s0", 2), ("s1", 7), ("s1", 8), ("s1", 9), ("s0", 3)
+    ]
+    assert trace.meta == {"a": 1}
+    assert trace.sources == sorted(tmp_path.iterdir())
+
+
+def test_a_column_of_a_wider_type_is_cast_if_every_value_fits(tmp_path):
+    path = write_trace(tmp_path / "t.parquet", make_requests(), make_steps(2))
+    table = pq.read_table(path)
+    i = table.column_names.index("prompt_tokens")
+    wide = table.set_column(i, "prompt_tokens", table.column(i).cast(pa.int64()))
+    pq.write_table(wide, path)
+    assert read_trace(path).requests.records() == make_requests()
+    values = wide.column(i).to_pylist()
+    values[1] = 2**40
+    pq.write_table(wide.set_column(i, "prompt_tokens", pa.array(values, pa.int64())), path)
+    with pytest.raises(TraceFormatError) as exc:
+        read_trace(path)
+    assert (exc.value.file, exc.value.where, exc.value.field) == (str(path), None,
+                                                                  "prompt_tokens")
+    assert re.match(r"has type int64, expected int32 \(.+\)$", exc.value.message), exc.value
+
+
+def test_requests_of_two_files_are_both_read_and_a_duplicate_is_named(tmp_path):
+    write_trace(tmp_path / "t-1.parquet", [RequestRecord("b", 1.0, 1, 1)], [])
+    second = write_trace(tmp_path / "t-2.parquet", [RequestRecord("a", 0.5, 2, 2)], [])
+    assert list(read_trace(tmp_path).requests.request_id) == ["a", "b"]
+    # the duplicate is not the smallest id of the merged requests
+    write_trace(second, [RequestRecord("a", 0.5, 2, 2), RequestRecord("b", 0.7, 1, 1)], [])
+    with pytest.raises(TraceFormatError, match=r"duplicate id 'b' across files$"):
+        read_trace(tmp_path)
+
+
+def test_writer_names_its_file_when_a_buffered_record_is_invalid(tmp_path):
+    w = TraceWriter(tmp_path / "run", server="s0", rank=0)
+    w.add_request(RequestRecord("r0", 0.0, 10, 0))
+    with pytest.raises(TraceFormatError) as exc:
+        w.flush()
+    assert str(exc.value) == (
+        f"{tmp_path / 'run-s0-r0-00000.parquet'}: row 0, field 'output_tokens': "
+        "must be >= 1, got 0"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [
+        # three servers and a negative rank: a stride of max + low + 1 would mix them
+        [("s0", 1, 5), ("s1", 0, 9), ("s2", -1, 3)],
+        # three servers, ranks 0 and 1: keys divided instead of multiplied would mix them
+        [("a", 1, 5), ("b", 0, 9), ("c", 0, 3)],
+    ],
+)
+def test_step_index_keys_of_three_servers_stay_apart(tmp_path, keys):
+    steps = [make_steps(1, start=i, server=s, rank=r)[0] for s, r, i in keys]
+    trace = read_trace(write_trace(tmp_path / "t.parquet", [], steps))
+    assert [(s.server, s.rank, s.step_index) for s in trace.steps] == keys
+
+
+def test_two_steps_are_enough_to_be_out_of_order(tmp_path):
+    steps = [*make_steps(1, start=3), *make_steps(1, start=3)]
+    with pytest.raises(TraceFormatError, match=r"row 1, field 'step_index': .*: 3 after 3$"):
+        write_trace(tmp_path / "t.parquet", [], steps)
+
+
+def test_a_duplicate_id_is_reported_at_its_later_row(tmp_path):
+    # 17 ids: enough for numpy's default (unstable) sort to put row 14 before row 10.
+    requests = [RequestRecord(f"r{k}", 0.1 * k, 1, 1) for k in range(17)]
+    requests[10] = RequestRecord("r14", 1.0, 1, 1)
+    with pytest.raises(TraceFormatError, match=r"row 14, field 'request_id': duplicate id "
+                       r"'r14'$"):
+        write_trace(tmp_path / "t.parquet", requests, [])
+
+
+def test_read_back_step_columns_have_the_writers_dtypes(tmp_path):
+    steps = make_steps(6)
+    cols = read_trace(write_trace(tmp_path / "t.parquet", [], steps)).step_columns()
+    built = StepColumns.from_records(steps)
+    for name in StepColumns.__dataclass_fields__:
+        if name != "request_ids":
+            assert getattr(cols, name).dtype == getattr(built, name).dtype, name

@@ -532,7 +532,10 @@ def _split_table(table: pa.Table, file: str) -> tuple[RequestColumns, StepColumn
     if index.size > 1:
         # One integer key per (server, rank); a stable sort keeps file order within a key.
         _, server_code = np.unique(server.astype(str), return_inverse=True)
-        keys = server_code.astype(np.int64) * (int(rank.max()) + 1) + (rank - rank.min())
+        # The stride is the span of ranks, not max + 1: a negative rank must not make two
+        # servers' keys collide.
+        low = int(rank.min())
+        keys = server_code.astype(np.int64) * (int(rank.max()) - low + 1) + (rank - low)
         order = np.argsort(keys, kind="stable")
         same = keys[order[1:]] == keys[order[:-1]]
         not_increasing = same & (index[order[1:]] <= index[order[:-1]])
@@ -549,9 +552,17 @@ def _split_table(table: pa.Table, file: str) -> tuple[RequestColumns, StepColumn
 
     # accepted_drafts: at most batch_size entries, each in [0, steps_used], none at steps 0.
     acc_off = np.asarray(acc.offsets.to_numpy(), dtype=np.int64)
-    acc_val = np.asarray(acc.values.to_numpy(zero_copy_only=False), dtype=np.int8)
     acc_off = acc_off - acc_off[0] if acc_off.size else np.zeros(1, dtype=np.int64)
     acc_len = np.diff(acc_off)
+    flat_acc = acc.flatten()
+    if flat_acc.null_count:
+        # A null entry would become an arbitrary int8 (NaN cast), silently.
+        k = _first(np.asarray(flat_acc.is_null().to_numpy(zero_copy_only=False)))
+        i = int(np.repeat(np.arange(acc_len.size), acc_len)[k])
+        raise TraceFormatError(
+            file, int(step_rows[i]), "accepted_drafts", f"entry {k - acc_off[i]} is null"
+        )
+    acc_val = np.asarray(flat_acc.to_numpy(zero_copy_only=False), dtype=np.int8)
     batch = scal["batch_size"]
     steps_used = scal["steps_used"]
     _check(
