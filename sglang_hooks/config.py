@@ -20,6 +20,10 @@ SPECCTL_OFF_PATH            what a step decided 0 runs: ``decode`` (default: the
                             target's plain decode CUDA graph, no draft work; see
                             :mod:`sglang_hooks.offswitch`) or ``sglang`` (SGLang's
                             own steps=0: verify forward plus draft extend)
+SPECCTL_OFF_PREFILL         what a prefill while off runs: ``skip`` (default: the
+                            target alone, as without speculation; the draft holds no
+                            KV for that prompt) or ``draft`` (EAGLE's prefill work too);
+                            read on every TP rank, skipped only if all say ``skip``
 SPECCTL_RECORD              directory: record every step to a Parquet trace
 SPECCTL_RECORD_EXPLORE      ``1``: instead of a controller, cycle through every
                             candidate depth (all ranks in lock-step) while recording
@@ -48,7 +52,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from sglang_hooks.offswitch import OFF_PATHS
+from sglang_hooks.offswitch import OFF_PATHS, OFF_PREFILLS
 
 ACTIVATING = ("SPECCTL_CONTROLLER", "SPECCTL_POLICY", "SPECCTL_RECORD", "SPECCTL_FALLBACK")
 
@@ -80,6 +84,8 @@ class PluginConfig:
     curve_client_cert: str | None = None
     #: What a step decided 0 runs (one of ``offswitch.OFF_PATHS``).
     off_path: str = "decode"
+    #: What a prefill while off runs (one of ``offswitch.OFF_PREFILLS``).
+    off_prefill: str = "skip"
     #: Local decision mode: this exported policy, evaluated in this process (None: the
     #: controller decides); ``profile`` is the features' cost prior, as ``specctl-serve``'s.
     policy: str | None = None
@@ -130,6 +136,7 @@ def from_env(env: Mapping[str, str] | None = None) -> PluginConfig | None:
         curve_server_key=env.get("SPECCTL_CURVE_SERVER_KEY") or None,
         curve_client_cert=env.get("SPECCTL_CURVE_CLIENT_CERT") or None,
         off_path=_off_path(env.get("SPECCTL_OFF_PATH") or "decode"),
+        off_prefill=off_prefill(env),
         policy=policy,
         profile=profile,
     )
@@ -140,6 +147,16 @@ def follower_off_path(env: Mapping[str, str] | None = None) -> str:
     untouched, no extra CUDA graphs) unless ``SPECCTL_OFF_PATH=decode`` is set here too."""
     env = os.environ if env is None else env
     return _off_path(env.get("SPECCTL_OFF_PATH") or "sglang")
+
+
+def off_prefill(env: Mapping[str, str] | None = None) -> str:
+    """``SPECCTL_OFF_PREFILL`` (``skip`` unless set), on any rank: the TP group agrees."""
+    env = os.environ if env is None else env
+    value = env.get("SPECCTL_OFF_PREFILL") or "skip"
+    if value not in OFF_PREFILLS:
+        raise ConfigError(f"SPECCTL_OFF_PREFILL={value!r}: expected one of "
+                          f"{', '.join(OFF_PREFILLS)}")
+    return value
 
 
 def allow_untested(env: Mapping[str, str] | None = None) -> bool:

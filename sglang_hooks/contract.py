@@ -82,6 +82,8 @@ OFF_SWITCH_TARGETS = (
            ("self", "batch", "forward_batch", "pp_proxy_tensors", "is_verify")),
     Method(EAGLE, "EagleDraftWorker", "_draft_extend_for_decode",
            ("self", "batch", "batch_result")),
+    Method(EAGLE, "EagleDraftWorker", "_draft_extend_for_prefill",
+           ("self", "batch", "target_hidden_states", "next_token_ids")),
 )
 
 #: What the off path builds and reads besides its hook targets.
@@ -89,6 +91,9 @@ _OFF_SWITCH = (
     *OFF_SWITCH_TARGETS,
     Method(EAGLE, "EAGLEWorkerV2", "_stub_skipped_draft_extend", ("self", "batch", "batch_output")),
     Method(EAGLE, "EAGLEWorkerV2", "_build_trivial_verify_input", ("self", "batch")),
+    # A prefill while off: the stub draft input is this dataclass, built by keyword.
+    Attributes("sglang.srt.speculative.eagle_info", "EagleDraftInput",
+               ("bonus_tokens", "num_tokens_per_req", "num_tokens_for_logprob_per_req")),
     # steps=0 builds the one-token verify input and runs the draft extend we skip.
     Calls(EAGLE, "EAGLEWorkerV2.forward_batch_generation", (
         "verify_input = self._build_trivial_verify_input(batch)",
@@ -193,6 +198,13 @@ CONTRACTS: dict[str, tuple] = {
         Calls(EAGLE, "EAGLEWorkerV2.verify", (
             "self.target_worker.forward_batch_generation(batch=None, "
             "forward_batch=verify_forward_batch, is_verify=True)",)),
+
+        # A prefill while off: the capture mode is set on the batch, the draft's
+        # prefill extend is called after the target's.
+        Calls(EAGLE, "EAGLEWorkerV2.forward_batch_generation", (
+            "batch.capture_hidden_mode = target_capture_mode",
+            "batch_output = self.target_worker.forward_batch_generation(batch)",
+            "self.draft_worker._draft_extend_for_prefill(")),
     ),
     "0.5.23": (
         *_COMMON,
@@ -206,6 +218,11 @@ CONTRACTS: dict[str, tuple] = {
               ("AdaptiveController(self, AdaptiveSpeculativeParams(initial_steps=",)),
         Method("sglang.srt.speculative.base_spec_worker", "BaseSpecWorker", "target_worker",
                ("self",)),
+        # A prefill while off: the capture mode is a keyword of the target's forward,
+        # the draft's prefill extend is called after it.
+        Calls(EAGLE, "EAGLEWorkerV2._forward_prefill_batch", (
+            "capture_hidden_mode=target_capture_mode",
+            "self.draft_worker._draft_extend_for_prefill(")),
         Calls("sglang.srt.speculative.eagle_worker_common", "run_eagle_verify", (
             "target_worker.forward_batch_generation(batch=None, "
             "forward_batch=verify_forward_batch, is_verify=True,",)),

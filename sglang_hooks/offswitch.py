@@ -6,7 +6,7 @@ kernel and the verify CUDA graph, capturing every hidden state) and then a draft
 extend over the new token. On an H200 that step cost 1.3-2.9x a plain decode step
 (``docs/OFFSWITCH.md``). :class:`OffSwitch` keeps SGLang's own steps=0 bookkeeping
 (trivial verify input, sampling, bonus tokens, the overlap scheduler's result layout)
-and swaps the expensive parts, through four ``HookRegistry`` hooks:
+and swaps the expensive parts, through five ``HookRegistry`` hooks:
 
 ==============================================  ======  ===========================================
 target                                          type    what it does
@@ -17,10 +17,21 @@ EAGLEWorkerV2.verify                            AROUND  on an off step, hide the
                                                         runner, so no verify graph is planned
                                                         and loaded only to go unused
 TpModelWorker.forward_batch_generation          AROUND  on an off step, run the verify forward as
-                                                        a plain decode forward on that runner
+                                                        a plain decode forward on that runner; a
+                                                        prefill while off captures no hidden states
 EagleDraftWorker._draft_extend_for_decode       AROUND  on an off step, skip the draft extend (the
                                                         stubs SGLang's own skip flag writes)
+EagleDraftWorker._draft_extend_for_prefill      AROUND  a prefill while off: skip the draft's
+                                                        extend over the prompt (the same stubs)
 ==============================================  ======  ===========================================
+
+A prefill *while off* (the last decode step ran the off path, and ``SPECCTL_OFF_PREFILL``
+is ``skip``, the default) runs the target alone, as a server without speculation would:
+no capture of the EAGLE-3 layers' hidden states, no draft extend over the prompt. The
+price: the draft holds no KV for that prompt, so if speculation comes back while the
+request runs, its drafts attend to stale slots there (lower acceptance for that request,
+never wrong tokens: the target verifies every draft). ``SPECCTL_OFF_PREFILL=draft`` keeps
+EAGLE's prefill work while off (the draft ready for every request, the prefill slower).
 
 Coming back on: the draft's state after an off step is a stub, so the first step that
 asks for depth > 0 after an off period runs SGLang's own steps=0 path once (a verify
@@ -56,6 +67,8 @@ TP_WORKER = "sglang.srt.managers.tp_worker"
 
 #: Off-path modes (``SPECCTL_OFF_PATH``).
 OFF_PATHS = ("decode", "sglang")
+#: What a prefill while off runs (``SPECCTL_OFF_PREFILL``): the target alone, or EAGLE's too.
+OFF_PREFILLS = ("skip", "draft")
 
 
 class OffSwitch:
@@ -65,11 +78,14 @@ class OffSwitch:
         counters: Where to count off steps, warm-ups and faults (the runtime's counters).
         build: Build the plain decode path at start-up (this rank's ``SPECCTL_OFF_PATH``
             is ``decode``); the TP group then agrees whether to use it.
+        skip_prefill: A prefill while off runs the target alone (``SPECCTL_OFF_PREFILL``
+            is ``skip``); the TP group agrees on this too.
     """
 
-    def __init__(self, counters: Any, build: bool = True) -> None:
+    def __init__(self, counters: Any, build: bool = True, skip_prefill: bool = True) -> None:
         self.counters = counters
         self.build = build
+        self.skip_prefill = skip_prefill
         #: True once the plain decode runner exists (False: steps=0 stays SGLang's).
         self.ready = False
         #: The step being launched was decided 0 and runs the plain decode path.
@@ -81,6 +97,9 @@ class OffSwitch:
         self.runner: Any = None
         #: Whether the last off step's decode forward replayed a CUDA graph.
         self.off_graph = False
+        #: The prefill being run skipped the target's hidden-state capture, so its draft
+        #: extend must be skipped too (set by one hook, read by the next, same thread).
+        self.prefill_skipped = False
 
     # -- decisions (scheduler thread, every decode step) --------------------------------
 
@@ -105,6 +124,12 @@ class OffSwitch:
             return 0
         return steps
 
+    @property
+    def prefill_off(self) -> bool:
+        """A prefill launched now runs the target alone: skipping is on and the last
+        decode step ran the off path (the same on every rank: a function of the choices)."""
+        return self.ready and self.skip_prefill and self.stale
+
     # -- hooks ---------------------------------------------------------------------------
 
     def hook_table(self) -> dict[str, tuple[Any, str]]:
@@ -116,6 +141,8 @@ class OffSwitch:
                 self.around_target_forward, "AROUND"),
             f"{EAGLE}.EagleDraftWorker._draft_extend_for_decode": (
                 self.around_draft_extend, "AROUND"),
+            f"{EAGLE}.EagleDraftWorker._draft_extend_for_prefill": (
+                self.around_draft_prefill, "AROUND"),
         }
 
     def after_init_cuda_graphs(self, result: Any, worker: Any, *args: Any, **kwargs: Any):
@@ -131,7 +158,11 @@ class OffSwitch:
         try:
             from sglang.srt.distributed import get_tp_group
 
-            agreed = all_ranks_agree(built, get_tp_group())
+            group = get_tp_group()
+            agreed = all_ranks_agree(built, group)
+            # A rank that skipped the draft's prefill while another ran it would run
+            # different collectives: skip only if every rank was asked to.
+            self.skip_prefill = all_ranks_agree(self.skip_prefill, group)
         except Exception:
             self.counters["fault_offswitch_agree"] += 1
             log.exception("specctl: the TP group could not agree on the off path")
@@ -170,7 +201,10 @@ class OffSwitch:
 
     def around_target_forward(self, original: Any, tp_worker: Any, *args: Any,
                               **kwargs: Any) -> Any:
-        """AROUND ``TpModelWorker.forward_batch_generation``: off steps decode plainly."""
+        """AROUND ``TpModelWorker.forward_batch_generation``: off steps decode plainly;
+        a prefill while off captures no hidden states."""
+        if not kwargs.get("is_verify"):
+            return self._target_prefill(original, tp_worker, *args, **kwargs)
         forward_batch = kwargs.get("forward_batch")
         if (not self.off_now or not kwargs.get("is_verify") or forward_batch is None
                 or forward_batch.forward_mode.is_idle()
@@ -198,7 +232,46 @@ class OffSwitch:
         self.worker._stub_skipped_draft_extend(batch, batch_result)
         return None
 
+    def around_draft_prefill(self, original: Any, draft_worker: Any, batch: Any,
+                             target_hidden_states: Any, next_token_ids: Any, *args: Any,
+                             **kwargs: Any) -> Any:
+        """AROUND the draft's extend over a prefill: skipped when the target's prefill
+        captured nothing (a prefill while off); returns the draft input SGLang's would,
+        with the stubs of a skipped draft extend."""
+        if not self.prefill_skipped:
+            return original(draft_worker, batch, target_hidden_states, next_token_ids,
+                            *args, **kwargs)
+        self.prefill_skipped = False
+        from sglang.srt.speculative.eagle_info import EagleDraftInput
+
+        draft_input = EagleDraftInput(bonus_tokens=next_token_ids, num_tokens_per_req=1,
+                                      num_tokens_for_logprob_per_req=1)
+        # SGLang's own stubs (shape-valid zeros for the overlap scheduler's future map);
+        # the warm-up step replaces them before drafting resumes.
+        self.worker._stub_skipped_draft_extend(batch, _Result(draft_input))
+        self.counters["off_prefills"] += 1
+        return draft_input
+
     # -- internals -----------------------------------------------------------------------
+
+    def _target_prefill(self, original: Any, tp_worker: Any, *args: Any,
+                        **kwargs: Any) -> Any:
+        """The target's prefill (or any forward that is not a verify): while off, with
+        no hidden-state capture, as a server without speculation runs it."""
+        batch = args[0] if args else kwargs.get("batch")
+        self.prefill_skipped = False
+        if (not self.prefill_off or batch is None or tp_worker is not self.worker.target_worker
+                or not batch.forward_mode.is_extend()):
+            return original(tp_worker, *args, **kwargs)
+        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+
+        if "capture_hidden_mode" in kwargs:  # SGLang 0.5.23 passes it
+            kwargs = {**kwargs, "capture_hidden_mode": CaptureHiddenMode.NULL}
+        else:  # 0.5.15 sets it on the batch, and ForwardBatch.init_new consumes it
+            batch.capture_hidden_mode = CaptureHiddenMode.NULL
+        result = original(tp_worker, *args, **kwargs)
+        self.prefill_skipped = True
+        return result
 
     def _build(self, worker: Any) -> None:
         from sglang.srt.model_executor.runner.decode_cuda_graph_runner import (
@@ -256,6 +329,13 @@ class OffSwitch:
         decode.forward_metadata_ready = False  # planned for the verify graph, not this one
         self.counters["off_forwards"] += 1
         return decode
+
+
+class _Result:
+    """The one field of a batch result that ``_stub_skipped_draft_extend`` fills."""
+
+    def __init__(self, next_draft_input: Any) -> None:
+        self.next_draft_input = next_draft_input
 
 
 def all_ranks_agree(ok: bool, group: Any) -> bool:

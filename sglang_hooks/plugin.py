@@ -82,7 +82,8 @@ def _register_hooks(cfg: config.PluginConfig | None, version: str) -> None:
 
     # Everything that can fail happens before the first registration, so that a
     # failure leaves SGLang untouched rather than half patched.
-    runtime = Runtime(cfg or config.PluginConfig(off_path=config.follower_off_path()),
+    runtime = Runtime(cfg or config.PluginConfig(off_path=config.follower_off_path(),
+                                                off_prefill=config.off_prefill()),
                       version, follower=cfg is None)
     hooks = runtime.hook_table()
     policy_class = make_policy_class(adaptive_spec_params.AdaptiveSpeculativeParams, runtime)

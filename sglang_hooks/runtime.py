@@ -136,7 +136,8 @@ class Runtime:
         self.last_steps = -1
         self.policy: Any = None
         #: What steps=0 runs (every rank has one: the TP group agrees at start-up).
-        self.offswitch = OffSwitch(self.counters, build=cfg.off_path == "decode")
+        self.offswitch = OffSwitch(self.counters, build=cfg.off_path == "decode",
+                                   skip_prefill=cfg.off_prefill == "skip")
         self.is_source = False
         self.client: ControllerClient | None = None
         self.recorder: Any = None

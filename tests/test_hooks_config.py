@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from sglang_hooks import config
 from sglang_hooks.config import ConfigError, PluginConfig, from_env
 
 
@@ -25,6 +26,15 @@ def test_a_full_configuration(tmp_path):
     assert cfg.rule == "table"
 
 
+def test_a_prefill_while_off_skips_the_draft_unless_asked_to_run_it():
+    assert from_env({"SPECCTL_FALLBACK": "sglang"}).off_prefill == "skip"
+    cfg = from_env({"SPECCTL_FALLBACK": "sglang", "SPECCTL_OFF_PREFILL": "draft"})
+    assert cfg.off_prefill == "draft"
+    # A follower rank (no other SPECCTL_* variable) reads the same variable.
+    assert config.off_prefill({}) == "skip"
+    assert config.off_prefill({"SPECCTL_OFF_PREFILL": "draft"}) == "draft"
+
+
 def test_exploration_is_a_record_mode():
     cfg = from_env({"SPECCTL_RECORD": "/tmp/t", "SPECCTL_RECORD_EXPLORE": "1",
                     "SPECCTL_EXPLORE_DWELL": "8"})
@@ -34,6 +44,8 @@ def test_exploration_is_a_record_mode():
 @pytest.mark.parametrize(("env", "message"), [
     ({"SPECCTL_CONTROLLER": "localhost:5557"}, "SPECCTL_CONTROLLER='localhost:5557'"),
     ({"SPECCTL_FALLBACK": "ema"}, "SPECCTL_FALLBACK='ema'"),
+    ({"SPECCTL_FALLBACK": "sglang", "SPECCTL_OFF_PREFILL": "none"},
+     "SPECCTL_OFF_PREFILL='none': expected one of skip, draft"),
     ({"SPECCTL_FALLBACK": "table:{1: 2}"}, "SPECCTL_FALLBACK table is not JSON"),
     ({"SPECCTL_FALLBACK": 'table:{"x": 2}'}, "SPECCTL_FALLBACK table entry 'x'"),
     ({"SPECCTL_FALLBACK": 'table:{"4": -1}'}, "SPECCTL_FALLBACK table entry '4'"),

@@ -8,6 +8,7 @@ is restored, and that the TP group agrees on the path.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import sys
 import types
@@ -26,9 +27,13 @@ class ForwardMode(enum.Enum):
     DECODE = 1
     TARGET_VERIFY = 2
     IDLE = 3
+    EXTEND = 4
 
     def is_idle(self) -> bool:
         return self is ForwardMode.IDLE
+
+    def is_extend(self) -> bool:
+        return self is ForwardMode.EXTEND
 
 
 class CaptureHiddenMode(enum.IntEnum):
@@ -41,6 +46,15 @@ class SpeculativeAlgorithm(enum.Enum):
     EAGLE3 = 1
 
 
+@dataclasses.dataclass
+class EagleDraftInput:
+    """SGLang's dataclass, with the fields a prefill's draft input is built from."""
+
+    bonus_tokens: object = None
+    num_tokens_per_req: int = -1
+    num_tokens_for_logprob_per_req: int = -1
+
+
 @pytest.fixture
 def sglang_stand_ins(monkeypatch):
     """The few SGLang names the off switch imports, as modules of stand-ins."""
@@ -50,6 +64,7 @@ def sglang_stand_ins(monkeypatch):
             "ForwardMode": ForwardMode, "CaptureHiddenMode": CaptureHiddenMode},
         "sglang.srt.speculative": {},
         "sglang.srt.speculative.spec_info": {"SpeculativeAlgorithm": SpeculativeAlgorithm},
+        "sglang.srt.speculative.eagle_info": {"EagleDraftInput": EagleDraftInput},
     }
     for name, attributes in modules.items():
         module = types.ModuleType(name)
@@ -267,8 +282,26 @@ def test_a_rank_asked_not_to_build_still_takes_part_and_stays_off(monkeypatch):
                         lambda ok, group: calls.append(ok) or ok)
     switch = OffSwitch(Counter(), build=False)
     switch.after_init_cuda_graphs(None, SimpleNamespace())
-    assert calls == [False] and not switch.ready and switch.choose(0) == 0
+    # Two agreements, in the same order on every rank: the path, then the prefill skip.
+    assert calls == [False, True] and not switch.ready and switch.choose(0) == 0
     assert not switch.off_now
+
+
+def test_the_prefill_skip_holds_only_if_every_rank_asked_for_it(monkeypatch):
+    module = types.ModuleType("sglang.srt.distributed")
+    module.get_tp_group = lambda: SimpleNamespace(world_size=2, cpu_group=None)
+    monkeypatch.setitem(sys.modules, "sglang.srt.distributed", module)
+    # The other rank built the path but was asked for SPECCTL_OFF_PREFILL=draft.
+    other_rank = {"built": True, "skip": False}
+    answers = iter([other_rank["built"], other_rank["skip"]])
+    monkeypatch.setattr("sglang_hooks.offswitch.all_ranks_agree",
+                        lambda ok, group: ok and next(answers))
+    switch = OffSwitch(Counter(), skip_prefill=True)
+    monkeypatch.setattr(switch, "_build", lambda worker: None)
+    switch.after_init_cuda_graphs(None, SimpleNamespace())
+    assert switch.ready and not switch.skip_prefill
+    switch.choose(0)
+    assert switch.off_now and not switch.prefill_off
 
 
 def test_a_failed_build_is_counted_and_leaves_steps_zero_to_sglang(monkeypatch):
@@ -285,3 +318,84 @@ def test_a_failed_build_is_counted_and_leaves_steps_zero_to_sglang(monkeypatch):
     assert not switch.ready and switch.counters["fault_offswitch_build"] == 1
     switch.choose(0)
     assert not switch.off_now
+
+
+# -- a prefill while off ----------------------------------------------------------------
+
+
+def prefill_batch(mode: ForwardMode = ForwardMode.EXTEND) -> SimpleNamespace:
+    return SimpleNamespace(forward_mode=mode, capture_hidden_mode=CaptureHiddenMode.FULL)
+
+
+def run_prefill(switch: OffSwitch, batch: SimpleNamespace, *, keyword: bool,
+                worker: object = None) -> dict:
+    """One prefill as EAGLEWorkerV2 runs it: the target's forward (the capture mode as a
+    keyword, as 0.5.23 passes it, or on the batch, as 0.5.15 sets it), then the draft's
+    extend over the prompt. Returns what each original saw and what the draft returned."""
+    seen: dict = {"draft_calls": 0}
+
+    def target(tp_worker, batch, **kwargs):
+        seen["capture"] = kwargs.get("capture_hidden_mode", batch.capture_hidden_mode)
+        return SimpleNamespace(next_token_ids="next ids", hidden="captured")
+
+    def draft(draft_worker, batch, hidden, next_ids, *args, **kwargs):
+        seen["draft_calls"] += 1
+        return "draft's own input"
+
+    worker = switch.worker.target_worker if worker is None else worker
+    kwargs = {"capture_hidden_mode": CaptureHiddenMode.FULL} if keyword else {}
+    out = switch.around_target_forward(target, worker, batch, **kwargs)
+    seen["draft_input"] = switch.around_draft_prefill(draft, "draft worker", batch,
+                                                      out.hidden, out.next_token_ids, None)
+    return seen
+
+
+@pytest.mark.parametrize("keyword", [True, False])
+def test_a_prefill_while_off_runs_the_target_alone(sglang_stand_ins, keyword):
+    switch = ready_switch()
+    switch.choose(0)
+    batch = prefill_batch()
+    seen = run_prefill(switch, batch, keyword=keyword)
+    assert seen["capture"] is CaptureHiddenMode.NULL and seen["draft_calls"] == 0
+    draft_input = seen["draft_input"]
+    assert isinstance(draft_input, EagleDraftInput)
+    assert draft_input.bonus_tokens == "next ids"
+    assert (draft_input.num_tokens_per_req, draft_input.num_tokens_for_logprob_per_req) == (1, 1)
+    # SGLang's own stubs fill the rest of the draft input.
+    [(stubbed_batch, result)] = switch.worker.stubbed
+    assert stubbed_batch is batch and result.next_draft_input is draft_input
+    assert switch.counters["off_prefills"] == 1
+    # Coming back on still starts with the warm-up, which gives the draft a real state.
+    assert switch.choose(3) == 0 and switch.choose(3) == 3
+
+
+@pytest.mark.parametrize("case", ["on", "skip_not_asked", "not_ready", "idle", "draft_worker",
+                                  "warm_up_ran"])
+def test_other_prefills_run_eagles_prefill(sglang_stand_ins, case):
+    switch = ready_switch()
+    switch.skip_prefill = case != "skip_not_asked"
+    switch.ready = case != "not_ready"
+    switch.choose(3 if case == "on" else 0)
+    if case == "warm_up_ran":
+        switch.choose(3)  # the warm-up: the draft's state is real again
+    batch = prefill_batch(ForwardMode.IDLE if case == "idle" else ForwardMode.EXTEND)
+    worker = SimpleNamespace(model_runner=None) if case == "draft_worker" else None
+    seen = run_prefill(switch, batch, keyword=True, worker=worker)
+    assert seen["capture"] is CaptureHiddenMode.FULL and seen["draft_calls"] == 1
+    assert seen["draft_input"] == "draft's own input"
+    assert switch.worker.stubbed == [] and switch.counters["off_prefills"] == 0
+
+
+def test_the_draft_prefill_follows_its_own_target_forward_not_a_later_choice(sglang_stand_ins):
+    """The two hooks of one prefill agree even if a decision lands between them."""
+    switch = ready_switch()
+    switch.choose(3)
+    batch = prefill_batch()
+    out = switch.around_target_forward(
+        lambda w, b, **k: SimpleNamespace(next_token_ids="ids", hidden="h"),
+        switch.worker.target_worker, batch)
+    switch.choose(0)  # now off, but this prefill captured hidden states: the draft runs
+    calls = []
+    switch.around_draft_prefill(lambda *a, **k: calls.append(a) or "ran", "draft worker",
+                                batch, out.hidden, out.next_token_ids)
+    assert len(calls) == 1 and switch.counters["off_prefills"] == 0

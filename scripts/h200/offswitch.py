@@ -28,6 +28,7 @@ import json
 import os
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import threading
@@ -52,6 +53,7 @@ SWITCH_SECONDS = float(os.environ.get("SWITCH_SECONDS", "0"))
 PROFILE = os.environ.get("PROFILE") or (
     "h200_qwen3_30b_a3b" if "moe" in MODELS.name else "h200_llama31_8b_recorded")
 GREEDY_PROMPTS, GREEDY_PROMPT_LEN, GREEDY_NEW = 8, 200, 64
+PREFILL_LENGTHS = (256, 1024, 3072)
 
 
 def start(name: str, *, spec: bool, env: dict[str, str]) -> subprocess.Popen:
@@ -207,6 +209,16 @@ def sweep() -> dict:
     return out
 
 
+def prefill_probe(reps: int = 5) -> dict:
+    """The prefill's cost: one request at a time (2 output tokens) per prompt length, TTFT."""
+    out = {}
+    for length in PREFILL_LENGTHS:
+        ttfts = [loadgen.one_batch(URL, 1, prompt=length, output=2,
+                                   seed=300 + length + k)["mean_ttft_ms"] for k in range(reps)]
+        out[str(length)] = {"ttft_ms": ttfts, "median_ttft_ms": statistics.median(ttfts)}
+    return out
+
+
 def headline() -> dict:
     arrivals, prompts, outputs = session.headline_workload()
     return loadgen.replay(URL, arrivals, prompts, outputs)
@@ -224,6 +236,9 @@ def phase_nospec() -> None:
         result["sweep"] = sweep()
         session.log("nospec sweep " + json.dumps({c: v["mean_tpot_ms"]
                                                   for c, v in result["sweep"].items()}))
+        result["prefill"] = prefill_probe()
+        session.log("nospec prefill " + json.dumps(
+            {n: v["median_ttft_ms"] for n, v in result["prefill"].items()}))
         save("nospec", result)
         result["profile"] = profile_decode("nospec")
         save("nospec", result)
@@ -251,7 +266,8 @@ def phase_off() -> None:
     shutil.copy(policies["static_0"], served)
     controller = session.start_controller(served, PROFILE)
     server = start("off", spec=True, env=plugin_env("trace-off"))
-    result: dict = {"model": MODELS.name, "candidates": CANDIDATES}
+    result: dict = {"model": MODELS.name, "candidates": CANDIDATES,
+                    "off_prefill": os.environ.get("SPECCTL_OFF_PREFILL", "skip")}
     try:
         for name in ("static_0", "static_3"):
             session.serve_policy(served, policies[name])
@@ -260,9 +276,17 @@ def phase_off() -> None:
         result["sweep_off"] = sweep()
         session.log("off sweep " + json.dumps({c: v["mean_tpot_ms"]
                                                for c, v in result["sweep_off"].items()}))
+        # A prefill while off (SPECCTL_OFF_PREFILL: skip by default), then with EAGLE's
+        # prefill work (depth 3 served: the first request's prefill may still be off).
+        result["prefill_off"] = prefill_probe()
+        session.log("off prefill " + json.dumps(
+            {n: v["median_ttft_ms"] for n, v in result["prefill_off"].items()}))
         save("off", result)
         result["profile_off"] = profile_decode("off")
         session.serve_policy(served, policies["static_3"])
+        result["prefill_static_3"] = prefill_probe()
+        session.log("static_3 prefill " + json.dumps(
+            {n: v["median_ttft_ms"] for n, v in result["prefill_static_3"].items()}))
         result["profile_static_3"] = profile_decode("static_3")
         session.serve_policy(served, policies["static_0"])
         save("off", result)
@@ -303,6 +327,7 @@ def phase_sim() -> None:
            "SGLANG_SIMULATE_ACC_TOKEN_MODE": TOKEN_MODE}
     server = start("sim", spec=True, env=env)
     result: dict = {"model": MODELS.name, "acceptance": float(ACC), "profile": PROFILE,
+                    "off_prefill": os.environ.get("SPECCTL_OFF_PREFILL", "skip"),
                     "simulate_acc_token_mode": TOKEN_MODE,
                     "policy_sha256": hashlib.sha256(policies["ppo"].read_bytes()).hexdigest()}
     try:
