@@ -199,12 +199,9 @@ CONTRACTS: dict[str, tuple] = {
             "self.target_worker.forward_batch_generation(batch=None, "
             "forward_batch=verify_forward_batch, is_verify=True)",)),
 
-        # A prefill while off: the capture mode is set on the batch, the draft's
-        # prefill extend is called after the target's.
-        Calls(EAGLE, "EAGLEWorkerV2.forward_batch_generation", (
-            "batch.capture_hidden_mode = target_capture_mode",
-            "batch_output = self.target_worker.forward_batch_generation(batch)",
-            "self.draft_worker._draft_extend_for_prefill(")),
+        # A prefill runs the draft's extend over the prompt, which a prefill while off skips.
+        Calls(EAGLE, "EAGLEWorkerV2.forward_batch_generation",
+              ("self.draft_worker._draft_extend_for_prefill(",)),
     ),
     "0.5.23": (
         *_COMMON,
@@ -218,11 +215,9 @@ CONTRACTS: dict[str, tuple] = {
               ("AdaptiveController(self, AdaptiveSpeculativeParams(initial_steps=",)),
         Method("sglang.srt.speculative.base_spec_worker", "BaseSpecWorker", "target_worker",
                ("self",)),
-        # A prefill while off: the capture mode is a keyword of the target's forward,
-        # the draft's prefill extend is called after it.
-        Calls(EAGLE, "EAGLEWorkerV2._forward_prefill_batch", (
-            "capture_hidden_mode=target_capture_mode",
-            "self.draft_worker._draft_extend_for_prefill(")),
+        # A prefill runs the draft's extend over the prompt, which a prefill while off skips.
+        Calls(EAGLE, "EAGLEWorkerV2._forward_prefill_batch",
+              ("self.draft_worker._draft_extend_for_prefill(",)),
         Calls("sglang.srt.speculative.eagle_worker_common", "run_eagle_verify", (
             "target_worker.forward_batch_generation(batch=None, "
             "forward_batch=verify_forward_batch, is_verify=True,",)),

@@ -17,8 +17,7 @@ EAGLEWorkerV2.verify                            AROUND  on an off step, hide the
                                                         runner, so no verify graph is planned
                                                         and loaded only to go unused
 TpModelWorker.forward_batch_generation          AROUND  on an off step, run the verify forward as
-                                                        a plain decode forward on that runner; a
-                                                        prefill while off captures no hidden states
+                                                        a plain decode forward on that runner
 EagleDraftWorker._draft_extend_for_decode       AROUND  on an off step, skip the draft extend (the
                                                         stubs SGLang's own skip flag writes)
 EagleDraftWorker._draft_extend_for_prefill      AROUND  a prefill while off: skip the draft's
@@ -26,8 +25,8 @@ EagleDraftWorker._draft_extend_for_prefill      AROUND  a prefill while off: ski
 ==============================================  ======  ===========================================
 
 A prefill *while off* (the last decode step ran the off path, and ``SPECCTL_OFF_PREFILL``
-is ``skip``, the default) runs the target alone, as a server without speculation would:
-no capture of the EAGLE-3 layers' hidden states, no draft extend over the prompt. The
+is ``skip``, the default) skips the draft's extend over the prompt, so that it costs
+what a server without speculation pays, within the hidden-state capture. The
 price: the draft holds no KV for that prompt, so if speculation comes back while the
 request runs, its drafts attend to stale slots there (lower acceptance for that request,
 never wrong tokens: the target verifies every draft). ``SPECCTL_OFF_PREFILL=draft`` keeps
@@ -97,9 +96,6 @@ class OffSwitch:
         self.runner: Any = None
         #: Whether the last off step's decode forward replayed a CUDA graph.
         self.off_graph = False
-        #: The prefill being run skipped the target's hidden-state capture, so its draft
-        #: extend must be skipped too (set by one hook, read by the next, same thread).
-        self.prefill_skipped = False
 
     # -- decisions (scheduler thread, every decode step) --------------------------------
 
@@ -201,10 +197,7 @@ class OffSwitch:
 
     def around_target_forward(self, original: Any, tp_worker: Any, *args: Any,
                               **kwargs: Any) -> Any:
-        """AROUND ``TpModelWorker.forward_batch_generation``: off steps decode plainly;
-        a prefill while off captures no hidden states."""
-        if not kwargs.get("is_verify"):
-            return self._target_prefill(original, tp_worker, *args, **kwargs)
+        """AROUND ``TpModelWorker.forward_batch_generation``: off steps decode plainly."""
         forward_batch = kwargs.get("forward_batch")
         if (not self.off_now or not kwargs.get("is_verify") or forward_batch is None
                 or forward_batch.forward_mode.is_idle()
@@ -235,13 +228,15 @@ class OffSwitch:
     def around_draft_prefill(self, original: Any, draft_worker: Any, batch: Any,
                              target_hidden_states: Any, next_token_ids: Any, *args: Any,
                              **kwargs: Any) -> Any:
-        """AROUND the draft's extend over a prefill: skipped when the target's prefill
-        captured nothing (a prefill while off); returns the draft input SGLang's would,
-        with the stubs of a skipped draft extend."""
-        if not self.prefill_skipped:
+        """AROUND the draft's extend over a prefill: skipped while off; returns the draft
+        input SGLang's would, with the stubs of a skipped draft extend.
+
+        The target's prefill still captures the EAGLE-3 layers' hidden states: its
+        prefill CUDA graphs were captured that way, and a prefill without capture missed
+        them and ran eagerly (+45 ms per prefill on the H200 MoE, run 5)."""
+        if not self.prefill_off or batch.forward_mode.is_idle():
             return original(draft_worker, batch, target_hidden_states, next_token_ids,
                             *args, **kwargs)
-        self.prefill_skipped = False
         from sglang.srt.speculative.eagle_info import EagleDraftInput
 
         draft_input = EagleDraftInput(bonus_tokens=next_token_ids, num_tokens_per_req=1,
@@ -253,25 +248,6 @@ class OffSwitch:
         return draft_input
 
     # -- internals -----------------------------------------------------------------------
-
-    def _target_prefill(self, original: Any, tp_worker: Any, *args: Any,
-                        **kwargs: Any) -> Any:
-        """The target's prefill (or any forward that is not a verify): while off, with
-        no hidden-state capture, as a server without speculation runs it."""
-        batch = args[0] if args else kwargs.get("batch")
-        self.prefill_skipped = False
-        if (not self.prefill_off or batch is None or tp_worker is not self.worker.target_worker
-                or not batch.forward_mode.is_extend()):
-            return original(tp_worker, *args, **kwargs)
-        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
-
-        if "capture_hidden_mode" in kwargs:  # SGLang 0.5.23 passes it
-            kwargs = {**kwargs, "capture_hidden_mode": CaptureHiddenMode.NULL}
-        else:  # 0.5.15 sets it on the batch, and ForwardBatch.init_new consumes it
-            batch.capture_hidden_mode = CaptureHiddenMode.NULL
-        result = original(tp_worker, *args, **kwargs)
-        self.prefill_skipped = True
-        return result
 
     def _build(self, worker: Any) -> None:
         from sglang.srt.model_executor.runner.decode_cuda_graph_runner import (
