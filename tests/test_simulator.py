@@ -240,6 +240,34 @@ def test_off_period_reentry_penalty_and_lasting_loss():
     assert lasting[:6] == [1, 2, 2] * 2
 
 
+@pytest.mark.parametrize("skip", [True, False])
+def test_a_prefill_while_off_skips_the_draft_extend_and_leaves_its_requests_stale(skip):
+    """As the plugin's ``SPECCTL_OFF_PREFILL=skip``: a prefill after an off step costs no
+    draft extend, and its request drafts from stale KV once speculation is back."""
+    workload = _Workload(np.array([0.0, 0.02]), np.array([5, 7]), np.array([400, 400]))
+    config = SchedulerConfig(cold_recovery_accept_fraction=1.0, stale_accept_loss=0.5,
+                             skip_prefill_while_off=skip)
+    sim = Simulator(_LinearCost(), _ConstantAcceptance(4), workload, config, seed=0)
+    prefills, accepted = [], []
+    while not sim.done and len(accepted) < 3:
+        records = sim.advance()
+        prefills += [r for r in records if not r.is_decode]
+        if sim.done:
+            break
+        second_joined = len(prefills) == 2
+        record = sim.decode(4 if second_joined else 0)
+        if record.steps_used and record.batch_size == 2:
+            accepted.append(record.accepted_drafts.tolist())
+    first, second = prefills
+    # The first prefill came before any off step: the draft's extend ran.
+    assert first.step_latency_s == pytest.approx(_LinearCost().step_latency_s(
+        0, 0, first.kv_used_tokens, 5, draft_extend=True))
+    assert second.step_latency_s == pytest.approx(_LinearCost().step_latency_s(
+        0, 0, second.kv_used_tokens, 7, draft_extend=not skip))
+    # The first request decoded while off: stale either way; the second only if skipped.
+    assert accepted == [[2, 2 if skip else 4]] * 3
+
+
 def test_bad_zero_step_mode_is_rejected():
     with pytest.raises(ValueError, match="zero_step"):
         SchedulerConfig(zero_step="steps0")

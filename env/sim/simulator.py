@@ -29,7 +29,10 @@ model follows SGLang's default scheduler:
     (its accepted drafts scaled by ``cold_recovery_accept_fraction``) and the
     requests that decoded while off keep stale draft KV entries: their
     acceptance stays scaled by ``1 - stale_accept_loss`` until they finish or
-    are re-prefilled.
+    are re-prefilled. A prefill after an off step skips the draft's extend over the
+    prompt, as the plugin does (``SPECCTL_OFF_PREFILL=skip``): it costs what it costs
+    without speculation, and its requests start with stale draft KV
+    (``skip_prefill_while_off``).
   - ``sglang_steps0``: SGLang's own ``steps=0``, still on the speculative path
     (``c_steps0`` terms) and, by default, running the draft extend (its cost is
     paid, speculation resumes warm). With ``skip_zero_step_draft_extend`` the
@@ -80,6 +83,10 @@ class SchedulerConfig:
     cold_recovery_accept_fraction: float = 0.5
     #: Lasting acceptance loss of requests that decoded while speculation was off.
     stale_accept_loss: float = 0.0
+    #: ``zero_step="off"`` only: a prefill after an off step runs without the draft's
+    #: extend over the prompt (the plugin's ``SPECCTL_OFF_PREFILL=skip``, its default), so
+    #: its requests keep stale draft KV like those that decoded while off.
+    skip_prefill_while_off: bool = True
 
     def __post_init__(self) -> None:
         if self.zero_step not in ZERO_STEP_MODES:
@@ -563,7 +570,10 @@ class Simulator:
                 break
             self._pop_waiting()
             prefill(rid, length)
-        latency = self.profile.step_latency_s(0, 0, kv_before, prefill_tokens, draft_extend=True)
+        skip_draft = (cfg.zero_step == "off" and cfg.skip_prefill_while_off
+                      and self._stale_draft)
+        latency = self.profile.step_latency_s(0, 0, kv_before, prefill_tokens,
+                                              draft_extend=not skip_draft)
         record = StepRecord(
             server=self.server, rank=0, step_index=self.step_index, time_s=self.time_s,
             batch_size=batch, waiting_requests=waiting_before, running_requests=running_before,
@@ -574,11 +584,12 @@ class Simulator:
         self.kv_used += prefill_tokens
         self.time_s += latency
         self.step_index += 1
-        self._start_decoding(completed)
+        self._start_decoding(completed, stale_draft=skip_draft)
         return record
 
-    def _start_decoding(self, rids: list[int]) -> None:
-        """Requests whose prefill finished: emit their first token and join the batch."""
+    def _start_decoding(self, rids: list[int], stale_draft: bool = False) -> None:
+        """Requests whose prefill finished: emit their first token and join the batch
+        (``stale_draft``: the draft's extend over their prompt was skipped)."""
         if not rids:
             return
         r = self.requests
@@ -592,7 +603,8 @@ class Simulator:
         self._run_rid[n:n + k] = ids
         self._run_pos[n:n + k] = r.acc_base[ids] + r.generated[ids]
         self._run_rem[n:n + k] = r.output[ids] - r.generated[ids]
-        self._run_stale[n:n + k] = 0  # a (re-)prefill writes fresh draft KV entries
+        # A (re-)prefill writes fresh draft KV entries, unless its draft extend was skipped.
+        self._run_stale[n:n + k] = 1 if stale_draft else 0
         self._n_run = n + k
         done = r.generated[ids] >= r.output[ids]
         if done.any():
