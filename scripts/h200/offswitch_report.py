@@ -26,13 +26,16 @@ from env.traces.trace_format import read_trace
 #: Runs 1-2 (dense) and 1 (MoE): the off switch at commit 81e6690; run 3: at 4cc857b (the
 #: verify graph no longer planned on off steps; followers, dwell, lean hooks and the rest
 #: of that day's plugin work included), three one-batch sweeps per C. Run 4: the MoE on the
-#: same code as run 3 (2026-12-01, second session), three sweeps per C.
+#: same code as run 3 (2026-12-01, second session), three sweeps per C. Run 5: the MoE
+#: with a prefill while off skipping the draft's extend (``SPECCTL_OFF_PREFILL=skip``,
+#: 2026-12-01, third session), three sweeps per C.
 PAIRS = (
     ("llama31_8b", "dense_nospec_run1.json", "dense_off_run1.json", 1),
     ("llama31_8b", "dense_nospec_run2.json", "dense_off_run2.json", 2),
     ("llama31_8b", "dense_nospec_run3.json", "dense_off_run3.json", 3),
     ("qwen3_30b_a3b", "moe_nospec.json", "moe_off.json", 1),
     ("qwen3_30b_a3b", "moe_nospec_run4.json", "moe_off_run4.json", 4),
+    ("qwen3_30b_a3b", "moe_nospec_run5.json", "moe_off_run5.json", 5),
 )
 #: (key, no-speculation result, replay result with the plugin) per headline: the newest
 #: run of each cell (code at 4cc857b, the retrained default policy). SGLang's simulated
@@ -41,19 +44,27 @@ PAIRS = (
 #: request to the same experts and makes steps cheap, so only the real-token run compares
 #: with the no-speculation server (``docs/OFFSWITCH.md``).
 HEADLINES = (
-    ("llama31_8b@3.5", "dense_nospec_run1.json", "dense_acc3.5_replay_run2.json"),
-    ("qwen3_30b_a3b@1.1", "moe_nospec_run2.json", "moe_acc1.1_replay_realtokens.json"),
-    ("qwen3_30b_a3b@1.1 (token 100)", "moe_nospec_run2.json", "moe_acc1.1_replay_run2.json"),
-    ("qwen3_30b_a3b@2.5 (token 100)", "moe_nospec_run2.json", "moe_acc2.5_replay.json"),
-    # Run 4: the policy shipped now (sha256 fb769766...), real tokens on the MoE
-    # (SGLANG_SIMULATE_ACC_TOKEN_MODE=real-draft-token), against the no-speculation
-    # server of run 4's first lease.
+    # Run 5 (the newest: the keys without a run): the policy shipped now (sha256
+    # fb769766...), a prefill while off skipping the draft's extend, real tokens on the MoE
+    # (SGLANG_SIMULATE_ACC_TOKEN_MODE=real-draft-token), against the no-speculation server
+    # of the same lease (the dense one: run 1's, the dense model had no lease this time).
+    ("qwen3_30b_a3b@2.5", "moe_nospec_run5.json", "moe_acc2.5_replay_run5.json"),
+    ("qwen3_30b_a3b@1.1", "moe_nospec_run5.json", "moe_acc1.1_replay_run5.json"),
+    ("llama31_8b@3.5", "dense_nospec_run1.json", "dense_acc3.5_replay_run5.json"),
+    # The off path alone (constant policy 0, no simulated acceptance: real tokens).
+    ("qwen3_30b_a3b, off path", "moe_nospec_run5.json", "moe_off_run5.json"),
+    # Run 4: the same policy, EAGLE's prefill work still run while off.
     ("qwen3_30b_a3b@2.5 (run 4)", "moe_nospec_run4.json", "moe_acc2.5_replay_run4.json"),
     ("qwen3_30b_a3b@1.1 (run 4)", "moe_nospec_run4.json", "moe_acc1.1_replay_run4.json"),
     ("llama31_8b@3.5 (run 4)", "dense_nospec_run1.json", "dense_acc3.5_replay_run4.json"),
-    # Run 4: the off path alone (constant policy 0, no simulated acceptance: real tokens)
-    # against the no-speculation server of the same lease.
     ("qwen3_30b_a3b, off path (run 4)", "moe_nospec_run4.json", "moe_off_run4.json"),
+    # Runs 2-3: the policy before (code at 4cc857b).
+    ("llama31_8b@3.5 (run 2)", "dense_nospec_run1.json", "dense_acc3.5_replay_run2.json"),
+    ("qwen3_30b_a3b@1.1 (run 3, real tokens)", "moe_nospec_run2.json",
+     "moe_acc1.1_replay_realtokens.json"),
+    ("qwen3_30b_a3b@1.1 (run 2, token 100)", "moe_nospec_run2.json",
+     "moe_acc1.1_replay_run2.json"),
+    ("qwen3_30b_a3b@2.5 (run 2, token 100)", "moe_nospec_run2.json", "moe_acc2.5_replay.json"),
 )
 #: The same cells from the first session (code at 81e6690, the policy trained before it).
 FIRST_HEADLINES = (
@@ -63,7 +74,8 @@ FIRST_HEADLINES = (
 TRACES = (("llama31_8b", "dense_off_trace.tar.gz"),
           ("llama31_8b run 3", "dense_off_trace_run3.tar.gz"),
           ("qwen3_30b_a3b", "moe_off_trace.tar.gz"),
-          ("qwen3_30b_a3b run 4", "moe_off_trace_run4.tar.gz"))
+          ("qwen3_30b_a3b run 4", "moe_off_trace_run4.tar.gz"),
+          ("qwen3_30b_a3b run 5", "moe_off_trace_run5.tar.gz"))
 CANDIDATES = [0, 1, 3, 5]  # offswitch.py's adaptive config; explored with dwell 1
 
 
