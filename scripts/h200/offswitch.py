@@ -209,13 +209,14 @@ def sweep() -> dict:
     return out
 
 
-def prefill_probe(reps: int = 5) -> dict:
+def prefill_probe(name: str, reps: int = 5) -> dict:
     """The prefill's cost: one request at a time (2 output tokens) per prompt length, TTFT."""
     out = {}
     for length in PREFILL_LENGTHS:
         ttfts = [loadgen.one_batch(URL, 1, prompt=length, output=2,
                                    seed=300 + length + k)["mean_ttft_ms"] for k in range(reps)]
         out[str(length)] = {"ttft_ms": ttfts, "median_ttft_ms": statistics.median(ttfts)}
+    session.log(f"{name} prefill " + json.dumps({n: v["median_ttft_ms"] for n, v in out.items()}))
     return out
 
 
@@ -236,9 +237,7 @@ def phase_nospec() -> None:
         result["sweep"] = sweep()
         session.log("nospec sweep " + json.dumps({c: v["mean_tpot_ms"]
                                                   for c, v in result["sweep"].items()}))
-        result["prefill"] = prefill_probe()
-        session.log("nospec prefill " + json.dumps(
-            {n: v["median_ttft_ms"] for n, v in result["prefill"].items()}))
+        result["prefill"] = prefill_probe("nospec")
         save("nospec", result)
         result["profile"] = profile_decode("nospec")
         save("nospec", result)
@@ -278,15 +277,11 @@ def phase_off() -> None:
                                                for c, v in result["sweep_off"].items()}))
         # A prefill while off (SPECCTL_OFF_PREFILL: skip by default), then with EAGLE's
         # prefill work (depth 3 served: the first request's prefill may still be off).
-        result["prefill_off"] = prefill_probe()
-        session.log("off prefill " + json.dumps(
-            {n: v["median_ttft_ms"] for n, v in result["prefill_off"].items()}))
+        result["prefill_off"] = prefill_probe("off")
         save("off", result)
         result["profile_off"] = profile_decode("off")
         session.serve_policy(served, policies["static_3"])
-        result["prefill_static_3"] = prefill_probe()
-        session.log("static_3 prefill " + json.dumps(
-            {n: v["median_ttft_ms"] for n, v in result["prefill_static_3"].items()}))
+        result["prefill_static_3"] = prefill_probe("static_3")
         result["profile_static_3"] = profile_decode("static_3")
         session.serve_policy(served, policies["static_0"])
         save("off", result)
