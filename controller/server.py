@@ -54,7 +54,7 @@ from controller.wire import (
     encode_decision,
     encode_policy,
 )
-from env.features import FeatureBuilder, observation_grids
+from env.features import FeatureBuilder, observation_grids, warm_up
 from env.traces.schema import StepRecord
 
 log = logging.getLogger(__name__)
@@ -158,6 +158,8 @@ class ControllerServer:
         # the CPU of one thread for the same product (measured: 1,330 rows, 4.7 ms of
         # CPU vs 0.33 ms). The daemon's process answers many streams: one thread each.
         threadpool_limits(1, user_api="blas")
+        # The compiled features load (or compile) now, not while the first servers wait.
+        warm_up(holder.policy.feature_spec, cost_prior)
         self.holder = holder
         # The servers' cost profile: the feature module's latency prior (see env.features).
         self.cost_prior = cost_prior

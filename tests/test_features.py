@@ -18,6 +18,15 @@ def _layouts_built_afresh():
     features._layout.cache_clear()
 
 
+@pytest.fixture(autouse=True, params=["numpy", "compiled"])
+def backend(request, monkeypatch):
+    """Every test here runs on both implementations (the compiled one needs numba)."""
+    if request.param == "compiled":
+        pytest.importorskip("numba")
+    monkeypatch.setenv(features.BACKEND_VARIABLE, request.param)
+    return request.param
+
+
 def _record(i: int, batch: int, depth: int, accepted: np.ndarray, latency: float,
             kv: int = 50_000, prefill: int = 0) -> StepRecord:
     return StepRecord(server="t", rank=0, step_index=i, time_s=0.01 * i, batch_size=batch,
@@ -104,6 +113,10 @@ def test_batching_refuses_builders_with_other_specs_or_profiles():
         observation_grids([FeatureBuilder(), FeatureBuilder(FeatureSpec(max_depth=5))])
     with pytest.raises(ValueError, match="share the feature spec and the cost profile"):
         observation_grids([FeatureBuilder(), FeatureBuilder(None, profile)])
+    if features.compiled_available():
+        with pytest.raises(ValueError, match=r"\(and the backend\)$"):
+            observation_grids([FeatureBuilder(backend="numpy"),
+                               FeatureBuilder(backend="compiled")])
 
 
 def test_batching_no_builders_is_a_clear_error():
