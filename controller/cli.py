@@ -29,6 +29,7 @@ from controller.policy_file import PolicyFileError  # noqa: E402
 from controller.reload import PolicyHolder  # noqa: E402
 from controller.security import CurveConfig, UnsafeEndpointError  # noqa: E402
 from controller.server import ControllerServer, ServeOptions  # noqa: E402
+from controller.streams import keep_freed_memory  # noqa: E402
 from env.sim.cost_model import load_profile  # noqa: E402
 
 log = logging.getLogger("specctl.serve")
@@ -106,6 +107,7 @@ def serve(cfg: DictConfig, stop: threading.Event | None = None) -> int:
 @hydra_app("serve", prog="specctl-serve")
 def main(cfg: DictConfig) -> None:
     """Console entry point (``specctl-serve``)."""
+    keep_freed_memory()  # process-wide: this process is the daemon's alone
     code = serve(cfg)
     if code:
         sys.exit(code)

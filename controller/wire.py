@@ -428,9 +428,10 @@ def _make_fast_decoder():
                 or m.accepted_drafts_count != len(accepted) or len(accepted) > m.batch_size
                 or accepted.translate(None, _UP_TO[steps])):  # an entry above steps_used
             return None
-        # Every entry is in 0..steps: the sum from a few C-level counts (not 1 per entry).
-        total = (sum(v * accepted.count(v) for v in range(1, steps + 1)) if steps < 16
-                 else sum(accepted))
+        # Every entry is in 0..steps: a short batch summed directly (0.3 us for 32), a
+        # long one from a few C-level counts (not 1 per entry: 3 us for 1,024, not 6).
+        total = (sum(accepted) if len(accepted) <= 192 or steps >= 16
+                 else sum(v * accepted.count(v) for v in range(1, steps + 1)))
         if m.accepted_drafts_sum != total:
             return None
         return StepRecord(  # positional: StepRecord's field order

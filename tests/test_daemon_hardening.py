@@ -597,3 +597,13 @@ def test_after_a_slow_round_fewer_records_are_folded(policy_path):
     finally:
         sock.close()
         server.close()
+
+
+def test_the_daemon_keeps_freed_memory_for_reuse():
+    """specctl-serve's allocator settings are all accepted where glibc is (mallopt refuses
+    an out-of-range value: then this is False)."""
+    from controller import streams
+
+    if streams._mallopt is None:
+        pytest.skip("not glibc")
+    assert streams.keep_freed_memory() is True
