@@ -175,6 +175,10 @@ class PolicyPush:
 # -- encoding ------------------------------------------------------------------
 
 _pack = msgpack.Packer(use_bin_type=True).pack
+_DECISION = int(Kind.DECISION)
+#: A DECISION's items (a tuple) -> bytes: msgspec's encoder writes msgpack's bytes in a
+#: fifth of the time (0.27 vs 1.3 us here); msgpack where msgspec is missing.
+_encode_decision = msgspec.msgpack.Encoder().encode if msgspec is not None else _pack
 
 
 def encode_hello(hello: Hello) -> bytes:
@@ -232,10 +236,10 @@ def encode_step(record: StepRecord) -> bytes:
 
 def encode_decision(decision: Decision) -> bytes:
     """One DECISION frame."""
-    return _pack([
-        WIRE_VERSION, Kind.DECISION, decision.seq, decision.apply_from_step, decision.policy,
-        0 if decision.is_fallback else 1, list(decision.batch_grid), list(decision.steps),
-    ])
+    return _encode_decision((
+        WIRE_VERSION, _DECISION, decision.seq, decision.apply_from_step, decision.policy,
+        1 if decision.steps else 0, decision.batch_grid, decision.steps,
+    ))
 
 
 def encode_policy(push: PolicyPush) -> bytes:
