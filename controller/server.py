@@ -494,14 +494,14 @@ class ControllerServer:
         None for the failed ones): one stream must not cost the others their answer."""
         folded = []
         for stream, count in zip(streams, folds, strict=True):
-            backlog, builder = stream.backlog, stream.builder
+            backlog, update = stream.backlog, stream.builder.update
             try:
                 for _ in range(min(count, len(backlog))):
                     record = backlog.popleft()
                     stream.answering = record.step_index
                     if record.prefill_tokens == 0:
                         stream.batch_size = record.batch_size
-                    builder.update(record)
+                    update(record)
                 folded.append(True)
             except Exception:  # a bug, or a record the estimators cannot take
                 self._reset_failed(stream)

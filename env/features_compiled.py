@@ -130,7 +130,7 @@ def _solve(state, params, has_prior):
 
 
 @njit(cache=True)
-def _fold(state, params, has_prior, is_decode, batch_size, waiting, kv_use, kv_tokens,
+def _fold(state, params, has_prior, is_decode, batch_size, waiting, kv_tokens, kv_capacity,
           steps_used, accepted, latency_s, prior_ms):
     """``FeatureBuilder.update`` on the state vector (``prior_ms``: the cost profile's
     latency of this step, ms, when ``has_prior``)."""
@@ -138,7 +138,8 @@ def _fold(state, params, has_prior, is_decode, batch_size, waiting, kv_use, kv_t
     tri, suc, smp, mom, _, _ = _offsets_jit(depth)
     alpha = params[_P_ALPHA]
     state[_WAITING] = waiting
-    state[_KV_USE] = kv_use
+    # StepRecord.kv_use (exact integers: the same quotient as Python's int / int)
+    state[_KV_USE] = 0.0 if kv_capacity <= 0 else min(1.0, kv_tokens / kv_capacity)
     state[_KV_TOKENS] = kv_tokens
     is_prefill = 0.0 if is_decode else 1.0
     state[_PREFILL_SHARE] += alpha * (is_prefill - state[_PREFILL_SHARE])
@@ -345,24 +346,19 @@ class CompiledFeatureBuilder(FeatureBuilder):
         """Fold one step record into the estimators."""
         self._new_records.append(record)
         accepted = record.accepted_drafts
-        if type(accepted) is not np.ndarray or accepted.dtype.kind not in "iu":
-            accepted = np.asarray(accepted)
-            if accepted.size == 0:  # of any type, as np.bincount takes it
-                accepted = _NO_DRAFTS
-            elif accepted.dtype.kind not in "iu":  # np.bincount's error too
-                raise TypeError(f"accepted_drafts must hold integers, got {accepted.dtype}")
-        steps = record.steps_used
-        batch = record.batch_size
+        if type(accepted) is not np.ndarray or accepted.dtype is not _INT8:
+            accepted = _drafts(accepted)
         is_decode = record.prefill_tokens == 0
         prior_ms = 0.0
-        if (self.cost_prior is not None and is_decode and record.step_latency_s > 0.0):
-            clamped = min(max(steps, 0), self.spec.max_depth)
+        has_prior = self.cost_prior is not None
+        if has_prior and is_decode and record.step_latency_s > 0.0:
+            steps = min(max(record.steps_used, 0), self.spec.max_depth)
             prior_ms = 1e3 * self.cost_prior.step_latency_s(
-                max(batch, 1), clamped, record.kv_used_tokens, 0,
-                draft_extend=clamped > 0, speculative_path=clamped > 0)
-        _fold(self._state, self._params, self.cost_prior is not None, is_decode, batch,
-              record.waiting_requests, record.kv_use, record.kv_used_tokens, steps,
-              accepted, record.step_latency_s, prior_ms)
+                max(record.batch_size, 1), steps, record.kv_used_tokens, 0,
+                draft_extend=steps > 0, speculative_path=steps > 0)
+        _fold(self._state, self._params, has_prior, is_decode, record.batch_size,
+              record.waiting_requests, record.kv_used_tokens, record.kv_capacity_tokens,
+              record.steps_used, accepted, record.step_latency_s, prior_ms)
 
     @staticmethod
     def _batch(builders, batch_sizes: np.ndarray) -> _Batch:
@@ -452,4 +448,16 @@ class CompiledFeatureBuilder(FeatureBuilder):
 
 
 _NO_PRIOR = np.zeros((1, 1, 1))
-_NO_DRAFTS = np.zeros(0, dtype=np.int8)
+_INT8 = np.dtype(np.int8)
+_NO_DRAFTS = np.zeros(0, dtype=_INT8)
+
+
+def _drafts(accepted) -> np.ndarray:
+    """Accepted drafts that are not already an int8 array, as np.bincount takes them:
+    an integer array (of any integer type), or empty (of any type)."""
+    accepted = np.asarray(accepted)
+    if accepted.size == 0:
+        return _NO_DRAFTS
+    if accepted.dtype.kind not in "iu":  # np.bincount's error too
+        raise TypeError(f"accepted_drafts must hold integers, got {accepted.dtype}")
+    return accepted
