@@ -101,11 +101,12 @@ class ServeOptions:
     #: first answered records in one batch, their second in the next, ...). An older
     #: answer is of no use to the plugin once a newer one arrived; without it, a step
     #: whose telemetry shared a poll with its successor's (a daemon late by more than a
-    #: step) has no answer of its own. Default 1, the latest only: a daemon short of CPU
-    #: that answers more falls further behind (8 servers x 1 kHz on the shared 2-core
-    #: machine: 4 answers took the round trip from 1.4 ms to 7.6 ms p50, and the steps
-    #: answered from 71% to 63%). Always 1 after a slow round (``overload_busy_s``).
-    answers_per_poll: int = 1
+    #: step) has no answer of its own. Default 4: with the compiled features an answer
+    #: costs little enough (8 servers x 1 kHz on the shared 2-core machine, load 6: 97-99%
+    #: of steps answered at 0.95 cores, against 65% at 0.6 answering only the latest;
+    #: with the numpy features 4 answers had made it worse, 71% -> 63%). Always 1 after a
+    #: slow round (``overload_busy_s``): a daemon short of CPU answers only the latest.
+    answers_per_poll: int = 4
     log_every_s: float = 60.0
     curve: CurveConfig | None = None
     #: Users besides the daemon's own who may connect to an ipc:// endpoint.
