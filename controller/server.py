@@ -8,9 +8,10 @@ observations are built exactly as in training.
 Every poll drains all pending frames, folds each stream's records into its
 builder, then evaluates the policy once for all streams that sent telemetry:
 one batched MLP forward over every stream's ``observation_grid()`` (a row per
-batch-size grid value). Each of those streams gets one DECISION, answering its
-latest record (latest wins; ``answers_per_poll`` > 1 answers up to that many of its
-latest records, in rounds, each as local mode would): steps per grid value, restricted
+batch-size grid value). Each of those streams gets a DECISION for each of its latest
+``answers_per_poll`` records (older ones are folded unanswered; an earlier record is
+evaluated on a copy of the features as they were after it, in the same batch, so each
+gets the decision local mode would make on it): steps per grid value, restricted
 to the steps the server offers (its HELLO), ``apply_from_step = step_index +
 DECISION_LAG``.
 In shadow mode the decision is computed and logged but the reply says "use
@@ -29,6 +30,7 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass
 from itertools import compress as compress_
+from typing import NamedTuple
 
 import numpy as np
 import zmq
@@ -97,8 +99,8 @@ class ServeOptions:
     overload_records_per_poll: int = 2
     #: Records of one stream answered per poll at most (its latest ones; the older ones
     #: are folded without an answer): each gets the decision the policy makes on the
-    #: telemetry up to it, as local mode decides, computed in rounds (the streams'
-    #: first answered records in one batch, their second in the next, ...). An older
+    #: telemetry up to it, as local mode decides, all in one batched evaluation (an
+    #: earlier record's from a copy of the stream's features after it). An older
     #: answer is of no use to the plugin once a newer one arrived; without it, a step
     #: whose telemetry shared a poll with its successor's (a daemon late by more than a
     #: step) has no answer of its own. Default 4: with the compiled features an answer
@@ -135,6 +137,16 @@ class _Stream:
         self.received = 0.0
         self.deciding = ""  # local mode: digest of the policy the server decides with
         self.pushed = ""  # digest of the policy last pushed to this stream's connection
+
+
+class _Answer(NamedTuple):
+    """One record to answer: its stream, the features after it (None: folding failed),
+    the record, and the batch size the decision's current steps are counted at."""
+
+    stream: _Stream
+    builder: FeatureBuilder | None
+    record: StepRecord
+    batch_size: int
 
 
 class ControllerServer:
@@ -409,8 +421,9 @@ class ControllerServer:
 
     def decide(self, pending: dict[StreamKey, _Stream]) -> list[tuple[_Stream, Decision]]:
         """The decisions for the streams in ``pending``: the latest
-        ``answers_per_poll`` records of each answered, in order, in rounds of one batched
-        policy evaluation each."""
+        ``answers_per_poll`` records of each answered, in order, all in one batched policy
+        evaluation (an earlier record's answer from a copy of its stream's features as
+        they were after it: the decision local mode makes on that record)."""
         if not pending:
             self.metrics.telemetry.inc(self._telemetry_folded)  # accepted, then its stream failed
             self._telemetry_folded = 0
@@ -418,41 +431,55 @@ class ControllerServer:
         options = self.options
         answers = (1 if self._busy_s > options.overload_busy_s
                    else max(options.answers_per_poll, 1))
-        streams = list(pending.values())
-        # Round 1 folds every record up to each stream's first answered one.
-        folds = [max(len(s.backlog) - answers, 0) + 1 for s in streams]
-        out: list[tuple[_Stream, Decision]] = []
-        while streams:
-            out += self._decide_round(streams, folds)
-            streams = [s for s in streams if s.backlog]
-            folds = [1] * len(streams)
+        out = self._answer(self._fold(list(pending.values()), answers))
         self.metrics.telemetry.inc(self._telemetry_folded)
         self._telemetry_folded = 0
         return out
 
-    def _decide_round(self, streams: list[_Stream],
-                      folds: list[int]) -> list[tuple[_Stream, Decision]]:
-        """Fold ``folds[i]`` records into each stream, then one decision each, answering
-        the last record folded (one batched policy evaluation)."""
+    def _fold(self, streams: list[_Stream], answers: int) -> list[_Answer]:
+        """Fold each stream's new records; one entry per record to answer (each stream's
+        latest ``answers``): the features after it (the stream's own builder after its
+        last record, a copy after an earlier one), or None where folding failed (that
+        stream is reset and answered with a fallback)."""
+        entries: list[_Answer] = []
+        for stream in streams:
+            backlog, builder = stream.backlog, stream.builder
+            unanswered = len(backlog) - answers  # the oldest are folded without an answer
+            try:
+                while backlog:
+                    record = backlog.popleft()
+                    stream.answering = record.step_index
+                    if record.prefill_tokens == 0:
+                        stream.batch_size = record.batch_size
+                    builder.update(record)
+                    unanswered -= 1
+                    if unanswered < 0:
+                        entries.append(_Answer(stream, builder.copy() if backlog else builder,
+                                               record, stream.batch_size))
+            except Exception:  # a bug, or a record the estimators cannot take
+                self._reset_failed(stream)
+                entries.append(_Answer(stream, None, record, stream.batch_size))
+        return entries
+
+    def _answer(self, entries: list[_Answer]) -> list[tuple[_Stream, Decision]]:
+        """One decision per entry (one batched policy evaluation), in order."""
         policy = self.holder.policy
         grid = policy.feature_spec.batch_grid
-        grids = self._observation_grids(streams, folds)
+        grids = self._observation_grids(entries)
         chosen, healthy, runnable = choose(policy, self._policy_actions, grids,
-                                           [s.allowed for s in streams])
-        for i in np.flatnonzero(~healthy):
-            if grids[i] is not None:  # estimator overflow: that stream starts afresh
-                streams[i].builder.reset()
-                self._count(self.metrics.stream_resets, "nonfinite")
+                                           [e.stream.allowed for e in entries])
+        if not healthy.all():
+            entries, chosen, healthy, runnable = self._after_nonfinite(
+                entries, grids, chosen, healthy, runnable)
         metrics, shadow = self.metrics, self.options.shadow
         now = time.monotonic()
         out = []
         chosen_counts: Counter[int] = Counter()  # counted per poll: one inc per value
-        # Whole-array work for every stream at once (numpy's per-call overhead, not the
-        # arithmetic, is the cost at these sizes), then plain lists per stream: which
-        # grid entry each stream's current batch falls in, and which entries repeat the
+        # Whole-array work for every entry at once (numpy's per-call overhead, not the
+        # arithmetic, is the cost at these sizes), then plain lists per entry: which
+        # grid entry each answered step's batch falls in, and which entries repeat the
         # previous entry's steps (compress() drops those).
-        n = len(streams)
-        current_at = np.searchsorted(grid, [s.batch_size for s in streams], side="right") - 1
+        current_at = np.searchsorted(grid, [e.batch_size for e in entries], side="right") - 1
         np.maximum(current_at, 0, out=current_at)
         changes = np.empty(chosen.shape, dtype=bool)
         changes[:, 0] = True
@@ -460,11 +487,12 @@ class ControllerServer:
         rows, keeps, at = chosen.tolist(), changes.tolist(), current_at.tolist()
         ok, can = healthy.tolist(), runnable.tolist()
         name = policy.name
-        for i in range(n):
-            stream = streams[i]
+        for i, entry in enumerate(entries):
+            stream = entry.stream
             stream.last_seen = now
             stream.seq += 1
-            apply_from = stream.answering + DECISION_LAG
+            answering = entry.record.step_index
+            apply_from = answering + DECISION_LAG
             steps = rows[i]
             current = steps[at[i]]
             if not ok[i]:
@@ -476,7 +504,7 @@ class ControllerServer:
                 self._shadow_steps[current] += 1
                 self._count(metrics.fallbacks, "shadow")
                 log.debug("shadow: %r rank %d step %d: steps %s for grid %s", stream.key[1],
-                          stream.key[2], stream.answering, steps, grid)
+                          stream.key[2], answering, steps, grid)
                 decision = Decision.fallback(stream.seq, apply_from, name)
             else:
                 chosen_counts[current] += 1
@@ -488,36 +516,64 @@ class ControllerServer:
             self._count(metrics.steps_chosen, steps, count)
         return out
 
-    def _observation_grids(self, streams: list[_Stream], folds: list[int]) -> np.ndarray | list:
-        """Fold ``folds[i]`` of stream i's new records, then the observation grids of all of them in
-        one batched computation, shape (streams, grid rows, size). Should a stream's
-        estimators fail, it is reset and the others are computed one by one (a list with
-        None for the failed ones): one stream must not cost the others their answer."""
-        folded = []
-        for stream, count in zip(streams, folds, strict=True):
-            backlog, update = stream.backlog, stream.builder.update
+    def _after_nonfinite(self, entries: list[_Answer], grids, chosen, healthy, runnable):
+        """A non-finite observation (estimator overflow): its stream starts afresh, as local
+        mode does, so that stream's later records in this poll are folded again into the
+        fresh features and evaluated one by one (rare: the batch stays for the others)."""
+        keep = np.ones(len(entries), dtype=bool)
+        redo: list[_Answer] = []
+        reset: set[int] = set()
+        for i in np.flatnonzero(~healthy).tolist():
+            stream = entries[i].stream
+            if grids[i] is None or id(stream) in reset:
+                continue  # folding failed (reset already), or dropped below
+            reset.add(id(stream))
+            stream.builder.reset()
+            self._count(self.metrics.stream_resets, "nonfinite")
+            later = [j for j in range(i + 1, len(entries)) if entries[j].stream is stream]
+            keep[later] = False
+            redo += [entries[j] for j in later]
+        if not redo:
+            return entries, chosen, healthy, runnable
+        policy, actions = self.holder.policy, self._policy_actions
+        kept = np.flatnonzero(keep)
+        entries = [entries[i] for i in kept]
+        chosen, healthy, runnable = chosen[kept], healthy[kept], runnable[kept]
+        for entry in redo:  # in order: each stream's later records, each after the last
+            stream = entry.stream
             try:
-                for _ in range(min(count, len(backlog))):
-                    record = backlog.popleft()
-                    stream.answering = record.step_index
-                    if record.prefill_tokens == 0:
-                        stream.batch_size = record.batch_size
-                    update(record)
-                folded.append(True)
-            except Exception:  # a bug, or a record the estimators cannot take
+                stream.builder.update(entry.record)
+                grid = [stream.builder.observation_grid()]
+            except Exception:
                 self._reset_failed(stream)
-                folded.append(False)
-        if all(folded):
+                grid = [None]
+            steps, ok, can = choose(policy, actions, grid, [stream.allowed])
+            if not ok[0] and grid[0] is not None:
+                stream.builder.reset()
+                self._count(self.metrics.stream_resets, "nonfinite")
+            entries.append(_Answer(stream, stream.builder, entry.record, entry.batch_size))
+            chosen = np.concatenate([chosen, steps])
+            healthy = np.concatenate([healthy, ok])
+            runnable = np.concatenate([runnable, can])
+        return entries, chosen, healthy, runnable
+
+    def _observation_grids(self, entries: list[_Answer]) -> np.ndarray | list:
+        """The entries' observation grids in one batched computation, shape (entries, grid
+        rows, size). Should a stream's estimators fail, it is reset and the others are
+        computed one by one (a list with None for the failed ones): one stream must not
+        cost the others their answer."""
+        builders = [e.builder for e in entries]
+        if None not in builders:
             try:
-                return observation_grids([s.builder for s in streams])
+                return observation_grids(builders)
             except Exception:  # e.g. LinAlgError in one stream: find it below
                 pass
         grids: list[np.ndarray | None] = []
-        for stream, ok in zip(streams, folded, strict=True):
+        for entry, builder in zip(entries, builders, strict=True):
             try:
-                grids.append(stream.builder.observation_grid() if ok else None)
+                grids.append(None if builder is None else builder.observation_grid())
             except Exception:
-                self._reset_failed(stream)
+                self._reset_failed(entry.stream)
                 grids.append(None)
         return grids
 

@@ -268,6 +268,24 @@ class FeatureBuilder:
         self._steps_since_acceptance = 10**6
         self._new_records: list[StepRecord] = []
 
+    def copy(self) -> FeatureBuilder:
+        """An independent copy of the estimators as they are now (sharing the spec, the
+        cost profile and the caches): the daemon evaluates a stream's earlier records in
+        the same batch as its latest one."""
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new._new_records = []
+        new._copy_estimators()
+        return new
+
+    def _copy_estimators(self) -> None:
+        """Replace the estimators' mutable containers (shared after copy()) with copies."""
+        self._trials = list(self._trials)
+        self._successes = list(self._successes)
+        self._depth_samples = list(self._depth_samples)
+        self._moments = self._moments.copy()
+        self._pending = list(self._pending)  # the regressor rows themselves never change
+
     # -- input ---------------------------------------------------------------
 
     def update_many(self, records: Iterable[StepRecord]) -> None:

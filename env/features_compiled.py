@@ -342,6 +342,9 @@ class CompiledFeatureBuilder(FeatureBuilder):
             self._grid_value: tuple = ()
         _solve(self._state, self._params, self.cost_prior is not None)
 
+    def _copy_estimators(self) -> None:
+        self._state = self._state.copy()
+
     def update(self, record) -> None:
         """Fold one step record into the estimators."""
         self._new_records.append(record)
