@@ -118,7 +118,7 @@ class ServeOptions:
 class _Stream:
     """One (connection, server, rank): its feature builder and where to answer."""
 
-    __slots__ = ("allowed", "answering", "backlog", "batch_size", "builder", "candidates",
+    __slots__ = ("allowed", "backlog", "batch_size", "builder", "candidates",
                  "deciding", "identity", "key", "last_seen", "last_step", "pushed", "received",
                  "seq")
 
@@ -129,7 +129,6 @@ class _Stream:
         self.builder = builder
         self.seq = 0
         self.last_step = -1  # the latest telemetry received
-        self.answering = -1  # the step of the latest record folded: the one answered next
         self.batch_size = 1  # the batch of the latest decode record folded
         self.candidates: tuple[int, ...] | None = None
         self.allowed: np.ndarray | None = None
@@ -448,7 +447,6 @@ class ControllerServer:
             try:
                 while backlog:
                     record = backlog.popleft()
-                    stream.answering = record.step_index
                     if record.prefill_tokens == 0:
                         stream.batch_size = record.batch_size
                     builder.update(record)
