@@ -17,7 +17,7 @@ import numpy as np
 
 from controller.policy_file import ExportedPolicy
 from controller.wire import DECISION_LAG, Decision
-from env.features import FeatureBuilder
+from env.features import FeatureBuilder, warm_up
 from env.traces.schema import StepRecord
 
 
@@ -122,6 +122,8 @@ class StreamDecider:
         self.actions = np.asarray(policy.actions)
         self.allowed = allowed_actions(self.actions, self.candidates)
         if old is None or old.feature_spec != policy.feature_spec:
+            # The compiled features load (or compile) here, not at the first decision.
+            warm_up(policy.feature_spec, self.cost_prior)
             self.builder = FeatureBuilder(policy.feature_spec, self.cost_prior)
 
     def decide(self, record: StepRecord) -> Decision:

@@ -85,9 +85,12 @@ class ExportedPolicy:
         # values as x @ w + b and act(...), without two more temporaries of (rows, width)
         # each. The controller's batches (~1,800 rows x 64) made each temporary a fresh
         # mmap of page-faulting memory: 1.2-1.4 ms -> 0.46-0.54 ms per forward here.
+        # np.dot, not @: the same BLAS call (the same values, tested), without the matmul
+        # ufunc's dispatch (1.9 vs 3.0 us for a 20-row grid: a local decision's size).
+        dot = np.dot
         for i, (w, b, in_place) in enumerate(zip(self.weights, self.biases,
                                                  self._bias_in_place, strict=True)):
-            x = x @ w
+            x = dot(x, w)
             if in_place:
                 x += b
             else:

@@ -8,9 +8,10 @@ observations are built exactly as in training.
 Every poll drains all pending frames, folds each stream's records into its
 builder, then evaluates the policy once for all streams that sent telemetry:
 one batched MLP forward over every stream's ``observation_grid()`` (a row per
-batch-size grid value). Each of those streams gets one DECISION, answering its
-latest record (latest wins; ``answers_per_poll`` > 1 answers up to that many of its
-latest records, in rounds, each as local mode would): steps per grid value, restricted
+batch-size grid value). Each of those streams gets a DECISION for each of its latest
+``answers_per_poll`` records (older ones are folded unanswered; an earlier record is
+evaluated on a copy of the features as they were after it, in the same batch, so each
+gets the decision local mode would make on it): steps per grid value, restricted
 to the steps the server offers (its HELLO), ``apply_from_step = step_index +
 DECISION_LAG``.
 In shadow mode the decision is computed and logged but the reply says "use
@@ -29,6 +30,7 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass
 from itertools import compress as compress_
+from typing import NamedTuple
 
 import numpy as np
 import zmq
@@ -54,7 +56,7 @@ from controller.wire import (
     encode_decision,
     encode_policy,
 )
-from env.features import FeatureBuilder, observation_grids
+from env.features import FeatureBuilder, observation_grids, warm_up
 from env.traces.schema import StepRecord
 
 log = logging.getLogger(__name__)
@@ -62,6 +64,7 @@ log = logging.getLogger(__name__)
 #: Streams removed (idle or evicted) before the sweep gives freed memory back to the OS.
 _TRIM_AFTER_STREAMS = 256
 _NOBLOCK = int(zmq.NOBLOCK)
+_RCVMORE = int(zmq.RCVMORE)
 _SNDMORE_NOBLOCK = int(zmq.NOBLOCK | zmq.SNDMORE)
 #: A HELLO's first bytes after its msgpack fixarray header (of 8, or 9 with a policy
 #: digest): WIRE_VERSION, Kind.HELLO.
@@ -96,15 +99,16 @@ class ServeOptions:
     overload_records_per_poll: int = 2
     #: Records of one stream answered per poll at most (its latest ones; the older ones
     #: are folded without an answer): each gets the decision the policy makes on the
-    #: telemetry up to it, as local mode decides, computed in rounds (the streams'
-    #: first answered records in one batch, their second in the next, ...). An older
+    #: telemetry up to it, as local mode decides, all in one batched evaluation (an
+    #: earlier record's from a copy of the stream's features after it). An older
     #: answer is of no use to the plugin once a newer one arrived; without it, a step
     #: whose telemetry shared a poll with its successor's (a daemon late by more than a
-    #: step) has no answer of its own. Default 1, the latest only: a daemon short of CPU
-    #: that answers more falls further behind (8 servers x 1 kHz on the shared 2-core
-    #: machine: 4 answers took the round trip from 1.4 ms to 7.6 ms p50, and the steps
-    #: answered from 71% to 63%). Always 1 after a slow round (``overload_busy_s``).
-    answers_per_poll: int = 1
+    #: step) has no answer of its own. Default 4: with the compiled features an answer
+    #: costs little enough (8 servers x 1 kHz on the shared 2-core machine, load 6: 97-99%
+    #: of steps answered at 0.95 cores, against 65% at 0.6 answering only the latest;
+    #: with the numpy features 4 answers had made it worse, 71% -> 63%). Always 1 after a
+    #: slow round (``overload_busy_s``): a daemon short of CPU answers only the latest.
+    answers_per_poll: int = 4
     log_every_s: float = 60.0
     curve: CurveConfig | None = None
     #: Users besides the daemon's own who may connect to an ipc:// endpoint.
@@ -114,7 +118,7 @@ class ServeOptions:
 class _Stream:
     """One (connection, server, rank): its feature builder and where to answer."""
 
-    __slots__ = ("allowed", "answering", "backlog", "batch_size", "builder", "candidates",
+    __slots__ = ("allowed", "backlog", "batch_size", "builder", "candidates",
                  "deciding", "identity", "key", "last_seen", "last_step", "pushed", "received",
                  "seq")
 
@@ -125,7 +129,6 @@ class _Stream:
         self.builder = builder
         self.seq = 0
         self.last_step = -1  # the latest telemetry received
-        self.answering = -1  # the step of the latest record folded: the one answered next
         self.batch_size = 1  # the batch of the latest decode record folded
         self.candidates: tuple[int, ...] | None = None
         self.allowed: np.ndarray | None = None
@@ -133,6 +136,16 @@ class _Stream:
         self.received = 0.0
         self.deciding = ""  # local mode: digest of the policy the server decides with
         self.pushed = ""  # digest of the policy last pushed to this stream's connection
+
+
+class _Answer(NamedTuple):
+    """One record to answer: its stream, the features after it (None: folding failed),
+    the record, and the batch size the decision's current steps are counted at."""
+
+    stream: _Stream
+    builder: FeatureBuilder | None
+    record: StepRecord
+    batch_size: int
 
 
 class ControllerServer:
@@ -158,6 +171,8 @@ class ControllerServer:
         # the CPU of one thread for the same product (measured: 1,330 rows, 4.7 ms of
         # CPU vs 0.33 ms). The daemon's process answers many streams: one thread each.
         threadpool_limits(1, user_api="blas")
+        # The compiled features load (or compile) now, not while the first servers wait.
+        warm_up(holder.policy.feature_spec, cost_prior)
         self.holder = holder
         # The servers' cost profile: the feature module's latency prior (see env.features).
         self.cost_prior = cost_prior
@@ -256,11 +271,19 @@ class ControllerServer:
         clock = time.perf_counter
         started = clock()  # the latency clock of every frame read now (an upper bound)
         deadline = started + options.max_drain_s
+        recv, more = sock.recv, sock.get
         for _ in range(options.max_drain):
             if clock() > deadline:
                 break
             try:
-                parts = sock.recv_multipart(zmq.NOBLOCK, copy=not with_user_id)
+                if with_user_id:
+                    parts = sock.recv_multipart(_NOBLOCK, copy=False)
+                else:  # a ROUTER's identity part is never alone: the frame follows
+                    parts = [recv(_NOBLOCK), recv(_NOBLOCK)]
+                    # (recv_multipart asks RCVMORE through pyzmq's enum conversion:
+                    # 2-3 us per frame more than two recvs and one plain-int get)
+                    while more(_RCVMORE):
+                        parts.append(recv(_NOBLOCK))
             except zmq.Again:
                 break
             if len(parts) != 2:
@@ -397,8 +420,9 @@ class ControllerServer:
 
     def decide(self, pending: dict[StreamKey, _Stream]) -> list[tuple[_Stream, Decision]]:
         """The decisions for the streams in ``pending``: the latest
-        ``answers_per_poll`` records of each answered, in order, in rounds of one batched
-        policy evaluation each."""
+        ``answers_per_poll`` records of each answered, in order, all in one batched policy
+        evaluation (an earlier record's answer from a copy of its stream's features as
+        they were after it: the decision local mode makes on that record)."""
         if not pending:
             self.metrics.telemetry.inc(self._telemetry_folded)  # accepted, then its stream failed
             self._telemetry_folded = 0
@@ -406,41 +430,54 @@ class ControllerServer:
         options = self.options
         answers = (1 if self._busy_s > options.overload_busy_s
                    else max(options.answers_per_poll, 1))
-        streams = list(pending.values())
-        # Round 1 folds every record up to each stream's first answered one.
-        folds = [max(len(s.backlog) - answers, 0) + 1 for s in streams]
-        out: list[tuple[_Stream, Decision]] = []
-        while streams:
-            out += self._decide_round(streams, folds)
-            streams = [s for s in streams if s.backlog]
-            folds = [1] * len(streams)
+        out = self._answer(self._fold(list(pending.values()), answers))
         self.metrics.telemetry.inc(self._telemetry_folded)
         self._telemetry_folded = 0
         return out
 
-    def _decide_round(self, streams: list[_Stream],
-                      folds: list[int]) -> list[tuple[_Stream, Decision]]:
-        """Fold ``folds[i]`` records into each stream, then one decision each, answering
-        the last record folded (one batched policy evaluation)."""
+    def _fold(self, streams: list[_Stream], answers: int) -> list[_Answer]:
+        """Fold each stream's new records; one entry per record to answer (each stream's
+        latest ``answers``): the features after it (the stream's own builder after its
+        last record, a copy after an earlier one), or None where folding failed (that
+        stream is reset and answered with a fallback)."""
+        entries: list[_Answer] = []
+        for stream in streams:
+            backlog, builder = stream.backlog, stream.builder
+            unanswered = len(backlog) - answers  # the oldest are folded without an answer
+            try:
+                while backlog:
+                    record = backlog.popleft()
+                    if record.prefill_tokens == 0:
+                        stream.batch_size = record.batch_size
+                    builder.update(record)
+                    unanswered -= 1
+                    if unanswered < 0:
+                        entries.append(_Answer(stream, builder.copy() if backlog else builder,
+                                               record, stream.batch_size))
+            except Exception:  # a bug, or a record the estimators cannot take
+                self._reset_failed(stream)
+                entries.append(_Answer(stream, None, record, stream.batch_size))
+        return entries
+
+    def _answer(self, entries: list[_Answer]) -> list[tuple[_Stream, Decision]]:
+        """One decision per entry (one batched policy evaluation), in order."""
         policy = self.holder.policy
         grid = policy.feature_spec.batch_grid
-        grids = self._observation_grids(streams, folds)
+        grids = self._observation_grids(entries)
         chosen, healthy, runnable = choose(policy, self._policy_actions, grids,
-                                           [s.allowed for s in streams])
-        for i in np.flatnonzero(~healthy):
-            if grids[i] is not None:  # estimator overflow: that stream starts afresh
-                streams[i].builder.reset()
-                self._count(self.metrics.stream_resets, "nonfinite")
+                                           [e.stream.allowed for e in entries])
+        if not healthy.all():
+            entries, chosen, healthy, runnable = self._after_nonfinite(
+                entries, grids, chosen, healthy, runnable)
         metrics, shadow = self.metrics, self.options.shadow
         now = time.monotonic()
         out = []
         chosen_counts: Counter[int] = Counter()  # counted per poll: one inc per value
-        # Whole-array work for every stream at once (numpy's per-call overhead, not the
-        # arithmetic, is the cost at these sizes), then plain lists per stream: which
-        # grid entry each stream's current batch falls in, and which entries repeat the
+        # Whole-array work for every entry at once (numpy's per-call overhead, not the
+        # arithmetic, is the cost at these sizes), then plain lists per entry: which
+        # grid entry each answered step's batch falls in, and which entries repeat the
         # previous entry's steps (compress() drops those).
-        n = len(streams)
-        current_at = np.searchsorted(grid, [s.batch_size for s in streams], side="right") - 1
+        current_at = np.searchsorted(grid, [e.batch_size for e in entries], side="right") - 1
         np.maximum(current_at, 0, out=current_at)
         changes = np.empty(chosen.shape, dtype=bool)
         changes[:, 0] = True
@@ -448,11 +485,12 @@ class ControllerServer:
         rows, keeps, at = chosen.tolist(), changes.tolist(), current_at.tolist()
         ok, can = healthy.tolist(), runnable.tolist()
         name = policy.name
-        for i in range(n):
-            stream = streams[i]
+        for i, entry in enumerate(entries):
+            stream = entry.stream
             stream.last_seen = now
             stream.seq += 1
-            apply_from = stream.answering + DECISION_LAG
+            answering = entry.record.step_index
+            apply_from = answering + DECISION_LAG
             steps = rows[i]
             current = steps[at[i]]
             if not ok[i]:
@@ -464,7 +502,7 @@ class ControllerServer:
                 self._shadow_steps[current] += 1
                 self._count(metrics.fallbacks, "shadow")
                 log.debug("shadow: %r rank %d step %d: steps %s for grid %s", stream.key[1],
-                          stream.key[2], stream.answering, steps, grid)
+                          stream.key[2], answering, steps, grid)
                 decision = Decision.fallback(stream.seq, apply_from, name)
             else:
                 chosen_counts[current] += 1
@@ -476,36 +514,64 @@ class ControllerServer:
             self._count(metrics.steps_chosen, steps, count)
         return out
 
-    def _observation_grids(self, streams: list[_Stream], folds: list[int]) -> np.ndarray | list:
-        """Fold ``folds[i]`` of stream i's new records, then the observation grids of all of them in
-        one batched computation, shape (streams, grid rows, size). Should a stream's
-        estimators fail, it is reset and the others are computed one by one (a list with
-        None for the failed ones): one stream must not cost the others their answer."""
-        folded = []
-        for stream, count in zip(streams, folds, strict=True):
-            backlog, builder = stream.backlog, stream.builder
+    def _after_nonfinite(self, entries: list[_Answer], grids, chosen, healthy, runnable):
+        """A non-finite observation (estimator overflow): its stream starts afresh, as local
+        mode does, so that stream's later records in this poll are folded again into the
+        fresh features and evaluated one by one (rare: the batch stays for the others)."""
+        keep = np.ones(len(entries), dtype=bool)
+        redo: list[_Answer] = []
+        reset: set[int] = set()
+        for i in np.flatnonzero(~healthy).tolist():
+            stream = entries[i].stream
+            if grids[i] is None or id(stream) in reset:
+                continue  # folding failed (reset already), or dropped below
+            reset.add(id(stream))
+            stream.builder.reset()
+            self._count(self.metrics.stream_resets, "nonfinite")
+            later = [j for j in range(i + 1, len(entries)) if entries[j].stream is stream]
+            keep[later] = False
+            redo += [entries[j] for j in later]
+        if not redo:
+            return entries, chosen, healthy, runnable
+        policy, actions = self.holder.policy, self._policy_actions
+        kept = np.flatnonzero(keep)
+        entries = [entries[i] for i in kept]
+        chosen, healthy, runnable = chosen[kept], healthy[kept], runnable[kept]
+        for entry in redo:  # in order: each stream's later records, each after the last
+            stream = entry.stream
             try:
-                for _ in range(min(count, len(backlog))):
-                    record = backlog.popleft()
-                    stream.answering = record.step_index
-                    if record.prefill_tokens == 0:
-                        stream.batch_size = record.batch_size
-                    builder.update(record)
-                folded.append(True)
-            except Exception:  # a bug, or a record the estimators cannot take
+                stream.builder.update(entry.record)
+                grid = [stream.builder.observation_grid()]
+            except Exception:
                 self._reset_failed(stream)
-                folded.append(False)
-        if all(folded):
+                grid = [None]
+            steps, ok, can = choose(policy, actions, grid, [stream.allowed])
+            if not ok[0] and grid[0] is not None:
+                stream.builder.reset()
+                self._count(self.metrics.stream_resets, "nonfinite")
+            entries.append(_Answer(stream, stream.builder, entry.record, entry.batch_size))
+            chosen = np.concatenate([chosen, steps])
+            healthy = np.concatenate([healthy, ok])
+            runnable = np.concatenate([runnable, can])
+        return entries, chosen, healthy, runnable
+
+    def _observation_grids(self, entries: list[_Answer]) -> np.ndarray | list:
+        """The entries' observation grids in one batched computation, shape (entries, grid
+        rows, size). Should a stream's estimators fail, it is reset and the others are
+        computed one by one (a list with None for the failed ones): one stream must not
+        cost the others their answer."""
+        builders = [e.builder for e in entries]
+        if None not in builders:
             try:
-                return observation_grids([s.builder for s in streams])
+                return observation_grids(builders)
             except Exception:  # e.g. LinAlgError in one stream: find it below
                 pass
         grids: list[np.ndarray | None] = []
-        for stream, ok in zip(streams, folded, strict=True):
+        for entry, builder in zip(entries, builders, strict=True):
             try:
-                grids.append(stream.builder.observation_grid() if ok else None)
+                grids.append(None if builder is None else builder.observation_grid())
             except Exception:
-                self._reset_failed(stream)
+                self._reset_failed(entry.stream)
                 grids.append(None)
         return grids
 

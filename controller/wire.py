@@ -175,6 +175,10 @@ class PolicyPush:
 # -- encoding ------------------------------------------------------------------
 
 _pack = msgpack.Packer(use_bin_type=True).pack
+_DECISION = int(Kind.DECISION)
+#: A DECISION's items (a tuple) -> bytes: msgspec's encoder writes msgpack's bytes in a
+#: fifth of the time (0.27 vs 1.3 us here); msgpack where msgspec is missing.
+_encode_decision = msgspec.msgpack.Encoder().encode if msgspec is not None else _pack
 
 
 def encode_hello(hello: Hello) -> bytes:
@@ -232,10 +236,10 @@ def encode_step(record: StepRecord) -> bytes:
 
 def encode_decision(decision: Decision) -> bytes:
     """One DECISION frame."""
-    return _pack([
-        WIRE_VERSION, Kind.DECISION, decision.seq, decision.apply_from_step, decision.policy,
-        0 if decision.is_fallback else 1, list(decision.batch_grid), list(decision.steps),
-    ])
+    return _encode_decision((
+        WIRE_VERSION, _DECISION, decision.seq, decision.apply_from_step, decision.policy,
+        1 if decision.steps else 0, decision.batch_grid, decision.steps,
+    ))
 
 
 def encode_policy(push: PolicyPush) -> bytes:
@@ -428,9 +432,10 @@ def _make_fast_decoder():
                 or m.accepted_drafts_count != len(accepted) or len(accepted) > m.batch_size
                 or accepted.translate(None, _UP_TO[steps])):  # an entry above steps_used
             return None
-        # Every entry is in 0..steps: the sum from a few C-level counts (not 1 per entry).
-        total = (sum(v * accepted.count(v) for v in range(1, steps + 1)) if steps < 16
-                 else sum(accepted))
+        # Every entry is in 0..steps: a short batch summed directly (0.3 us for 32), a
+        # long one from a few C-level counts (not 1 per entry: 3 us for 1,024, not 6).
+        total = (sum(accepted) if len(accepted) <= 192 or steps >= 16
+                 else sum(v * accepted.count(v) for v in range(1, steps + 1)))
         if m.accepted_drafts_sum != total:
             return None
         return StepRecord(  # positional: StepRecord's field order

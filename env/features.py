@@ -50,6 +50,7 @@ import bisect
 import functools
 import math
 import operator
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import NamedTuple
@@ -198,18 +199,40 @@ class FeatureBuilder:
     :meth:`observation` (or :meth:`observation_grid` for every grid batch size).
     """
 
-    def __init__(self, spec: FeatureSpec | None = None, cost_prior=None) -> None:
+    #: Which implementation this is: "numpy" here, "compiled" for
+    #: :class:`env.features_compiled.CompiledFeatureBuilder`.
+    backend = "numpy"
+
+    def __new__(cls, spec: FeatureSpec | None = None, cost_prior=None,
+                backend: str | None = None) -> FeatureBuilder:
+        if cls is FeatureBuilder and resolve_backend(backend) == "compiled":
+            from env.features_compiled import CompiledFeatureBuilder
+
+            cls = CompiledFeatureBuilder
+        return super().__new__(cls)
+
+    def __init__(self, spec: FeatureSpec | None = None, cost_prior=None,
+                 backend: str | None = None) -> None:
         """
         Args:
             spec: the observation layout and estimator settings.
             cost_prior: optional cost profile of the server (anything with
                 ``step_latency_s`` and ``step_latency_array``, e.g.
                 :class:`env.sim.cost_model.CostProfile`): the latency model's prior mean.
+            backend: "compiled" (numba), "numpy", or None for :func:`resolve_backend`'s
+                default. Both compute the same observations (to float rounding).
         """
         self.spec = spec or FeatureSpec()
         self._per_sample = 1.0 / self.spec.cost_confidence_samples
         self.cost_prior = cost_prior
         self._layout = _layout(self.spec)
+        # Depth first, shape (depth + 1, 1, 1): see _latency_predictions(). These and the
+        # design cache depend on the spec and the profile only: kept across resets.
+        depths = np.arange(self.spec.max_depth + 1, dtype=float).reshape(-1, 1, 1)
+        self._depths = depths.astype(int)
+        self._design_cache: dict[tuple, tuple] = {}
+        self._speculating = (depths > 0).astype(float)
+        self._extra_drafts = np.maximum(depths - 1.0, 0.0)
         self.reset()
 
     def reset(self) -> None:
@@ -229,12 +252,6 @@ class FeatureBuilder:
         self._moments = np.zeros((8, 8))
         self._pending: list[list[float]] = []
         self._theta: np.ndarray | None = None
-        # Depth first, shape (depth + 1, 1, 1): see _latency_predictions().
-        depths = np.arange(self.spec.max_depth + 1, dtype=float).reshape(-1, 1, 1)
-        self._depths = depths.astype(int)
-        self._design_cache: dict[tuple, tuple] = {}
-        self._speculating = (depths > 0).astype(float)
-        self._extra_drafts = np.maximum(depths - 1.0, 0.0)
         self._latency_ms_ema: float | None = None
         self._depth_samples = [0.0] * (self.spec.max_depth + 1)
         self._prior_log_error = 0.0
@@ -250,6 +267,24 @@ class FeatureBuilder:
         self._steps_since_switch = 0
         self._steps_since_acceptance = 10**6
         self._new_records: list[StepRecord] = []
+
+    def copy(self) -> FeatureBuilder:
+        """An independent copy of the estimators as they are now (sharing the spec, the
+        cost profile and the caches): the daemon evaluates a stream's earlier records in
+        the same batch as its latest one."""
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new._new_records = []
+        new._copy_estimators()
+        return new
+
+    def _copy_estimators(self) -> None:
+        """Replace the estimators' mutable containers (shared after copy()) with copies."""
+        self._trials = list(self._trials)
+        self._successes = list(self._successes)
+        self._depth_samples = list(self._depth_samples)
+        self._moments = self._moments.copy()
+        self._pending = list(self._pending)  # the regressor rows themselves never change
 
     # -- input ---------------------------------------------------------------
 
@@ -347,7 +382,7 @@ class FeatureBuilder:
 
     def accept_rates(self) -> np.ndarray:
         """Conditional acceptance rate per draft position (1..max_depth)."""
-        return np.array(_acceptance(self._trials, self._successes, self.spec)[0])
+        return _batch([self], np.array(self.spec.batch_grid[:1])).rates[0].copy()
 
     def latency_predictions_s(self, batch_sizes: np.ndarray | int) -> np.ndarray:
         """Predicted step latency (s) of every depth 0..max_depth at each batch size.
@@ -356,10 +391,7 @@ class FeatureBuilder:
         for a scalar), at the latest KV use.
         """
         scalar = np.ndim(batch_sizes) == 0
-        state = np.array([self._state_row()])
-        width = self._layout.width
-        predicted = _latency_predictions([self], np.atleast_1d(batch_sizes), state[:, width],
-                                         state[:, width + 1])[:, 0].T
+        predicted = _batch([self], np.atleast_1d(batch_sizes)).latency_s[:, 0].T
         return predicted[0] if scalar else predicted
 
     def _design(self, batch_sizes: np.ndarray):
@@ -469,8 +501,8 @@ def observation_grids(builders: Sequence[FeatureBuilder]) -> np.ndarray:
     for builder in builders:
         builder._new_records.clear()
     # No builders: _batch's clear error, not an IndexError from builders[0] here.
-    grid = builders[0].spec.batch_grid if builders else ()
-    return _batch(builders, np.asarray(grid))[0]
+    grid = builders[0]._layout.grid if builders else np.asarray(())
+    return _batch(builders, grid)[0]
 
 
 class _Batch(NamedTuple):
@@ -523,6 +555,10 @@ class _Layout:
         self.ridge_eye = spec.latency_ridge * np.eye(7)
         self.prior_fractions = np.array([1.0, 0.0, spec.speculation_prior_fraction, 0.0,
                                          spec.draft_step_prior_fraction, 0.0, 0.0])
+        #: The spec's batch grid as an array: one object, so a builder can know it by
+        #: identity (env.features_compiled caches its inputs so). Read only.
+        self.grid = np.asarray(spec.batch_grid)
+        self.grid.flags.writeable = False
 
 
 def _batch(builders: Sequence[FeatureBuilder], batch_sizes: np.ndarray) -> _Batch:
@@ -534,11 +570,14 @@ def _batch(builders: Sequence[FeatureBuilder], batch_sizes: np.ndarray) -> _Batc
         raise ValueError("no feature builders given")
     first = builders[0]
     spec, cost_prior = first.spec, first.cost_prior
+    kind = type(first)
     for builder in builders:
         if (builder.spec is not spec and builder.spec != spec) or (
-                builder.cost_prior is not cost_prior):
+                builder.cost_prior is not cost_prior) or type(builder) is not kind:
             raise ValueError("feature builders batched together must share the feature "
-                             "spec and the cost profile")
+                             "spec and the cost profile (and the backend)")
+    if first.backend != "numpy":
+        return first._batch(builders, batch_sizes)
     layout = first._layout
     depth = spec.max_depth
     flat: list[float] = []
@@ -679,6 +718,52 @@ def _fold_moments(builders: Sequence[FeatureBuilder]) -> np.ndarray:
 def _stack(arrays: list[np.ndarray]) -> np.ndarray:
     """``np.stack(arrays)``; a view for one array (the single stream's common case)."""
     return arrays[0][None] if len(arrays) == 1 else np.stack(arrays)
+
+
+def warm_up(spec: FeatureSpec | None = None, cost_prior=None, backend: str | None = None) -> None:
+    """Run the backend's code once on made-up telemetry: the compiled backend compiles
+    (or loads from numba's cache) now, at start-up, not at the first decision (seconds
+    when compiling, ~0.5 s loading). A daemon and a local decider call this first."""
+    builders = [FeatureBuilder(spec, cost_prior, backend) for _ in range(2)]
+    drafts = np.zeros(1, dtype=np.int8)
+    # Both kinds of int8 drafts the builders are fed: decoded (read only) and simulated.
+    for accepted in (drafts, np.frombuffer(drafts.tobytes(), dtype=np.int8)):
+        builders[0].update(StepRecord("warm-up", 0, 1, 0.0, 1, 0, 1, 0, 1, 0, 1, accepted,
+                                      0.01))
+    observation_grids(builders)
+    builders[0].observation()
+
+
+#: Environment variable choosing the default backend: "compiled" or "numpy".
+BACKEND_VARIABLE = "SPECCTL_FEATURES"
+
+
+@functools.cache
+def compiled_available() -> bool:
+    """Whether the compiled backend can run here (numba imports)."""
+    try:
+        import numba  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def resolve_backend(backend: str | None = None) -> str:
+    """The backend a :class:`FeatureBuilder` uses: ``backend`` if given, else the
+    ``SPECCTL_FEATURES`` environment variable, else "compiled" where numba is installed
+    and "numpy" where not. Raises ValueError for an unknown name, or "compiled" without
+    numba."""
+    chosen = backend or os.environ.get(BACKEND_VARIABLE) or ""
+    if chosen == "":
+        return "compiled" if compiled_available() else "numpy"
+    if chosen not in ("compiled", "numpy"):
+        source = "backend" if backend else f"environment variable {BACKEND_VARIABLE}"
+        raise ValueError(f"{source}: unknown feature backend {chosen!r} "
+                         "(expected 'compiled' or 'numpy')")
+    if chosen == "compiled" and not compiled_available():
+        raise ValueError("feature backend 'compiled' needs numba, which is not installed "
+                         "(pip install numba, or choose 'numpy')")
+    return chosen
 
 
 @functools.lru_cache(maxsize=16)

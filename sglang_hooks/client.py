@@ -29,6 +29,7 @@ I/O thread itself fails, its last act is to publish that fallback marker.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import logging
 import os
@@ -73,6 +74,20 @@ _POLL_S = 0.00025
 #: requested sleep there lasts 3-8x longer, so the look is rarer than asked either way).
 _LOCAL_POLL_S = 0.0001
 _ACTIVE_S = 0.5
+#: The I/O thread's timer slack (ns): how late Linux may end its sleeps to batch wake-ups.
+#: The default 50 us made a 0.1 ms look last 189 us (p50; 138 us at 1 us of slack).
+_TIMER_SLACK_NS = 1000
+_PR_SET_TIMERSLACK = 29  # linux/prctl.h
+
+
+def _punctual_sleeps() -> bool:
+    """Give the calling thread :data:`_TIMER_SLACK_NS` of timer slack (Linux ``prctl``);
+    False where that is not available."""
+    try:
+        prctl = ctypes.CDLL(None).prctl
+    except (OSError, AttributeError):  # not Linux
+        return False
+    return prctl(_PR_SET_TIMERSLACK, _TIMER_SLACK_NS, 0, 0, 0) == 0
 
 
 class DecisionAge:
@@ -282,6 +297,7 @@ class ControllerClient:
         return sock
 
     def _run(self, hello: Hello) -> None:
+        _punctual_sleeps()  # this thread's looks come when asked (the slack is per thread)
         sock, counters, outbox, wake = self._sock, self.counters, self._outbox, self._wake_r
         age = self._age
         local = self._local

@@ -194,8 +194,8 @@ def test_one_decision_per_stream_answering_its_latest_record(policy_path):
     # inproc:// in the server's own context: a send lands in the server's queue before it
     # returns, so all four frames are waiting for one poll however loaded the machine is
     # (over ipc:// only a sleep, a timing window, could say they have arrived).
-    server = ControllerServer(PolicyHolder(policy_path),
-                              ServeOptions(endpoint=f"inproc://one-per-stream-{os.getpid()}"))
+    server = ControllerServer(PolicyHolder(policy_path), ServeOptions(
+        endpoint=f"inproc://one-per-stream-{os.getpid()}", answers_per_poll=1))
     a, b = (Client(server.endpoint, server._context) for _ in range(2))
     try:
         for step in (1, 2, 3):

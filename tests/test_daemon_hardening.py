@@ -131,9 +131,45 @@ def test_one_absurd_latency_does_not_poison_the_stream(server, latency):
         assert expand(decision, grid) == expected(server.holder.policy, good[:i + 1])
 
 
-def test_a_stream_whose_features_fail_is_reset_alone(server, monkeypatch):
+def _make_singular(builder: FeatureBuilder) -> None:
+    """Turn the builder's regression singular: its next solve raises LinAlgError (the
+    numpy builder solves when the grid is computed, the compiled one here)."""
+    singular = -builder.spec.latency_ridge * np.eye(7)
+    if builder.backend == "numpy":
+        builder._pending.clear()  # the record's regressors, folded when next read
+        builder._moments[:7, :7] = singular
+    else:
+        start = builder._offsets[3]
+        builder._state[start:start + 64].reshape(8, 8)[:7, :7] = singular
+        builder._theta = None  # solve again
+
+
+def _poison(builder: FeatureBuilder) -> None:
+    """An estimate turns NaN."""
+    if builder.backend == "numpy":
+        builder._prior_log_error = float("nan")
+    else:
+        from env.features_compiled import _PRIOR_LOG_ERROR
+
+        builder._state[_PRIOR_LOG_ERROR] = float("nan")
+
+
+@pytest.mark.parametrize("backend", ["numpy", "compiled"])
+def test_a_stream_whose_features_fail_is_reset_alone(policy_path, monkeypatch, backend):
     """Defence in depth behind the range checks: an estimator error or a non-finite
     feature resets that stream (fallback reply), and every other stream is answered."""
+    if backend == "compiled":
+        pytest.importorskip("numba")
+    monkeypatch.setenv("SPECCTL_FEATURES", backend)
+    server = ControllerServer(PolicyHolder(policy_path),
+                              ServeOptions(endpoint=f"inproc://h{next(_names)}"))
+    try:
+        _features_fail(server, monkeypatch)
+    finally:
+        server.close()
+
+
+def _features_fail(server: ControllerServer, monkeypatch) -> None:
     feed(server, VICTIM, [encode_step(record(1))])
     feed(server, HOSTILE, [encode_step(record(1, server="x"))])
     streams = {s.key[0]: s for s in server.streams}
@@ -142,8 +178,7 @@ def test_a_stream_whose_features_fail_is_reset_alone(server, monkeypatch):
 
     def singular(record):  # the regression's system turns singular: solving raises
         fold(record)
-        hostile._pending.clear()  # the record's regressors, folded when next read
-        hostile._moments[:7, :7] = -hostile.spec.latency_ridge * np.eye(7)
+        _make_singular(hostile)
 
     monkeypatch.setattr(hostile, "update", singular)
     pending: dict = {}
@@ -156,7 +191,7 @@ def test_a_stream_whose_features_fail_is_reset_alone(server, monkeypatch):
 
     def poisoned(record):  # an estimate turns NaN: the observation is not finite
         fold(record)
-        hostile._prior_log_error = float("nan")
+        _poison(hostile)
 
     monkeypatch.setattr(hostile, "update", poisoned)
     pending = {}
@@ -562,3 +597,30 @@ def test_after_a_slow_round_fewer_records_are_folded(policy_path):
     finally:
         sock.close()
         server.close()
+
+
+def test_the_daemon_keeps_freed_memory_for_reuse():
+    """specctl-serve's allocator settings are all accepted where glibc is (mallopt refuses
+    an out-of-range value: then this is False)."""
+    from controller import streams
+
+    if streams._mallopt is None:
+        pytest.skip("not glibc")
+    assert streams.keep_freed_memory() is True
+
+
+def test_the_daemon_process_settles_its_garbage_collector():
+    """specctl-serve, once set up: start-up objects frozen out of collections, the young
+    generation collected less often (restored here for the other tests)."""
+    import gc
+
+    from controller import cli
+
+    before = gc.get_threshold()
+    try:
+        cli._settle()
+        assert gc.get_freeze_count() > 1000  # this process's modules, at least
+        assert gc.get_threshold() == (cli._GC_YOUNG_THRESHOLD, *before[1:])
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)

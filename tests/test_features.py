@@ -18,6 +18,15 @@ def _layouts_built_afresh():
     features._layout.cache_clear()
 
 
+@pytest.fixture(autouse=True, params=["numpy", "compiled"])
+def backend(request, monkeypatch):
+    """Every test here runs on both implementations (the compiled one needs numba)."""
+    if request.param == "compiled":
+        pytest.importorskip("numba")
+    monkeypatch.setenv(features.BACKEND_VARIABLE, request.param)
+    return request.param
+
+
 def _record(i: int, batch: int, depth: int, accepted: np.ndarray, latency: float,
             kv: int = 50_000, prefill: int = 0) -> StepRecord:
     return StepRecord(server="t", rank=0, step_index=i, time_s=0.01 * i, batch_size=batch,
@@ -104,6 +113,10 @@ def test_batching_refuses_builders_with_other_specs_or_profiles():
         observation_grids([FeatureBuilder(), FeatureBuilder(FeatureSpec(max_depth=5))])
     with pytest.raises(ValueError, match="share the feature spec and the cost profile"):
         observation_grids([FeatureBuilder(), FeatureBuilder(None, profile)])
+    if features.compiled_available():
+        with pytest.raises(ValueError, match=r"\(and the backend\)$"):
+            observation_grids([FeatureBuilder(backend="numpy"),
+                               FeatureBuilder(backend="compiled")])
 
 
 def test_batching_no_builders_is_a_clear_error():
@@ -607,3 +620,28 @@ def test_observation_reports_the_profile_error_unclipped():
     obs = builder.observation()
     assert obs.cost_profile_error == pytest.approx(0.1 * np.log(3.0), rel=1e-9)
     assert _named(builder)["cost_profile_error"] == pytest.approx(0.1 * np.log(3.0), rel=1e-6)
+
+
+@pytest.mark.parametrize("with_profile", [False, True])
+def test_a_copy_goes_on_alone(with_profile):
+    """copy(): the same observations as the original now, and afterwards each folds its
+    own records only (nothing mutable shared)."""
+    profile = load_profile("h200_llama31_8b")
+    prior = profile if with_profile else None
+    records = list(_stream(np.full(7, 0.6), profile, n=60, seed=3))
+    original, twin = FeatureBuilder(FeatureSpec(), prior), FeatureBuilder(FeatureSpec(), prior)
+    for builder in (original, twin):
+        builder.update_many(records[:40])  # some folded below, some left pending
+    original.observation_grid()
+    twin.observation_grid()
+    original.update_many(records[40:45])
+    twin.update_many(records[40:45])
+    copy = original.copy()
+    assert type(copy) is type(original) and copy.cost_prior is original.cost_prior
+    np.testing.assert_array_equal(copy.observation_grid(), twin.observation_grid())
+    copy.update_many(records[45:])  # the copy moves on; the original must not
+    assert copy.observation().new_records == tuple(records[45:])
+    assert original.observation().new_records == tuple(records[40:45])  # its own only
+    np.testing.assert_array_equal(original.observation_grid(), twin.observation_grid())
+    twin.update_many(records[45:])
+    np.testing.assert_array_equal(copy.observation_grid(), twin.observation_grid())

@@ -706,3 +706,24 @@ def test_the_hooks_values_become_one_telemetry_frame():
                     "srv", 3, 14, 0.5, 2, 4, 5, 60, 100, 7, 2, 0.25)
     finally:
         client.close()
+
+
+def test_the_io_thread_asks_for_punctual_sleeps():
+    """Linux ends the I/O thread's sleeps within 1 us of when asked (the slack is per
+    thread: set on that thread, not on the scheduler's)."""
+    import ctypes
+    import threading
+
+    try:
+        prctl = ctypes.CDLL(None).prctl
+    except AttributeError:
+        pytest.skip("no prctl (not Linux)")
+    get_slack = 30  # PR_GET_TIMERSLACK
+    before = prctl(get_slack, 0, 0, 0, 0)
+    seen = []
+    thread = threading.Thread(target=lambda: seen.append(
+        (client_module._punctual_sleeps(), prctl(get_slack, 0, 0, 0, 0))))
+    thread.start()
+    thread.join()
+    assert seen == [(True, client_module._TIMER_SLACK_NS)]
+    assert prctl(get_slack, 0, 0, 0, 0) == before  # this thread's own is untouched

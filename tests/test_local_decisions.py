@@ -27,6 +27,8 @@ from controller.wire import (
     encode_policy,
     pack_telemetry,
 )
+from env import features_compiled
+from env.features import FeatureBuilder
 from env.sim.cost_model import load_profile
 from sglang_hooks.client import ControllerClient
 from sglang_hooks.local import LocalDecisions
@@ -113,6 +115,59 @@ def test_records_sharing_a_poll_get_local_modes_decisions(tmp_path, answers):
             # seq counts each decider's own answers: everything else is equal
             assert [replace(d, seq=0) for d in remote] == [replace(d, seq=0) for d in expected]
             position += size
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("backend", ["numpy", "compiled"])
+def test_a_non_finite_observation_mid_poll_starts_afresh_as_local_mode(tmp_path, monkeypatch,
+                                                                        backend):
+    """A record whose observation is not finite gets a fallback and its stream starts
+    afresh; the stream's later records in the same poll are then folded into the fresh
+    features, exactly as local mode folds them."""
+    if backend == "compiled":
+        pytest.importorskip("numba")
+    monkeypatch.setenv("SPECCTL_FEATURES", backend)
+    frames = telemetry_stream(11, 30, restart=False)
+    poisoned = {decode(frames[k]).step_index for k in (12, 21)}
+    builder_class = type(FeatureBuilder())
+    fold = builder_class.update
+
+    def update(self, record):  # an estimate turns NaN after these records
+        fold(self, record)
+        if record.step_index in poisoned:
+            if self.backend == "numpy":
+                self._prior_log_error = float("nan")
+            else:
+                self._state[features_compiled._PRIOR_LOG_ERROR] = float("nan")
+
+    monkeypatch.setattr(builder_class, "update", update)
+    path = tmp_path / "policy.npz"
+    ExportedPolicy.random(seed=4, hidden=(32,)).save(path)
+    server = ControllerServer(PolicyHolder(path), ServeOptions(
+        endpoint="inproc://nonfinite", answers_per_poll=4, max_records_per_poll=16))
+    try:
+        peer = (b"peer", "")
+        server.handle_frame(peer, encode_hello(Hello("srv", 0, CANDIDATES)), {})
+        local = StreamDecider(ExportedPolicy.load(path), CANDIDATES)
+        mine = [local.decide(decode(frame)) for frame in frames]
+        assert local.resets == 2
+        for frame in frames[:10]:  # the same history, a poll each
+            pending = {}
+            server.handle_frame(peer, frame, pending)
+            server.decide(pending)
+        remote = []
+        for start in range(10, 30, 5):  # polls of 5 records; the poisoned are 3rd and 2nd
+            pending: dict = {}
+            for frame in frames[start:start + 5]:
+                server.handle_frame(peer, frame, pending)
+            remote.append([decision for _, decision in server.decide(pending)])
+        expected = [mine[start:start + 5][-4:] for start in range(10, 30, 5)]
+        assert [[replace(d, seq=0) for d in poll] for poll in remote] == [
+            [replace(d, seq=0) for d in poll] for poll in expected]
+        assert sum(d.is_fallback for poll in remote for d in poll) >= 2
+        assert server.metrics.registry.get_sample_value(
+            "specctl_stream_resets_total", {"reason": "nonfinite"}) == 2
     finally:
         server.close()
 

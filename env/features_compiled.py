@@ -1,0 +1,466 @@
+"""The feature module's estimators compiled with numba: the same observations, cheaper.
+
+:class:`CompiledFeatureBuilder` is :class:`env.features.FeatureBuilder` with its state in
+one float64 array and its two hot paths compiled: folding a record (:func:`_fold`) and
+the observation grids of many streams (:func:`_grids`). At the controller's sizes
+(7 depths, 20 grid rows) the numpy implementation's cost is ~80 numpy calls of ~1 us
+overhead each per decision; compiled, a decision's features cost a few microseconds.
+
+The arithmetic is the numpy implementation's, operation for operation in the same order,
+except where numpy does not say its order: the 7 x 7 ridge solve (LAPACK there, Gaussian
+elimination with partial pivoting here), the regression's matrix-vector products (BLAS
+there), and numpy's own vectorised ``log``/``log1p`` (libm here). So the two agree to
+float rounding (``tests/test_features_compiled.py``: hypothesis streams, both backends),
+not bit for bit; within one backend batching stays invisible, bit for bit. Training and
+serving on one installation use the same backend (``SPECCTL_FEATURES`` chooses; the
+default is compiled when numba imports).
+
+Compiled functions are cached on disk (numba's ``cache=True``): the first process that
+uses them compiles for a few seconds, later ones load in well under one.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+from numba import njit
+
+from env.features import FeatureBuilder, FeatureSpec, _Batch, _layout
+
+# -- the state vector -----------------------------------------------------------------
+# Scalars first, then per-depth arrays whose offsets follow from max_depth (D):
+# trials [D], successes [D], cost samples [D + 1], the regression's 8 x 8 moments,
+# its solution theta [7].
+_WAITING, _KV_USE, _KV_TOKENS, _PREFILL_SHARE = 0, 1, 2, 3
+_BATCH_SIZE, _BATCH_EMA, _BATCH_TREND, _HAS_BATCH = 4, 5, 6, 7
+_STEPS_USED, _SINCE_SWITCH, _SINCE_ACCEPT = 8, 9, 10
+_LATENCY_EMA, _HAS_LATENCY, _THROUGHPUT_EMA, _HAS_THROUGHPUT = 11, 12, 13, 14
+_PRIOR_LOG_ERROR = 15
+_SCALARS = 16
+
+# -- the parameter vector (per spec; see _params) ---------------------------------------
+_P_DEPTH, _P_ALPHA, _P_DECAY, _P_FORGET, _P_RIDGE = 0, 1, 2, 3, 4
+_P_STRENGTH, _P_PRIOR_FIRST, _P_PER_SAMPLE, _P_SPEC_FRACTION, _P_DRAFT_FRACTION = 5, 6, 7, 8, 9
+_P_HEAD, _P_WIDTH, _P_LOG_THROUGHPUT_AT = 10, 11, 12
+_P_LAYOUT = 16  # then the layout's logs, mul, div (width each)
+
+
+def _offsets(depth: int) -> tuple[int, int, int, int, int, int]:
+    """(trials, successes, samples, moments, theta, size) offsets in the state vector."""
+    trials = _SCALARS
+    successes = trials + depth
+    samples = successes + depth
+    moments = samples + depth + 1
+    theta = moments + 64
+    return trials, successes, samples, moments, theta, theta + 7
+
+
+_offsets_jit = njit(cache=True)(_offsets)
+
+
+@functools.lru_cache(maxsize=16)
+def _params(spec: FeatureSpec) -> np.ndarray:
+    """The spec's estimator settings and the vector layout, as one float64 array."""
+    layout = _layout(spec)
+    head = np.array([
+        spec.max_depth, spec.ema_alpha, spec.accept_decay, spec.latency_forgetting,
+        spec.latency_ridge, spec.accept_prior_strength, spec.accept_prior_first,
+        1.0 / spec.cost_confidence_samples, spec.speculation_prior_fraction,
+        spec.draft_step_prior_fraction, layout.head, layout.width, 0.0, 0.0, 0.0, 0.0,
+    ])
+    return np.concatenate([head, layout.logs.astype(float), layout.mul, layout.div])
+
+
+# -- kernels --------------------------------------------------------------------------
+
+_LinAlgError = np.linalg.LinAlgError
+
+
+@njit(cache=True)
+def _maximum(a, b):
+    """``np.maximum`` of two floats: NaN wins (a broken estimator must show)."""
+    return a if a >= b or a != a else b
+
+
+@njit(cache=True)
+def _minimum(a, b):
+    """``np.minimum`` of two floats: NaN wins."""
+    return a if a <= b or a != a else b
+
+
+@njit(cache=True)
+def _solve(state, params, has_prior):
+    """theta = (X'X + ridge I)^-1 (X'y + ridge * prior), as the numpy path's
+    ``np.linalg.solve`` (Gaussian elimination, partial pivoting)."""
+    depth = int(params[_P_DEPTH])
+    _, _, _, mom, theta, _ = _offsets_jit(depth)
+    ridge = params[_P_RIDGE]
+    a = np.empty((7, 8))
+    for i in range(7):
+        for j in range(7):
+            a[i, j] = state[mom + 8 * i + j]
+        a[i, i] = a[i, i] + ridge
+        a[i, 7] = state[mom + 8 * i + 7]
+    if not has_prior:  # the observed level at depth 0, fixed fractions of it speculating
+        level = state[_LATENCY_EMA] if state[_HAS_LATENCY] else 10.0
+        a[0, 7] = a[0, 7] + (level * 1.0) * ridge
+        a[2, 7] = a[2, 7] + (level * params[_P_SPEC_FRACTION]) * ridge
+        a[4, 7] = a[4, 7] + (level * params[_P_DRAFT_FRACTION]) * ridge
+    for k in range(7):
+        pivot = k
+        for i in range(k + 1, 7):
+            if abs(a[i, k]) > abs(a[pivot, k]):
+                pivot = i
+        if a[pivot, k] == 0.0:
+            raise _LinAlgError("Singular matrix")
+        if pivot != k:
+            for j in range(8):
+                a[k, j], a[pivot, j] = a[pivot, j], a[k, j]
+        for i in range(k + 1, 7):
+            factor = a[i, k] / a[k, k]
+            for j in range(k, 8):
+                a[i, j] = a[i, j] - factor * a[k, j]
+    for i in range(6, -1, -1):
+        total = a[i, 7]
+        for j in range(i + 1, 7):
+            total = total - a[i, j] * state[theta + j]
+        state[theta + i] = total / a[i, i]
+
+
+@njit(cache=True)
+def _fold(state, params, has_prior, is_decode, batch_size, waiting, kv_tokens, kv_capacity,
+          steps_used, accepted, latency_s, prior_ms):
+    """``FeatureBuilder.update`` on the state vector (``prior_ms``: the cost profile's
+    latency of this step, ms, when ``has_prior``)."""
+    depth = int(params[_P_DEPTH])
+    tri, suc, smp, mom, _, _ = _offsets_jit(depth)
+    alpha = params[_P_ALPHA]
+    state[_WAITING] = waiting
+    # StepRecord.kv_use (exact integers: the same quotient as Python's int / int)
+    state[_KV_USE] = 0.0 if kv_capacity <= 0 else min(1.0, kv_tokens / kv_capacity)
+    state[_KV_TOKENS] = kv_tokens
+    is_prefill = 0.0 if is_decode else 1.0
+    state[_PREFILL_SHARE] += alpha * (is_prefill - state[_PREFILL_SHARE])
+    if not is_decode:
+        return
+
+    batch = max(batch_size, 1)
+    if not state[_HAS_BATCH]:
+        state[_HAS_BATCH] = 1.0
+        state[_BATCH_EMA] = float(batch)
+    ema = state[_BATCH_EMA]
+    trend = (batch - ema) / max(ema, 1.0)
+    state[_BATCH_TREND] += alpha * (trend - state[_BATCH_TREND])
+    state[_BATCH_EMA] = ema + alpha * (batch - ema)
+    state[_BATCH_SIZE] = batch
+
+    steps = min(max(steps_used, 0), depth)
+    previous = int(state[_STEPS_USED])
+    reentry = steps > 0 and previous == 0
+    if steps != previous:
+        state[_SINCE_SWITCH] = 0.0
+    else:
+        state[_SINCE_SWITCH] += 1.0
+    state[_STEPS_USED] = steps
+
+    n = accepted.shape[0]
+    total_accepted = 0
+    most = 0
+    for i in range(n):
+        a = int(accepted[i])
+        if a < 0:
+            raise ValueError("accepted_drafts has a negative entry")
+        total_accepted += a
+        most = max(most, a)
+    counts = np.zeros(most + 1, dtype=np.int64)
+    for i in range(n):
+        counts[int(accepted[i])] += 1
+
+    if latency_s > 0.0:
+        latency_ms = latency_s * 1e3
+        residual_ms = latency_ms
+        if has_prior:
+            residual_ms -= prior_ms
+            error = math.log(latency_ms / max(prior_ms, 1e-6))
+            state[_PRIOR_LOG_ERROR] += alpha * (error - state[_PRIOR_LOG_ERROR])
+        forget = params[_P_FORGET]
+        for d in range(depth + 1):
+            state[smp + d] *= forget
+        state[smp + steps] += 1.0
+        z = np.empty(8)
+        b = batch / 64.0
+        s = 1.0 if steps > 0 else 0.0
+        m = float(max(steps - 1, 0))
+        z[0], z[1], z[2], z[3] = 1.0, b, s, s * b
+        z[4], z[5], z[6], z[7] = m, m * b, kv_tokens / 1e5, residual_ms
+        for i in range(8):
+            for j in range(8):
+                k = mom + 8 * i + j
+                state[k] = state[k] * forget + z[i] * z[j]
+        if not state[_HAS_LATENCY]:
+            state[_HAS_LATENCY] = 1.0
+            state[_LATENCY_EMA] = latency_ms
+        else:
+            state[_LATENCY_EMA] += alpha * (latency_ms - state[_LATENCY_EMA])
+        rate = (batch_size + total_accepted) / latency_s
+        if not state[_HAS_THROUGHPUT]:
+            state[_HAS_THROUGHPUT] = 1.0
+            state[_THROUGHPUT_EMA] = rate
+        else:
+            state[_THROUGHPUT_EMA] += alpha * (rate - state[_THROUGHPUT_EMA])
+        _solve(state, params, has_prior)
+
+    if steps > 0 and n > 0 and not reentry:
+        # As FeatureBuilder.update: a request accepting a >= steps drafts succeeded at
+        # every position 1..steps.
+        decay = params[_P_DECAY]
+        reached = n
+        for k in range(depth):
+            state[tri + k] *= decay
+            state[suc + k] *= decay
+            if k < steps:
+                state[tri + k] += reached
+                reached -= counts[k] if k <= most else 0
+                state[suc + k] += reached
+        state[_SINCE_ACCEPT] = 0.0
+    else:
+        state[_SINCE_ACCEPT] += 1.0
+
+
+@njit(cache=True)
+def _grids(states, params, has_prior, design, at0, slope, column0, out, latency, rates,
+           expected):
+    """``env.features._batch`` for stacked states: fills ``out`` (streams, rows, size),
+    ``latency`` (depth + 1, streams, rows) (s), ``rates`` and ``expected``."""
+    depth = int(params[_P_DEPTH])
+    tri, suc, smp, _, theta, _ = _offsets_jit(depth)
+    head = int(params[_P_HEAD])
+    width = int(params[_P_WIDTH])
+    logs = params[_P_LAYOUT:_P_LAYOUT + width]
+    mul = params[_P_LAYOUT + width:_P_LAYOUT + 2 * width]
+    div = params[_P_LAYOUT + 2 * width:_P_LAYOUT + 3 * width]
+    strength, per_sample = params[_P_STRENGTH], params[_P_PER_SAMPLE]
+    rows = column0.shape[0]
+    entries = np.empty(width)
+    log_tokens = np.empty(depth + 1)
+    log_latency = np.empty(depth + 1)
+    for n in range(states.shape[0]):
+        state = states[n]
+        # _acceptance(): each position's prior is the estimate of the position before it
+        prior = params[_P_PRIOR_FIRST]
+        reach, total = 1.0, 0.0
+        expected[n, 0] = 0.0
+        for k in range(depth):
+            prior = (state[suc + k] + strength * prior) / (state[tri + k] + strength)
+            rates[n, k] = prior
+            reach *= prior
+            total += reach
+            expected[n, k + 1] = total
+        # The state row's batch-independent entries (FeatureBuilder._state_row order).
+        entries[0] = state[_WAITING]
+        entries[1] = state[_KV_USE]
+        entries[2] = state[_BATCH_TREND]
+        entries[3] = state[_PREFILL_SHARE]
+        entries[4] = state[_STEPS_USED]
+        entries[5] = state[_SINCE_SWITCH]
+        entries[6] = state[_SINCE_ACCEPT]
+        for k in range(depth):
+            entries[7 + k] = rates[n, k]
+            entries[7 + depth + k] = state[tri + k]
+        at = 7 + 2 * depth
+        entries[at] = state[_LATENCY_EMA] if state[_HAS_LATENCY] else 0.0
+        entries[at + 1] = state[_THROUGHPUT_EMA] if state[_HAS_THROUGHPUT] else 0.0
+        for d in range(depth + 1):
+            entries[at + 2 + d] = -math.expm1(-state[smp + d] * per_sample)
+        entries[at + 3 + depth] = 1.0 if has_prior else 0.0
+        entries[at + 4 + depth] = state[_PRIOR_LOG_ERROR]
+        for j in range(width):
+            value = math.log1p(entries[j]) if logs[j] else entries[j]
+            # saturated into the box here, once, not in every row (the same values)
+            entries[j] = _maximum(_minimum(value * mul[j] / div[j], 1.0), -1.0)
+        kv = state[_KV_TOKENS]
+        base_ms = state[_LATENCY_EMA] if state[_HAS_LATENCY] else 10.0
+        floor = _maximum(0.05 * base_ms, 1e-3)
+        for d in range(depth + 1):
+            log_tokens[d] = math.log1p(expected[n, d])
+        for r in range(rows):
+            # _latency_predictions(): the regression per depth, floored, non-decreasing
+            running = -np.inf
+            for d in range(depth + 1):
+                i = d * rows + r  # (a row view per step would cost a third more)
+                value = design[i, 0] * state[theta]
+                for j in range(1, 6):
+                    value += design[i, j] * state[theta + j]
+                value += state[theta + 6] * (kv / 1e5)
+                if has_prior:
+                    value += at0[d, 0, r] + slope[d, 0, r] * kv
+                running = _maximum(running, _maximum(value, floor))
+                latency[d, n, r] = running * 1e-3
+                log_latency[d] = math.log(latency[d, n, r])
+            # Every value saturates into the box [-1, 1] (column0 and entries already
+            # are; the goodput term is within it by construction).
+            vector = out[n, r]
+            vector[0] = column0[r]
+            for j in range(head):
+                vector[1 + j] = entries[j]
+            at = 1 + head
+            for d in range(1, depth + 1):
+                slower = log_latency[d] - log_latency[0]
+                gain = log_tokens[d] - log_tokens[0]
+                vector[at + d - 1] = _maximum(_minimum(slower, 3.0) / 3.0, -1.0)
+                vector[at + depth + d - 1] = _maximum(_minimum(gain - slower, 3.0), -3.0) / 3.0
+            for j in range(head, width):
+                vector[at + 2 * depth + j - head] = entries[j]
+
+
+# -- the builder ----------------------------------------------------------------------
+
+
+class CompiledFeatureBuilder(FeatureBuilder):
+    """:class:`~env.features.FeatureBuilder` with its estimators compiled (numba).
+
+    Construct it as ``FeatureBuilder(spec, cost_prior, backend="compiled")`` (the
+    default when numba is installed). Its private attributes that the numpy builder
+    keeps as Python values read the state vector here.
+    """
+
+    backend = "compiled"
+
+    def reset(self) -> None:
+        """Forget all telemetry."""
+        self._params = _params(self.spec)
+        depth = self.spec.max_depth
+        self._offsets = _offsets(depth)
+        self._state = np.zeros(self._offsets[-1])
+        self._state[_SINCE_ACCEPT] = 10**6
+        self._new_records = []
+        if not hasattr(self, "_inputs_cache"):  # spec and profile only: kept across resets
+            self._inputs_cache: dict[tuple, tuple] = {}
+            self._grid_key: np.ndarray | None = None
+            self._grid_value: tuple = ()
+        _solve(self._state, self._params, self.cost_prior is not None)
+
+    def _copy_estimators(self) -> None:
+        self._state = self._state.copy()
+
+    def update(self, record) -> None:
+        """Fold one step record into the estimators."""
+        self._new_records.append(record)
+        accepted = record.accepted_drafts
+        if type(accepted) is not np.ndarray or accepted.dtype is not _INT8:
+            accepted = _drafts(accepted)
+        is_decode = record.prefill_tokens == 0
+        prior_ms = 0.0
+        has_prior = self.cost_prior is not None
+        if has_prior and is_decode and record.step_latency_s > 0.0:
+            steps = min(max(record.steps_used, 0), self.spec.max_depth)
+            prior_ms = 1e3 * self.cost_prior.step_latency_s(
+                max(record.batch_size, 1), steps, record.kv_used_tokens, 0,
+                draft_extend=steps > 0, speculative_path=steps > 0)
+        _fold(self._state, self._params, has_prior, is_decode, record.batch_size,
+              record.waiting_requests, record.kv_used_tokens, record.kv_capacity_tokens,
+              record.steps_used, accepted, record.step_latency_s, prior_ms)
+
+    @staticmethod
+    def _batch(builders, batch_sizes: np.ndarray) -> _Batch:
+        first = builders[0]
+        spec = first.spec
+        depth = spec.max_depth
+        n, rows = len(builders), len(batch_sizes)
+        states = (first._state[None] if n == 1
+                  else np.stack([b._state for b in builders]))
+        design, at0, slope, column0 = first._grid_inputs(batch_sizes)
+        out = np.empty((n, rows, spec.size), dtype=np.float32)
+        latency = np.empty((depth + 1, n, rows))
+        rates = np.empty((n, depth))
+        expected = np.empty((n, depth + 1))
+        _grids(states, first._params, first.cost_prior is not None, design, at0, slope,
+               column0, out, latency, rates, expected)
+        return _Batch(out, latency, rates, expected)
+
+    def _grid_inputs(self, batch_sizes: np.ndarray) -> tuple[np.ndarray, ...]:
+        """:meth:`_design`'s arrays (the prior's as 1 x 1 x 1 zeros without a profile)
+        and the vector's first column (log batch size, in the box), per set of batch
+        sizes; the spec's grid found by identity (see ``observation_grids``)."""
+        if batch_sizes is self._grid_key:
+            return self._grid_value
+        key = tuple(batch_sizes.tolist())
+        cached = self._inputs_cache.get(key)
+        if cached is None:
+            design, prior = self._design(batch_sizes)
+            at0, slope = prior if prior is not None else (_NO_PRIOR, _NO_PRIOR)
+            column0 = np.log1p(batch_sizes) / math.log1p(self.spec.batch_scale)
+            column0 = np.maximum(np.minimum(column0, 1.0), -1.0)
+            cached = self._inputs_cache[key] = (design, at0, slope, column0)
+        if batch_sizes is self._layout.grid:  # read only: safe to know by identity
+            self._grid_key, self._grid_value = batch_sizes, cached
+        return cached
+
+    # -- the numpy builder's attributes, read from the state --------------------------
+
+    @property
+    def _waiting(self) -> int:
+        return int(self._state[_WAITING])
+
+    @property
+    def _kv_use(self) -> float:
+        return float(self._state[_KV_USE])
+
+    @property
+    def _kv_used_tokens(self) -> int:
+        return int(self._state[_KV_TOKENS])
+
+    @property
+    def _batch_size(self) -> int:
+        return int(self._state[_BATCH_SIZE])
+
+    @property
+    def _steps_used(self) -> int:
+        return int(self._state[_STEPS_USED])
+
+    @property
+    def _steps_since_switch(self) -> int:
+        return int(self._state[_SINCE_SWITCH])
+
+    @property
+    def _depth_samples(self) -> list[float]:
+        start = self._offsets[2]
+        return self._state[start:start + self.spec.max_depth + 1].tolist()
+
+    @property
+    def _prior_log_error(self) -> float:
+        return float(self._state[_PRIOR_LOG_ERROR])
+
+    @property
+    def _latency_ms_ema(self) -> float | None:
+        return float(self._state[_LATENCY_EMA]) if self._state[_HAS_LATENCY] else None
+
+    @property
+    def _theta(self) -> np.ndarray:
+        start = self._offsets[4]
+        return self._state[start:start + 7].copy()
+
+    @_theta.setter
+    def _theta(self, value: None) -> None:
+        """Setting None solves the regression again (as the numpy builder would)."""
+        if value is not None:
+            raise ValueError("theta is computed, not set: assign None to solve again")
+        _solve(self._state, self._params, self.cost_prior is not None)
+
+
+_NO_PRIOR = np.zeros((1, 1, 1))
+_INT8 = np.dtype(np.int8)
+_NO_DRAFTS = np.zeros(0, dtype=_INT8)
+
+
+def _drafts(accepted) -> np.ndarray:
+    """Accepted drafts that are not already an int8 array, as np.bincount takes them:
+    an integer array (of any integer type), or empty (of any type)."""
+    accepted = np.asarray(accepted)
+    if accepted.size == 0:
+        return _NO_DRAFTS
+    if accepted.dtype.kind not in "iu":  # np.bincount's error too
+        raise TypeError(f"accepted_drafts must hold integers, got {accepted.dtype}")
+    return accepted
