@@ -53,8 +53,10 @@ class Demonstrations:
 
 
 def collect(env_cfg: dict[str, Any], teacher: str, steps: int, gamma: float, seed: int,
-            student: PPO | None = None, desc: str = "teacher steps") -> Demonstrations:
-    """``steps`` decisions in training scenarios, labelled by ``teacher``.
+            student: PPO | None = None, desc: str = "teacher steps",
+            teacher_options: dict[str, Any] | None = None) -> Demonstrations:
+    """``steps`` decisions in training scenarios, labelled by ``teacher`` (built with
+    ``teacher_options``, see :func:`agents.policies.make_policy`).
 
     The teacher acts, or the ``student`` (its deterministic action, through the
     numpy export, which is much faster than ``model.predict`` per step) when given.
@@ -64,7 +66,7 @@ def collect(env_cfg: dict[str, Any], teacher: str, steps: int, gamma: float, see
     env = SpecDecodeEnv(env_cfg, split="train")
     observations, actions, rewards, ends, durations = [], [], [], [], []
     obs, _ = env.reset(seed=seed)
-    policy = _teacher_for(env, teacher)
+    policy = _teacher_for(env, teacher, teacher_options)
     bar = tqdm(total=steps, desc=desc, unit="step", disable=None, leave=False)
     while len(actions) < steps:
         bar.update()
@@ -78,7 +80,7 @@ def collect(env_cfg: dict[str, Any], teacher: str, steps: int, gamma: float, see
         ends.append(terminated or truncated)
         if terminated or truncated:
             obs, _ = env.reset()
-            policy = _teacher_for(env, teacher)
+            policy = _teacher_for(env, teacher, teacher_options)
     bar.close()
     returns = np.zeros(len(rewards))
     running = 0.0
@@ -100,28 +102,37 @@ def merge(a: Demonstrations, b: Demonstrations) -> Demonstrations:
 
 
 def dagger(model: PPO, env_cfg: dict[str, Any], teacher: str, steps: int, rounds: int,
-           gamma: float, seed: int, epochs: int = 20) -> dict[str, float]:
-    """Teacher-driven round, then ``rounds - 1`` student-driven rounds, refitting each time."""
-    demos = collect(env_cfg, teacher, steps, gamma, seed, desc=f"kick-start 1/{rounds}")
-    stats = kickstart(model, demos, epochs=epochs, seed=seed)
+           gamma: float, seed: int, epochs: int = 20, min_weight: float = 0.0,
+           teacher_options: dict[str, Any] | None = None) -> dict[str, float]:
+    """Teacher-driven round, then ``rounds - 1`` student-driven rounds, refitting each time
+    (``min_weight``: see :func:`kickstart`; ``teacher_options``: see :func:`collect`)."""
+    demos = collect(env_cfg, teacher, steps, gamma, seed, desc=f"kick-start 1/{rounds}",
+                    teacher_options=teacher_options)
+    stats = kickstart(model, demos, epochs=epochs, seed=seed, min_weight=min_weight)
     for r in range(1, rounds):
         demos = merge(demos, collect(env_cfg, teacher, steps, gamma, seed + r, student=model,
-                                     desc=f"kick-start {r + 1}/{rounds}"))
-        stats = kickstart(model, demos, epochs=epochs, seed=seed + r)
+                                     desc=f"kick-start {r + 1}/{rounds}",
+                                     teacher_options=teacher_options))
+        stats = kickstart(model, demos, epochs=epochs, seed=seed + r, min_weight=min_weight)
     return stats
 
 
-def _teacher_for(env: SpecDecodeEnv, name: str):
+def _teacher_for(env: SpecDecodeEnv, name: str, options: dict[str, Any] | None = None):
     scenario = env.scenario
     policy = make_policy(name, profile=scenario.profile, max_depth=env.max_depth,
-                         sim_config=scenario.config)
+                         sim_config=scenario.config, options=options)
     policy.reset(env.simulator)
     return policy
 
 
 def kickstart(model: PPO, demos: Demonstrations, epochs: int = 20, batch_size: int = 512,
-              learning_rate: float = 1e-3, seed: int = 0) -> dict[str, float]:
-    """Fit the actor to the teacher's actions and the critic to its returns."""
+              learning_rate: float = 1e-3, seed: int = 0,
+              min_weight: float = 0.0) -> dict[str, float]:
+    """Fit the actor to the teacher's actions and the critic to its returns.
+
+    Each decision's imitation weight is its step latency over the mean, capped at 50 and
+    floored at ``min_weight``.
+    """
     policy = model.policy
     device = policy.device
     obs = torch.as_tensor(demos.observations, device=device)
@@ -129,7 +140,7 @@ def kickstart(model: PPO, demos: Demonstrations, epochs: int = 20, batch_size: i
     returns = torch.as_tensor(demos.returns, device=device)
     if demos.durations is not None and demos.durations.sum() > 0:
         # Capped: one pathological step must not drown the rest of the batch.
-        weights = np.minimum(demos.durations / demos.durations.mean(), 50.0)
+        weights = np.clip(demos.durations / demos.durations.mean(), min_weight, 50.0)
     else:
         weights = np.ones(len(demos.actions), np.float32)
     weights = torch.as_tensor(weights, dtype=torch.float32, device=device)
