@@ -102,18 +102,18 @@ def merge(a: Demonstrations, b: Demonstrations) -> Demonstrations:
 
 
 def dagger(model: PPO, env_cfg: dict[str, Any], teacher: str, steps: int, rounds: int,
-           gamma: float, seed: int, epochs: int = 20, min_weight: float = 0.0,
+           gamma: float, seed: int, epochs: int = 20,
            teacher_options: dict[str, Any] | None = None) -> dict[str, float]:
     """Teacher-driven round, then ``rounds - 1`` student-driven rounds, refitting each time
-    (``min_weight``: see :func:`kickstart`; ``teacher_options``: see :func:`collect`)."""
+    (``teacher_options``: see :func:`collect`)."""
     demos = collect(env_cfg, teacher, steps, gamma, seed, desc=f"kick-start 1/{rounds}",
                     teacher_options=teacher_options)
-    stats = kickstart(model, demos, epochs=epochs, seed=seed, min_weight=min_weight)
+    stats = kickstart(model, demos, epochs=epochs, seed=seed)
     for r in range(1, rounds):
         demos = merge(demos, collect(env_cfg, teacher, steps, gamma, seed + r, student=model,
                                      desc=f"kick-start {r + 1}/{rounds}",
                                      teacher_options=teacher_options))
-        stats = kickstart(model, demos, epochs=epochs, seed=seed + r, min_weight=min_weight)
+        stats = kickstart(model, demos, epochs=epochs, seed=seed + r)
     return stats
 
 
@@ -126,13 +126,8 @@ def _teacher_for(env: SpecDecodeEnv, name: str, options: dict[str, Any] | None =
 
 
 def kickstart(model: PPO, demos: Demonstrations, epochs: int = 20, batch_size: int = 512,
-              learning_rate: float = 1e-3, seed: int = 0,
-              min_weight: float = 0.0) -> dict[str, float]:
-    """Fit the actor to the teacher's actions and the critic to its returns.
-
-    Each decision's imitation weight is its step latency over the mean, capped at 50 and
-    floored at ``min_weight``.
-    """
+              learning_rate: float = 1e-3, seed: int = 0) -> dict[str, float]:
+    """Fit the actor to the teacher's actions and the critic to its returns."""
     policy = model.policy
     device = policy.device
     obs = torch.as_tensor(demos.observations, device=device)
@@ -140,7 +135,7 @@ def kickstart(model: PPO, demos: Demonstrations, epochs: int = 20, batch_size: i
     returns = torch.as_tensor(demos.returns, device=device)
     if demos.durations is not None and demos.durations.sum() > 0:
         # Capped: one pathological step must not drown the rest of the batch.
-        weights = np.clip(demos.durations / demos.durations.mean(), min_weight, 50.0)
+        weights = np.minimum(demos.durations / demos.durations.mean(), 50.0)
     else:
         weights = np.ones(len(demos.actions), np.float32)
     weights = torch.as_tensor(weights, dtype=torch.float32, device=device)

@@ -112,7 +112,6 @@ def train(cfg: DictConfig, out_dir: Path) -> tuple[Path, float | None]:
         kickstart_stats = dagger(model, env_cfg, str(pretrain.teacher),
                                  int(pretrain.steps_per_round), int(pretrain.rounds),
                                  float(agent.gamma), seed, epochs=int(pretrain.epochs),
-                                 min_weight=float(pretrain.get("min_weight", 0.0)),
                                  teacher_options=OmegaConf.to_container(
                                      pretrain.get("teacher_options") or {}, resolve=True))
         kickstarted = export_ppo(model, spec)
