@@ -128,7 +128,7 @@ def run_config(cfg: Any, *, policy_key: str | None = None) -> None:
 
         setting("agent.pretrain.teacher", teacher, lambda: make_policy(
             str(teacher), profile=profiles[0], max_depth=max_depth))
-        options = OmegaConf.to_container(pretrain.get("teacher_options") or {}, resolve=True)
+        options = dict(pretrain.get("teacher_options") or {})
         setting("agent.pretrain.teacher_options", options, lambda: make_policy(
             str(teacher), profile=profiles[0], max_depth=max_depth, options=options))
     if "eval" in cfg and cfg.get("evaluate", True) and profiles:

@@ -112,8 +112,7 @@ def train(cfg: DictConfig, out_dir: Path) -> tuple[Path, float | None]:
         kickstart_stats = dagger(model, env_cfg, str(pretrain.teacher),
                                  int(pretrain.steps_per_round), int(pretrain.rounds),
                                  float(agent.gamma), seed, epochs=int(pretrain.epochs),
-                                 teacher_options=OmegaConf.to_container(
-                                     pretrain.get("teacher_options") or {}, resolve=True))
+                                 teacher_options=dict(pretrain.get("teacher_options") or {}))
         kickstarted = export_ppo(model, spec)
         kickstarted_state = copy.deepcopy(model.policy.state_dict())
     model.learn(total_timesteps=int(float(agent.total_timesteps)),
