@@ -121,12 +121,16 @@ def run_config(cfg: Any, *, policy_key: str | None = None) -> None:
     if policy_key:
         policy_file(policy_key, policy_path)
     max_depth = int(cfg.env.max_depth)
-    teacher = cfg.get("agent", {}).get("pretrain", {}).get("teacher")
+    pretrain = cfg.get("agent", {}).get("pretrain", {})
+    teacher = pretrain.get("teacher")
     if teacher and profiles:
         from agents.policies import make_policy
 
         setting("agent.pretrain.teacher", teacher, lambda: make_policy(
             str(teacher), profile=profiles[0], max_depth=max_depth))
+        options = dict(pretrain.get("teacher_options") or {})
+        setting("agent.pretrain.teacher_options", options, lambda: make_policy(
+            str(teacher), profile=profiles[0], max_depth=max_depth, options=options))
     if "eval" in cfg and cfg.get("evaluate", True) and profiles:
         ev = cfg.eval
         for key in ("policies", "sweep_policies"):

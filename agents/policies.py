@@ -261,12 +261,16 @@ class GoodputGreedyPolicy(Policy):
     def reset(self, sim=None) -> None:
         self.rule.reset()
 
-    def act(self, obs: Observation) -> int:
+    def act(self, obs: Observation, expected_accepted: np.ndarray | None = None) -> int:
+        """The depth for ``obs``; ``expected_accepted`` (per depth) replaces the
+        observation's acceptance estimate where given."""
         batch = max(obs.batch_size, 1)
         latency = np.array([self.profile.step_latency_s(
             batch, depth, obs.kv_used_tokens, 0, **self.config.latency_flags(depth))
             for depth in range(self.max_depth + 1)])
-        rate = batch * (1.0 + obs.expected_accepted[: self.max_depth + 1]) / latency
+        if expected_accepted is None:
+            expected_accepted = obs.expected_accepted
+        rate = batch * (1.0 + expected_accepted[: self.max_depth + 1]) / latency
         return self.rule.choose(rate, latency, obs.steps_used)
 
 
@@ -310,14 +314,17 @@ class GoodputExplorePolicy(Policy):
 
     def __init__(self, profile, max_depth: int, sim_config: SchedulerConfig | None = None,
                  margin: float = 0.1, min_samples: float = 1.0,
-                 contradiction: float = 0.25, accept_margin: float = 0.05) -> None:
+                 contradiction: float = 0.25, accept_margin: float = 0.05,
+                 accept_prior_strength: float | None = None) -> None:
         self.greedy = GoodputGreedyPolicy(profile, max_depth, sim_config)
         self.max_depth = max_depth
         self.margin = margin
         self.min_samples = min_samples
         self.contradiction = contradiction
         self.accept_margin = accept_margin
-        names = FeatureSpec(max_depth=max_depth).names()
+        self.accept_prior_strength = accept_prior_strength
+        self.spec = FeatureSpec(max_depth=max_depth)
+        names = self.spec.names()
         self._accept_confidence = names.index("accept_confidence_1")
         self._has_profile = names.index("has_cost_profile")
 
@@ -325,12 +332,13 @@ class GoodputExplorePolicy(Policy):
         self.greedy.reset(sim)
 
     def act(self, obs: Observation) -> int:
-        choice = self.greedy.act(obs)  # every step: the rule's probing budget runs on
+        expected = self.measured_expected(obs)
+        choice = self.greedy.act(obs, expected)  # every step: the rule's probing budget runs on
         samples = obs.cost_samples[: self.max_depth + 1]
         if not samples.size:
             return choice
         latency = obs.latency_pred_s[: self.max_depth + 1]
-        rate = (1.0 + obs.expected_accepted[: self.max_depth + 1]) / latency
+        rate = (1.0 + expected[: self.max_depth + 1]) / latency
         if (choice == 0 and obs.vector[self._accept_confidence] <= 0.0
                 and obs.vector[self._has_profile] > 0.0
                 and rate[1:].max() >= rate[0] * (1.0 - self.accept_margin)):
@@ -353,6 +361,39 @@ class GoodputExplorePolicy(Policy):
         # The cheapest candidate first: it costs least to measure, and once the cost
         # of speculating at all is known, the deeper depths' guesses move with it.
         return int(np.flatnonzero(looks_better & unmeasured)[0])
+
+    def measured_expected(self, obs: Observation) -> np.ndarray:
+        """Expected accepted drafts per depth, with the acceptance estimate's prior
+        weakened to ``accept_prior_strength`` pseudo-requests (None: the observation's own).
+
+        The feature module pulls each position's rate toward a prior of 0.7 with 4
+        pseudo-requests; at batch 1, with about 30 decayed trials, that keeps a server
+        accepting 0.1 drafts per step looking like 0.2, enough to make depth 1 look
+        worth running where it costs 15% more than off. The counts behind the estimate
+        are in the vector (rate and trials per position), so the student can see what
+        this rule sees.
+        """
+        strength = self.accept_prior_strength
+        if strength is None:
+            return obs.expected_accepted
+        spec = self.spec
+        vector_trials = obs.vector[self._accept_confidence:self._accept_confidence
+                                   + spec.max_depth]
+        trials = np.expm1(vector_trials * math.log1p(1e4))
+        prior, reach, total = spec.accept_prior_first, 1.0, 0.0
+        expected = [0.0]
+        new_prior = spec.accept_prior_first
+        for rate, trial in zip(obs.accept_rate, trials, strict=True):
+            # Undo the feature module's prior (its prior is the previous position's rate).
+            successes = max(0.0, rate * (trial + spec.accept_prior_strength)
+                            - spec.accept_prior_strength * prior)
+            prior = rate
+            new_prior = (successes + strength * new_prior) / (trial + strength)
+            new_prior = min(max(new_prior, 0.0), 1.0)
+            reach *= new_prior
+            total += reach
+            expected.append(total)
+        return np.asarray(expected)
 
     def _contradiction_probe(self, obs: Observation, rate: np.ndarray,
                              unmeasured: np.ndarray) -> int | None:
@@ -468,8 +509,15 @@ POLICY_NAMES = ("no_spec", "static_<d>", "table", "sglang_adaptive", "goodput_gr
 
 
 def make_policy(name: str, *, profile=None, max_depth: int = 7, policy_path: str | None = None,
-                sim_config: SchedulerConfig | None = None) -> Policy:
-    """Build a policy from its command-line name (see the module docstring)."""
+                sim_config: SchedulerConfig | None = None,
+                options: dict | None = None) -> Policy:
+    """Build a policy from its command-line name (see the module docstring).
+
+    ``options``: keyword arguments of ``goodput_explore``'s constructor (e.g.
+    ``accept_prior_strength``); no other policy takes any.
+    """
+    if options and name != "goodput_explore":
+        raise ValueError(f"policy {name!r} takes no options (got {sorted(options)})")
     if name == "no_spec":
         return StaticPolicy(0)
     if name.startswith("static_"):
@@ -491,7 +539,10 @@ def make_policy(name: str, *, profile=None, max_depth: int = 7, policy_path: str
     if name == "goodput_greedy":
         return GoodputGreedyPolicy(profile, max_depth, sim_config)
     if name == "goodput_explore":
-        return GoodputExplorePolicy(profile, max_depth, sim_config)
+        try:
+            return GoodputExplorePolicy(profile, max_depth, sim_config, **(options or {}))
+        except TypeError as error:
+            raise ValueError(f"policy {name!r}: bad options {options}: {error}") from None
     if name == "oracle":
         return OraclePolicy(profile, max_depth)
     if name == "ppo":

@@ -53,8 +53,10 @@ class Demonstrations:
 
 
 def collect(env_cfg: dict[str, Any], teacher: str, steps: int, gamma: float, seed: int,
-            student: PPO | None = None, desc: str = "teacher steps") -> Demonstrations:
-    """``steps`` decisions in training scenarios, labelled by ``teacher``.
+            student: PPO | None = None, desc: str = "teacher steps",
+            teacher_options: dict[str, Any] | None = None) -> Demonstrations:
+    """``steps`` decisions in training scenarios, labelled by ``teacher`` (built with
+    ``teacher_options``, see :func:`agents.policies.make_policy`).
 
     The teacher acts, or the ``student`` (its deterministic action, through the
     numpy export, which is much faster than ``model.predict`` per step) when given.
@@ -64,7 +66,7 @@ def collect(env_cfg: dict[str, Any], teacher: str, steps: int, gamma: float, see
     env = SpecDecodeEnv(env_cfg, split="train")
     observations, actions, rewards, ends, durations = [], [], [], [], []
     obs, _ = env.reset(seed=seed)
-    policy = _teacher_for(env, teacher)
+    policy = _teacher_for(env, teacher, teacher_options)
     bar = tqdm(total=steps, desc=desc, unit="step", disable=None, leave=False)
     while len(actions) < steps:
         bar.update()
@@ -78,7 +80,7 @@ def collect(env_cfg: dict[str, Any], teacher: str, steps: int, gamma: float, see
         ends.append(terminated or truncated)
         if terminated or truncated:
             obs, _ = env.reset()
-            policy = _teacher_for(env, teacher)
+            policy = _teacher_for(env, teacher, teacher_options)
     bar.close()
     returns = np.zeros(len(rewards))
     running = 0.0
@@ -100,21 +102,25 @@ def merge(a: Demonstrations, b: Demonstrations) -> Demonstrations:
 
 
 def dagger(model: PPO, env_cfg: dict[str, Any], teacher: str, steps: int, rounds: int,
-           gamma: float, seed: int, epochs: int = 20) -> dict[str, float]:
-    """Teacher-driven round, then ``rounds - 1`` student-driven rounds, refitting each time."""
-    demos = collect(env_cfg, teacher, steps, gamma, seed, desc=f"kick-start 1/{rounds}")
+           gamma: float, seed: int, epochs: int = 20,
+           teacher_options: dict[str, Any] | None = None) -> dict[str, float]:
+    """Teacher-driven round, then ``rounds - 1`` student-driven rounds, refitting each time
+    (``teacher_options``: see :func:`collect`)."""
+    demos = collect(env_cfg, teacher, steps, gamma, seed, desc=f"kick-start 1/{rounds}",
+                    teacher_options=teacher_options)
     stats = kickstart(model, demos, epochs=epochs, seed=seed)
     for r in range(1, rounds):
         demos = merge(demos, collect(env_cfg, teacher, steps, gamma, seed + r, student=model,
-                                     desc=f"kick-start {r + 1}/{rounds}"))
+                                     desc=f"kick-start {r + 1}/{rounds}",
+                                     teacher_options=teacher_options))
         stats = kickstart(model, demos, epochs=epochs, seed=seed + r)
     return stats
 
 
-def _teacher_for(env: SpecDecodeEnv, name: str):
+def _teacher_for(env: SpecDecodeEnv, name: str, options: dict[str, Any] | None = None):
     scenario = env.scenario
     policy = make_policy(name, profile=scenario.profile, max_depth=env.max_depth,
-                         sim_config=scenario.config)
+                         sim_config=scenario.config, options=options)
     policy.reset(env.simulator)
     return policy
 

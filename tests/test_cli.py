@@ -90,6 +90,10 @@ def test_eval_mistakes_are_one_line(tmp_path, capsys, monkeypatch, args, starts,
     (["profile=nosuch"], "profile=nosuch: "),
     (["workload.path=/nonexistent"], "workload.path=/nonexistent: "),
     (["agent.pretrain.teacher=nosuch"], "agent.pretrain.teacher=nosuch: "),
+    (["+agent.pretrain.teacher_options.nosuch=1"], "agent.pretrain.teacher_options={nosuch:1}: "),
+    (["agent.pretrain.teacher=goodput_greedy",
+      "+agent.pretrain.teacher_options.accept_prior_strength=1"],
+     "agent.pretrain.teacher_options={accept_prior_strength:1}: "),
 ])
 def test_train_mistakes_are_one_line(tmp_path, capsys, monkeypatch, args, starts):
     result = invoke("agents.train", *args, tmp_path=tmp_path, capsys=capsys,

@@ -232,3 +232,37 @@ def test_goodput_explore_measures_acceptance_it_never_saw_when_speculating_looks
     builder.update_many(at(1, 1, 20, 2) + at(1, 1, 22, 4))  # the first one back is left out
     obs = builder.observation(32)
     assert teacher.act(obs) == greedy.act(obs) > 0
+
+
+def test_goodput_explore_weaker_acceptance_prior_reads_the_measured_rate():
+    from agents.policies import GoodputExplorePolicy
+
+    # Batch 1 at depth 1, one first draft in ten accepted over 40 steps: the feature
+    # module's prior (0.7, 4 pseudo-requests) keeps the estimate well above 0.1; the
+    # teacher undoes that prior from the vector's rate and trial count and applies a
+    # weaker one.
+    h200 = load_profile("h200_llama31_8b")
+    records = [_timed(i, 1, 1, 1 if i % 10 == 0 else 0, 0.01) for i in range(40)]
+    builder = FeatureBuilder(cost_prior=h200)
+    builder.update_many(records)
+    obs = builder.observation(1)
+    same = GoodputExplorePolicy(h200, max_depth=7, accept_prior_strength=4.0)
+    np.testing.assert_allclose(same.measured_expected(obs), obs.expected_accepted, atol=1e-5)
+    assert GoodputExplorePolicy(h200, max_depth=7).measured_expected(obs) is obs.expected_accepted
+    weak = GoodputExplorePolicy(h200, max_depth=7, accept_prior_strength=1.0)
+    measured = weak.measured_expected(obs)
+    assert obs.expected_accepted[1] > 0.15
+    assert 0.08 < measured[1] < 0.13
+    # Deeper positions inherit the first one's weaker estimate: every depth expects less.
+    assert (measured[1:] < obs.expected_accepted[1:]).all()
+    assert (np.diff(measured) >= 0).all()
+
+
+def test_make_policy_options_reach_goodput_explore_only():
+    h200 = load_profile("h200_llama31_8b")
+    teacher = make_policy("goodput_explore", profile=h200, options={"accept_prior_strength": 1.0})
+    assert teacher.accept_prior_strength == 1.0
+    with pytest.raises(ValueError, match="'goodput_greedy' takes no options"):
+        make_policy("goodput_greedy", profile=h200, options={"accept_prior_strength": 1.0})
+    with pytest.raises(ValueError, match=r"bad options.*nosuch"):
+        make_policy("goodput_explore", profile=h200, options={"nosuch": 1})

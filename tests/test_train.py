@@ -8,10 +8,11 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from stable_baselines3 import PPO
 
-from agents.pretrain import dagger
+from agents.pretrain import collect, dagger
 from controller.policy_file import ExportedPolicy
 from env.spec_env import SpecDecodeEnv
 
@@ -65,6 +66,15 @@ def test_dagger_kickstart_imitates_the_teacher():
     student = _mean_return(SpecDecodeEnv(TINY_ENV),
                            lambda obs: int(model.predict(obs, deterministic=True)[0]))
     assert student > 0.9 * _mean_return(SpecDecodeEnv(TINY_ENV), lambda obs: 3)
+
+
+def test_kickstart_teacher_is_built_with_its_options():
+    # The options reach the teacher's constructor: a wrong one fails there, by name.
+    with pytest.raises(ValueError, match=r"bad options.*nosuch"):
+        collect(TINY_ENV, "goodput_explore", 10, 0.99, 0, teacher_options={"nosuch": 1})
+    demos = collect(TINY_ENV, "goodput_explore", 50, 0.99, 0,
+                    teacher_options={"accept_prior_strength": 1.0})
+    assert len(demos.actions) == 50
 
 
 def test_train_and_eval_commands_end_to_end(tmp_path):
