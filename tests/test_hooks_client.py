@@ -403,13 +403,13 @@ def test_local_mode_answers_each_telemetry_on_the_io_thread():
         assert local.frames == [frame(5)]
         assert client.current.steps == (5,) and client.marker.steps == (5,)
         assert client.answered_step == 5
-        client.send_telemetry(frame(13), 13, clock())  # refused: no answer
-        wait_until(lambda: client.counters["local_wire_error_range"] == 1, "the refusal")
-        assert client.counters["local_decisions"] == 1
+        for _ in range(2):  # refused: no answer, and each refusal counted
+            client.send_telemetry(frame(13), 13, clock())
         # A telemetry given as the hooks' values is packed before it is decided on.
         client.send_telemetry(("s", 0, 14, 0.0, 1, 0, 1, 0, 1, 0, 1, [0], 0.01), 14, clock())
         wait_until(lambda: client.counters["local_decisions"] == 2, "a second decision")
-        assert decode(local.frames[-1]).step_index == 14
+        assert client.counters["local_wire_error_range"] == 2  # taken in order, before 14
+        assert decode(local.frames[-1]).step_index == 14 and len(local.frames) == 4
         assert client.counters["telemetry_sent"] == 0  # no socket: nothing sent
     finally:
         client.close()

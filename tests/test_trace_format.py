@@ -223,41 +223,13 @@ def _rewrite(path, column: str, row: int, value) -> None:
     pq.write_table(table, path)
 
 
-# Rows: 0..2 are requests, 3.. are steps (see make_steps).
-@pytest.mark.parametrize(
-    ("column", "row", "value", "expected"),
-    [
-        ("output_tokens", 1, -3, "row 1, field 'output_tokens': must be >= 1, got -3"),
-        ("prompt_tokens", 0, 0, "row 0, field 'prompt_tokens': must be >= 1, got 0"),
-        ("arrival_s", 2, 0.1, "row 2, field 'arrival_s': requests must be sorted"),
-        ("arrival_s", 0, float("nan"), "row 0, field 'arrival_s': must be finite"),
-        ("request_id", 1, "r0", "row 1, field 'request_id': duplicate id 'r0'"),
-        ("step_latency_s", 5, -0.5, "row 5, field 'step_latency_s': must be >= 0"),
-        ("step_latency_s", 4, float("inf"), "row 4, field 'step_latency_s': must be finite"),
-        ("step_index", 6, 2, "row 6, field 'step_index': must strictly increase"),
-        # equal, not only smaller, within one file (issue 14: '<=' must not become '<')
-        ("step_index", 6, 4, "row 6, field 'step_index': must strictly increase .*: 4 after 4"),
-        # negative, not only too large (issue 14: the '< 0' half of the range check)
-        ("accepted_drafts", 4, [-1, 0], "row 4, field 'accepted_drafts': entry 0 is -1, outside"),
-        ("batch_size", 4, 1, "row 4, field 'accepted_drafts': has 2 entries, more than"),
-        ("accepted_drafts", 4, [3, 0], "row 4, field 'accepted_drafts': entry 0 is 3"),
-        ("accepted_drafts", 3, [1, 1], "row 3, field 'accepted_drafts': must be empty"),
-        ("request_ids", 4, ["r0"], "row 4, field 'request_ids': has 1 ids, expected batch"),
-        ("kv_used_tokens", 7, -1, "row 7, field 'kv_used_tokens': must be >= 0, got -1"),
-        ("record", 3, "stepp", "row 3, field 'record': must be 'request' or 'step'"),
-        ("time_s", 5, None, "row 5, field 'time_s': must not be null on a step row"),
-        ("prompt_tokens", 1, None, "row 1, field 'prompt_tokens': must not be null on a "
-         "request row"),
-    ],
-)
-def test_validation_errors_name_file_row_field(tmp_path, column, row, value, expected):
-    path = write_trace(tmp_path / "bad.parquet", make_requests(), make_steps(6))
+def _one_cell_changed(tmp_path, column: str, row: int, value):
+    """A trace of make_requests() and make_steps(6) with one cell rewritten. Rows: 0..2
+    are the requests, 3..8 the steps: steps_used 0,1,2,3,0,0; accepted_drafts [], [1,0],
+    [2,0], [3,0], [], []; request_ids on rows 4, 6 and 8."""
+    path = write_trace(tmp_path / "t.parquet", make_requests(), make_steps(6))
     _rewrite(path, column, row, value)
-    with pytest.raises(TraceFormatError) as exc:
-        read_trace(path)
-    assert re.match(re.escape(f"{path}: ") + expected, str(exc.value)), str(exc.value)
-    assert exc.value.file == str(path)
-    assert exc.value.where == row
+    return path
 
 
 def _with_metadata(path, **changes) -> None:
@@ -544,13 +516,28 @@ def test_writer_errors_name_the_file_row_and_field(tmp_path):
     assert exc.value.message == "must strictly increase: 4 after 10 in the previous file"
 
 
-# Issue 14 (mutation testing): every check of the reader, each message in full, and the
-# boundaries (equal values that are allowed, the first values that are not).
-# Rows: 0..2 are requests, 3..8 the steps of make_steps(6): steps_used 0,1,2,3,0,0;
-# accepted_drafts [], [1,0], [2,0], [3,0], [], []; request_ids on rows 4, 6 and 8.
+# Every check of the reader, each message in full where it matters (issue 14, mutation
+# testing), and the boundaries (equal values that are allowed, the first that are not).
+# Rows: see _one_cell_changed.
 @pytest.mark.parametrize(
     ("column", "row", "value", "expected"),
     [
+        ("output_tokens", 1, -3, "row 1, field 'output_tokens': must be >= 1, got -3"),
+        ("prompt_tokens", 0, 0, "row 0, field 'prompt_tokens': must be >= 1, got 0"),
+        ("arrival_s", 0, float("nan"), "row 0, field 'arrival_s': must be finite"),
+        ("request_id", 1, "r0", "row 1, field 'request_id': duplicate id 'r0'"),
+        ("step_latency_s", 4, float("inf"), "row 4, field 'step_latency_s': must be finite"),
+        ("step_index", 6, 2, "row 6, field 'step_index': must strictly increase"),
+        # negative, not only too large (issue 14: the '< 0' half of the range check)
+        ("accepted_drafts", 4, [-1, 0], "row 4, field 'accepted_drafts': entry 0 is -1, outside"),
+        ("accepted_drafts", 4, [3, 0], "row 4, field 'accepted_drafts': entry 0 is 3"),
+        ("accepted_drafts", 3, [1, 1], "row 3, field 'accepted_drafts': must be empty"),
+        ("request_ids", 4, ["r0"], "row 4, field 'request_ids': has 1 ids, expected batch"),
+        ("kv_used_tokens", 7, -1, "row 7, field 'kv_used_tokens': must be >= 0, got -1"),
+        ("record", 3, "stepp", "row 3, field 'record': must be 'request' or 'step'"),
+        ("time_s", 5, None, "row 5, field 'time_s': must not be null on a step row"),
+        ("prompt_tokens", 1, None, "row 1, field 'prompt_tokens': must not be null on a "
+         "request row"),
         ("arrival_s", 0, -1.0, "row 0, field 'arrival_s': must be >= 0, got -1.0$"),
         ("arrival_s", 1, float("inf"), "row 1, field 'arrival_s': must be finite, got inf$"),
         ("arrival_s", 2, 0.1,
@@ -595,9 +582,8 @@ def test_writer_errors_name_the_file_row_and_field(tmp_path):
         ("accepted_drafts", 6, [1, None], "row 6, field 'accepted_drafts': entry 1 is null$"),
     ],
 )
-def test_each_check_names_row_field_and_the_values(tmp_path, column, row, value, expected):
-    path = write_trace(tmp_path / "bad.parquet", make_requests(), make_steps(6))
-    _rewrite(path, column, row, value)
+def test_validation_errors_name_file_row_field(tmp_path, column, row, value, expected):
+    path = _one_cell_changed(tmp_path, column, row, value)
     with pytest.raises(TraceFormatError) as exc:
         read_trace(path)
     assert re.match(re.escape(f"{path}: ") + expected, str(exc.value)), str(exc.value)
@@ -622,11 +608,10 @@ def test_each_check_names_row_field_and_the_values(tmp_path, column, row, value,
     ],
 )
 def test_boundary_values_are_accepted(tmp_path, column, row, value):
-    path = write_trace(tmp_path / "ok.parquet", make_requests(), make_steps(6))
-    if (column, value) == ("request_ids", []):
+    path = _one_cell_changed(tmp_path, column, row, value)
+    if (column, value) == ("request_ids", []):  # with no ids, batch 0 and no entries
         _rewrite(path, "batch_size", row, 0)
         _rewrite(path, "accepted_drafts", row, [])
-    _rewrite(path, column, row, value)
     trace = read_trace(path)
     record = trace.requests.records()[row] if row < 3 else trace.steps[row - 3]
     got = getattr(record, column)
