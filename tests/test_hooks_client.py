@@ -635,6 +635,43 @@ def test_asleep_the_thread_wakes_for_the_timeout_deadline(monkeypatch):
         router.close()
 
 
+class _PollRecorder:
+    """A poller that records the timeout it is given and reports no event."""
+
+    def __init__(self) -> None:
+        self.timeouts: list[int | None] = []
+
+    def poll(self, timeout_ms: int | None) -> list:
+        self.timeouts.append(timeout_ms)
+        return []
+
+
+def test_asleep_the_thread_polls_just_past_the_deadline_or_not_at_all(monkeypatch):
+    """The I/O thread's sleep on its own (the thread not run, so no interleaving to
+    force): it lasts until the first whole millisecond after the decisions' deadline, and
+    not at all once the deadline has passed, or when telemetry or a close came in after
+    the thread's last look (otherwise they would wait for the next timer)."""
+    monkeypatch.setattr(ControllerClient, "_run", lambda self, hello: None)
+    clock = ManualClock()
+    client = ControllerClient(None, HELLO, timeout_s=0.9995, monotonic=clock)
+    poller = _PollRecorder()
+    try:
+        client._age.sent(1, clock())  # deadline 999.5 ms away
+        client._block(poller, None, client._wake_r, float("inf"))
+        client._outbox.append((frame(2), 2, clock()))
+        client._block(poller, None, client._wake_r, float("inf"))
+        client._outbox.clear()
+        client._stop = True
+        client._block(poller, None, client._wake_r, float("inf"))
+        client._stop = False
+        clock.advance(1.5)  # 500.5 ms past the deadline
+        client._block(poller, None, client._wake_r, float("inf"))
+        assert poller.timeouts == [1000, 0, 0, 0]
+    finally:
+        client.close()
+        client._context.term()  # _run, which would, did not run
+
+
 def test_remote_decisions_and_wrong_kinds_are_each_counted(monkeypatch):
     endpoint = ipc()
     router = Router(endpoint)
