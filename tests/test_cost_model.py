@@ -761,9 +761,9 @@ def test_an_unidentifiable_fit_names_the_coefficients_the_cells_and_what_is_need
     assert "Needed: c_steps0: points that vary its term. Record" in str(info.value)
 
 
-def _flat_report(latency_s, **points) -> FitReport:
-    """Every step predicted at 10 ms (c_fixed only), against ``latency_s``."""
-    profile = CostProfile("flat", ServerLimits(8, 100, 8), c_fixed=0.01)
+def _flat_report(latency_s, c_fixed=0.01, **points) -> FitReport:
+    """Every step predicted at ``c_fixed`` (10 ms), against ``latency_s``."""
+    profile = CostProfile("flat", ServerLimits(8, 100, 8), c_fixed=c_fixed)
     n = len(latency_s)
     fields = {"batch_size": np.arange(n) + 1, "depth": 2, "kv_tokens": np.arange(n) * 10,
               "prefill_tokens": 0, **points}
@@ -771,13 +771,17 @@ def _flat_report(latency_s, **points) -> FitReport:
 
 
 def test_a_fit_report_summary_by_hand():
-    report = _flat_report([0.01, 0.0030000123, 0.0125], prefill_tokens=[0, 7, 0])
-    np.testing.assert_allclose(report.relative_errors, [0.0, 7 / 3, -0.2], rtol=1e-5)
+    # Predicted 12.3456789 ms; errors 0, 12.3456789 / 3.12345678 - 1 = 2.9525691...,
+    # 12.3456789 / 12.5 - 1 = -0.0123456...: rounded to 5 places, the times to 4.
+    p = 0.0123456789
+    report = _flat_report([p, 0.00312345678, 0.0125], c_fixed=p, prefill_tokens=[0, 7, 0])
+    np.testing.assert_allclose(report.relative_errors, [0.0, 2.9525691468, -0.012345688],
+                               rtol=1e-9)
     summary = report.summary()
     assert summary == {
-        "points": 3, "median_abs_rel_error": 0.2, "worst_abs_rel_error": 2.33332,
+        "points": 3, "median_abs_rel_error": 0.01235, "worst_abs_rel_error": 2.95257,
         "worst_point": {"batch_size": 2, "depth": 2, "kv_tokens": 10, "prefill_tokens": 7,
-                        "measured_ms": 3.0, "predicted_ms": 10.0}}
+                        "measured_ms": 3.1235, "predicted_ms": 12.3457}}
     assert all(type(v) is int for k, v in summary["worst_point"].items() if "ms" not in k)
     assert (report.worst_index, report.free) == (1, ())
 
@@ -909,6 +913,17 @@ def test_a_trace_fit_without_the_draft_extend_prices_prefills_without_it():
     fitted, _ = fit_profile_from_trace(trace, truth.replace(c_fixed=0.0), draft_extend=False)
     assert fitted.c_fixed == pytest.approx(truth.c_fixed, rel=1e-6)
     assert fitted.c_prefill_token == pytest.approx(3e-5, rel=1e-6)
+
+
+def test_a_trace_fit_fits_the_coefficients_and_ties_it_is_given():
+    truth = random_profile(np.random.default_rng(9)).replace(c_extend=3e-4)  # not c_draft
+    template = truth.replace(c_fixed=0.0, c_draft=0.0)
+    fitted, report = fit_profile_from_trace(_exact_trace(truth), template,
+                                            free=("c_fixed", "c_draft"), ties={})
+    assert report.free == ("c_fixed", "c_draft")
+    assert fitted.provenance["fit"]["free"] == ["c_fixed", "c_draft"]
+    assert fitted.provenance["fit"]["ties"] == {} and fitted.c_extend == 3e-4  # not tied
+    assert fitted.c_draft == pytest.approx(truth.c_draft, rel=1e-6)
 
 
 def test_a_trace_fit_per_step_and_its_note_on_dropped_steps():
