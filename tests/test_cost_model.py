@@ -590,6 +590,11 @@ def test_latency_points_broadcast_one_value_and_accept_the_boundaries():
     assert p.weight.tolist() == [0.0, 0.0, 0.0]
     assert p.draft_extend.tolist() == [False, True, True] and p.draft_extend.dtype == bool
     assert p.speculative_path.tolist() == [False, False, False]
+    assert p.speculative_path.dtype == bool
+    # An absent field before the flags (weight) does not stop their conversion.
+    flags = LatencyPoints(**POINTS, draft_extend=[0, 1, 2], speculative_path=[2, 0, 1])
+    assert flags.weight is None and flags.draft_extend.tolist() == [False, True, True]
+    assert flags.speculative_path.tolist() == [True, False, True]
     two = LatencyPoints([1, 2], 0, 0, 0, [0.1, 0.2])  # one value for two points
     assert two.depth.tolist() == [0.0, 0.0] and two.kv_tokens.tolist() == [0.0, 0.0]
     one = LatencyPoints(4, 1, 0, 0, 1e-300)
@@ -618,6 +623,20 @@ def test_nnls_stops_after_max_iter_and_on_a_zero_matrix():
     np.testing.assert_array_equal(nnls(np.zeros((3, 2)), np.ones(3)), [0.0, 0.0])
     # A negative target: the optimum is x = 0 on the boundary.
     np.testing.assert_array_equal(nnls(a, -b), [0.0, 0.0])
+
+
+@pytest.mark.parametrize(("a", "b", "expected"), [
+    # The unconstrained optimum (-0.25, 1.25) has x0 < 0: x0 = 0, x1 = mean(b) = 2/3.
+    ([[3, 1], [1, 1], [3, 1]], [0, 1, 1], [0.0, 2 / 3]),
+    # Columns 0 and 2 active: row 2 is fitted exactly (x2 = 1 + x0), then x0 minimises
+    # (2 + x0)^2 + (3 - 2 x0)^2: x0 = 0.8; column 1's gradient there is -1.4 < 0.
+    ([[1, 1, 0], [2, 1, 0], [2, -3, -2]], [-2, 3, -2], [0.8, 0.0, 1.8]),
+])
+def test_nnls_steps_back_when_a_variable_would_turn_negative(a, b, expected):
+    """Cases (worked by hand) where Lawson-Hanson's inner loop must move part way and
+    drop a variable: a wrong step length or direction ends elsewhere."""
+    np.testing.assert_allclose(nnls(np.array(a, float), np.array(b, float)), expected,
+                               rtol=1e-12, atol=1e-12)
 
 
 def _design(n: int, **columns) -> np.ndarray:
@@ -683,6 +702,15 @@ def test_unidentifiable_names_the_columns_the_others_span():
     assert unidentifiable(design, target, free=free, **kwargs) == [
         "c_request", "c_eager", "c_kv"]
     assert unidentifiable(design, target, free=("c_token", "c_kv"), **kwargs) == []
+    # Columns are compared by direction, not size: a tiny column still counts...
+    tiny = _design(3, c_fixed=1.0, c_request=[1e-7, 2e-7, 3e-7])
+    assert unidentifiable(tiny, np.full(3, 1e3), free=("c_fixed", "c_request"),
+                          **kwargs) == []
+    # ... and one within 1e-9 of the span of the others (relative) does not.
+    near = design.copy()
+    near[:, COEFFICIENTS.index("c_kv")] += [1e-11, -1e-11, 0.0]
+    assert unidentifiable(near, target, free=("c_fixed", "c_token", "c_kv"),
+                          **kwargs) == ["c_kv"]
     # A tie folds a column into its partner's: c_kv tied to c_token is no column of its own.
     assert unidentifiable(design, target, free=("c_fixed", "c_token"), template=template,
                           ties={"c_kv": ("c_token", 1.0)}) == []
@@ -735,6 +763,46 @@ def test_a_fit_keeps_the_templates_provenance_and_records_its_own():
                    "ties": {"c_extend": ["c_draft", 1.0], "c_extend_token": ["c_token", 0.05]}}
     assert report.free == ("c_fixed", "c_verify") and report.points is points
     assert fitted.c_fixed == pytest.approx(truth.c_fixed, rel=1e-9)
+
+
+def test_a_fit_prices_the_templates_fixed_terms_per_point():
+    """MoE saturation, eager batches past the CUDA graphs and the speculative-path flag
+    of each point all enter the design: the fixed terms are then subtracted exactly."""
+    server = ServerLimits(256, 10**6, 8192, cuda_graph_max_bs=8)
+    truth = CostProfile("t", server, moe_active_fraction=0.25, c_moe=2e-3, c_eager=1e-3,
+                        c_eager_token=1e-5, c_steps0=5e-4, c_steps0_request=1e-5,
+                        c_fixed=4e-3, c_request=5e-5, c_token=2e-5, c_verify=1e-3,
+                        c_draft=8e-4, c_draft_token=1e-5, c_extend=8e-4, c_extend_token=1e-6)
+    b, d = np.array(list(itertools.product([1, 4, 16, 32], [0, 1, 2, 5]))).T
+    sp = np.arange(len(b)) % 3 != 0
+    points = LatencyPoints(b, d, b * 100, 0, truth.step_latency_array(b, d, b * 100, 0, True, sp),
+                           speculative_path=sp)
+    free = ("c_fixed", "c_request", "c_token", "c_verify", "c_draft")
+    template = truth.replace(**dict.fromkeys(free, 0.0))
+    fitted, report = fit_profile(points, template=template, free=free, ties={})
+    assert report.worst_abs_error < 1e-9
+    for name in free:
+        assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=1e-6)
+
+
+def test_a_fit_weights_its_points():
+    truth = random_profile(np.random.default_rng(10))
+    b, d = np.array(list(itertools.product([1, 4, 16, 32], [0, 1, 3]))).T
+    latency = truth.step_latency_array(b, d, b * 100, 0)
+    latency[5] *= 3.0  # a bad point, weighted 0: the fit is exact on the others
+    weight = np.ones(len(b))
+    weight[5] = 0.0
+    template = truth.replace(c_fixed=0.0, c_draft=0.0)
+    points = LatencyPoints(b, d, b * 100, 0, latency, weight=weight)
+    fitted, _ = fit_profile(points, template=template, free=("c_fixed", "c_draft"))
+    assert fitted.c_fixed == pytest.approx(truth.c_fixed, rel=1e-9)
+    assert fitted.c_draft == pytest.approx(truth.c_draft, rel=1e-9)
+    # Only zero-weight points speculate: c_verify cannot be told from them.
+    weight = (d == 0).astype(float)
+    with pytest.raises(UnidentifiableFitError) as info:
+        fit_profile(LatencyPoints(b, d, b * 100, 0, latency, weight=weight), template=template,
+                    free=("c_fixed", "c_request", "c_verify"))
+    assert info.value.coefficients == ("c_verify",)
 
 
 def test_an_unidentifiable_fit_names_the_coefficients_the_cells_and_what_is_needed():
