@@ -775,3 +775,47 @@ def test_read_back_step_columns_have_the_writers_dtypes(tmp_path):
     for name in StepColumns.__dataclass_fields__:
         if name != "request_ids":
             assert getattr(cols, name).dtype == getattr(built, name).dtype, name
+
+
+def test_files_are_read_in_natural_name_order(tmp_path):
+    # A directory lists "-r10-" before "-r2-"; numbers in names compare as numbers.
+    for rank in (10, 2):
+        write_trace(tmp_path / f"t-s0-r{rank}-00000.parquet", [],
+                    make_steps(2, start=0, rank=rank))
+    assert [s.rank for s in read_trace(tmp_path).steps] == [2, 2, 10, 10]
+    assert [p.name for p in expand_paths(tmp_path)] == ["t-s0-r2-00000.parquet",
+                                                         "t-s0-r10-00000.parquet"]
+
+
+def test_a_file_that_is_no_parquet_is_named(tmp_path):
+    path = tmp_path / "t.parquet"
+    path.write_bytes(b"PAR2" + bytes(100))
+    with pytest.raises(TraceFormatError) as exc:
+        read_trace(path)
+    assert str(exc.value) == f"{path}: not a Parquet file (bad magic bytes)"
+    assert (exc.value.file, exc.value.where, exc.value.field) == (str(path), None, None)
+
+
+def test_a_file_that_cannot_be_opened_is_named(tmp_path, monkeypatch):
+    path = write_trace(tmp_path / "t.parquet", make_requests(), [])
+
+    def refuse(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(type(path), "open", refuse)  # root may open anything: refuse here
+    with pytest.raises(TraceFormatError) as exc:
+        read_trace(path)
+    assert str(exc.value) == f"{path}: cannot read: [Errno 13] Permission denied"
+    assert (exc.value.file, exc.value.where, exc.value.field) == (str(path), None, None)
+
+
+def test_corrupt_column_data_behind_a_sound_footer_is_named(tmp_path):
+    path = write_trace(tmp_path / "t.parquet", make_requests(), make_steps(6))
+    first_page = pq.ParquetFile(path).metadata.row_group(0).column(0).data_page_offset
+    data = bytearray(path.read_bytes())
+    data[first_page] ^= 0xFF  # the first page's header: the footer still reads
+    path.write_bytes(bytes(data))
+    with pytest.raises(TraceFormatError) as exc:
+        read_trace(path)
+    assert str(exc.value).startswith(f"{path}: truncated or corrupt Parquet data: ")
+    assert (exc.value.file, exc.value.where, exc.value.field) == (str(path), None, None)
