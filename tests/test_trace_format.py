@@ -172,7 +172,8 @@ def test_runs_restart_their_step_index_but_each_run_must_increase(tmp_path):
     write_trace(again, [], make_steps(1), {"run_id": "20261201T110000Z-bbbbbb"})
     with pytest.raises(TraceFormatError, match=r"00001.parquet: row 0, field 'step_index': must "
                        r"strictly increase per \(server, rank\) = \('s0', 0\), run "
-                       r"'20261201T110000Z-bbbbbb' across files: 0 after 4"):
+                       r"'20261201T110000Z-bbbbbb' across files: 0 after 4 in \S+-00000"
+                       r"\.parquet$"):  # no note on files without a run_id
         read_trace(tmp_path)
     with pytest.raises(ValueError, match="run_id must be"):
         TraceWriter(tmp_path / "trace", server="s0", rank=0, run_id="a/b")
@@ -796,11 +797,16 @@ def test_a_file_that_is_no_parquet_is_named(tmp_path):
     assert (exc.value.file, exc.value.where, exc.value.field) == (str(path), None, None)
 
 
-def test_a_file_that_cannot_be_opened_is_named(tmp_path, monkeypatch):
+@pytest.mark.parametrize("opens_before", [0, 1])  # the magic's check, then the footer's
+def test_a_file_that_cannot_be_opened_is_named(tmp_path, monkeypatch, opens_before):
     path = write_trace(tmp_path / "t.parquet", make_requests(), [])
+    opened, really_open = [], type(path).open
 
     def refuse(self, *args, **kwargs):
-        raise PermissionError(13, "Permission denied")
+        opened.append(self)
+        if len(opened) > opens_before:
+            raise PermissionError(13, "Permission denied")
+        return really_open(self, *args, **kwargs)
 
     monkeypatch.setattr(type(path), "open", refuse)  # root may open anything: refuse here
     with pytest.raises(TraceFormatError) as exc:
@@ -818,4 +824,18 @@ def test_corrupt_column_data_behind_a_sound_footer_is_named(tmp_path):
     with pytest.raises(TraceFormatError) as exc:
         read_trace(path)
     assert str(exc.value).startswith(f"{path}: truncated or corrupt Parquet data: ")
+    assert (exc.value.file, exc.value.where, exc.value.field) == (str(path), None, None)
+
+
+def test_a_footer_too_short_or_unreadable_is_called_truncated(tmp_path):
+    path = tmp_path / "t.parquet"
+    path.write_bytes(b"PAR1" + bytes(3) + b"PAR1")  # 11 bytes: no room for a footer
+    with pytest.raises(TraceFormatError) as exc:
+        read_trace(path)
+    assert str(exc.value) == (f"{path}: truncated or corrupt Parquet file (11 bytes, no "
+                              "footer magic at the end)")
+    path.write_bytes(b"PAR1" + bytes(4) + b"PAR1")  # 12 bytes: a footer Arrow cannot read
+    with pytest.raises(TraceFormatError) as exc:
+        read_trace(path)
+    assert str(exc.value).startswith(f"{path}: truncated or corrupt Parquet file: ")
     assert (exc.value.file, exc.value.where, exc.value.field) == (str(path), None, None)
