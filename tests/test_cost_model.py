@@ -154,14 +154,34 @@ def test_nnls_matches_brute_force(seed, m, n):
     b = rng.normal(size=m)
     x = nnls(a, b)
     assert np.all(x >= 0)
-    # Exhaustive search over active sets gives the optimum.
+    assert np.sum((a @ x - b) ** 2) == pytest.approx(_best_residual(a, b), rel=1e-7, abs=1e-9)
+
+
+def _best_residual(a: np.ndarray, b: np.ndarray) -> float:
+    """The least squared residual over x >= 0, by exhaustive search over active sets."""
     best = np.sum(b**2)
-    for k in range(1, n + 1):
-        for subset in itertools.combinations(range(n), k):
+    for k in range(1, a.shape[1] + 1):
+        for subset in itertools.combinations(range(a.shape[1]), k):
             sol = np.linalg.lstsq(a[:, subset], b, rcond=None)[0]
             if np.all(sol >= 0):
                 best = min(best, np.sum((a[:, subset] @ sol - b) ** 2))
-    assert np.sum((a @ x - b) ** 2) == pytest.approx(best, rel=1e-7, abs=1e-9)
+    return best
+
+
+@pytest.mark.parametrize(("a", "b"), [
+    # Integer problems on which the inner loop takes several steps back (found by a
+    # search over random ones): a wrong step, or a wrong value for the variables it
+    # drops, ends off the optimum there.
+    ([[0, 2, 0, 0, 1, 1], [3, 1, 1, 1, -1, 0], [0, -1, -3, -1, 0, 3], [0, -1, 3, -1, -3, 2],
+      [2, -2, -1, 2, -3, -1], [-2, -1, 3, 1, -1, 1]], [1, 3, -1, -2, 1, 3]),
+    ([[3, 0, 2, -3, -1, 0], [2, 3, -1, -3, -1, -1], [0, -1, 0, 2, 1, 0],
+      [-2, -1, 2, -2, -2, 1]], [3, -3, -1, 3]),
+])
+def test_nnls_reaches_the_optimum_after_several_steps_back(a, b):
+    a, b = np.array(a, float), np.array(b, float)
+    x = nnls(a, b)
+    assert np.all(x >= 0)
+    assert np.sum((a @ x - b) ** 2) == pytest.approx(_best_residual(a, b), rel=1e-9, abs=1e-12)
 
 
 def test_h200_profile_fits_measured_data():
@@ -633,8 +653,8 @@ def test_nnls_stops_after_max_iter_and_on_a_zero_matrix():
     ([[1, 1, 0], [2, 1, 0], [2, -3, -2]], [-2, 3, -2], [0.8, 0.0, 1.8]),
 ])
 def test_nnls_steps_back_when_a_variable_would_turn_negative(a, b, expected):
-    """Cases (worked by hand) where Lawson-Hanson's inner loop must move part way and
-    drop a variable: a wrong step length or direction ends elsewhere."""
+    """Cases (worked by hand) where the unconstrained optimum has a negative entry, so
+    Lawson-Hanson's inner loop must step part way and drop a variable."""
     np.testing.assert_allclose(nnls(np.array(a, float), np.array(b, float)), expected,
                                rtol=1e-12, atol=1e-12)
 
