@@ -839,3 +839,9 @@ def test_a_footer_too_short_or_unreadable_is_called_truncated(tmp_path):
         read_trace(path)
     assert str(exc.value).startswith(f"{path}: truncated or corrupt Parquet file: ")
     assert (exc.value.file, exc.value.where, exc.value.field) == (str(path), None, None)
+
+
+def test_a_writer_rotates_every_200000_records_by_default(tmp_path):
+    with TraceWriter(tmp_path / "run", server="s0", rank=0) as w:
+        assert w.rotate_records == 200_000  # the documented default
+    assert w.files == [] and list(tmp_path.iterdir()) == []  # nothing added, nothing written
