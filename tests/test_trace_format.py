@@ -189,12 +189,44 @@ def test_a_truncated_file_is_called_truncated(tmp_path, keep):
 
 
 def test_expand_paths_errors(tmp_path):
-    with pytest.raises(FileNotFoundError):
-        expand_paths(tmp_path / "missing.parquet")
-    with pytest.raises(FileNotFoundError):
+    missing = tmp_path / "missing.parquet"
+    with pytest.raises(FileNotFoundError, match=f"^{re.escape(str(missing))}: no such file or "
+                       "directory$"):
+        expand_paths(missing)
+    with pytest.raises(FileNotFoundError, match=f"^{re.escape(str(tmp_path))}: no "
+                       r"\*\.parquet files in this directory$"):
         expand_paths(tmp_path)  # empty directory
-    with pytest.raises(FileNotFoundError):
-        expand_paths(str(tmp_path / "*.parquet"))
+    pattern = str(tmp_path / "*.parquet")
+    with pytest.raises(FileNotFoundError, match=f"^{re.escape(pattern)}: the pattern matches "
+                       "no file$"):
+        expand_paths(pattern)
+
+
+def test_expand_paths_takes_a_list_of_paths(tmp_path):
+    a = write_trace(tmp_path / "a.parquet", [], make_steps(1))
+    b = write_trace(tmp_path / "b.parquet", [], make_steps(1))
+    assert expand_paths([str(b), a, b]) == [a, b]  # sorted, each once
+
+
+def test_written_files_are_zstd_compressed_with_sorted_json_meta(tmp_path):
+    one = write_trace(tmp_path / "one.parquet", make_requests(), [], {"b": 2, "a": tmp_path})
+    two = write_trace(tmp_path / "two.parquet", make_requests(), [], {"a": str(tmp_path), "b": 2})
+    metas = [pq.read_schema(p).metadata[b"specctl.meta"] for p in (one, two)]
+    assert metas[0] == metas[1] == json.dumps({"a": str(tmp_path), "b": 2}).encode()
+    assert read_trace(one).meta == {"a": str(tmp_path), "b": 2}  # a Path written as text
+    column = pq.ParquetFile(one).metadata.row_group(0).column(0)
+    assert column.compression == "ZSTD"
+    circular: dict = {}
+    circular["self"] = circular
+    bad = tmp_path / "bad.parquet"
+    with pytest.raises(ValueError, match=f"^{re.escape(str(bad))}: trace meta is not "
+                       "JSON-serialisable: Circular reference detected$"):
+        write_trace(bad, [], [], circular)
+
+
+def test_request_columns_from_records_have_fixed_dtypes():
+    cols = RequestColumns.from_records([RequestRecord("a", 1, 2, 3, "coding")])  # int arrival
+    assert cols.arrival_s.dtype == np.float64 and cols.request_class.dtype == object
 
 
 def test_is_trace_file(tmp_path):
