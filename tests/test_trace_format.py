@@ -877,3 +877,24 @@ def test_a_writer_rotates_every_200000_records_by_default(tmp_path):
     with TraceWriter(tmp_path / "run", server="s0", rank=0) as w:
         assert w.rotate_records == 200_000  # the documented default
     assert w.files == [] and list(tmp_path.iterdir()) == []  # nothing added, nothing written
+
+
+@pytest.mark.parametrize("prompt_tokens", [2**40 + 5, 2**31])
+def test_a_value_too_large_for_its_column_is_refused_not_wrapped(tmp_path, prompt_tokens):
+    # Regression (found while testing _table_for_write's message for issue 14): int64
+    # columns given directly were cast to the file's int32 by numpy, which wraps:
+    # 2**40 + 5 was written, and read back, as 5.
+    requests = RequestColumns(np.array(["a"], object), np.array([0.0]),
+                              np.array([prompt_tokens]), np.array([1], np.int32),
+                              np.array([None], object))
+    path = tmp_path / "t.parquet"
+    with pytest.raises(TraceFormatError) as exc:
+        write_trace(path, requests, [])
+    assert str(exc.value) == (f"{path}: records cannot be stored: field 'prompt_tokens': "
+                              f"{prompt_tokens} does not fit int32")
+    assert (exc.value.file, exc.value.where, exc.value.field) == (str(path), None, None)
+    assert not path.exists()
+    fits = RequestColumns(*(a.copy() for a in (requests.request_id, requests.arrival_s,
+                                               np.array([2**31 - 1]), requests.output_tokens,
+                                               requests.request_class)))
+    assert read_trace(write_trace(path, fits, [])).requests.prompt_tokens.tolist() == [2**31 - 1]
