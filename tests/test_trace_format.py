@@ -898,3 +898,11 @@ def test_a_value_too_large_for_its_column_is_refused_not_wrapped(tmp_path, promp
                                                np.array([2**31 - 1]), requests.output_tokens,
                                                requests.request_class)))
     assert read_trace(write_trace(path, fits, [])).requests.prompt_tokens.tolist() == [2**31 - 1]
+
+
+def test_requests_of_equal_arrival_keep_their_order_when_sorted(tmp_path):
+    # 21 requests: enough for numpy's default (unstable) sort to reorder equal arrivals.
+    requests = [RequestRecord(f"r{k}", 1.0, 1, 1) for k in range(20)]
+    requests.append(RequestRecord("first", 0.0, 1, 1))
+    path = write_trace(tmp_path / "t.parquet", requests, [])
+    assert list(read_trace(path).requests.request_id) == ["first"] + [f"r{k}" for k in range(20)]
