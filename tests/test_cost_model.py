@@ -23,19 +23,23 @@ from env.sim.cost_model import (
     LatencyPoints,
     ProfileError,
     ServerLimits,
+    UnidentifiableFitError,
     design_matrix,
+    fit_coefficients,
     fit_profile,
     fit_profile_from_trace,
     load_profile,
     nnls,
+    points_from_trace,
     profile_from_dict,
     save_profile,
     shipped_profiles,
+    unidentifiable,
 )
 from env.sim.fit_profile import main as fit_profile_main
 from env.sim.off_cost import dense_h200_points, fit_off_path
 from env.traces.schema import StepRecord
-from env.traces.trace_format import read_trace, write_trace
+from env.traces.trace_format import RequestColumns, Trace, read_trace, write_trace
 
 MEASURED = h200.default_measured_dir()  # shipped with the package
 NAMES = ["blackwell_tp8", "h100_llama31_8b", "h200_llama31_8b", "h200_llama31_8b_recorded",
@@ -150,14 +154,34 @@ def test_nnls_matches_brute_force(seed, m, n):
     b = rng.normal(size=m)
     x = nnls(a, b)
     assert np.all(x >= 0)
-    # Exhaustive search over active sets gives the optimum.
+    assert np.sum((a @ x - b) ** 2) == pytest.approx(_best_residual(a, b), rel=1e-7, abs=1e-9)
+
+
+def _best_residual(a: np.ndarray, b: np.ndarray) -> float:
+    """The least squared residual over x >= 0, by exhaustive search over active sets."""
     best = np.sum(b**2)
-    for k in range(1, n + 1):
-        for subset in itertools.combinations(range(n), k):
+    for k in range(1, a.shape[1] + 1):
+        for subset in itertools.combinations(range(a.shape[1]), k):
             sol = np.linalg.lstsq(a[:, subset], b, rcond=None)[0]
             if np.all(sol >= 0):
                 best = min(best, np.sum((a[:, subset] @ sol - b) ** 2))
-    assert np.sum((a @ x - b) ** 2) == pytest.approx(best, rel=1e-7, abs=1e-9)
+    return best
+
+
+@pytest.mark.parametrize(("a", "b"), [
+    # Integer problems on which the inner loop takes several steps back (found by a
+    # search over random ones): a wrong step, or a wrong value for the variables it
+    # drops, ends off the optimum there.
+    ([[0, 2, 0, 0, 1, 1], [3, 1, 1, 1, -1, 0], [0, -1, -3, -1, 0, 3], [0, -1, 3, -1, -3, 2],
+      [2, -2, -1, 2, -3, -1], [-2, -1, 3, 1, -1, 1]], [1, 3, -1, -2, 1, 3]),
+    ([[3, 0, 2, -3, -1, 0], [2, 3, -1, -3, -1, -1], [0, -1, 0, 2, 1, 0],
+      [-2, -1, 2, -2, -2, 1]], [3, -3, -1, 3]),
+])
+def test_nnls_reaches_the_optimum_after_several_steps_back(a, b):
+    a, b = np.array(a, float), np.array(b, float)
+    x = nnls(a, b)
+    assert np.all(x >= 0)
+    assert np.sum((a @ x - b) ** 2) == pytest.approx(_best_residual(a, b), rel=1e-9, abs=1e-12)
 
 
 def test_h200_profile_fits_measured_data():
@@ -550,3 +574,451 @@ def test_saved_files_keep_the_documented_layout(tmp_path):
     assert list(yaml.safe_load(path.read_text())) == [
         "name", "description", "model", "hardware", "server", "cost", "acceptance",
         "provenance"]
+
+
+# -- the fit, piece by piece (issue 14: its mutants were never run) ---------------------
+
+POINTS = dict(batch_size=[1, 2, 3], depth=[0, 1, 2], kv_tokens=[0, 10, 20], prefill_tokens=0,
+              latency_s=[0.01, 0.02, 0.03])
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    (dict(depth=[1, 2]), "points.depth has 2 entries, expected 3"),
+    (dict(weight=[1.0, 1.0, 1.0, 1.0]), "points.weight has 4 entries, expected 3"),
+    (dict(kv_tokens=[0, np.nan, 0]), "points.kv_tokens must be finite"),
+    (dict(weight=[1, np.inf, 1]), "points.weight must be finite"),
+    (dict(latency_s=[0.01, 0.0, 0.03]), "points.latency_s must be > 0"),
+    (dict(latency_s=[0.01, 0.02, -1.0]), "points.latency_s must be > 0"),
+    (dict(batch_size=[1, -1, 3]), "points.batch_size must be >= 0"),
+    (dict(depth=[0, 1, -2]), "points.depth must be >= 0"),
+    (dict(kv_tokens=[-1, 0, 0]), "points.kv_tokens must be >= 0"),
+    (dict(prefill_tokens=-1), "points.prefill_tokens must be >= 0"),
+    (dict(weight=[1, -0.5, 1]), "points.weight must be >= 0"),
+    ({**{k: [] for k in POINTS}}, "no points to fit"),
+])
+def test_latency_points_are_checked(changes, message):
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        LatencyPoints(**{**POINTS, **changes})
+
+
+def test_latency_points_broadcast_one_value_and_accept_the_boundaries():
+    p = LatencyPoints(**{**POINTS, "batch_size": [0, 0, 0], "depth": [[0, 0, 0]]},
+                      weight=0, draft_extend=[0, 1, 2], speculative_path=False)
+    assert len(p) == 3
+    assert p.depth.tolist() == [0.0, 0.0, 0.0]  # flattened
+    assert p.prefill_tokens.tolist() == [0.0, 0.0, 0.0] and p.prefill_tokens.dtype == np.float64
+    assert p.weight.tolist() == [0.0, 0.0, 0.0]
+    assert p.draft_extend.tolist() == [False, True, True] and p.draft_extend.dtype == bool
+    assert p.speculative_path.tolist() == [False, False, False]
+    assert p.speculative_path.dtype == bool
+    # An absent field before the flags (weight) does not stop their conversion.
+    flags = LatencyPoints(**POINTS, draft_extend=[0, 1, 2], speculative_path=[2, 0, 1])
+    assert flags.weight is None and flags.draft_extend.tolist() == [False, True, True]
+    assert flags.speculative_path.tolist() == [True, False, True]
+    two = LatencyPoints([1, 2], 0, 0, 0, [0.1, 0.2])  # one value for two points
+    assert two.depth.tolist() == [0.0, 0.0] and two.kv_tokens.tolist() == [0.0, 0.0]
+    one = LatencyPoints(4, 1, 0, 0, 1e-300)
+    assert (len(one), one.weight, one.draft_extend) == (1, None, None)
+
+
+def test_latency_points_from_a_mapping():
+    p = LatencyPoints.from_mapping({"batch": [1, 2], "depth": [0, 3], "latency_s": [0.1, 0.2]})
+    assert p.batch_size.tolist() == [1.0, 2.0]
+    assert p.kv_tokens.tolist() == [0.0, 0.0] and p.prefill_tokens.tolist() == [0.0, 0.0]
+    given_ = LatencyPoints.from_mapping({"batch_size": [1], "depth": [0], "kv_tokens": [7],
+                                         "prefill_tokens": [5], "latency_s": [0.1]})
+    assert (given_.kv_tokens.tolist(), given_.prefill_tokens.tolist()) == ([7.0], [5.0])
+    with pytest.raises(ValueError, match=r"^unknown point fields: \['batch'\]$"):
+        LatencyPoints.from_mapping({"batch": [1], "batch_size": [1], "depth": [0],
+                                    "latency_s": [0.1]})
+    with pytest.raises(ValueError, match=r"^unknown point fields: \['colour', 'size'\]$"):
+        LatencyPoints.from_mapping({"size": 1, "colour": 2, "batch": [1], "depth": [0],
+                                    "latency_s": [0.1]})
+
+
+def test_nnls_stops_after_max_iter_and_on_a_zero_matrix():
+    a, b = np.eye(2), np.array([1.0, 2.0])
+    np.testing.assert_array_equal(nnls(a, b), [1.0, 2.0])
+    np.testing.assert_array_equal(nnls(a, b, max_iter=1), [0.0, 2.0])  # the larger gradient
+    np.testing.assert_array_equal(nnls(np.zeros((3, 2)), np.ones(3)), [0.0, 0.0])
+    # A negative target: the optimum is x = 0 on the boundary.
+    np.testing.assert_array_equal(nnls(a, -b), [0.0, 0.0])
+
+
+@pytest.mark.parametrize(("a", "b", "expected"), [
+    # The unconstrained optimum (-0.25, 1.25) has x0 < 0: x0 = 0, x1 = mean(b) = 2/3.
+    ([[3, 1], [1, 1], [3, 1]], [0, 1, 1], [0.0, 2 / 3]),
+    # Columns 0 and 2 active: row 2 is fitted exactly (x2 = 1 + x0), then x0 minimises
+    # (2 + x0)^2 + (3 - 2 x0)^2: x0 = 0.8; column 1's gradient there is -1.4 < 0.
+    ([[1, 1, 0], [2, 1, 0], [2, -3, -2]], [-2, 3, -2], [0.8, 0.0, 1.8]),
+])
+def test_nnls_steps_back_when_a_variable_would_turn_negative(a, b, expected):
+    """Cases (worked by hand) where the unconstrained optimum has a negative entry, so
+    Lawson-Hanson's inner loop must step part way and drop a variable."""
+    np.testing.assert_allclose(nnls(np.array(a, float), np.array(b, float)), expected,
+                               rtol=1e-12, atol=1e-12)
+
+
+def _design(n: int, **columns) -> np.ndarray:
+    design = np.zeros((n, len(COEFFICIENTS)))
+    for name, values in columns.items():
+        design[:, COEFFICIENTS.index(name)] = values
+    return design
+
+
+def test_fit_coefficients_folds_ties_and_moves_fixed_terms_to_the_target():
+    """c_fixed free; c_token tied to it (x2); c_request fixed by the template; c_moe tied
+    to the fixed c_request (x3): the target is built from those values, so the fit must
+    find c_fixed = 1 exactly, and every tie applied."""
+    b, t, m = np.array([1.0, 2.0, 5.0, 7.0]), np.array([3.0, 1.0, 4.0, 9.0]), np.array(
+        [0.5, 0.25, 1.0, 0.0])
+    template = CostProfile("t", ServerLimits(8, 100, 8), c_request=0.5, c_fixed=9.0,
+                           c_eager=4.0)
+    target = 1.0 + 0.5 * b + 2.0 * t + 1.5 * m
+    design = _design(4, c_fixed=1.0, c_request=b, c_token=t, c_moe=m)
+    values = fit_coefficients(
+        design, target, template=template, free=("c_fixed",),
+        ties={"c_token": ("c_fixed", 2.0), "c_moe": ("c_request", 3.0)})
+    assert list(values) == list(COEFFICIENTS)
+    assert values["c_fixed"] == pytest.approx(1.0, rel=1e-12)
+    assert values["c_token"] == pytest.approx(2.0, rel=1e-12)
+    assert (values["c_request"], values["c_moe"], values["c_eager"]) == (0.5, 1.5, 4.0)
+    assert values["c_verify"] == 0.0
+    # A free coefficient whose column is all zero is 0, the others still fitted.
+    values = fit_coefficients(_design(4, c_fixed=1.0), np.full(4, 3.0), template=template,
+                              free=("c_eager", "c_fixed"), ties={})
+    assert (values["c_eager"], values["c_fixed"]) == (0.0, pytest.approx(3.0, rel=1e-12))
+    values = fit_coefficients(_design(4), np.full(4, 3.0), template=template,
+                              free=("c_fixed",), ties={})
+    assert values["c_fixed"] == 0.0
+
+
+def test_the_fit_minimises_weighted_relative_errors():
+    """One constant c for targets 1 and 2: sum ((c - y) / y)^2 is least at c = 1.2; a
+    zero weight leaves the other point alone."""
+    template = CostProfile("t", ServerLimits(8, 100, 8))
+    design, target = _design(2, c_fixed=1.0), np.array([1.0, 2.0])
+    kwargs = dict(template=template, free=("c_fixed",), ties={})
+    assert fit_coefficients(design, target, **kwargs)["c_fixed"] == pytest.approx(1.2)
+    assert fit_coefficients(design, target, weight=np.array([0.0, 1.0]),
+                            **kwargs)["c_fixed"] == pytest.approx(2.0)
+    assert fit_coefficients(design, target, weight=np.array([4.0, 1.0]),
+                            **kwargs)["c_fixed"] == pytest.approx((4 + 0.5) / (4 + 0.25))
+    with pytest.raises(ValueError, match=rf"^design must have shape \(2, {len(COEFFICIENTS)}\)$"):
+        fit_coefficients(design[:, 1:], target, **kwargs)
+    with pytest.raises(ValueError, match=rf"^design must have shape \(3, {len(COEFFICIENTS)}\)$"):
+        fit_coefficients(design, np.ones(3), **kwargs)
+    with pytest.raises(ValueError, match=r"^targets must be > 0$"):
+        fit_coefficients(design, np.array([1.0, 0.0]), **kwargs)
+
+
+def test_unidentifiable_names_the_columns_the_others_span():
+    template = CostProfile("t", ServerLimits(8, 100, 8))
+    target = np.array([1.0, 2.0, 4.0])
+    kwargs = dict(template=template, ties={})
+    design = _design(3, c_fixed=1.0, c_request=[4.0, 4.0, 4.0], c_token=[1.0, 2.0, 3.0],
+                     c_kv=[2.0, 3.0, 4.0])  # c_kv = c_fixed + c_token
+    free = ("c_fixed", "c_request", "c_eager", "c_token", "c_kv")
+    assert unidentifiable(design, target, free=free, **kwargs) == [
+        "c_request", "c_eager", "c_kv"]
+    assert unidentifiable(design, target, free=("c_token", "c_kv"), **kwargs) == []
+    # Columns are compared by direction, not size: a tiny column still counts...
+    tiny = _design(3, c_fixed=1.0, c_request=[1e-7, 2e-7, 3e-7])
+    assert unidentifiable(tiny, np.full(3, 1e3), free=("c_fixed", "c_request"),
+                          **kwargs) == []
+    # ... and one within 1e-9 of the span of the others (relative) does not.
+    near = design.copy()
+    near[:, COEFFICIENTS.index("c_kv")] += [1e-11, -1e-11, 0.0]
+    assert unidentifiable(near, target, free=("c_fixed", "c_token", "c_kv"),
+                          **kwargs) == ["c_kv"]
+    # A tie folds a column into its partner's: c_kv tied to c_token is no column of its own.
+    assert unidentifiable(design, target, free=("c_fixed", "c_token"), template=template,
+                          ties={"c_kv": ("c_token", 1.0)}) == []
+
+
+_UNKNOWN = f"unknown coefficient 'c_magic'; choose from {COEFFICIENTS}"
+
+
+@pytest.mark.parametrize(("free", "ties", "message"), [
+    (("c_magic",), {}, _UNKNOWN),
+    (("c_fixed",), {"c_magic": ("c_fixed", 1.0)}, _UNKNOWN),
+    (("c_fixed",), {"c_token": ("c_magic", 1.0)}, _UNKNOWN),
+    (("c_fixed", "c_token", "c_fixed"), {}, "free coefficients repeat: ('c_fixed', "
+     "'c_token', 'c_fixed')"),
+    (("c_fixed", "c_token"), {"c_token": ("c_fixed", 1.0)}, "c_token is both free and tied"),
+    (("c_fixed",), {"c_extend": ("c_draft", 1.0), "c_draft": ("c_fixed", 1.0)},
+     "c_extend is tied to c_draft, which is tied itself"),
+    (("c_fixed",), {"c_token": ("c_fixed", -0.5)}, "tie factor of c_token must be >= 0, got -0.5"),
+])
+def test_a_fit_spec_is_checked(free, ties, message):
+    points = LatencyPoints(**POINTS)
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        fit_profile(points, template=random_profile(np.random.default_rng(0)), free=free,
+                    ties=ties)
+
+
+def test_a_fit_with_no_ties_and_a_zero_tie_factor():
+    truth = random_profile(np.random.default_rng(1)).replace(c_extend=0.0, c_extend_token=0.0)
+    b, d = np.array(list(itertools.product([1, 4, 16, 32], [0, 1, 2, 5]))).T
+    points = LatencyPoints(b, d, b * 100, 0, truth.step_latency_array(b, d, b * 100, 0))
+    template = truth.replace(c_fixed=0.0, c_draft=0.0, c_extend=5.0, c_extend_token=7.0)
+    fitted, _ = fit_profile(points, template=template, free=("c_fixed", "c_draft"),
+                            ties={"c_extend": ("c_draft", 0.0)})
+    assert (fitted.c_extend, fitted.c_extend_token) == (0.0, 7.0)  # the tie; the template
+    assert fitted.provenance["fit"]["ties"] == {"c_extend": ["c_draft", 0.0]}
+    fitted, _ = fit_profile(points, template=template.replace(c_extend_token=0.0),
+                            free=("c_fixed", "c_draft"), ties={})
+    assert fitted.c_extend == 5.0 and fitted.provenance["fit"]["ties"] == {}
+
+
+def test_a_fit_keeps_the_templates_provenance_and_records_its_own():
+    truth = random_profile(np.random.default_rng(2))
+    b, d = np.array(list(itertools.product([1, 8, 32], [0, 1, 3]))).T
+    points = LatencyPoints(b, d, b * 100, 0, truth.step_latency_array(b, d, b * 100, 0))
+    template = truth.replace(provenance={"calibrated_to": "x"})
+    fitted, report = fit_profile(points, template=template, free=("c_fixed", "c_verify"))
+    fit = fitted.provenance["fit"]
+    assert fitted.provenance["calibrated_to"] == "x" and "fit" not in template.provenance
+    assert fit == {**report.summary(), "free": ["c_fixed", "c_verify"],
+                   "ties": {"c_extend": ["c_draft", 1.0], "c_extend_token": ["c_token", 0.05]}}
+    assert report.free == ("c_fixed", "c_verify") and report.points is points
+    assert fitted.c_fixed == pytest.approx(truth.c_fixed, rel=1e-9)
+
+
+def test_a_fit_prices_the_templates_fixed_terms_per_point():
+    """MoE saturation, eager batches past the CUDA graphs and the speculative-path flag
+    of each point all enter the design: the fixed terms are then subtracted exactly."""
+    server = ServerLimits(256, 10**6, 8192, cuda_graph_max_bs=8)
+    truth = CostProfile("t", server, moe_active_fraction=0.25, c_moe=2e-3, c_eager=1e-3,
+                        c_eager_token=1e-5, c_steps0=5e-4, c_steps0_request=1e-5,
+                        c_fixed=4e-3, c_request=5e-5, c_token=2e-5, c_verify=1e-3,
+                        c_draft=8e-4, c_draft_token=1e-5, c_extend=8e-4, c_extend_token=1e-6)
+    b, d = np.array(list(itertools.product([1, 4, 16, 32], [0, 1, 2, 5]))).T
+    sp = np.arange(len(b)) % 3 != 0
+    points = LatencyPoints(b, d, b * 100, 0, truth.step_latency_array(b, d, b * 100, 0, True, sp),
+                           speculative_path=sp)
+    free = ("c_fixed", "c_request", "c_token", "c_verify", "c_draft")
+    template = truth.replace(**dict.fromkeys(free, 0.0))
+    fitted, report = fit_profile(points, template=template, free=free, ties={})
+    assert report.worst_abs_error < 1e-9
+    for name in free:
+        assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=1e-6)
+
+
+def test_a_fit_weights_its_points():
+    truth = random_profile(np.random.default_rng(10))
+    b, d = np.array(list(itertools.product([1, 4, 16, 32], [0, 1, 3]))).T
+    latency = truth.step_latency_array(b, d, b * 100, 0)
+    latency[5] *= 3.0  # a bad point, weighted 0: the fit is exact on the others
+    weight = np.ones(len(b))
+    weight[5] = 0.0
+    template = truth.replace(c_fixed=0.0, c_draft=0.0)
+    points = LatencyPoints(b, d, b * 100, 0, latency, weight=weight)
+    fitted, _ = fit_profile(points, template=template, free=("c_fixed", "c_draft"))
+    assert fitted.c_fixed == pytest.approx(truth.c_fixed, rel=1e-9)
+    assert fitted.c_draft == pytest.approx(truth.c_draft, rel=1e-9)
+    # Only zero-weight points speculate: c_verify cannot be told from them.
+    weight = (d == 0).astype(float)
+    with pytest.raises(UnidentifiableFitError) as info:
+        fit_profile(LatencyPoints(b, d, b * 100, 0, latency, weight=weight), template=template,
+                    free=("c_fixed", "c_request", "c_verify"))
+    assert info.value.coefficients == ("c_verify",)
+
+
+def test_an_unidentifiable_fit_names_the_coefficients_the_cells_and_what_is_needed():
+    template = random_profile(np.random.default_rng(3))
+    b = np.array([1, 2, 3, 4, 5, 6, 7, 8, 9])
+    points = LatencyPoints(b, 0, 0, 0, template.step_latency_array(b, 0))
+    with pytest.raises(UnidentifiableFitError) as info:
+        fit_profile(points, template=template, free=("c_fixed", "c_request", "c_verify",
+                                                      "c_draft_token"))
+    assert info.value.coefficients == ("c_verify", "c_draft_token")
+    assert str(info.value) == (
+        "cannot fit c_verify, c_draft_token from 9 point(s) in 9 (batch size, depth) "
+        "cell(s) [(1, 0), (2, 0), (3, 0), (4, 0), (5, 0), (6, 0), (7, 0), (8, 0) ...]: the "
+        "data does not tell them apart from the other free coefficients. Needed: c_verify: "
+        "steps at depth 0 and at depth >= 1; c_draft_token: steps at depth >= 2 at several "
+        "batch sizes. Record with SPECCTL_RECORD_EXPLORE=1 under a varying load, or fit "
+        "fewer coefficients (free=...; the rest keep the template's values).")
+    # Eight cells are all shown; a coefficient without its own hint gets the general one.
+    with pytest.raises(UnidentifiableFitError) as info:
+        fit_profile(LatencyPoints(b[:8], 1, 0, 0, template.step_latency_array(b[:8], 1)),
+                    template=template, free=("c_fixed", "c_steps0"))
+    assert ("in 8 (batch size, depth) cell(s) [(1, 1), (2, 1), (3, 1), (4, 1), (5, 1), "
+            "(6, 1), (7, 1), (8, 1)]: ") in str(info.value)
+    assert "Needed: c_steps0: points that vary its term. Record" in str(info.value)
+
+
+def _flat_report(latency_s, c_fixed=0.01, **points) -> FitReport:
+    """Every step predicted at ``c_fixed`` (10 ms), against ``latency_s``."""
+    profile = CostProfile("flat", ServerLimits(8, 100, 8), c_fixed=c_fixed)
+    n = len(latency_s)
+    fields = {"batch_size": np.arange(n) + 1, "depth": 2, "kv_tokens": np.arange(n) * 10,
+              "prefill_tokens": 0, **points}
+    return FitReport.evaluate(profile, LatencyPoints(latency_s=latency_s, **fields))
+
+
+def test_a_fit_report_summary_by_hand():
+    # Predicted 12.3456789 ms; errors 0, 12.3456789 / 3.12345678 - 1 = 2.9525691...,
+    # 12.3456789 / 12.5 - 1 = -0.0123456...: rounded to 5 places, the times to 4.
+    p = 0.0123456789
+    report = _flat_report([p, 0.00312345678, 0.0125], c_fixed=p, prefill_tokens=[0, 7, 0])
+    np.testing.assert_allclose(report.relative_errors, [0.0, 2.9525691468, -0.012345688],
+                               rtol=1e-9)
+    summary = report.summary()
+    assert summary == {
+        "points": 3, "median_abs_rel_error": 0.01235, "worst_abs_rel_error": 2.95257,
+        "worst_point": {"batch_size": 2, "depth": 2, "kv_tokens": 10, "prefill_tokens": 7,
+                        "measured_ms": 3.1235, "predicted_ms": 12.3457}}
+    assert all(type(v) is int for k, v in summary["worst_point"].items() if "ms" not in k)
+    assert (report.worst_index, report.free) == (1, ())
+
+
+def test_a_fit_report_prices_the_extend_and_the_path_per_point():
+    server = ServerLimits(8, 100, 8)
+    profile = CostProfile("e", server, c_fixed=0.01, c_extend=0.002, c_steps0=0.004)
+    points = LatencyPoints([1, 1, 1, 1], 0, 0, 0, [0.016] * 4,
+                           draft_extend=[True, False, True, False],
+                           speculative_path=[True, True, False, False])
+    report = FitReport.evaluate(profile, points)
+    np.testing.assert_allclose(report.predicted_s, [0.016, 0.014, 0.012, 0.010], rtol=1e-12)
+    defaults = FitReport.evaluate(profile, LatencyPoints([1], 0, 0, 0, [0.016]))
+    np.testing.assert_allclose(defaults.predicted_s, [0.016], rtol=1e-12)
+
+
+def test_a_fit_report_prints_one_row_per_point_then_the_notes():
+    report = _flat_report([0.008, 0.0125])
+    report = FitReport(**{**report.__dict__, "notes": ("note one", "note two")})
+    assert str(report).splitlines() == [
+        " batch depth       kv prefill measured ms  model ms   error",
+        "     1     2        0       0       8.000    10.000 +25.00%",
+        "     2     2       10       0      12.500    10.000 -20.00%",
+        "2 points: median |error| 22.50%, worst 25.00% (point 0)",
+        "note one",
+        "note two",
+    ]
+
+
+def _step(i: int, batch: int, depth: int, latency: float, *, rank: int = 0, server: str = "s",
+          prefill: int = 0, kv: int = 1000) -> StepRecord:
+    return StepRecord(server, rank, i, i * 0.01, batch, 0, batch, kv, 10**6, prefill,
+                      0 if prefill else depth, np.array([], np.int8), latency)
+
+
+def _trace(steps) -> Trace:
+    return Trace(RequestColumns.empty(), list(steps))
+
+
+def test_trace_points_come_from_the_lowest_rank_of_each_server():
+    steps = [
+        _step(0, 4, 1, 0.010, server="a", rank=1), _step(0, 4, 1, 0.500, server="a", rank=2),
+        _step(0, 2, 0, 0.020, server="b", rank=0), _step(1, 2, 0, 0.900, server="b", rank=3),
+        _step(1, 0, 0, 0.030, server="a", rank=1),  # no decoding request
+        _step(2, 3, 0, 0.0, server="a", rank=1),  # no latency
+        _step(3, 0, 0, 0.040, server="a", rank=1, prefill=100),  # a prefill step
+    ]
+    points = points_from_trace(_trace(steps), per_cell=False, draft_extend=False)
+    assert points.batch_size.tolist() == [4.0, 2.0]
+    assert points.depth.tolist() == [1.0, 0.0]
+    assert points.latency_s.tolist() == [0.010, 0.020]
+    assert points.kv_tokens.tolist() == [1000.0, 1000.0]
+    assert points.prefill_tokens.tolist() == [0.0, 0.0]
+    assert points.draft_extend.tolist() == [False, False]
+    assert points_from_trace(_trace(steps), per_cell=False).draft_extend.tolist() == [True] * 2
+
+
+def test_trace_points_without_decode_steps_are_refused():
+    with pytest.raises(ValueError, match=r"^the trace holds no step records$"):
+        points_from_trace(_trace([]))
+    only = [_step(0, 0, 0, 0.01, prefill=50), _step(1, 2, 1, 0.0), _step(2, 0, 1, 0.01)]
+    with pytest.raises(ValueError, match=r"^the trace holds no decode step with a positive "
+                       r"latency$"):
+        points_from_trace(_trace(only))
+
+
+def test_a_step_exactly_at_the_non_physical_ratio_is_kept(caplog):
+    steps = [_step(i, 2, 1, 0.01) for i in range(5)]
+    kept = points_from_trace(_trace([*steps, _step(5, 2, 1, 0.01 * 100)]), per_cell=False)
+    assert len(kept) == 6 and not caplog.records
+    dropped = points_from_trace(_trace([*steps, _step(5, 2, 1, 1.0000001)]), per_cell=False)
+    assert len(dropped) == 5
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("WARNING", "left out 1 decode step(s) more than 100x slower than the median decode "
+         "step (not physical)")]
+
+
+def test_per_cell_points_are_the_medians_of_cells_with_enough_steps():
+    steps = [_step(i, 2, 1, 0.01 * (i + 1), kv=100 * i) for i in range(5)]  # 5: kept
+    steps += [_step(10 + i, 4, 0, 0.05, kv=7) for i in range(4)]  # 4: too few
+    steps += [_step(20 + i, 1, 3, 0.002 * (i + 1), kv=10 * i) for i in range(6)]
+    points = points_from_trace(_trace(steps))
+    assert (points.batch_size.tolist(), points.depth.tolist()) == ([1.0, 2.0], [3.0, 1.0])
+    assert points.latency_s.tolist() == pytest.approx([0.007, 0.03])  # medians
+    assert points.kv_tokens.tolist() == [25.0, 200.0]
+    assert points.prefill_tokens.tolist() == [0.0, 0.0]
+    assert len(points_from_trace(_trace(steps), min_steps=4)) == 3
+    with pytest.raises(ValueError, match=r"^no \(batch size, depth\) cell has 7 decode steps$"):
+        points_from_trace(_trace(steps), min_steps=7)
+
+
+def _exact_trace(truth: CostProfile, prefills=(), draft_extend=True):
+    """Five exact steps per (batch, depth) cell of a grid, then prefill steps."""
+    cells = list(itertools.product([1, 4, 16, 32], [0, 1, 2, 5])) * 5
+    steps = [_step(i, b, d, truth.step_latency_s(b, d, 1000, 0, draft_extend))
+             for i, (b, d) in enumerate(cells)]
+    for k, (tokens, latency) in enumerate(prefills):
+        steps.append(_step(len(cells) + k, 0, 0, latency, prefill=tokens, kv=500))
+    return _trace(steps)
+
+
+def test_the_prefill_cost_is_the_median_rest_of_long_prefill_steps():
+    truth = random_profile(np.random.default_rng(6)).replace(c_prefill_token=3e-5)
+    template = truth.replace(c_fixed=0.0, c_request=0.0, c_prefill_token=7e-4)
+
+    def prefill_s(tokens, scale=1.0):
+        rest = truth.replace(c_prefill_token=0.0).step_latency_s(0, 0, 500, tokens)
+        return rest + scale * 3e-5 * tokens
+
+    # 1000 tokens is long enough; the median of the three rests per token is 3e-5.
+    trace = _exact_trace(truth, [(1000, prefill_s(1000)), (4000, prefill_s(4000, 0.5)),
+                                 (2000, prefill_s(2000, 2.0)), (999, 5.0), (3000, 0.0)])
+    fitted, report = fit_profile_from_trace(trace, template)
+    assert fitted.c_fixed == pytest.approx(truth.c_fixed, rel=1e-6)
+    assert fitted.c_prefill_token == pytest.approx(3e-5, rel=1e-6)
+    assert report.notes == () and len(report.points) == 16
+    # Shorter prefills only: the template's value stays.
+    short, _ = fit_profile_from_trace(_exact_trace(truth, [(999, 5.0)]), template)
+    assert short.c_prefill_token == 7e-4
+    # A prefill faster than the other terms: no negative cost.
+    fast, _ = fit_profile_from_trace(_exact_trace(truth, [(1000, 1e-9)]), template)
+    assert fast.c_prefill_token == 0.0
+
+
+def test_a_trace_fit_without_the_draft_extend_prices_prefills_without_it():
+    truth = random_profile(np.random.default_rng(7)).replace(c_prefill_token=3e-5)
+    rest = truth.replace(c_prefill_token=0.0).step_latency_s(0, 0, 500, 2000, False)
+    trace = _exact_trace(truth, [(2000, rest + 3e-5 * 2000)], draft_extend=False)
+    fitted, _ = fit_profile_from_trace(trace, truth.replace(c_fixed=0.0), draft_extend=False)
+    assert fitted.c_fixed == pytest.approx(truth.c_fixed, rel=1e-6)
+    assert fitted.c_prefill_token == pytest.approx(3e-5, rel=1e-6)
+
+
+def test_a_trace_fit_fits_the_coefficients_and_ties_it_is_given():
+    truth = random_profile(np.random.default_rng(9)).replace(c_extend=3e-4)  # not c_draft
+    template = truth.replace(c_fixed=0.0, c_draft=0.0)
+    fitted, report = fit_profile_from_trace(_exact_trace(truth), template,
+                                            free=("c_fixed", "c_draft"), ties={})
+    assert report.free == ("c_fixed", "c_draft")
+    assert fitted.provenance["fit"]["free"] == ["c_fixed", "c_draft"]
+    assert fitted.provenance["fit"]["ties"] == {} and fitted.c_extend == 3e-4  # not tied
+    assert fitted.c_draft == pytest.approx(truth.c_draft, rel=1e-6)
+
+
+def test_a_trace_fit_per_step_and_its_note_on_dropped_steps():
+    truth = random_profile(np.random.default_rng(8))
+    trace = _exact_trace(truth)
+    trace.steps.append(_step(999, 4, 1, 1e3))
+    fitted, report = fit_profile_from_trace(trace, truth.replace(c_fixed=0.0), per_cell=False)
+    assert len(report.points) == 80 and fitted.c_fixed == pytest.approx(truth.c_fixed, rel=1e-6)
+    assert report.notes == ("left out 1 decode step(s) more than 100x slower than the median "
+                            "decode step (not physical)",)

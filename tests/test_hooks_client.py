@@ -403,13 +403,13 @@ def test_local_mode_answers_each_telemetry_on_the_io_thread():
         assert local.frames == [frame(5)]
         assert client.current.steps == (5,) and client.marker.steps == (5,)
         assert client.answered_step == 5
-        client.send_telemetry(frame(13), 13, clock())  # refused: no answer
-        wait_until(lambda: client.counters["local_wire_error_range"] == 1, "the refusal")
-        assert client.counters["local_decisions"] == 1
+        for _ in range(2):  # refused: no answer, and each refusal counted
+            client.send_telemetry(frame(13), 13, clock())
         # A telemetry given as the hooks' values is packed before it is decided on.
         client.send_telemetry(("s", 0, 14, 0.0, 1, 0, 1, 0, 1, 0, 1, [0], 0.01), 14, clock())
         wait_until(lambda: client.counters["local_decisions"] == 2, "a second decision")
-        assert decode(local.frames[-1]).step_index == 14
+        assert client.counters["local_wire_error_range"] == 2  # taken in order, before 14
+        assert decode(local.frames[-1]).step_index == 14 and len(local.frames) == 4
         assert client.counters["telemetry_sent"] == 0  # no socket: nothing sent
     finally:
         client.close()
@@ -633,6 +633,43 @@ def test_asleep_the_thread_wakes_for_the_timeout_deadline(monkeypatch):
     finally:
         client.close()
         router.close()
+
+
+class _PollRecorder:
+    """A poller that records the timeout it is given and reports no event."""
+
+    def __init__(self) -> None:
+        self.timeouts: list[int | None] = []
+
+    def poll(self, timeout_ms: int | None) -> list:
+        self.timeouts.append(timeout_ms)
+        return []
+
+
+def test_asleep_the_thread_polls_just_past_the_deadline_or_not_at_all(monkeypatch):
+    """The I/O thread's sleep on its own (the thread not run, so no interleaving to
+    force): it lasts until the first whole millisecond after the decisions' deadline, and
+    not at all once the deadline has passed, or when telemetry or a close came in after
+    the thread's last look (otherwise they would wait for the next timer)."""
+    monkeypatch.setattr(ControllerClient, "_run", lambda self, hello: None)
+    clock = ManualClock()
+    client = ControllerClient(None, HELLO, timeout_s=0.9995, monotonic=clock)
+    poller = _PollRecorder()
+    try:
+        client._age.sent(1, clock())  # deadline 999.5 ms away
+        client._block(poller, None, client._wake_r, float("inf"))
+        client._outbox.append((frame(2), 2, clock()))
+        client._block(poller, None, client._wake_r, float("inf"))
+        client._outbox.clear()
+        client._stop = True
+        client._block(poller, None, client._wake_r, float("inf"))
+        client._stop = False
+        clock.advance(1.5)  # 500.5 ms past the deadline
+        client._block(poller, None, client._wake_r, float("inf"))
+        assert poller.timeouts == [1000, 0, 0, 0]
+    finally:
+        client.close()
+        client._context.term()  # _run, which would, did not run
 
 
 def test_remote_decisions_and_wrong_kinds_are_each_counted(monkeypatch):

@@ -172,7 +172,8 @@ def test_runs_restart_their_step_index_but_each_run_must_increase(tmp_path):
     write_trace(again, [], make_steps(1), {"run_id": "20261201T110000Z-bbbbbb"})
     with pytest.raises(TraceFormatError, match=r"00001.parquet: row 0, field 'step_index': must "
                        r"strictly increase per \(server, rank\) = \('s0', 0\), run "
-                       r"'20261201T110000Z-bbbbbb' across files: 0 after 4"):
+                       r"'20261201T110000Z-bbbbbb' across files: 0 after 4 in \S+-00000"
+                       r"\.parquet$"):  # no note on files without a run_id
         read_trace(tmp_path)
     with pytest.raises(ValueError, match="run_id must be"):
         TraceWriter(tmp_path / "trace", server="s0", rank=0, run_id="a/b")
@@ -188,12 +189,44 @@ def test_a_truncated_file_is_called_truncated(tmp_path, keep):
 
 
 def test_expand_paths_errors(tmp_path):
-    with pytest.raises(FileNotFoundError):
-        expand_paths(tmp_path / "missing.parquet")
-    with pytest.raises(FileNotFoundError):
+    missing = tmp_path / "missing.parquet"
+    with pytest.raises(FileNotFoundError, match=f"^{re.escape(str(missing))}: no such file or "
+                       "directory$"):
+        expand_paths(missing)
+    with pytest.raises(FileNotFoundError, match=f"^{re.escape(str(tmp_path))}: no "
+                       r"\*\.parquet files in this directory$"):
         expand_paths(tmp_path)  # empty directory
-    with pytest.raises(FileNotFoundError):
-        expand_paths(str(tmp_path / "*.parquet"))
+    pattern = str(tmp_path / "*.parquet")
+    with pytest.raises(FileNotFoundError, match=f"^{re.escape(pattern)}: the pattern matches "
+                       "no file$"):
+        expand_paths(pattern)
+
+
+def test_expand_paths_takes_a_list_of_paths(tmp_path):
+    a = write_trace(tmp_path / "a.parquet", [], make_steps(1))
+    b = write_trace(tmp_path / "b.parquet", [], make_steps(1))
+    assert expand_paths([str(b), a, b]) == [a, b]  # sorted, each once
+
+
+def test_written_files_are_zstd_compressed_with_sorted_json_meta(tmp_path):
+    one = write_trace(tmp_path / "one.parquet", make_requests(), [], {"b": 2, "a": tmp_path})
+    two = write_trace(tmp_path / "two.parquet", make_requests(), [], {"a": str(tmp_path), "b": 2})
+    metas = [pq.read_schema(p).metadata[b"specctl.meta"] for p in (one, two)]
+    assert metas[0] == metas[1] == json.dumps({"a": str(tmp_path), "b": 2}).encode()
+    assert read_trace(one).meta == {"a": str(tmp_path), "b": 2}  # a Path written as text
+    column = pq.ParquetFile(one).metadata.row_group(0).column(0)
+    assert column.compression == "ZSTD"
+    circular: dict = {}
+    circular["self"] = circular
+    bad = tmp_path / "bad.parquet"
+    with pytest.raises(ValueError, match=f"^{re.escape(str(bad))}: trace meta is not "
+                       "JSON-serialisable: Circular reference detected$"):
+        write_trace(bad, [], [], circular)
+
+
+def test_request_columns_from_records_have_fixed_dtypes():
+    cols = RequestColumns.from_records([RequestRecord("a", 1, 2, 3, "coding")])  # int arrival
+    assert cols.arrival_s.dtype == np.float64 and cols.request_class.dtype == object
 
 
 def test_is_trace_file(tmp_path):
@@ -223,41 +256,13 @@ def _rewrite(path, column: str, row: int, value) -> None:
     pq.write_table(table, path)
 
 
-# Rows: 0..2 are requests, 3.. are steps (see make_steps).
-@pytest.mark.parametrize(
-    ("column", "row", "value", "expected"),
-    [
-        ("output_tokens", 1, -3, "row 1, field 'output_tokens': must be >= 1, got -3"),
-        ("prompt_tokens", 0, 0, "row 0, field 'prompt_tokens': must be >= 1, got 0"),
-        ("arrival_s", 2, 0.1, "row 2, field 'arrival_s': requests must be sorted"),
-        ("arrival_s", 0, float("nan"), "row 0, field 'arrival_s': must be finite"),
-        ("request_id", 1, "r0", "row 1, field 'request_id': duplicate id 'r0'"),
-        ("step_latency_s", 5, -0.5, "row 5, field 'step_latency_s': must be >= 0"),
-        ("step_latency_s", 4, float("inf"), "row 4, field 'step_latency_s': must be finite"),
-        ("step_index", 6, 2, "row 6, field 'step_index': must strictly increase"),
-        # equal, not only smaller, within one file (issue 14: '<=' must not become '<')
-        ("step_index", 6, 4, "row 6, field 'step_index': must strictly increase .*: 4 after 4"),
-        # negative, not only too large (issue 14: the '< 0' half of the range check)
-        ("accepted_drafts", 4, [-1, 0], "row 4, field 'accepted_drafts': entry 0 is -1, outside"),
-        ("batch_size", 4, 1, "row 4, field 'accepted_drafts': has 2 entries, more than"),
-        ("accepted_drafts", 4, [3, 0], "row 4, field 'accepted_drafts': entry 0 is 3"),
-        ("accepted_drafts", 3, [1, 1], "row 3, field 'accepted_drafts': must be empty"),
-        ("request_ids", 4, ["r0"], "row 4, field 'request_ids': has 1 ids, expected batch"),
-        ("kv_used_tokens", 7, -1, "row 7, field 'kv_used_tokens': must be >= 0, got -1"),
-        ("record", 3, "stepp", "row 3, field 'record': must be 'request' or 'step'"),
-        ("time_s", 5, None, "row 5, field 'time_s': must not be null on a step row"),
-        ("prompt_tokens", 1, None, "row 1, field 'prompt_tokens': must not be null on a "
-         "request row"),
-    ],
-)
-def test_validation_errors_name_file_row_field(tmp_path, column, row, value, expected):
-    path = write_trace(tmp_path / "bad.parquet", make_requests(), make_steps(6))
+def _one_cell_changed(tmp_path, column: str, row: int, value):
+    """A trace of make_requests() and make_steps(6) with one cell rewritten. Rows: 0..2
+    are the requests, 3..8 the steps: steps_used 0,1,2,3,0,0; accepted_drafts [], [1,0],
+    [2,0], [3,0], [], []; request_ids on rows 4, 6 and 8."""
+    path = write_trace(tmp_path / "t.parquet", make_requests(), make_steps(6))
     _rewrite(path, column, row, value)
-    with pytest.raises(TraceFormatError) as exc:
-        read_trace(path)
-    assert re.match(re.escape(f"{path}: ") + expected, str(exc.value)), str(exc.value)
-    assert exc.value.file == str(path)
-    assert exc.value.where == row
+    return path
 
 
 def _with_metadata(path, **changes) -> None:
@@ -544,13 +549,28 @@ def test_writer_errors_name_the_file_row_and_field(tmp_path):
     assert exc.value.message == "must strictly increase: 4 after 10 in the previous file"
 
 
-# Issue 14 (mutation testing): every check of the reader, each message in full, and the
-# boundaries (equal values that are allowed, the first values that are not).
-# Rows: 0..2 are requests, 3..8 the steps of make_steps(6): steps_used 0,1,2,3,0,0;
-# accepted_drafts [], [1,0], [2,0], [3,0], [], []; request_ids on rows 4, 6 and 8.
+# Every check of the reader, each message in full where it matters (issue 14, mutation
+# testing), and the boundaries (equal values that are allowed, the first that are not).
+# Rows: see _one_cell_changed.
 @pytest.mark.parametrize(
     ("column", "row", "value", "expected"),
     [
+        ("output_tokens", 1, -3, "row 1, field 'output_tokens': must be >= 1, got -3"),
+        ("prompt_tokens", 0, 0, "row 0, field 'prompt_tokens': must be >= 1, got 0"),
+        ("arrival_s", 0, float("nan"), "row 0, field 'arrival_s': must be finite"),
+        ("request_id", 1, "r0", "row 1, field 'request_id': duplicate id 'r0'"),
+        ("step_latency_s", 4, float("inf"), "row 4, field 'step_latency_s': must be finite"),
+        ("step_index", 6, 2, "row 6, field 'step_index': must strictly increase"),
+        # negative, not only too large (issue 14: the '< 0' half of the range check)
+        ("accepted_drafts", 4, [-1, 0], "row 4, field 'accepted_drafts': entry 0 is -1, outside"),
+        ("accepted_drafts", 4, [3, 0], "row 4, field 'accepted_drafts': entry 0 is 3"),
+        ("accepted_drafts", 3, [1, 1], "row 3, field 'accepted_drafts': must be empty"),
+        ("request_ids", 4, ["r0"], "row 4, field 'request_ids': has 1 ids, expected batch"),
+        ("kv_used_tokens", 7, -1, "row 7, field 'kv_used_tokens': must be >= 0, got -1"),
+        ("record", 3, "stepp", "row 3, field 'record': must be 'request' or 'step'"),
+        ("time_s", 5, None, "row 5, field 'time_s': must not be null on a step row"),
+        ("prompt_tokens", 1, None, "row 1, field 'prompt_tokens': must not be null on a "
+         "request row"),
         ("arrival_s", 0, -1.0, "row 0, field 'arrival_s': must be >= 0, got -1.0$"),
         ("arrival_s", 1, float("inf"), "row 1, field 'arrival_s': must be finite, got inf$"),
         ("arrival_s", 2, 0.1,
@@ -595,9 +615,8 @@ def test_writer_errors_name_the_file_row_and_field(tmp_path):
         ("accepted_drafts", 6, [1, None], "row 6, field 'accepted_drafts': entry 1 is null$"),
     ],
 )
-def test_each_check_names_row_field_and_the_values(tmp_path, column, row, value, expected):
-    path = write_trace(tmp_path / "bad.parquet", make_requests(), make_steps(6))
-    _rewrite(path, column, row, value)
+def test_validation_errors_name_file_row_field(tmp_path, column, row, value, expected):
+    path = _one_cell_changed(tmp_path, column, row, value)
     with pytest.raises(TraceFormatError) as exc:
         read_trace(path)
     assert re.match(re.escape(f"{path}: ") + expected, str(exc.value)), str(exc.value)
@@ -622,11 +641,10 @@ def test_each_check_names_row_field_and_the_values(tmp_path, column, row, value,
     ],
 )
 def test_boundary_values_are_accepted(tmp_path, column, row, value):
-    path = write_trace(tmp_path / "ok.parquet", make_requests(), make_steps(6))
-    if (column, value) == ("request_ids", []):
+    path = _one_cell_changed(tmp_path, column, row, value)
+    if (column, value) == ("request_ids", []):  # with no ids, batch 0 and no entries
         _rewrite(path, "batch_size", row, 0)
         _rewrite(path, "accepted_drafts", row, [])
-    _rewrite(path, column, row, value)
     trace = read_trace(path)
     record = trace.requests.records()[row] if row < 3 else trace.steps[row - 3]
     got = getattr(record, column)
@@ -790,3 +808,101 @@ def test_read_back_step_columns_have_the_writers_dtypes(tmp_path):
     for name in StepColumns.__dataclass_fields__:
         if name != "request_ids":
             assert getattr(cols, name).dtype == getattr(built, name).dtype, name
+
+
+def test_files_are_read_in_natural_name_order(tmp_path):
+    # A directory lists "-r10-" before "-r2-"; numbers in names compare as numbers.
+    for rank in (10, 2):
+        write_trace(tmp_path / f"t-s0-r{rank}-00000.parquet", [],
+                    make_steps(2, start=0, rank=rank))
+    assert [s.rank for s in read_trace(tmp_path).steps] == [2, 2, 10, 10]
+    assert [p.name for p in expand_paths(tmp_path)] == ["t-s0-r2-00000.parquet",
+                                                         "t-s0-r10-00000.parquet"]
+
+
+def test_a_file_that_is_no_parquet_is_named(tmp_path):
+    path = tmp_path / "t.parquet"
+    path.write_bytes(b"PAR2" + bytes(100))
+    with pytest.raises(TraceFormatError) as exc:
+        read_trace(path)
+    assert str(exc.value) == f"{path}: not a Parquet file (bad magic bytes)"
+    assert (exc.value.file, exc.value.where, exc.value.field) == (str(path), None, None)
+
+
+@pytest.mark.parametrize("opens_before", [0, 1])  # the magic's check, then the footer's
+def test_a_file_that_cannot_be_opened_is_named(tmp_path, monkeypatch, opens_before):
+    path = write_trace(tmp_path / "t.parquet", make_requests(), [])
+    opened, really_open = [], type(path).open
+
+    def refuse(self, *args, **kwargs):
+        opened.append(self)
+        if len(opened) > opens_before:
+            raise PermissionError(13, "Permission denied")
+        return really_open(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(path), "open", refuse)  # root may open anything: refuse here
+    with pytest.raises(TraceFormatError) as exc:
+        read_trace(path)
+    assert str(exc.value) == f"{path}: cannot read: [Errno 13] Permission denied"
+    assert (exc.value.file, exc.value.where, exc.value.field) == (str(path), None, None)
+
+
+def test_corrupt_column_data_behind_a_sound_footer_is_named(tmp_path):
+    path = write_trace(tmp_path / "t.parquet", make_requests(), make_steps(6))
+    first_page = pq.ParquetFile(path).metadata.row_group(0).column(0).data_page_offset
+    data = bytearray(path.read_bytes())
+    data[first_page] ^= 0xFF  # the first page's header: the footer still reads
+    path.write_bytes(bytes(data))
+    with pytest.raises(TraceFormatError) as exc:
+        read_trace(path)
+    assert str(exc.value).startswith(f"{path}: truncated or corrupt Parquet data: ")
+    assert (exc.value.file, exc.value.where, exc.value.field) == (str(path), None, None)
+
+
+def test_a_footer_too_short_or_unreadable_is_called_truncated(tmp_path):
+    path = tmp_path / "t.parquet"
+    path.write_bytes(b"PAR1" + bytes(3) + b"PAR1")  # 11 bytes: no room for a footer
+    with pytest.raises(TraceFormatError) as exc:
+        read_trace(path)
+    assert str(exc.value) == (f"{path}: truncated or corrupt Parquet file (11 bytes, no "
+                              "footer magic at the end)")
+    path.write_bytes(b"PAR1" + bytes(4) + b"PAR1")  # 12 bytes: a footer Arrow cannot read
+    with pytest.raises(TraceFormatError) as exc:
+        read_trace(path)
+    assert str(exc.value).startswith(f"{path}: truncated or corrupt Parquet file: ")
+    assert (exc.value.file, exc.value.where, exc.value.field) == (str(path), None, None)
+
+
+def test_a_writer_rotates_every_200000_records_by_default(tmp_path):
+    with TraceWriter(tmp_path / "run", server="s0", rank=0) as w:
+        assert w.rotate_records == 200_000  # the documented default
+    assert w.files == [] and list(tmp_path.iterdir()) == []  # nothing added, nothing written
+
+
+@pytest.mark.parametrize("prompt_tokens", [2**40 + 5, 2**31])
+def test_a_value_too_large_for_its_column_is_refused_not_wrapped(tmp_path, prompt_tokens):
+    # Regression (found while testing _table_for_write's message for issue 14): int64
+    # columns given directly were cast to the file's int32 by numpy, which wraps:
+    # 2**40 + 5 was written, and read back, as 5.
+    requests = RequestColumns(np.array(["a"], object), np.array([0.0]),
+                              np.array([prompt_tokens]), np.array([1], np.int32),
+                              np.array([None], object))
+    path = tmp_path / "t.parquet"
+    with pytest.raises(TraceFormatError) as exc:
+        write_trace(path, requests, [])
+    assert str(exc.value) == (f"{path}: records cannot be stored: field 'prompt_tokens': "
+                              f"{prompt_tokens} does not fit int32")
+    assert (exc.value.file, exc.value.where, exc.value.field) == (str(path), None, None)
+    assert not path.exists()
+    fits = RequestColumns(*(a.copy() for a in (requests.request_id, requests.arrival_s,
+                                               np.array([2**31 - 1]), requests.output_tokens,
+                                               requests.request_class)))
+    assert read_trace(write_trace(path, fits, [])).requests.prompt_tokens.tolist() == [2**31 - 1]
+
+
+def test_requests_of_equal_arrival_keep_their_order_when_sorted(tmp_path):
+    # 21 requests: enough for numpy's default (unstable) sort to reorder equal arrivals.
+    requests = [RequestRecord(f"r{k}", 1.0, 1, 1) for k in range(20)]
+    requests.append(RequestRecord("first", 0.0, 1, 1))
+    path = write_trace(tmp_path / "t.parquet", requests, [])
+    assert list(read_trace(path).requests.request_id) == ["first"] + [f"r{k}" for k in range(20)]

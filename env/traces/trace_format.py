@@ -364,8 +364,9 @@ def _build_table(requests: RequestColumns, steps: StepColumns) -> pa.Table:
     n_req, n_step = len(requests), len(steps)
     n = n_req + n_step
 
-    def pad(values: np.ndarray | list, first: bool, arrow_type: pa.DataType) -> pa.Array:
+    def pad(name: str, values: np.ndarray | list, first: bool) -> pa.Array:
         # Request columns hold values on the first n_req rows, step columns on the rest.
+        arrow_type = SCHEMA.field(name).type
         valid = np.zeros(n, dtype=bool)
         if first:
             valid[:n_req] = True
@@ -376,20 +377,26 @@ def _build_table(requests: RequestColumns, steps: StepColumns) -> pa.Table:
         if arrow_type == pa.string():
             return pa.array(full, type=arrow_type)
         filled = np.zeros(n, dtype=arrow_type.to_pandas_dtype())
-        filled[valid] = np.asarray(values, dtype=filled.dtype)
+        given = np.asarray(values)
+        converted = given.astype(filled.dtype)
+        # numpy wraps an integer that does not fit (2**40 + 5 became 5): refuse it.
+        if np.issubdtype(filled.dtype, np.integer) and not np.array_equal(converted, given):
+            bad = given[np.flatnonzero(converted != given)[0]]
+            raise OverflowError(f"field {name!r}: {bad} does not fit {arrow_type}")
+        filled[valid] = converted
         return pa.array(filled, type=arrow_type, mask=~valid)
 
     columns: dict[str, pa.Array] = {
         "record": pa.array([REQUEST] * n_req + [STEP] * n_step, type=pa.string())
     }
     for name in ("request_id", "arrival_s", "prompt_tokens", "output_tokens"):
-        columns[name] = pad(getattr(requests, name), True, SCHEMA.field(name).type)
+        columns[name] = pad(name, getattr(requests, name), True)
     columns["request_class"] = pa.array(
         [None if c is None else str(c) for c in requests.request_class] + [None] * n_step,
         type=pa.string(),
     )
     for name in _STEP_SCALARS:
-        columns[name] = pad(getattr(steps, name), False, SCHEMA.field(name).type)
+        columns[name] = pad(name, getattr(steps, name), False)
 
     # accepted_drafts: null on request rows, a list on step rows.
     off = np.concatenate([np.zeros(n_req, dtype=np.int64), steps.accepted_offsets])
