@@ -332,7 +332,10 @@ def test_every_valid_telemetry_frame_takes_the_fast_path():
                     dict(latency=MAX_STEP_LATENCY_S), dict(rank=wire.MAX_RANK),
                     dict(batch=MAX_BATCH), dict(accepted=bytes([3] * 20), total=60, count=20,
                                                 batch=20, steps=3),
-                    dict(accepted=bytes(range(17)), total=136, count=17, batch=17, steps=16)]:
+                    dict(accepted=bytes(range(17)), total=136, count=17, batch=17, steps=16),
+                    # Over 192 entries at steps < 16: the total comes from per-value counts.
+                    dict(accepted=bytes([0, 1, 2, 3] * 50), total=300, count=200, batch=200,
+                         steps=3)]:
         frame = msgpack.packb(_telemetry(**changes), use_bin_type=True)
         record = fast(frame)
         assert record is not None, changes
