@@ -906,3 +906,72 @@ def test_requests_of_equal_arrival_keep_their_order_when_sorted(tmp_path):
     requests.append(RequestRecord("first", 0.0, 1, 1))
     path = write_trace(tmp_path / "t.parquet", requests, [])
     assert list(read_trace(path).requests.request_id) == ["first"] + [f"r{k}" for k in range(20)]
+
+
+_STEP_DTYPES = {
+    "rank": np.int32, "step_index": np.int64, "time_s": np.float64, "batch_size": np.int32,
+    "waiting_requests": np.int32, "running_requests": np.int32, "kv_used_tokens": np.int64,
+    "kv_capacity_tokens": np.int64, "prefill_tokens": np.int64, "steps_used": np.int8,
+    "step_latency_s": np.float64, "accepted_offsets": np.int64, "accepted_values": np.int8,
+}
+
+
+def test_step_columns_have_their_declared_dtypes_whatever_the_input_types():
+    # numpy scalars of narrower types (a caller's int32/float32) must not narrow a column,
+    # and no records must still give typed, empty columns (one offset, no values).
+    narrow = StepRecord("s0", np.int64(0), np.int32(3), np.float32(0.5), np.int64(2), 0, 2,
+                        np.int32(10), np.int32(100), np.int32(0), 1, [1, 0],
+                        np.float32(0.01), None)
+    for records, n_values in (([narrow], 2), ([], 0)):
+        cols = StepColumns.from_records(records)
+        got = {name: getattr(cols, name).dtype for name in _STEP_DTYPES}
+        assert got == {name: np.dtype(t) for name, t in _STEP_DTYPES.items()}
+        assert cols.accepted_offsets.tolist() == [0] + [n_values] * len(records)
+        assert cols.accepted_values.size == n_values
+
+
+def test_an_accepted_draft_count_that_does_not_fit_int8_is_refused_not_wrapped(tmp_path):
+    # 257 wraps to 1 in int8, which would pass every range check of the reader.
+    step = make_steps(2)[1]
+    step = StepRecord(**{**{f: getattr(step, f) for f in StepRecord.__slots__},
+                         "accepted_drafts": [257] * step.batch_size})
+    path = tmp_path / "t.parquet"
+    with pytest.raises((OverflowError, TraceFormatError)):
+        write_trace(path, [], [step])
+    assert not path.exists()
+
+
+def test_a_column_of_the_other_kind_is_null_in_the_file(tmp_path):
+    path = write_trace(tmp_path / "t.parquet", make_requests(), make_steps(3))
+    table = pq.read_table(path)
+    n_req = len(make_requests())
+    for name in ("request_id", "arrival_s", "prompt_tokens", "output_tokens"):
+        assert table.column(name).slice(n_req).null_count == 3, name
+    for name in ("server", "rank", "step_index", "time_s", "kv_used_tokens", "steps_used",
+                 "step_latency_s", "accepted_drafts"):
+        assert table.column(name).slice(0, n_req).null_count == n_req, name
+
+
+@pytest.mark.parametrize("field", ["server", "request_id"])
+def test_a_non_string_name_is_refused_not_stringified(tmp_path, field):
+    step = make_steps(1)[0]
+    requests, steps = make_requests(), [step]
+    if field == "server":
+        steps = [StepRecord(**{**{f: getattr(step, f) for f in StepRecord.__slots__},
+                               "server": 5})]
+    else:
+        requests = [RequestRecord(7, 0.0, 1, 1)]
+    path = tmp_path / "t.parquet"
+    with pytest.raises(TraceFormatError, match="records cannot be stored"):
+        write_trace(path, requests, steps)
+    assert not path.exists()
+
+
+def test_step_columns_with_int64_accepted_values_are_stored(tmp_path):
+    # A StepColumns built by hand may hold its accepted counts as int64: stored as int8.
+    steps = make_steps(5)
+    cols = StepColumns.from_records(steps)
+    cols.accepted_values = cols.accepted_values.astype(np.int64)
+    back = read_trace(write_trace(tmp_path / "t.parquet", [], cols)).step_columns()
+    assert back.accepted_values.tolist() == [int(x) for s in steps for x in s.accepted_drafts]
+    assert back.accepted_values.dtype == np.int8
