@@ -936,9 +936,34 @@ def test_an_accepted_draft_count_that_does_not_fit_int8_is_refused_not_wrapped(t
     step = StepRecord(**{**{f: getattr(step, f) for f in StepRecord.__slots__},
                          "accepted_drafts": [257] * step.batch_size})
     path = tmp_path / "t.parquet"
-    with pytest.raises((OverflowError, TraceFormatError)):
+    with pytest.raises(TraceFormatError, match=r"t\.parquet.*'accepted_drafts'") as info:
         write_trace(path, [], [step])
+    assert info.value.field == "accepted_drafts"
     assert not path.exists()
+
+
+@pytest.mark.parametrize(("field", "value", "problem"), [
+    ("step_index", 2**63, "too large|out of bounds|overflow"),
+    ("step_index", 3.5, "3.5 is not an integer"),
+    ("batch_size", float("nan"), "NaN to integer"),
+    ("kv_used_tokens", "many", "invalid literal|many"),
+    ("accepted_drafts", np.array([300, 0], dtype=np.int64), "300 does not fit int8"),
+    ("accepted_drafts", [1.5, 0], "are not integers"),
+])
+def test_a_step_value_its_column_cannot_hold_is_refused_naming_file_and_field(
+        tmp_path, field, value, problem):
+    """Not wrapped, truncated or raised bare: numpy would store 3.5 as 3."""
+    step = make_steps(2)[1]
+    step = StepRecord(**{**{f: getattr(step, f) for f in StepRecord.__slots__}, field: value})
+    path = tmp_path / "t.parquet"
+    with pytest.raises(TraceFormatError, match=rf"t\.parquet.*'{field}'.*({problem})") as info:
+        write_trace(path, [], [step])
+    assert info.value.field == field and not path.exists()
+    writer = TraceWriter(tmp_path / "w", server=step.server, rank=step.rank)
+    writer.add_step(step)
+    with pytest.raises(TraceFormatError, match=rf"'{field}'") as info:
+        writer.close()
+    assert info.value.field == field
 
 
 def test_a_column_of_the_other_kind_is_null_in_the_file(tmp_path):

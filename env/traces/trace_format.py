@@ -177,6 +177,31 @@ class TraceFormatError(DataFileError):
     unit = "row"
 
 
+def _int8_drafts(values: Any) -> np.ndarray:
+    """One record's accepted drafts as int8, refusing what int8 would wrap or truncate."""
+    if isinstance(values, np.ndarray) and values.dtype == np.int8:
+        return values.ravel()
+    try:
+        array = np.asarray(values)
+        fractional = array.dtype.kind == "f" and not np.all(np.mod(array, 1) == 0)
+        if array.size and (array.dtype.kind not in "iubf" or fractional):
+            raise ValueError(f"{values!r} are not integers")
+        if array.size and (array.min() < -128 or array.max() > 127):
+            raise ValueError(f"{int(array.max())} does not fit int8")
+        return array.astype(np.int8).ravel()
+    except (OverflowError, TypeError, ValueError) as exc:
+        raise StepFieldError("accepted_drafts", exc) from None
+
+
+class StepFieldError(ValueError):
+    """A step record's field holds a value its column cannot store (names the field)."""
+
+    def __init__(self, field: str, problem: object) -> None:
+        super().__init__(f"step records: field {field!r}: {problem}")
+        self.field = field
+        self.problem = problem
+
+
 # ---------------------------------------------------------------------------
 # In-memory representation
 # ---------------------------------------------------------------------------
@@ -262,15 +287,30 @@ class StepColumns:
 
     @classmethod
     def from_records(cls, records: Sequence[StepRecord]) -> StepColumns:
-        """Columns from :class:`~env.traces.schema.StepRecord` s."""
-        accepted = [np.asarray(r.accepted_drafts, dtype=np.int8).ravel() for r in records]
+        """Columns from :class:`~env.traces.schema.StepRecord` s.
+
+        Raises :class:`StepFieldError` (naming the field and the record) for a value its
+        column cannot hold: out of range, or a fraction in an integer column (numpy would
+        wrap or truncate it silently).
+        """
+        accepted = [_int8_drafts(r.accepted_drafts) for r in records]
         lengths = np.fromiter((a.size for a in accepted), dtype=np.int64, count=len(accepted))
         offsets = np.zeros(len(accepted) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
         values = np.concatenate(accepted) if accepted else np.empty(0, dtype=np.int8)
 
         def col(name: str, dtype: Any) -> np.ndarray:
-            return np.array([getattr(r, name) for r in records], dtype=dtype)
+            values = [getattr(r, name) for r in records]
+            try:
+                column = np.array(values, dtype=dtype)
+            except (OverflowError, TypeError, ValueError) as exc:
+                raise StepFieldError(name, exc) from None
+            if column.dtype.kind == "i":
+                fraction = next((v for v in values if isinstance(v, float | np.floating)
+                                 and not float(v).is_integer()), None)
+                if fraction is not None:
+                    raise StepFieldError(name, f"{fraction!r} is not an integer")
+            return column
 
         return cls(
             server=col("server", object),
@@ -940,7 +980,11 @@ def write_trace(
     req = (
         requests if isinstance(requests, RequestColumns) else RequestColumns.from_records(requests)
     )
-    step_cols = steps if isinstance(steps, StepColumns) else StepColumns.from_records(steps)
+    try:
+        step_cols = steps if isinstance(steps, StepColumns) else StepColumns.from_records(steps)
+    except StepFieldError as exc:
+        raise TraceFormatError(path, None, exc.field,
+                               f"records cannot be stored: {exc.problem}") from None
     table = _table_for_write(req, step_cols, str(path))
     _write_table(table, path, meta)
     return path
@@ -1072,8 +1116,12 @@ class TraceWriter:
         with self._write_lock:
             path = self._dir / f"{self._stem}{self._seq:05d}.parquet"
             self._seq += 1
-            step_cols = StepColumns.from_records(steps)
             name = str(path)
+            try:
+                step_cols = StepColumns.from_records(steps)
+            except StepFieldError as exc:
+                raise TraceFormatError(name, None, exc.field,
+                                       f"records cannot be stored: {exc.problem}") from None
             wrong = np.flatnonzero(
                 (step_cols.server != self.server) | (step_cols.rank != self.rank)
             )
