@@ -729,7 +729,9 @@ def test_warm_up_compiles_every_kernel_signature_a_stream_uses(backend, monkeypa
         assert features.warm_up(cost_prior=profile) is None  # nothing to compile
         return
     seen = _kernel_signatures(monkeypatch)
-    features.warm_up(cost_prior=profile)
+    monkeypatch.setenv(features.BACKEND_VARIABLE, "numpy")  # the argument decides
+    features.warm_up(cost_prior=profile, backend="compiled")
+    monkeypatch.setenv(features.BACKEND_VARIABLE, "compiled")
     warmed = set(seen)
     assert {name for name, *_ in warmed} == {"_fold", "_grids"}
     seen.clear()
