@@ -744,3 +744,12 @@ def test_warm_up_compiles_every_kernel_signature_a_stream_uses(backend, monkeypa
     observation_grids(builders)
     builders[1].observation()
     assert seen and seen <= warmed, seen - warmed
+
+
+def test_the_layouts_batch_grid_is_read_only():
+    """The compiled backend knows the grid by identity (it caches what it derives from
+    it), so nothing may write into it."""
+    grid = FeatureBuilder()._layout.grid
+    assert list(grid) == list(FeatureSpec().batch_grid)
+    with pytest.raises(ValueError, match="read-only"):
+        grid[0] = 3
