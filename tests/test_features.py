@@ -645,3 +645,111 @@ def test_a_copy_goes_on_alone(with_profile):
     np.testing.assert_array_equal(original.observation_grid(), twin.observation_grid())
     twin.update_many(records[45:])
     np.testing.assert_array_equal(copy.observation_grid(), twin.observation_grid())
+
+
+@pytest.mark.parametrize("name", ["numpy", "compiled"])
+def test_resolve_backend_takes_the_argument_over_the_environment(name, monkeypatch):
+    if name == "compiled":
+        pytest.importorskip("numba")
+    other = "compiled" if name == "numpy" else "numpy"
+    monkeypatch.setenv(features.BACKEND_VARIABLE, other)
+    assert features.resolve_backend(name) == name
+    assert FeatureBuilder(backend=name).backend == name
+    monkeypatch.setenv(features.BACKEND_VARIABLE, name)
+    assert features.resolve_backend() == name
+    assert FeatureBuilder().backend == name
+
+
+@pytest.mark.parametrize("numba_here", [True, False])
+def test_resolve_backend_default_follows_numba(numba_here, monkeypatch):
+    monkeypatch.delenv(features.BACKEND_VARIABLE)
+    monkeypatch.setattr(features, "compiled_available", lambda: numba_here)
+    expected = "compiled" if numba_here else "numpy"
+    assert features.resolve_backend() == expected
+    monkeypatch.setenv(features.BACKEND_VARIABLE, "")  # set but empty: the default too
+    assert features.resolve_backend(None) == expected
+    assert features.resolve_backend("") == expected
+
+
+def test_resolve_backend_names_the_bad_source_and_the_choices(monkeypatch):
+    expected = " unknown feature backend 'numba' (expected 'compiled' or 'numpy')"
+    with pytest.raises(ValueError) as error:
+        features.resolve_backend("numba")
+    assert str(error.value) == "backend:" + expected
+    monkeypatch.setenv(features.BACKEND_VARIABLE, "numba")
+    with pytest.raises(ValueError) as error:
+        FeatureBuilder()
+    assert str(error.value) == f"environment variable {features.BACKEND_VARIABLE}:" + expected
+
+
+def test_compiled_without_numba_is_refused(monkeypatch):
+    monkeypatch.setattr(features, "compiled_available", lambda: False)
+    assert features.resolve_backend("numpy") == "numpy"
+    for ask in ({"backend": "compiled"}, {}):
+        monkeypatch.setenv(features.BACKEND_VARIABLE, "compiled")
+        with pytest.raises(ValueError) as error:
+            features.resolve_backend(**ask)
+        assert str(error.value) == ("feature backend 'compiled' needs numba, which is not "
+                                    "installed (pip install numba, or choose 'numpy')")
+
+
+def test_compiled_available_is_false_when_numba_does_not_import(monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "numba", None)  # import raises
+    assert features.compiled_available.__wrapped__() is False
+    monkeypatch.undo()
+    assert features.compiled_available.__wrapped__() is (
+        __import__("importlib").util.find_spec("numba") is not None)
+
+
+def _kernel_signatures(monkeypatch) -> set[tuple]:
+    """Spy on the compiled kernels called from Python: the numba types of their arguments
+    (a new tuple is a compilation at that call)."""
+    numba = pytest.importorskip("numba")
+    from env import features_compiled
+
+    seen: set[tuple] = set()
+    # Not _solve: _fold calls it compiled, and a Python spy there would not type.
+    for name in ("_fold", "_grids"):
+        kernel = getattr(features_compiled, name)
+
+        def spy(*args, _kernel=kernel, _name=name):
+            seen.add((_name, *(numba.typeof(a) for a in args)))
+            return _kernel(*args)
+
+        monkeypatch.setattr(features_compiled, name, spy)
+    return seen
+
+
+def test_warm_up_compiles_every_kernel_signature_a_stream_uses(backend, monkeypatch):
+    """warm_up's promise: nothing compiles at the first decision. Every kernel call of a
+    real stream (decoded read-only drafts, simulated ones, one poll of several streams,
+    one observation) has argument types that warm_up already called it with."""
+    profile = load_profile("h200_llama31_8b")
+    if backend == "numpy":
+        assert features.warm_up(cost_prior=profile) is None  # nothing to compile
+        return
+    seen = _kernel_signatures(monkeypatch)
+    monkeypatch.setenv(features.BACKEND_VARIABLE, "numpy")  # the argument decides
+    features.warm_up(cost_prior=profile, backend="compiled")
+    monkeypatch.setenv(features.BACKEND_VARIABLE, "compiled")
+    warmed = set(seen)
+    assert {name for name, *_ in warmed} == {"_fold", "_grids"}
+    seen.clear()
+    builders = [FeatureBuilder(cost_prior=profile) for _ in range(3)]
+    drafts = np.array([2, 0, 5], dtype=np.int8)
+    decoded = np.frombuffer(drafts.tobytes(), dtype=np.int8)  # as the wire decodes it
+    for i, accepted in enumerate((drafts, decoded)):
+        builders[0].update(_record(i, 16, 3, accepted, 0.02))
+        builders[1].update(_record(i, 8, 4, accepted, 0.03))
+    observation_grids(builders)
+    builders[1].observation()
+    assert seen and seen <= warmed, seen - warmed
+
+
+def test_the_layouts_batch_grid_is_read_only():
+    """The compiled backend knows the grid by identity (it caches what it derives from
+    it), so nothing may write into it."""
+    grid = FeatureBuilder()._layout.grid
+    assert list(grid) == list(FeatureSpec().batch_grid)
+    with pytest.raises(ValueError, match="read-only"):
+        grid[0] = 3
