@@ -201,6 +201,20 @@ def test_the_reference_is_the_throughput_without_speculation():
     assert info["throughput_tok_s"] == pytest.approx(rho, rel=1e-12)
 
 
+def test_the_reference_runs_on_the_scenarios_own_server_limits():
+    """16 clients on a server that runs one request at a time serve far less than on the
+    scenario's own limits: the reference must replay the scenario's server, not a default."""
+    from dataclasses import replace
+
+    from env.spec_env import reference_throughput
+
+    environment = SpecDecodeEnv(CLOSED)
+    environment.reset(seed=1)
+    scenario = environment.scenario
+    one_at_a_time = replace(scenario, config=replace(scenario.config, max_running_requests=1))
+    assert reference_throughput(one_at_a_time) < 0.5 * reference_throughput(scenario)
+
+
 def test_settings_reach_the_environment():
     environment = SpecDecodeEnv({**SMALL, "slo_tpot_ms": 4.0})
     assert environment.slo_tpot_s == pytest.approx(0.004) and environment.slo_penalty == 1.0
