@@ -799,6 +799,10 @@ def test_a_fresh_runtime_knows_nothing_yet():
     assert rt.offswitch.counters is rt.counters and rt.offswitch.build is True
     other = Runtime(PluginConfig(server="srv", off_path="sglang"), "test", follower=True)
     assert other.offswitch.build is False and other.follower is True
+    # A prefill while off skips the draft's extend unless SPECCTL_OFF_PREFILL=draft.
+    assert rt.offswitch.skip_prefill is True
+    drafting = Runtime(PluginConfig(server="srv", off_prefill="draft"), "test")
+    assert drafting.offswitch.skip_prefill is False
     rt.attach_policy("the policy")
     assert rt.policy == "the policy"
 
