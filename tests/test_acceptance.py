@@ -195,11 +195,15 @@ def test_sawtooth_structure_and_renewal_formula():
     decay=st.floats(0.8, 1.0),
 )
 def test_calibrated_hits_target(target, depth, decay):
-    try:
-        model = ParametricAcceptance.calibrated(target, depth, decay=decay)
-    except ValueError as exc:
-        assert "out of reach" in str(exc)
+    # The most a decay can reach: every rate at its largest, a = 1 (independent of the
+    # calibration's search). Only targets above it may be refused, and they must be.
+    ceiling = ParametricAcceptance(
+        np.minimum(decay ** np.arange(7), 1.0)).expected_accept_length(depth)
+    if target > ceiling:
+        with pytest.raises(ValueError, match=r"out of reach with decay .*achievable"):
+            ParametricAcceptance.calibrated(target, depth, decay=decay)
         return
+    model = ParametricAcceptance.calibrated(target, depth, decay=decay)
     assert model.expected_accept_length(depth) == pytest.approx(target, abs=1e-9)
     assert np.all(np.diff(model.alphas) <= 1e-12)  # non-increasing rates
     assert model.max_depth == 7
