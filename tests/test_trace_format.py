@@ -961,9 +961,26 @@ def test_a_step_value_its_column_cannot_hold_is_refused_naming_file_and_field(
     assert info.value.field == field and not path.exists()
     writer = TraceWriter(tmp_path / "w", server=step.server, rank=step.rank)
     writer.add_step(step)
-    with pytest.raises(TraceFormatError, match=rf"'{field}'") as info:
+    with pytest.raises(TraceFormatError,
+                       match=rf"w-.*\.parquet: field '{field}': records cannot be stored: "
+                             rf".*({problem})") as info:
         writer.close()
     assert info.value.field == field
+
+
+def test_accepted_drafts_are_stored_as_int8_exactly_to_its_limits():
+    from env.traces.trace_format import StepFieldError, _int8_drafts
+
+    assert _int8_drafts(np.array([127, -128, 0], dtype=np.int64)).tolist() == [127, -128, 0]
+    assert _int8_drafts([1.0, 2.0]).dtype == np.int8  # whole floats are integers
+    assert _int8_drafts([1.0, 3.0]).tolist() == [1, 3]
+    assert _int8_drafts([[2], [3]]).tolist() == [2, 3]  # raveled
+    for bad, problem in (([128], "128 does not fit int8"), ([-129], "does not fit int8"),
+                         ([1.5], "are not integers"), ([2.5, 3.0], "are not integers"),
+                         (["a"], "are not integers")):
+        with pytest.raises(StepFieldError, match=problem) as info:
+            _int8_drafts(bad)
+        assert info.value.field == "accepted_drafts"
 
 
 def test_a_column_of_the_other_kind_is_null_in_the_file(tmp_path):
