@@ -3,10 +3,12 @@ its I/O thread builds the markers the scheduler thread attaches."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
 from collections import Counter
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -90,6 +92,20 @@ def handled(client: ControllerClient, decisions: int) -> None:
     io_round(client)
 
 
+@contextlib.contextmanager
+def connected(timeout_s: float, **kwargs) -> Iterator[tuple[Router, ControllerClient]]:
+    """A controller stand-in and a client connected to it (HELLO not yet read); both
+    closed afterwards, whatever the test did."""
+    endpoint = ipc()
+    router = Router(endpoint)
+    client = ControllerClient(endpoint, HELLO, timeout_s=timeout_s, **kwargs)
+    try:
+        yield router, client
+    finally:
+        client.close()
+        router.close()
+
+
 # Over a real socket, on a manual clock: the clock moves only where a test says, so a
 # loaded machine cannot push a step past the timeout; after each move the test waits for
 # a round of the I/O thread (io_round), which ages the decisions at the clock's reading.
@@ -97,10 +113,7 @@ def handled(client: ControllerClient, decisions: int) -> None:
 
 def test_decisions_are_followed_until_the_controller_goes_quiet():
     clock = ManualClock()
-    endpoint = ipc()
-    router = Router(endpoint)
-    client = ControllerClient(endpoint, HELLO, timeout_s=0.1, monotonic=clock)
-    try:
+    with connected(0.1, monotonic=clock) as (router, client):
         _, hello = router.receive()
         assert hello == HELLO
         io_round(client)
@@ -133,17 +146,11 @@ def test_decisions_are_followed_until_the_controller_goes_quiet():
         handled(client, 2)
         assert client.current.steps == (6,)  # resumed
         assert client.marker.steps == (6,) and client.marker.seq == 3
-    finally:
-        client.close()
-        router.close()
 
 
 def test_late_and_out_of_order_decisions_are_dropped():
     clock = ManualClock()
-    endpoint = ipc()
-    router = Router(endpoint)
-    client = ControllerClient(endpoint, HELLO, timeout_s=0.05, monotonic=clock)
-    try:
+    with connected(0.05, monotonic=clock) as (router, client):
         router.receive()
         for step in (1, 2):
             client.send_telemetry(frame(step), step, clock())
@@ -163,9 +170,6 @@ def test_late_and_out_of_order_decisions_are_dropped():
         assert client.counters["decisions_out_of_order"] == 1
         assert client.current.apply_from_step == 3 + DECISION_LAG
         assert client.answered_step == 3
-    finally:
-        client.close()
-        router.close()
 
 
 def test_a_missing_controller_means_dropped_telemetry_and_fallback():
@@ -252,10 +256,7 @@ def test_markers_say_what_the_decision_says():
 
 def test_the_same_decision_again_publishes_no_new_marker():
     clock = ManualClock()
-    endpoint = ipc()
-    router = Router(endpoint)
-    client = ControllerClient(endpoint, HELLO, timeout_s=0.5, monotonic=clock)
-    try:
+    with connected(0.5, monotonic=clock) as (router, client):
         router.receive()
         for step in (1, 2, 3):
             client.send_telemetry(frame(step), step, clock())
@@ -268,17 +269,11 @@ def test_the_same_decision_again_publishes_no_new_marker():
                 assert client.marker is first  # same steps: nothing new for the ranks
         assert client.counters["decisions"] == 3
         assert client.marker.steps == (5,) and client.marker.seq == first.seq + 1
-    finally:
-        client.close()
-        router.close()
 
 
 def test_a_failed_io_thread_leaves_every_rank_on_the_fallback():
     clock = ManualClock()
-    endpoint = ipc()
-    router = Router(endpoint)
-    client = ControllerClient(endpoint, HELLO, timeout_s=5.0, monotonic=clock)
-    try:
+    with connected(5.0, monotonic=clock) as (router, client):
         router.receive()
         client.send_telemetry(frame(1), 1, clock())
         identity, _ = router.telemetry()
@@ -289,17 +284,11 @@ def test_a_failed_io_thread_leaves_every_rank_on_the_fallback():
         wait_until(lambda: not client._thread.is_alive(), "the I/O thread to stop")
         assert client.counters["client_thread_failed"] == 1
         assert client.marker.mode == FALLBACK and client.current is TIMED_OUT
-    finally:
-        client.close()
-        router.close()
 
 
 def test_the_io_thread_sleeps_until_telemetry_or_a_decision_wakes_it():
     clock = ManualClock()
-    endpoint = ipc()
-    router = Router(endpoint)
-    client = ControllerClient(endpoint, HELLO, timeout_s=0.1, monotonic=clock)
-    try:
+    with connected(0.1, monotonic=clock) as (router, client):
         router.receive()  # HELLO sent: the next one is a second away
         wait_until(lambda: client._sleeping, "the I/O thread asleep")
         asleep = client.counters["io_wakeups"]
@@ -312,9 +301,6 @@ def test_the_io_thread_sleeps_until_telemetry_or_a_decision_wakes_it():
         wait_until(lambda: client.counters["io_wakeups"] >= asleep + 2, "woken by the decision")
         handled(client, 1)
         assert client.current.steps == (4,)
-    finally:
-        client.close()
-        router.close()
 
 
 # -- what the mutation run (scripts/mutation.py sglang_hooks/client.py) found unchecked -----
@@ -561,10 +547,7 @@ def one_round_per_wake(client: ControllerClient) -> None:
 
 def test_asleep_the_thread_wakes_once_per_cause(monkeypatch):
     quiet(monkeypatch)
-    endpoint = ipc()
-    router = Router(endpoint)
-    client = ControllerClient(endpoint, HELLO, timeout_s=3600.0, monotonic=ManualClock())
-    try:
+    with connected(3600.0, monotonic=ManualClock()) as (router, client):
         identity, _ = router.receive()
         one_round_per_wake(client)  # the wake-up pipe is drained, not left ringing
         wait_until(lambda: client._sleeping, "asleep")
@@ -575,9 +558,6 @@ def test_asleep_the_thread_wakes_once_per_cause(monkeypatch):
         wait_until(lambda: client.counters["decisions"] == 1, "the decision taken")
         one_round_per_wake(client)
         assert client.counters["telemetry_sent"] == 1
-    finally:
-        client.close()
-        router.close()
 
 
 def test_a_failed_hello_is_retried_after_the_retry_interval_not_at_once(monkeypatch):
@@ -593,10 +573,7 @@ def test_a_failed_hello_is_retried_after_the_retry_interval_not_at_once(monkeypa
 
 def test_while_serving_the_thread_polls_and_takes_decisions_unwoken(monkeypatch):
     quiet(monkeypatch, active_s=3600.0)  # serving from the first telemetry on
-    endpoint = ipc()
-    router = Router(endpoint)
-    client = ControllerClient(endpoint, HELLO, timeout_s=3600.0, monotonic=ManualClock())
-    try:
+    with connected(3600.0, monotonic=ManualClock()) as (router, client):
         identity, _ = router.receive()
         client.send_telemetry(frame(1), 1, 1000.0)
         client.send_telemetry(frame(2), 2, 1000.0)
@@ -610,9 +587,6 @@ def test_while_serving_the_thread_polls_and_takes_decisions_unwoken(monkeypatch)
         wait_until(lambda: client.counters["decisions_out_of_order"] == 1, "both taken")
         assert client.counters["decisions"] == 1 and not client._sleeping
         assert client.counters["telemetry_sent"] == 2
-    finally:
-        client.close()
-        router.close()
 
 
 def test_asleep_the_thread_wakes_for_the_timeout_deadline(monkeypatch):
@@ -673,19 +647,13 @@ def test_asleep_the_thread_polls_just_past_the_deadline_or_not_at_all(monkeypatc
 
 
 def test_remote_decisions_and_wrong_kinds_are_each_counted(monkeypatch):
-    endpoint = ipc()
-    router = Router(endpoint)
-    client = ControllerClient(endpoint, HELLO, timeout_s=5.0, local=LocalStandIn())
-    try:
+    with connected(5.0, local=LocalStandIn()) as (router, client):
         identity, _ = router.receive()
         for _ in range(2):
             router.answer(identity, 1)
             router.sock.send_multipart([identity, encode_hello(HELLO)])
         wait_until(lambda: client.counters["remote_decisions_ignored"] == 2
                    and client.counters["wire_error_kind"] == 2, "four frames")
-    finally:
-        client.close()
-        router.close()
 
 
 def test_a_dead_io_thread_leaves_the_scheduler_thread_unblocked(caplog):
