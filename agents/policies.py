@@ -33,7 +33,7 @@ from __future__ import annotations
 import bisect
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,9 +46,19 @@ VLLM_EAGLE3_TABLE: tuple[tuple[int, int, int], ...] = (
     (1, 16, 5), (17, 32, 4), (33, 64, 3), (65, 128, 1), (129, 512, 0),
 )
 
-#: SGLang 0.5.23's default ``--speculative-adaptive-config`` buckets.
-SGLANG_DEFAULT_BUCKETS: dict[int, tuple[int, ...]] = {
-    1: (1, 3, 5, 7), 8: (0, 1, 3), 32: (0, 1), 64: (0,),
+#: SGLang 0.5.23's default ``--speculative-adaptive-config``, in SGLang's own JSON layout
+#: (``sglang/srt/speculative/adaptive_spec_params.py``: ``DEFAULT_ADAPTIVE_CONFIG``; keys are
+#: the smallest batch size of each bucket). Entries may also set ``ema_alpha`` (0.2),
+#: ``update_interval`` (5), ``warmup_batches`` (10) and ``ceiling_coeff`` (0).
+SGLANG_DEFAULT_CONFIG: dict[str, dict] = {
+    "1": {"candidate_steps": [1, 3, 5, 7], "up_hysteresis": 0.0, "down_hysteresis": -0.25,
+          "ceiling_coeff": 0},
+    "8": {"candidate_steps": [0, 1, 3], "up_hysteresis": 0.0, "down_hysteresis": 0.0,
+          "ceiling_coeff": 0},
+    "32": {"candidate_steps": [0, 1], "up_hysteresis": 0.0, "down_hysteresis": 0.0,
+           "ceiling_coeff": 0},
+    "64": {"candidate_steps": [0], "up_hysteresis": 0.0, "down_hysteresis": 0.0,
+           "ceiling_coeff": 0},
 }
 
 
@@ -103,94 +113,136 @@ class StaticTablePolicy(Policy):
         return steps if obs.batch_size <= hi else 0
 
 
+def sglang_cuda_graph_bs(max_bs: int = 64) -> list[int]:
+    """The decode batch sizes SGLang 0.5.x captures as CUDA graphs on a speculative server.
+
+    ``ServerArgs._generate_decode_cuda_graph_batch_sizes`` (speculative branch) up to
+    ``--cuda-graph-max-bs`` (64 on the project's H200 servers). SGLang's adaptive rule pads
+    a batch to the next of these before picking its bucket.
+    """
+    sizes = (list(range(1, 9)) + list(range(10, 33, 2)) + list(range(40, 65, 4))
+             + list(range(72, 257, 8)) + list(range(272, max_bs + 1, 16)))
+    sizes = [b for b in sizes if b <= max_bs]
+    return sizes if max_bs in sizes else [*sizes, max_bs]
+
+
 @dataclass
 class _AdaptiveSlot:
-    """One batch-size bucket of SGLang's adaptive rule."""
+    """One batch-size bucket of SGLang's adaptive rule (SGLang's ``AdaptiveStepSlot``)."""
 
     candidates: tuple[int, ...]
     current: int
     ema: float
+    alpha: float
+    interval: int
+    warmup: int
+    down_hysteresis: float
+    up_hysteresis: float
+    ceiling_coeff: float
     batches: int = 0
+
+    def update(self, accepted: np.ndarray) -> None:
+        """One verify's accepted drafts per request; re-decide every ``interval`` verifies."""
+        if accepted.size == 0:
+            return
+        if self.current > 0:
+            self.ema = (1 - self.alpha) * self.ema + self.alpha * float(accepted.mean())
+        self.batches += 1
+        if self.batches <= self.warmup or (self.batches - self.warmup) % self.interval:
+            return
+        cands = self.candidates
+        idx = old = cands.index(self.current)
+        if self.current == 0:  # nothing measured while off: probe the next candidate up
+            idx = min(idx + 1, len(cands) - 1)
+            if cands[idx] > 0 and self.ema < 0:
+                self.ema = float(cands[idx] - 1)
+            self.current = cands[idx]
+            return
+        while idx > 0:
+            prev = cands[idx - 1]
+            if self.ema <= (0.5 if prev == 0 else prev - 0.5) + self.down_hysteresis:
+                idx -= 1
+            else:
+                break
+        if idx == old:
+            while idx < len(cands) - 1 and self.ema > cands[idx] - 0.5 + self.up_hysteresis:
+                idx += 1
+        if self.ceiling_coeff > 0 and cands[idx] <= cands[old]:
+            ceiling = max(1, math.ceil(self.ema * self.ceiling_coeff))
+            while idx > 0 and cands[idx] > ceiling:
+                idx -= 1
+        self.current = cands[idx]
 
 
 class SGLangAdaptivePolicy(Policy):
-    """SGLang 0.5.23's ``--speculative-adaptive`` rule, written from its description.
+    """SGLang 0.5.23's ``--speculative-adaptive`` rule (``adaptive_spec_params.py``).
 
-    Per batch-size bucket (the largest configured bucket <= batch size): an EMA
-    (``alpha``) of the mean accepted drafts per request, updated after every
-    verify while speculating; after ``warmup`` verifies, every ``interval``
-    verifies the depth moves to the candidate nearest ``EMA + 1``: down one
-    candidate while the EMA is at most ``prev - 0.5 + down_hysteresis`` (0.5 when
-    the lower candidate is 0), otherwise up while it exceeds
-    ``current - 0.5 + up_hysteresis``. From steps=0 it probes the next candidate
-    up (there is no acceptance to measure). It sees each verify result as the
-    server does: through ``obs.new_records``.
+    ``config`` is SGLang's JSON layout (default :data:`SGLANG_DEFAULT_CONFIG`): per
+    batch-size bucket (the largest key <= the batch size, after padding the batch to
+    the next CUDA-graph size in ``cuda_graph_bs`` as SGLang does), an EMA (``ema_alpha``)
+    of the mean accepted drafts per request, updated after every verify while
+    speculating; after ``warmup_batches`` verifies, every ``update_interval`` verifies the
+    depth moves down one candidate while the EMA is at most ``prev - 0.5 +
+    down_hysteresis`` (0.5 when the lower candidate is 0), otherwise up while it exceeds
+    ``current - 0.5 + up_hysteresis``. From steps=0 it probes the next candidate up
+    (there is no acceptance to measure). Every bucket starts at ``initial_steps``
+    (SGLang: ``--speculative-num-steps``) if it is a candidate, else at its middle
+    candidate. It sees each verify result as the server does: through
+    ``obs.new_records``. ``tests/test_policies.py`` checks it step by step against
+    SGLang's own class.
     """
 
     name = "sglang_adaptive"
 
-    def __init__(self, buckets: dict[int, Sequence[int]] | None = None, initial_steps: int = 7,
-                 alpha: float = 0.2, interval: int = 5, warmup: int = 10,
-                 down_hysteresis: float = -0.25, up_hysteresis: float = 0.0,
+    def __init__(self, config: Mapping[str, Mapping] | None = None, initial_steps: int = 7,
+                 cuda_graph_bs: Sequence[int] | None = None,
                  max_depth: int | None = None) -> None:
-        buckets = buckets or SGLANG_DEFAULT_BUCKETS
-        self._bounds = sorted(int(b) for b in buckets)
-        self._candidates = {
-            int(b): tuple(sorted({c if max_depth is None else min(c, max_depth) for c in cands}))
-            for b, cands in buckets.items()
-        }
+        config = SGLANG_DEFAULT_CONFIG if config is None else config
+        buckets = {key: entry for key, entry in config.items() if key.isdigit()}
+        if not buckets:
+            raise ValueError("SGLang adaptive config: no integer batch-size key, e.g. "
+                             '{"1": {"candidate_steps": [1, 3, 7]}}')
+        defaults = {key: value for key, value in config.items() if not key.isdigit()}
+        self._entries = {int(key): {**defaults, **entry} for key, entry in buckets.items()}
+        for bound, entry in self._entries.items():
+            steps = entry.get("candidate_steps")
+            if not (isinstance(steps, Sequence) and steps
+                    and all(isinstance(s, int) and s >= 0 for s in steps)):
+                raise ValueError(f"SGLang adaptive config, bucket {bound}: candidate_steps "
+                                 f"must be a non-empty list of ints >= 0, got {steps!r}")
+        self._bounds = sorted(self._entries)
+        self._graph_bs = sorted(cuda_graph_bs) if cuda_graph_bs is not None else None
         self.initial_steps = initial_steps
-        self.alpha = alpha
-        self.interval = interval
-        self.warmup = warmup
-        self.down_hysteresis = down_hysteresis
-        self.up_hysteresis = up_hysteresis
+        self.max_depth = max_depth
         self.reset()
 
     def reset(self, sim=None) -> None:
-        self._slots = {}
-        for bound in self._bounds:
-            cands = self._candidates[bound]
-            current = self.initial_steps if self.initial_steps in cands else cands[len(cands) // 2]
-            self._slots[bound] = _AdaptiveSlot(cands, current, float(current - 1))
+        self._slots: dict[int, _AdaptiveSlot] = {}
+        for bound, entry in self._entries.items():
+            cands = tuple(sorted({c if self.max_depth is None else min(c, self.max_depth)
+                                  for c in entry["candidate_steps"]}))
+            current = (self.initial_steps if self.initial_steps in cands
+                       else cands[len(cands) // 2])
+            self._slots[bound] = _AdaptiveSlot(
+                cands, current, float(current - 1), alpha=entry.get("ema_alpha", 0.2),
+                interval=entry.get("update_interval", 5),
+                warmup=entry.get("warmup_batches", 10),
+                down_hysteresis=entry.get("down_hysteresis", -0.25),
+                up_hysteresis=entry.get("up_hysteresis", 0.0),
+                ceiling_coeff=entry.get("ceiling_coeff", 0))
 
     def _slot(self, batch_size: int) -> _AdaptiveSlot:
+        if self._graph_bs is not None:  # SGLang pads to the next CUDA-graph batch size
+            i = bisect.bisect_left(self._graph_bs, batch_size)
+            batch_size = self._graph_bs[i] if i < len(self._graph_bs) else batch_size
         i = bisect.bisect_right(self._bounds, batch_size) - 1
         return self._slots[self._bounds[max(i, 0)]]
 
     def act(self, obs: Observation) -> int:
         for record in obs.new_records:
             if record.is_decode:
-                self._on_verify(record.accepted_drafts, record.batch_size)
+                self._slot(record.batch_size).update(record.accepted_drafts)
         return self._slot(obs.batch_size).current
-
-    def _on_verify(self, accepted: np.ndarray, batch_size: int) -> None:
-        slot = self._slot(batch_size)
-        if slot.current > 0 and accepted.size:
-            slot.ema = (1 - self.alpha) * slot.ema + self.alpha * float(accepted.mean())
-        slot.batches += 1
-        if slot.batches <= self.warmup or (slot.batches - self.warmup) % self.interval:
-            return
-        cands = slot.candidates
-        idx = cands.index(slot.current)
-        if slot.current == 0:
-            idx = min(idx + 1, len(cands) - 1)
-            if cands[idx] > 0 and slot.ema < 0:
-                slot.ema = float(cands[idx] - 1)
-            slot.current = cands[idx]
-            return
-        old = idx
-        while idx > 0:
-            prev = cands[idx - 1]
-            threshold = (0.5 if prev == 0 else prev - 0.5) + self.down_hysteresis
-            if slot.ema <= threshold:
-                idx -= 1
-            else:
-                break
-        if idx == old:
-            while idx < len(cands) - 1 and slot.ema > cands[idx] - 0.5 + self.up_hysteresis:
-                idx += 1
-        slot.current = cands[idx]
 
 
 class _GreedyRule:
@@ -531,7 +583,9 @@ def make_policy(name: str, *, profile=None, max_depth: int = 7, policy_path: str
     if name == "table":
         return StaticTablePolicy(max_depth=max_depth)
     if name == "sglang_adaptive":
-        return SGLangAdaptivePolicy(max_depth=max_depth, initial_steps=max_depth)
+        # The project's H200 servers: --cuda-graph-max-bs 64 (scripts/h200/offswitch.py).
+        return SGLangAdaptivePolicy(max_depth=max_depth, initial_steps=max_depth,
+                                    cuda_graph_bs=sglang_cuda_graph_bs(64))
     if name == "goodput_online":
         return GoodputOnlinePolicy(max_depth)
     if name in ("goodput_greedy", "goodput_explore", "oracle") and profile is None:

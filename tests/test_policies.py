@@ -71,7 +71,9 @@ def test_sglang_rule_raises_with_good_acceptance_and_is_off_from_batch_64():
 
 
 def test_sglang_rule_waits_for_warmup_and_decides_every_interval():
-    policy = SGLangAdaptivePolicy(initial_steps=1, warmup=10, interval=5)
+    config = {"1": {"candidate_steps": [1, 3, 5, 7], "warmup_batches": 10,
+                    "update_interval": 5}}
+    policy = SGLangAdaptivePolicy(config, initial_steps=1)
     good = [_verify(i, 2, 1, 1) for i in range(10)]
     assert policy.act(_obs(2, good)) == 1  # still warming up
     assert policy.act(_obs(2, [_verify(10 + i, 2, 1, 1) for i in range(4)])) == 1
