@@ -56,7 +56,14 @@ GREEDY_PROMPTS, GREEDY_PROMPT_LEN, GREEDY_NEW = 8, 200, 64
 PREFILL_LENGTHS = (256, 1024, 3072)
 
 
-def start(name: str, *, spec: bool, env: dict[str, str]) -> subprocess.Popen:
+def start(name: str, *, spec: bool, env: dict[str, str], adaptive_config: dict | None = None,
+          steps: int | None = None) -> subprocess.Popen:
+    """Start a server and wait until it answers; ``spec``: EAGLE-3 with ``--speculative-adaptive``.
+
+    ``adaptive_config`` (SGLang's ``--speculative-adaptive-config``; default: every candidate
+    depth at every batch size, which the plugin needs) and ``steps`` (the deepest, default
+    ``max(CANDIDATES)``) are for speculative servers.
+    """
     args = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(MODELS / "target"),
             "--load-format", "dummy", "--skip-tokenizer-init", "--attention-backend", "triton",
             "--sampling-backend", "pytorch", "--cuda-graph-max-bs", "64",
@@ -64,9 +71,9 @@ def start(name: str, *, spec: bool, env: dict[str, str]) -> subprocess.Popen:
             "--mem-fraction-static", "0.8", "--disable-radix-cache",
             "--port", str(session.PORT), "--log-level", "info"]
     if spec:
-        steps = max(CANDIDATES)
+        steps = steps or max(CANDIDATES)
         config = RUN / "adaptive.json"
-        config.write_text(json.dumps({"1": {"candidate_steps": CANDIDATES}}))
+        config.write_text(json.dumps(adaptive_config or {"1": {"candidate_steps": CANDIDATES}}))
         args += ["--speculative-draft-model-path", str(MODELS / "draft"),
                  "--speculative-algorithm", "EAGLE3", "--speculative-eagle-topk", "1",
                  "--speculative-num-steps", str(steps),

@@ -1,0 +1,129 @@
+"""Held-out load cells for the simulator's fidelity (issue 13) on a real SGLang server (H200).
+
+Phases (each starts its own server with ``offswitch.py``'s flags, drives it, stops it and
+writes ``$OUT/<model>_<kind>_$TAG.json`` in a layout ``measured_runs.py`` reads):
+
+    python scripts/h200/load_cells.py nospec   # no speculation: closed loops
+    python scripts/h200/load_cells.py plugin   # EAGLE-3 + plugin, SGLANG_SIMULATE_ACC_LEN=$ACC:
+                                               # closed loops per policy ($POLICIES)
+    python scripts/h200/load_cells.py sglang   # EAGLE-3 with SGLang's own --speculative-adaptive
+                                               # and 0.5.23's default config (depth up to 7), no
+                                               # plugin, at $ACC: the 40-s headline, closed loops
+
+Closed loops (``loadgen.closed_loop``): C = 1, 16 and 64 clients back to back, each sending
+its next request while fewer than ``CLOSED_SECONDS`` (10) have passed; 256-token prompts,
+128 output tokens, prompt ids drawn from a seed of their own per loop (and every server runs
+``--disable-radix-cache``). With ``--max-running-requests 48``, 16 of C = 64's requests wait.
+
+Environment: ``MODELS`` (model folders, as ``offswitch.py``), ``ACC``, ``POLICIES`` (plugin
+phase, default ``static_0,static_1,static_3,ppo``), ``TAG`` (file suffix, default ``run6``),
+``CLOSED_C``, ``CLOSED_SECONDS``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import loadgen
+import offswitch
+import session
+
+from agents.policies import SGLANG_DEFAULT_CONFIG
+
+RUN, OUT, URL = session.RUN, session.OUT, session.URL
+MODEL = "moe" if "moe" in offswitch.MODELS.name else "dense"
+ACC = os.environ.get("ACC", "3.5")
+TAG = os.environ.get("TAG", "run6")
+CLOSED_C = [int(c) for c in os.environ.get("CLOSED_C", "1,16,64").split(",")]
+CLOSED_SECONDS = float(os.environ.get("CLOSED_SECONDS", "10"))
+TOKEN_MODE = offswitch.TOKEN_MODE
+
+
+def closed_loops(seed: int) -> dict:
+    """One closed loop per C; ``seed`` + C picks its prompt ids."""
+    out = {}
+    for c in CLOSED_C:
+        out[str(c)] = loadgen.closed_loop(URL, c, CLOSED_SECONDS, seed=seed + c)
+        session.log(f"closed C={c}: {out[str(c)]['throughput_tok_s']:.0f} tok/s, "
+                    f"TPOT {out[str(c)]['mean_tpot_ms']:.2f} ms")
+    return out
+
+
+def sim_env() -> dict[str, str]:
+    """Simulated acceptance with real tokens (offswitch.py's ``sim`` phase)."""
+    return {"SGLANG_SIMULATE_ACC_LEN": ACC, "SGLANG_SIMULATE_ACC_TOKEN_MODE": TOKEN_MODE}
+
+
+def save(kind: str, data: dict) -> None:
+    session.save(f"{MODEL}_{kind}_{TAG}.json", data)
+
+
+def phase_nospec() -> None:
+    server = offswitch.start("nospec", spec=False, env={})
+    result: dict = {"model": offswitch.MODELS.name, "closed_seconds": CLOSED_SECONDS}
+    try:
+        result["closed"] = closed_loops(seed=600)
+        save("nospec", result)
+    finally:
+        session.stop(server, "nospec")
+        offswitch.save_log(RUN / "server-nospec.log")
+
+
+def phase_plugin() -> None:
+    session.CANDIDATES = offswitch.CANDIDATES
+    policies = session.write_policies()
+    served = RUN / "policy.npz"
+    shutil.copy(policies["static_3"], served)
+    controller = session.start_controller(served, offswitch.PROFILE)
+    server = offswitch.start("plugin", spec=True,
+                             env={**offswitch.plugin_env("trace-load"), **sim_env()})
+    result: dict = {"model": offswitch.MODELS.name, "acceptance": float(ACC),
+                    "profile": offswitch.PROFILE, "simulate_acc_token_mode": TOKEN_MODE,
+                    "off_prefill": os.environ.get("SPECCTL_OFF_PREFILL", "skip"),
+                    "closed_seconds": CLOSED_SECONDS,
+                    "policy_sha256": hashlib.sha256(policies["ppo"].read_bytes()).hexdigest()}
+    names = os.environ.get("POLICIES", "static_0,static_1,static_3,ppo").split(",")
+    try:
+        for k, name in enumerate(names):
+            session.serve_policy(served, policies[name])
+            result[f"closed_{name}"] = closed_loops(seed=700 + 100 * k)
+            save(f"acc{ACC}_load", result)
+    finally:
+        session.stop(server, "plugin")
+        if controller.poll() is None:
+            session.stop(controller, "specctl-serve")
+        offswitch.save_log(RUN / "server-plugin.log")
+        if (RUN / "trace-load").exists():
+            session.pack(RUN / "trace-load", f"{MODEL}_acc{ACC}_load_trace_{TAG}.tar.gz")
+
+
+def phase_sglang() -> None:
+    """SGLang's own rule: what a user gets from ``--speculative-adaptive`` out of the box."""
+    server = offswitch.start("sglang", spec=True, env=sim_env(),
+                             adaptive_config=SGLANG_DEFAULT_CONFIG, steps=7)
+    result: dict = {"model": offswitch.MODELS.name, "acceptance": float(ACC),
+                    "simulate_acc_token_mode": TOKEN_MODE, "closed_seconds": CLOSED_SECONDS,
+                    "adaptive_config": SGLANG_DEFAULT_CONFIG}
+    try:
+        result["headline_sglang_adaptive"] = offswitch.headline()
+        session.log(f"sglang headline: {result['headline_sglang_adaptive']}")
+        save(f"acc{ACC}_sglang", result)
+        result["closed_sglang_adaptive"] = closed_loops(seed=900)
+        save(f"acc{ACC}_sglang", result)
+    finally:
+        session.stop(server, "sglang")
+        offswitch.save_log(RUN / "server-sglang.log")
+
+
+if __name__ == "__main__":
+    RUN.mkdir(parents=True, exist_ok=True)
+    for phase in sys.argv[1:]:
+        {"nospec": phase_nospec, "plugin": phase_plugin, "sglang": phase_sglang}[phase]()
+        time.sleep(2)
+    session.log("done")
