@@ -141,12 +141,15 @@ class _AdaptiveSlot:
     ceiling_coeff: float
     batches: int = 0
 
-    def update(self, accepted: np.ndarray) -> None:
-        """One verify's accepted drafts per request; re-decide every ``interval`` verifies."""
-        if accepted.size == 0:
+    def update(self, accepted: np.ndarray, requests: int) -> None:
+        """One verify of ``requests`` requests (``accepted`` drafts each; none recorded for a
+        step without drafts, where SGLang reports 0 per request); re-decide every
+        ``interval`` verifies. SGLang counts steps=0 steps too: they lead to the probe."""
+        if requests == 0:
             return
         if self.current > 0:
-            self.ema = (1 - self.alpha) * self.ema + self.alpha * float(accepted.mean())
+            mean = float(accepted.mean()) if accepted.size else 0.0
+            self.ema = (1 - self.alpha) * self.ema + self.alpha * mean
         self.batches += 1
         if self.batches <= self.warmup or (self.batches - self.warmup) % self.interval:
             return
@@ -241,7 +244,8 @@ class SGLangAdaptivePolicy(Policy):
     def act(self, obs: Observation) -> int:
         for record in obs.new_records:
             if record.is_decode:
-                self._slot(record.batch_size).update(record.accepted_drafts)
+                self._slot(record.batch_size).update(record.accepted_drafts,
+                                                     record.batch_size)
         return self._slot(obs.batch_size).current
 
 
