@@ -296,6 +296,28 @@ def test_closed_loop_clients_start_one_after_another():
     assert (stats.first_token_s >= stats.arrival_s).all() and stats.finished.all()
 
 
+@pytest.mark.parametrize("overhead", [0.0, 0.05])
+def test_closed_loop_stops_sending_at_send_until_and_drains(overhead):
+    """loadgen's closed loop: send while the loop runs, then wait for every answer."""
+    from env.traces.workloads import ClosedLoop
+
+    loop = ClosedLoop(4, prompt_tokens=50, output_tokens=40, start_interval_s=0.4,
+                      client_overhead_s=overhead, send_until_s=1.0)
+    sim = Simulator(_LinearCost(), _RandomAcceptance(), loop, SchedulerConfig(), seed=3)
+    _drain(sim, [2])
+    stats = sim.stats()
+    clients = sim.requests.client[: sim.requests.size]
+    assert stats.finished.all() and sim.done
+    assert (stats.arrival_s - overhead < 1.0).all()  # nothing sent at or after 1 s
+    assert set(clients.tolist()) == {0, 1, 2}  # the client due at 1.2 s never starts
+    for client in (0, 1, 2):  # each sent until its last answer came after the deadline
+        mine = clients == client
+        assert stats.finish_s[mine].max() >= 1.0
+        assert np.sort(stats.finish_s[mine])[-2:-1].max(initial=0.0) < 1.0
+    with pytest.raises(ValueError, match="send_until_s"):
+        ClosedLoop(4, prompt_tokens=50, output_tokens=40, send_until_s=0.0)
+
+
 def test_request_larger_than_kv_cache_is_rejected_with_its_index():
     workload = _Workload(np.array([0.0, 1.0]), np.array([10, 900]), np.array([10, 200]))
     with pytest.raises(ValueError, match="request 1 needs"):

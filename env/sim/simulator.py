@@ -296,9 +296,13 @@ class Simulator:
         self._client_sent = np.zeros(wl.concurrency, dtype=np.int64)
         # getattr: duck-typed closed loops without the (newer) overhead field mean none.
         self._client_overhead = float(getattr(wl, "client_overhead_s", 0.0))
-        # A client's first request reaches the server one overhead after it starts.
-        self._client_start = (self._client_overhead
-                              + np.arange(wl.concurrency) * float(wl.start_interval_s))
+        # A client's first request reaches the server one overhead after it starts;
+        # clients that would start after the loop stops sending never start.
+        sends = np.arange(wl.concurrency) * float(wl.start_interval_s)
+        self._send_until = getattr(wl, "send_until_s", None)
+        if self._send_until is not None:
+            sends = sends[sends < self._send_until]
+        self._client_start = self._client_overhead + sends
         self._clients_started = 0
         # Follow-up requests in flight to the server: (arrival time, clients), in
         # time order (each is sent when a request finishes, and time only grows).
@@ -625,6 +629,8 @@ class Simulator:
             arr[:m] = arr[:n][keep]
         self._n_run = m
         if self._closed_loop:
+            if self._send_until is not None and self.time_s >= self._send_until:
+                return  # the loop has stopped sending: its clients only wait
             clients = r.client[rids]
             if not self._client_overhead:
                 self._spawn(clients, at_s=self.time_s)

@@ -465,6 +465,9 @@ class ClosedLoop:
             server this long after its client sends it (its first at its start
             time, later ones when the previous response is complete), so an
             end-to-end time measured by the client includes it once per request.
+        send_until_s: Clients send a request only before this time, then wait for
+            the answers (``scripts/h200/loadgen.py``'s closed loop: its throughput is
+            every token over the time to the last answer); None: until the horizon.
     """
 
     concurrency: int
@@ -474,10 +477,15 @@ class ClosedLoop:
     requests_per_client: int | None = None
     start_interval_s: float = 0.0
     client_overhead_s: float = 0.0
+    send_until_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
+        if self.send_until_s is not None and not (self.send_until_s > 0.0
+                                                  and math.isfinite(self.send_until_s)):
+            raise ValueError(f"send_until_s must be finite and > 0 or None, "
+                             f"got {self.send_until_s}")
         for label in ("start_interval_s", "client_overhead_s"):
             value = getattr(self, label)
             if not (value >= 0.0 and math.isfinite(value)):
