@@ -411,3 +411,27 @@ def test_table_validation():
     assert table.lengths.tolist() == [3, 0]
     assert table.replay_counts(7).tolist() == [1, 0]
     assert expected_accepted(table, 1) == pytest.approx((3 - 2) / 2)
+
+
+@pytest.mark.parametrize("depth", [1, 3, 7])
+def test_batch_wide_sglang_acceptance_is_one_draw_per_step_with_sglangs_mean(depth):
+    """``batch_wide``: every request of a verify step accepts the same count (SGLang's
+    simulation), with the same mean per depth as the per-request model."""
+    from env.sim.cost_model import load_profile
+    from env.sim.simulator import SchedulerConfig, Simulator
+    from env.traces.workloads import ClosedLoop
+
+    model = SGLangSimulatedAcceptance(3.5, batch_wide=True)
+    sim = Simulator(load_profile("h200_llama31_8b"), model,
+                    ClosedLoop(16, 64, 400, requests_per_client=2), SchedulerConfig(), seed=0)
+    per_step = []
+    while not sim.done:
+        sim.advance()
+        if sim.done:
+            break
+        drafts = sim.decode(depth).accepted_drafts
+        assert len(set(drafts.tolist())) == 1, drafts  # one draw for the whole batch
+        per_step.append(int(drafts[0]))
+    assert np.mean(per_step) == pytest.approx(model.expected_accepted(depth), abs=0.05)
+    assert acceptance_from_config(model.to_config()).batch_wide
+    assert not acceptance_from_config(SGLangSimulatedAcceptance(3.5).to_config()).batch_wide

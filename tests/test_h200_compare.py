@@ -178,3 +178,58 @@ def test_a_run_file_can_be_given_the_prior_it_was_handed(tmp_path):
         compare.main([str(tmp_path), "--profile", "moe=h200_qwen3_30b_a3b", "--out",
                       str(tmp_path / "out"), "--prior-file",
                       f"moe_acc2.5_replay_run2.json={missing}"])
+
+
+def test_load_cells_layouts_closed_loops_and_sglangs_own_rule(tmp_path):
+    """load_cells.py's files: closed loops per server and policy, SGLang's rule apart."""
+    def summary(tpot):
+        return {"throughput_tok_s": 1000.0 / tpot, "mean_tpot_ms": tpot}
+
+    loops = {"1": summary(4.0), "64": summary(7.0)}
+    (tmp_path / "moe_nospec_run6.json").write_text(json.dumps(
+        {"closed_seconds": 10.0, "closed": loops}))
+    (tmp_path / "moe_acc2.5_load_run6.json").write_text(json.dumps(
+        {"acceptance": 2.5, "simulate_acc_token_mode": "real-draft-token",
+         "closed_seconds": 8.0, "policy_sha256": "ab", "closed_static_3": loops,
+         "closed_ppo": {"16": summary(9.0)}}))
+    (tmp_path / "moe_acc2.5_sglang_run6.json").write_text(json.dumps(
+        {"acceptance": 2.5, "simulate_acc_token_mode": "real-draft-token",
+         "closed_seconds": 10.0, "headline_sglang_adaptive": summary(30.0),
+         "closed_sglang_adaptive": {"16": summary(8.0)}}))
+    # SGLang's rule on the old radix-on server: not this layout (skipped, not misread)
+    (tmp_path / "moe_acc25_sglang_adaptive.json").write_text(json.dumps({"closed": loops}))
+    cells, skipped = read_run_dir(tmp_path)
+    by_key = {c.key(): c for c in cells}
+    assert sorted(by_key) == [
+        "nospec closed C=1 no_spec", "nospec closed C=64 no_spec",
+        "spec_off@2.5 closed C=1 static_3", "spec_off@2.5 closed C=16 ppo",
+        "spec_off@2.5 closed C=64 static_3",
+        "spec_sglang0@2.5 closed C=16 sglang_adaptive",
+        "spec_sglang0@2.5 headline 40s sglang_adaptive"]
+    assert by_key["spec_off@2.5 closed C=1 static_3"].seconds == 8.0
+    assert by_key["nospec closed C=64 no_spec"].mean_tpot_ms == 7.0
+    assert all(not c.radix_cache and c.max_running == 48 and c.tokens == "real"
+               and c.apart is None for c in cells)
+    assert list(skipped) == ["moe_acc25_sglang_adaptive.json"]
+    (tmp_path / "moe_nospec_run6.json").write_text(json.dumps({"closed": {"C1": loops["1"]}}))
+    with pytest.raises(ValueError, match="closed-loop key 'C1'"):
+        read_run_dir(tmp_path)
+
+
+def test_a_closed_loop_cell_sends_for_its_seconds_then_drains():
+    from omegaconf import OmegaConf
+
+    from env.sim.cost_model import CostProfile, ServerLimits
+
+    profile = CostProfile("p", ServerLimits(64, 100_000, 8192), c_fixed=5e-3, c_request=1e-4)
+    client = OmegaConf.create({"start_interval_s": 0.0, "client_overhead_s": 0.0})
+    cell = Cell(model="dense", server="nospec", acceptance=None, workload="closed",
+                concurrency=4, seconds=1.0, policy="no_spec", radix_cache=False,
+                max_running=48, source="x", throughput_tok_s=1.0, mean_tpot_ms=1.0)
+    loop, horizon = compare.workload_of(cell, client)
+    assert horizon is None and loop.send_until_s == 1.0
+    # 128 tokens at 5.4 ms a step: each client's requests take 0.69 s, so it sends two
+    # (at 0 and 0.69 s) and the run ends at 1.38 s with 4 * 2 * 128 tokens
+    result = compare.simulate(cell, profile, profile, client)
+    assert result["throughput_tok_s"] == pytest.approx(4 * 2 * 128 / (2 * 128 * 5.4e-3),
+                                                       rel=0.02)

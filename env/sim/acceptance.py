@@ -705,21 +705,32 @@ class SGLangSimulatedAcceptance(AcceptanceModel):
     ``steps = d`` (e.g. m = 3.5 accepts 1, 2 and 2.5 drafts on average at
     steps 1, 2 and >= 3, as the measured H200 data show).
 
-    One difference: SGLang draws one length per verify step for the whole
-    batch, this model one per request and position (same mean, less variance
-    of the batch total).
+    SGLang draws one length per verify step for the whole batch; by default this
+    model draws one per request and position (same mean, less variance of the batch
+    total: what real drafts do). ``batch_wide=True`` draws as SGLang does (the
+    simulator asks :meth:`draw_step` once per verify step), for replaying servers
+    run with ``SGLANG_SIMULATE_ACC_LEN``: there every request of a batch advances in
+    lockstep, so requests that start together finish together, and a closed loop's
+    clients keep arriving in waves (one prefill of up to C prompts) where per-request
+    draws spread them out (``docs/FIDELITY.md``, run 6).
     """
 
-    def __init__(self, mean_accept_length: float, max_depth: int = DEFAULT_MAX_DEPTH) -> None:
+    def __init__(self, mean_accept_length: float, max_depth: int = DEFAULT_MAX_DEPTH,
+                 batch_wide: bool = False) -> None:
         if not math.isfinite(mean_accept_length) or mean_accept_length <= 0:
             raise ValueError(f"mean_accept_length must be > 0, got {mean_accept_length}")
         if not 1 <= max_depth <= _INT8_MAX:
             raise ValueError(f"max_depth must be in [1, {_INT8_MAX}], got {max_depth}")
         self.mean_accept_length = float(mean_accept_length)
         self.max_depth = int(max_depth)
+        self.batch_wide = bool(batch_wide)
         m = min(max(self.mean_accept_length, 1.0), self.max_depth + 1.0)
         self._lower = math.floor(m)
         self._p_upper = m - self._lower if self._lower < self.max_depth + 1 else 0.0
+
+    def draw_step(self, rng: np.random.Generator) -> int:
+        """One verify step's ``L - 1`` for every request of the batch (``batch_wide``)."""
+        return self._lower - 1 + int(rng.random() < self._p_upper)
 
     def draw(
         self,
@@ -743,11 +754,14 @@ class SGLangSimulatedAcceptance(AcceptanceModel):
         return (1.0 - self._p_upper) * low + self._p_upper * high
 
     def to_config(self) -> dict:
-        return {
+        config = {
             "model": "sglang_simulated",
             "mean_accept_length": self.mean_accept_length,
             "max_depth": self.max_depth,
         }
+        if self.batch_wide:
+            config["batch_wide"] = True
+        return config
 
 
 # ---------------------------------------------------------------------------
@@ -987,7 +1001,7 @@ def acceptance_from_config(config: Mapping) -> AcceptanceModel:
     * ``parametric``: ``alphas`` (and optional ``structure``), or
       ``mean_accept_length`` + ``depth`` (+ optional ``max_depth``, ``decay``,
       ``structure``) for :meth:`ParametricAcceptance.calibrated`;
-    * ``sglang_simulated``: ``mean_accept_length`` (+ ``max_depth``);
+    * ``sglang_simulated``: ``mean_accept_length`` (+ ``max_depth``, ``batch_wide``);
     * ``spec_bench``: optional ``path``, ``categories``, ``max_depth``;
     * ``drifting``: ``alphas`` (+ ``drift_sigma``, ``class_sigma``), see
       :class:`DriftingAcceptance`.
@@ -1000,7 +1014,7 @@ def acceptance_from_config(config: Mapping) -> AcceptanceModel:
         cfg.pop(doc_key, None)
     allowed = {
         "parametric": {"alphas", "structure", "mean_accept_length", "depth", "max_depth", "decay"},
-        "sglang_simulated": {"mean_accept_length", "max_depth"},
+        "sglang_simulated": {"mean_accept_length", "max_depth", "batch_wide"},
         "spec_bench": {"path", "categories", "max_depth"},
         "drifting": {"alphas", "drift_sigma", "class_sigma"},
     }
@@ -1033,7 +1047,8 @@ def acceptance_from_config(config: Mapping) -> AcceptanceModel:
         if "mean_accept_length" not in cfg:
             raise ValueError("sglang_simulated acceptance needs mean_accept_length")
         return SGLangSimulatedAcceptance(
-            float(cfg["mean_accept_length"]), int(cfg.get("max_depth", DEFAULT_MAX_DEPTH))
+            float(cfg["mean_accept_length"]), int(cfg.get("max_depth", DEFAULT_MAX_DEPTH)),
+            batch_wide=bool(cfg.get("batch_wide", False))
         )
     return SpecBenchAcceptance(
         path=cfg.get("path"),

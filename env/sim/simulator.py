@@ -234,6 +234,7 @@ class Simulator:
                  seed: int = 0, server: str = "sim") -> None:
         self.profile = profile
         self.acceptance = acceptance
+        self._batch_wide_acceptance = bool(getattr(acceptance, "batch_wide", False))
         self.workload = workload
         self.config = config or SchedulerConfig.from_profile(profile)
         if acceptance.max_depth < self.config.max_depth:
@@ -393,7 +394,10 @@ class Simulator:
         """Drafts each running request accepts at ``depth`` > 0 in the due step."""
         n = self._n_run
         cfg = self.config
-        accepted = np.minimum(self.requests.acc_values[self._run_pos[:n]], depth)
+        if self._batch_wide_acceptance:  # one draw for the whole batch, as SGLang simulates
+            accepted = np.full(n, min(self.acceptance.draw_step(self.rng), depth), np.int8)
+        else:
+            accepted = np.minimum(self.requests.acc_values[self._run_pos[:n]], depth)
         if cfg.stale_accept_loss > 0.0:
             stale = self._run_stale[:n].astype(bool)
             if stale.any():

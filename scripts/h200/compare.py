@@ -13,7 +13,8 @@ The client is modelled as the load generator drives the server (``loadgen.py``):
 * ``one_batch``: C requests of 256 prompt / 128 output tokens at once (start interval and
   per-request client overhead from ``--client``, default
   ``configs/workload/h200_measured.yaml``; ``fit_client.py`` fits them);
-* ``closed``: C clients back to back for the run's seconds;
+* ``closed``: C clients back to back, sending for the run's seconds, then waiting for
+  every answer (throughput: every token over the time to the last answer);
 * ``headline``: ``session.headline_workload(seconds)``, open-loop arrivals.
 
 Server kinds: ``nospec`` and the plugin's off path (``spec_off``) run depth 0 as a plain
@@ -69,10 +70,12 @@ def workload_of(cell: Cell, client) -> tuple[object, float | None]:
         return Workload("headline", np.asarray(arrivals), np.asarray(prompts, np.int32),
                         np.asarray(outputs, np.int32)), None
     per_client = 1 if cell.workload == "one_batch" else None
+    # A closed loop sends for its seconds, then waits for every answer (loadgen.py).
+    until = cell.seconds if cell.workload == "closed" else None
     loop = ClosedLoop(cell.concurrency, 256, 128, requests_per_client=per_client,
                       start_interval_s=float(client.start_interval_s),
-                      client_overhead_s=float(client.client_overhead_s))
-    return loop, cell.seconds if cell.workload == "closed" else None
+                      client_overhead_s=float(client.client_overhead_s), send_until_s=until)
+    return loop, None
 
 
 def simulate(cell: Cell, profile: CostProfile, prior: CostProfile, client, seed: int = 0) -> dict:
@@ -83,8 +86,10 @@ def simulate(cell: Cell, profile: CostProfile, prior: CostProfile, client, seed:
     zero_step = "sglang_steps0" if cell.server == "spec_sglang0" else "off"
     config = SchedulerConfig.from_profile(profile, max_running_requests=cell.max_running,
                                           zero_step=zero_step)
-    # No simulated acceptance: random draft weights accept nothing.
-    acceptance = SGLangSimulatedAcceptance(cell.acceptance or 1.0)
+    # No simulated acceptance: random draft weights accept nothing. Simulated acceptance
+    # is one draw per verify step for the whole batch, as SGLang's.
+    acceptance = SGLangSimulatedAcceptance(cell.acceptance or 1.0,
+                                           batch_wide=cell.acceptance is not None)
     sim = Simulator(profile, acceptance, workload, config, seed=seed)
     policy = make_policy(cell.policy, profile=profile, sim_config=config)
     result = rollout(DecisionLoop(sim, FeatureSpec(), 3, horizon, cost_prior=prior), policy)

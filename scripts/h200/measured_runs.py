@@ -16,6 +16,11 @@ the project's sessions have written are recognised by file name and keys:
   ``C#1``, ``C#2``, ...; run 3) is one cell: the median of the repeats per metric (the
   first run at a C can be an outlier: the dense off path's first C = 48 run, 8.20 ms
   against 6.71 / 6.70).
+* ``load_cells.py`` (``docs/results/h200/load``, run 6): ``<model>_nospec_run<N>.json``
+  with ``closed`` (``{C: summary}``), ``<model>_acc<A>_load_run<N>.json`` with
+  ``closed_<policy>`` (the plugin's policies), ``<model>_acc<A>_sglang_run<N>.json``
+  (SGLang's own ``--speculative-adaptive``, no plugin: ``headline_sglang_adaptive``,
+  ``closed_sglang_adaptive``); closed loops of ``closed_seconds``, the servers as above.
 * ``session.py`` (``docs/results/h200``): ``sweep_real.json`` (``{policy: {C: ...}}``,
   one batch), ``headline_real.json`` / ``headline_static3.json`` / ``headline_sglang.json``
   (``{policy: ...}``), dense, acceptance 3.5, radix cache on, SGLang's own steps=0.
@@ -135,14 +140,27 @@ def _sweep(base: dict, sweep: dict, source: str, policy: str) -> list[Cell]:
     return cells
 
 
+def _closed(base: dict, loops: dict, source: str, policy: str, seconds: float) -> list[Cell]:
+    """One closed-loop cell per C of ``loops`` (``{C: summary}``)."""
+    cells = []
+    for c, r in loops.items():
+        if not c.isdigit():
+            raise ValueError(f"{source}: closed-loop key {c!r} is not a client count")
+        cells.append(_cell(base, r, f"{source}.{c}", workload="closed", concurrency=int(c),
+                           seconds=seconds, policy=policy))
+    return cells
+
+
 def _offswitch(path: Path, data: dict) -> list[Cell]:
     name = path.name
     model = _model(name, data)
     common = {"model": model, "radix_cache": False, "max_running": 48}
+    seconds = float(data.get("closed_seconds", 10.0))
     cells = []
     if "_nospec" in name:
         base = {**common, "server": "nospec", "acceptance": None}
         cells += _sweep(base, data.get("sweep", {}), f"{name}:sweep", "no_spec")
+        cells += _closed(base, data.get("closed", {}), f"{name}:closed", "no_spec", seconds)
         if "headline" in data:
             cells.append(_cell(base, data["headline"], f"{name}:headline", workload="headline",
                                concurrency=None, seconds=40.0, policy="no_spec"))
@@ -153,18 +171,22 @@ def _offswitch(path: Path, data: dict) -> list[Cell]:
             cells.append(_cell(base, data["headline_off"], f"{name}:headline_off",
                                workload="headline", concurrency=None, seconds=40.0,
                                policy="static_0"))
-    elif re.search(r"_replay(_[a-z]+)?(_run\d+)?\.json$", name):
+    elif re.search(r"_(replay(_[a-z]+)?|load|sglang)(_run\d+)?\.json$", name):
         mode = data.get("simulate_acc_token_mode", "fixed")
         if mode not in TOKEN_MODES:
             raise ValueError(f"{name}: simulate_acc_token_mode {mode!r} is not one of "
                              f"{sorted(TOKEN_MODES)}")
-        base = {**common, "server": "spec_off", "acceptance": float(data["acceptance"]),
+        # SGLang's own rule runs without the plugin: its steps=0 is SGLang's.
+        server = "spec_sglang0" if "_sglang" in name else "spec_off"
+        base = {**common, "server": server, "acceptance": float(data["acceptance"]),
                 "prior": data.get("profile"), "tokens": TOKEN_MODES[mode]}
         for key, r in data.items():
             if key.startswith("headline_"):
                 cells.append(_cell(base, r, f"{name}:{key}", workload="headline",
                                    concurrency=None, seconds=40.0,
                                    policy=key[len("headline_"):]))
+            elif key.startswith("closed_") and key != "closed_seconds":
+                cells += _closed(base, r, f"{name}:{key}", key[len("closed_"):], seconds)
     return cells
 
 
@@ -251,8 +273,8 @@ def read_run_dir(folder: str | Path) -> tuple[list[Cell], dict[str, str]]:
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path}: invalid JSON at line {exc.lineno}: {exc.msg}") from exc
         name = path.name
-        if re.match(r"(dense|moe)_(nospec|off|acc[\d.]+_replay(_[a-z]+)?)(_run\d+)?\.json$",
-                    name):
+        if re.match(r"(dense|moe)_(nospec|off|acc[\d.]+_(replay(_[a-z]+)?|load|sglang))"
+                    r"(_run\d+)?\.json$", name):
             found = _offswitch(path, data)
         elif name in ("sweep_real.json", "headline_real.json", "headline_static3.json",
                       "headline_sglang.json"):
