@@ -65,6 +65,13 @@ def steps_of(path: Path, prefills_measured: bool = True) -> StepArrays:
     return StepArrays.load(path, prefills_measured)
 
 
+def first_run(item: str) -> tuple[StepArrays, str]:
+    """``TRACE[:RUNS]``: the first of the RUNS runs (1: the whole trace) and its label."""
+    path, _, runs = item.partition(":")
+    label = Path(path).name + (" (first run)" if int(runs or 1) > 1 else "")
+    return steps_of(Path(path)).phases(int(runs or 1))[0], label
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(REPO / "docs/results/h200/fidelity"))
@@ -72,11 +79,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--moe-real-off", default=None,
                         help="the MoE off server's trace with real tokens (.tar.gz or folder): "
                              "also fit moe_real_{nospec,spec}.yaml to it")
-    parser.add_argument("--moe-real-replay", default=None, metavar="TRACE:RUNS",
-                        help="with --moe-real-off: a real-token replay trace of RUNS runs whose "
-                             "first (static depth 3 at long contexts) joins moe_real_spec's fit: "
-                             "the off trace's verify steps all hold ~330 cached tokens per "
-                             "request and cannot tell per-request from per-KV verify cost")
+    parser.add_argument("--moe-real-replay", nargs="*", default=[], metavar="TRACE[:RUNS]",
+                        help="with --moe-real-off: real-token traces (a replay trace of RUNS "
+                             "runs one after another) whose first run joins moe_real_spec's "
+                             "fit: the off trace's verify steps all hold ~330 cached tokens "
+                             "per request and cannot tell per-request from per-KV verify cost "
+                             "(static depth 3 at long contexts does; run 6's closed loops, "
+                             "load_cells.py, add depth 3 at short ones under load)")
+    parser.add_argument("--dense-replay", nargs="*", default=[], metavar="TRACE[:RUNS]",
+                        help="plugin traces of the dense server (off path and speculative "
+                             "steps) whose first run joins dense_spec's fit")
     parser.add_argument("--held-out", nargs="*", default=[], metavar="TRACE[:RUNS]",
                         help="with --moe-real-off: real-token MoE traces the fit never saw "
                              "(a replay trace holding RUNS runs one after another): print "
@@ -126,6 +138,12 @@ def main(argv: list[str] | None = None) -> int:
                             for run in spec_plain]
             nospec_files += [f"{name} (first run, prefill steps)"
                              for name in MOE_REPLAY_TRACES]
+        if model == "dense":
+            for item in args.dense_replay:
+                run, name = first_run(item)
+                spec_runs.append(run)
+                spec_plain.append(run)  # the plugin's steps 0 are plain decodes
+                spec_files.append(name)
         jobs += [(f"{model}_nospec", False, nospec_runs, [off], template, nospec_files),
                  (f"{model}_spec", True, spec_runs, spec_plain, template, spec_files)]
     if args.moe_real_off:
@@ -139,10 +157,10 @@ def main(argv: list[str] | None = None) -> int:
         template = blank_template(sources["moe"][2], MOE_ACTIVE_FRACTION).replace(
             model=MOE_MODEL)
         spec_runs, spec_files = [off], [path.name]
-        if args.moe_real_replay:
-            replay, _, runs = args.moe_real_replay.partition(":")
-            spec_runs.append(steps_of(Path(replay)).phases(int(runs or 1))[0])
-            spec_files.append(f"{Path(replay).name} (first run)")
+        for item in args.moe_real_replay:
+            run, name = first_run(item)
+            spec_runs.append(run)
+            spec_files.append(name)
         jobs += [("moe_real_nospec", False, [off], [off], template, [path.name]),
                  ("moe_real_spec", True, spec_runs, [off], template, spec_files)]
     for stem, speculative, steps, plain, template, files in jobs:
