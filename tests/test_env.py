@@ -37,9 +37,21 @@ def _episode(environment: SpecDecodeEnv, actions, seed: int):
     return np.array(observations), np.array(rewards), info
 
 
-def test_passes_gymnasium_and_sb3_checkers():
-    check_env(SpecDecodeEnv(SMALL), skip_render_check=True)
-    sb3_check_env(SpecDecodeEnv(SMALL), warn=True)
+@pytest.mark.parametrize("depth", [7, 3])
+def test_passes_gymnasium_and_sb3_checkers_with_the_documented_spaces(depth):
+    """The checkers test the API; the spaces are the ones the class docstring documents
+    (``Box(-1, 1, (13 + 5 D,), float32)``, ``Discrete(D + 1)``), and every observation of
+    an episode that tries every action lies in the box."""
+    cfg = {**SMALL, "max_depth": depth}
+    check_env(SpecDecodeEnv(cfg), skip_render_check=True)
+    sb3_check_env(SpecDecodeEnv(cfg), warn=True)
+    environment = SpecDecodeEnv(cfg)
+    assert environment.observation_space == gymnasium.spaces.Box(
+        -1.0, 1.0, (13 + 5 * depth,), np.float32)
+    assert environment.action_space == gymnasium.spaces.Discrete(depth + 1)
+    observations, _, _ = _episode(environment, lambda i: i % (depth + 1), seed=0)
+    assert len(observations) > depth + 1  # every action was taken at least once
+    assert all(environment.observation_space.contains(o) for o in observations)
 
 
 def test_registered_id_makes_the_environment():
