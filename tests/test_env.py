@@ -123,7 +123,12 @@ def test_requests_too_long_for_the_server_are_left_out_and_counted():
         server = sampler.server("blackwell_tp8", np.random.default_rng(0))
         scenario = sampler.open_loop(spec, server, 20.0, float(start), 0.0, seed=0)
         Simulator(scenario.profile, scenario.acceptance, scenario.workload, scenario.config)
-        assert (scenario.workload.prompt_tokens < 102_814).all()
+        # Every request kept fits the server's own cache with its output and a full draft.
+        config, workload = scenario.config, scenario.workload
+        assert config.kv_capacity_tokens == scenario.profile.server.kv_capacity_tokens
+        need = (workload.prompt_tokens.astype(np.int64) + workload.output_tokens
+                + config.max_depth + 1)
+        assert (need <= config.kv_capacity_tokens).all()
         labels.append(scenario.label)
     assert any("too long for this server" in label for label in labels)
 
