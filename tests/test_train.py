@@ -41,11 +41,13 @@ COSTLY_ENV = {**TINY_ENV, "horizon_s": 4.0, "profiles": ["blackwell_tp8"]}
 
 
 @pytest.mark.parametrize("config", [TINY_ENV, COSTLY_ENV], ids=["pays", "costly"])
-def test_ppo_from_scratch_nears_the_best_fixed_depth(config):
+def test_ppo_from_scratch_nears_the_best_fixed_depth(config, tmp_path, monkeypatch):
     """Within a quarter of the way from random play to the best fixed depth (depth 3 on
     the first server, off on the second): a policy that never speculates fails on the
     first, one that always does on the second, and random play on both."""
     torch.set_num_threads(1)
+    # SB3's logger makes a folder for every learn(), in /tmp unless told where.
+    monkeypatch.setenv("SB3_LOGDIR", str(tmp_path))
     env = SpecDecodeEnv(config)
     # 1e-3: with the 48-entry observation (feature spec 2) 3e-4 no longer learns to
     # turn speculation off within this small budget.
