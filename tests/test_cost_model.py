@@ -46,13 +46,30 @@ NAMES = ["blackwell_tp8", "h100_llama31_8b", "h200_llama31_8b", "h200_llama31_8b
          "h200_qwen3_30b_a3b"]
 
 
-def test_shipped_profiles_load():
+def test_shipped_profiles_load_with_their_stated_acceptance_and_a_plausible_step():
+    """Beyond the keys: each acceptance model gives what its own note states, and a plain
+    decode step of one request costs what an 8B-30B model on one node does (ms)."""
     assert shipped_profiles() == NAMES
     for name in NAMES:
         profile = load_profile(name)
         assert profile.name == name
-        assert profile.acceptance is not None and "model" in profile.acceptance
         assert profile.provenance.get("calibrated_to")
+        acceptance = profile.acceptance
+        if acceptance["model"] == "parametric":
+            # "accept length L at depth 3 (... decay d)": a chain accepts position k with
+            # probability alpha_1 ... alpha_k, so L = 1 + sum of those products up to 3.
+            stated = re.search(r"accept length ([\d.]+) at depth 3 .*?decay ([\d.]+)",
+                               acceptance["assumption"])
+            alphas = np.array(acceptance["alphas"])
+            assert len(alphas) == 7 and acceptance["structure"] == "iid", name
+            assert 1 + np.cumprod(alphas[:3]).sum() == pytest.approx(float(stated[1]),
+                                                                     rel=1e-3), name
+            assert alphas[1:] / alphas[:-1] == pytest.approx(float(stated[2])), name
+        else:  # the measured runs' simulated acceptance, as the note names it
+            assert acceptance["model"] == "sglang_simulated", name
+            assert (f"SGLANG_SIMULATE_ACC_LEN={acceptance['mean_accept_length']}"
+                    in acceptance["note"]), name
+        assert 2e-3 < profile.step_latency_s(1, 0, 1000, 0, False) < 0.05, name
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -221,6 +238,28 @@ def test_end_to_end_provenance_records_the_simulated_targets():
         assert provenance["worst_abs_rel_error"] == pytest.approx(max(map(abs, errors)),
                                                                   abs=1e-4)
         assert provenance["bench_command"].startswith(f"specctl-bench profile={name} ")
+
+
+def test_the_h100_profile_reproduces_the_eagle3_papers_numbers_when_simulated():
+    """Not the stored provenance: the shipped profile run through the simulator, as
+    ``specctl-bench`` runs a cell, against the published numbers it was calibrated to
+    (EAGLE-3, arXiv 2503.01840, SGLang on one H100: Table 4, 158.34 tok/s without
+    speculation at batch 1; Table 3, chain-3 speedups x1.81 at batch 2 and x1.62 at
+    batch 8). The stored ``simulated_tok_s`` is what the simulation gives."""
+    profile = load_profile("h100_llama31_8b")
+    setup = fitting.BenchSetup(**profile.provenance["bench_setup"])
+
+    def tok_s(concurrency: int, depth: int) -> float:
+        return fitting.simulate_throughput(profile, setup, concurrency, depth)
+
+    batch1 = tok_s(1, 0)
+    assert batch1 == pytest.approx(158.34, rel=1e-3)
+    for batch, speedup in ((2, 1.81), (8, 1.62)):
+        assert tok_s(batch, 3) / tok_s(batch, 0) == pytest.approx(speedup, rel=0.02), batch
+    stored = {(r["concurrency"], r["depth"]): r["simulated_tok_s"]
+              for r in profile.provenance["targets"]}
+    assert stored[(1, 0)] == pytest.approx(batch1, abs=1e-3)
+    assert stored[(8, 3)] == pytest.approx(tok_s(8, 3), abs=1e-3)
 
 
 def _assert_same(shipped, regenerated, where="") -> None:

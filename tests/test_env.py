@@ -37,9 +37,21 @@ def _episode(environment: SpecDecodeEnv, actions, seed: int):
     return np.array(observations), np.array(rewards), info
 
 
-def test_passes_gymnasium_and_sb3_checkers():
-    check_env(SpecDecodeEnv(SMALL), skip_render_check=True)
-    sb3_check_env(SpecDecodeEnv(SMALL), warn=True)
+@pytest.mark.parametrize("depth", [7, 3])
+def test_passes_gymnasium_and_sb3_checkers_with_the_documented_spaces(depth):
+    """The checkers test the API; the spaces are the ones the class docstring documents
+    (``Box(-1, 1, (13 + 5 D,), float32)``, ``Discrete(D + 1)``), and every observation of
+    an episode that tries every action lies in the box."""
+    cfg = {**SMALL, "max_depth": depth}
+    check_env(SpecDecodeEnv(cfg), skip_render_check=True)
+    sb3_check_env(SpecDecodeEnv(cfg), warn=True)
+    environment = SpecDecodeEnv(cfg)
+    assert environment.observation_space == gymnasium.spaces.Box(
+        -1.0, 1.0, (13 + 5 * depth,), np.float32)
+    assert environment.action_space == gymnasium.spaces.Discrete(depth + 1)
+    observations, _, _ = _episode(environment, lambda i: i % (depth + 1), seed=0)
+    assert len(observations) > depth + 1  # every action was taken at least once
+    assert all(environment.observation_space.contains(o) for o in observations)
 
 
 def test_registered_id_makes_the_environment():
@@ -111,7 +123,12 @@ def test_requests_too_long_for_the_server_are_left_out_and_counted():
         server = sampler.server("blackwell_tp8", np.random.default_rng(0))
         scenario = sampler.open_loop(spec, server, 20.0, float(start), 0.0, seed=0)
         Simulator(scenario.profile, scenario.acceptance, scenario.workload, scenario.config)
-        assert (scenario.workload.prompt_tokens < 102_814).all()
+        # Every request kept fits the server's own cache with its output and a full draft.
+        config, workload = scenario.config, scenario.workload
+        assert config.kv_capacity_tokens == scenario.profile.server.kv_capacity_tokens
+        need = (workload.prompt_tokens.astype(np.int64) + workload.output_tokens
+                + config.max_depth + 1)
+        assert (need <= config.kv_capacity_tokens).all()
         labels.append(scenario.label)
     assert any("too long for this server" in label for label in labels)
 

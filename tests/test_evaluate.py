@@ -56,3 +56,34 @@ def test_per_cell_targets_depend_on_held_out_and_profile_mode():
 def test_plot_names_of_profile_paths_have_no_folders():
     assert _file_stem("dir/sub/x.yaml") == "x"
     assert _file_stem("blackwell_tp8") == "blackwell_tp8"
+
+
+def test_the_reference_is_the_best_of_the_oracle_and_the_fixed_depths_run(monkeypatch):
+    """Every oracle fraction is over the best of the per-step oracle and the fixed depths
+    run (the myopic oracle can lose to a fixed depth); a window the oracle served nothing
+    in is left out and named. The runs are set here, not simulated."""
+    from types import SimpleNamespace
+
+    import agents.evaluate as evaluate
+
+    scenarios = [SimpleNamespace(label=label, family="h200", prior_mode="exact",
+                                 workload_name="w", profile=SimpleNamespace(name="p"),
+                                 varying_load=False) for label in ("full", "empty")]
+    tok_s = {"full": {"oracle": 100.0, "no_spec": 90.0, "static_3": 120.0, "ppo": 110.0},
+             "empty": {"oracle": 0.0, "no_spec": 0.0, "static_3": 0.0, "ppo": 0.0}}
+
+    def run_all(function, tasks, workers, desc):
+        return [{"throughput_tok_s": tok_s[scenarios[i].label][p], "decisions": 500,
+                 "steps_chosen": [100, 0, 0, 400, 0, 0, 0, 0], "mean_tpot_ms": 5.0,
+                 "slo_goodput_tok_s": 1.0} for *_, i, p, _ in tasks]
+
+    monkeypatch.setattr(evaluate, "_scenarios", lambda *args: scenarios)
+    monkeypatch.setattr(evaluate, "run_all", run_all)
+    document = evaluate.evaluate_workloads({}, ["oracle", "no_spec", "static_3", "ppo"], None)
+    assert document["left_out_empty"] == ["empty"]
+    [detail] = document["scenarios"]
+    fractions = {p: run["oracle_fraction"] for p, run in detail["runs"].items()}
+    assert fractions == {"oracle": 100 / 120, "no_spec": 90 / 120, "static_3": 1.0,
+                         "ppo": 110 / 120}
+    assert detail["runs"]["ppo"]["off_share"] == 100 / 500
+    assert document["workloads"]["w"]["ppo"]["oracle_fraction"] == 110 / 120

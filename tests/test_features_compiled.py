@@ -109,7 +109,7 @@ def test_a_negative_accepted_count_is_refused_by_both():
 
 def test_non_integer_accepted_counts_are_refused_by_both():
     for builder in _twins(None):
-        with pytest.raises(TypeError):
+        with pytest.raises(TypeError, match="float64"):  # each names the dtype it got
             builder.update(StepRecord("s", 0, 1, 0.0, 2, 0, 2, 0, 10, 0, 3,
                                       np.array([1.0, 2.0]), 0.01))
 

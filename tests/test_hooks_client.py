@@ -4,6 +4,7 @@ its I/O thread builds the markers the scheduler thread attaches."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import time
@@ -689,8 +690,9 @@ def test_close_stops_the_thread_and_closes_the_pipe():
     client.close()
     assert not client._thread.is_alive()
     for fd in fds:
-        with pytest.raises(OSError):
+        with pytest.raises(OSError) as closed:
             os.fstat(fd)
+        assert closed.value.errno == errno.EBADF
     client.close()  # a second close does nothing
 
 

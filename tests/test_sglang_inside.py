@@ -67,6 +67,7 @@ from sglang_hooks.runtime import Runtime  # noqa: E402
 from sglang_hooks.testing import (  # noqa: E402
     DECODE,
     EXTEND,
+    HANG_GUARD_S,
     BatchStandIn,
     ManualClock,
     RankLoop,
@@ -239,20 +240,62 @@ def test_sglang_builds_the_plugin_policy_with_every_candidate_state():
 # -- the controller in charge ----------------------------------------------------------------
 
 
+def in_step_with_the_controller(rt: Runtime, loop: RankLoop, clock: ManualClock,
+                                step_s: float) -> None:
+    """After a step of ``loop``: once the live controller has answered anything, wait
+    for its answer to this step's telemetry (forward_ct is the step in flight), then
+    move ``clock`` one step on and let the client take it. Before the first answer (not
+    connected yet: what was sent is dropped) the clock is held. Which decision applies
+    where is then set by the steps, never by how loaded the machine is: on a real clock
+    a controller thread not run for a tenth of a second is a timeout."""
+    client = rt.client
+    if client.answered_step < 0:
+        time.sleep(0.001)
+        return
+    wait_until(lambda: client.answered_step >= loop.scheduler.forward_ct - 1,
+               "the controller's answer to the last step")
+    clock.advance(step_s)
+    io_round(client)  # the next step sees the answer, aged at the new time
+
+
+def run_with_live_controller(loop: RankLoop, rt: Runtime, clock: ManualClock, done,
+                             step_s: float = 0.001) -> int:
+    """Iterate ``loop`` in step with the live controller until ``done()``."""
+    reqs = [ReqStandIn(f"r{i}") for i in range(48)]
+    give_up = time.monotonic() + HANG_GUARD_S
+    i = 0
+    while not done():
+        assert time.monotonic() < give_up, f"stuck after {i} iterations, {rt.counters}"
+        loop.iterate(pickle.loads(pickle.dumps(loop.pull() or [])), next_batch(i, reqs))
+        in_step_with_the_controller(rt, loop, clock, step_s)
+        i += 1
+    loop.drain()
+    return i
+
+
 def test_controller_decisions_drive_the_real_adaptive_controller(tmp_path):
-    rt = runtime(controller=ipc("constant"), fallback="table",
-                 table=((1, 2),))
+    """In step with the controller on a manual clock (a loaded machine cannot make a
+    decision late)."""
+    clock = ManualClock()
+    rt = runtime(controller=ipc("constant"), fallback="table", table=((1, 2),),
+                 monotonic=clock)
     loop = build_rank(rt, is_source=True)
+
+    def decode_steps_since_the_first_5() -> int:
+        steps = decode_steps(loop)
+        return len(steps) - steps.index(5) if 5 in steps else 0
+
     with serving(constant_policy(5), tmp_path) as server:
-        run_single(loop, 150)
+        run_with_live_controller(loop, rt, clock, lambda: decode_steps_since_the_first_5() >= 100)
+        stale = rt.client.counters["decisions_stale"]
         rt.close()
     steps = decode_steps(loop)
     first = steps.index(5)
     assert set(steps[:first]) == {2}, "the local rule runs until the first decision"
     assert set(steps[first:]) == {5}, "then every decode step runs the controller's depth"
-    assert first < 40  # connect, HELLO, the first round trip (1 ms steps)
     assert loop.scheduler.worker.switches == 2  # initial 7 -> rule's 2 -> controller's 5
     assert server.metrics.registry.get_sample_value("specctl_decisions_total") > 50
+    assert stale == 0
     assert not any(k.startswith("fault") for k in rt.counters), rt.counters
     assert not any(type(r) is DecisionMarker for r in loop.scheduler.dispatched)
 
@@ -308,7 +351,9 @@ def test_a_decision_applies_from_its_step_on_every_rank_and_markers_stay_interna
 def test_two_ranks_apply_the_same_steps_on_every_step_under_broadcast_delays(tmp_path):
     policy = restless_policy()
     endpoint = ipc("restless")
-    ranks = [runtime(SOURCE, controller=endpoint), runtime(SECOND, controller=endpoint)]
+    clock = ManualClock()  # in step with the controller: see in_step_with_the_controller
+    ranks = [runtime(SOURCE, controller=endpoint, monotonic=clock),
+             runtime(SECOND, controller=endpoint, monotonic=clock)]
     loops = [build_rank(ranks[0], True), build_rank(ranks[1], False)]
     for rt, loop in zip(ranks, loops, strict=True):
         rt.attach(loop.scheduler)
@@ -341,6 +386,7 @@ def test_two_ranks_apply_the_same_steps_on_every_step_under_broadcast_delays(tmp
             # the next broadcast.
             time.sleep(rng.choice([0, 0.0005, 0.002]))
             loops[0].iterate(pickle.loads(channel[i]), next_batch(i, reqs))
+            in_step_with_the_controller(ranks[0], loops[0], clock, 0.002)
         loops[0].drain()
         follower.join(60)
     ranks[0].close()
@@ -720,8 +766,9 @@ def test_a_rank_without_the_variables_strips_and_follows_the_sources_markers(tmp
     """Other nodes of a multi-node TP group: no SPECCTL_* there. Without the follower
     hooks, SGLang's dispatcher would raise on the first marker (the stand-in does too)."""
     endpoint = ipc("follow")
+    clock = ManualClock()  # in step with the controller: see in_step_with_the_controller
     source = runtime(SOURCE, controller=endpoint, fallback="table", table=((1, 2), (16, 5)),
-                     min_switch_steps=3)
+                     min_switch_steps=3, monotonic=clock)
     follower = Runtime(PluginConfig(), VERSION, ranks=SECOND, follower=True)
     loops = [build_rank(source, True), build_rank(follower, False)]
     reqs = [ReqStandIn(f"r{i}") for i in range(48)]
@@ -732,7 +779,7 @@ def test_a_rank_without_the_variables_strips_and_follows_the_sources_markers(tmp
                      else next_batch(i, reqs))  # a server's first batch is a prefill
             for loop in loops:
                 loop.iterate(pickle.loads(broadcast), batch.copy())
-            time.sleep(0.001)
+            in_step_with_the_controller(source, loops[0], clock, 0.001)
         for loop in loops:
             loop.drain()
     source.close()
@@ -771,8 +818,10 @@ def _gloo_rank(rank: int, init_file: str, endpoint: str, out: str) -> None:
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                             world_size=2)
+    clock = ManualClock()  # in step with the controller: see in_step_with_the_controller
     if rank == 0:
-        rt = runtime(SOURCE, controller=endpoint, fallback="table", table=((1, 3), (16, 1)))
+        rt = runtime(SOURCE, controller=endpoint, fallback="table", table=((1, 3), (16, 1)),
+                     monotonic=clock)
     else:  # this process has none of the SPECCTL_* variables
         rt = Runtime(PluginConfig(), VERSION, ranks=SECOND, follower=True)
     loop = build_rank(rt, is_source=rank == 0)
@@ -785,7 +834,8 @@ def _gloo_rank(rank: int, init_file: str, endpoint: str, out: str) -> None:
             batch = (BatchStandIn(reqs[:4], EXTEND, extend_num_tokens=64) if i == 0
                      else next_batch(i, reqs))
             loop.iterate(received, batch)
-            time.sleep(0.002)
+            if rank == 0:
+                in_step_with_the_controller(rt, loop, clock, 0.002)
         loop.drain()
     except Exception as exc:  # reported to the parent, which fails the test
         error = repr(exc)

@@ -117,7 +117,7 @@ def test_writer_rotates_atomically_and_reads_back(tmp_path):
     assert_steps_equal(steps, trace.steps)
     assert trace.requests.records() == requests
     assert trace.meta["a"] == 1 and trace.meta["server"] == "s0"
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match=r"^TraceWriter is closed$"):
         w.add_step(steps[0])
 
 
@@ -483,7 +483,10 @@ def test_error_args_carry_the_message(tmp_path):
 def test_request_columns_of_unequal_length_are_an_error():
     columns = RequestColumns.from_records(make_requests())
     columns.prompt_tokens = columns.prompt_tokens[:2]
-    with pytest.raises(ValueError):
+    n = len(make_requests())
+    with pytest.raises(ValueError, match=re.escape(
+            f"request columns of unequal length: {{'request_id': {n}, 'arrival_s': {n}, "
+            f"'prompt_tokens': 2, 'output_tokens': {n}, 'request_class': {n}}}")):
         columns.records()
 
 
@@ -978,9 +981,26 @@ def test_accepted_drafts_are_stored_as_int8_exactly_to_its_limits():
     for bad, problem in (([128], "128 does not fit int8"), ([-129], "does not fit int8"),
                          ([1.5], "are not integers"), ([2.5, 3.0], "are not integers"),
                          (["a"], "are not integers")):
-        with pytest.raises(StepFieldError, match=problem) as info:
+        with pytest.raises(StepFieldError,
+                           match=rf"^step records: field 'accepted_drafts': .*{problem}") as info:
             _int8_drafts(bad)
         assert info.value.field == "accepted_drafts"
+
+
+def test_whole_floats_in_an_integer_step_column_are_stored_and_fractions_named():
+    """A whole float (4.0, numpy float32 10.0) is an integer; only a fraction is refused,
+    by a StepFieldError whose message names the field and the value."""
+    from env.traces.trace_format import StepFieldError
+
+    step = make_steps(2)[1]
+    fields = {f: getattr(step, f) for f in StepRecord.__slots__}
+    cols = StepColumns.from_records([StepRecord(**{**fields, "step_index": 4.0,
+                                                   "kv_used_tokens": np.float32(10.0)})])
+    assert cols.step_index.tolist() == [4] and cols.step_index.dtype == np.int64
+    assert cols.kv_used_tokens.tolist() == [10]
+    with pytest.raises(StepFieldError,
+                       match=r"^step records: field 'kv_used_tokens': 10\.5 is not an integer$"):
+        StepColumns.from_records([StepRecord(**{**fields, "kv_used_tokens": 10.5})])
 
 
 def test_a_column_of_the_other_kind_is_null_in_the_file(tmp_path):

@@ -234,10 +234,24 @@ def test_well_formed_telemetry_frame_passes():
 @settings(max_examples=400)
 @given(st.binary(max_size=300))
 def test_decoder_never_raises_anything_but_wire_error_on_bytes(data):
+    """Any bytes: a WireError of a known kind whose text starts with it, or a valid
+    message (one that survives its own encoder)."""
     try:
-        decode(data)
+        message = decode(data)
     except WireError as exc:
-        assert exc.kind in ERROR_KINDS
+        assert exc.kind in ERROR_KINDS and str(exc).startswith(f"{exc.kind}: ")
+    else:
+        _assert_valid(message)
+
+
+def _assert_valid(message) -> None:
+    """A decoded message is one its own encoder writes and decoding gives back."""
+    encoders = {Hello: encode_hello, Decision: encode_decision, StepRecord: encode_step}
+    again = decode(encoders[type(message)](message))
+    if isinstance(message, StepRecord):
+        assert _outcome(lambda _: again, b"") == _outcome(lambda _: message, b"")
+    else:
+        assert again == message
 
 
 msgpack_values = st.recursive(
@@ -261,9 +275,41 @@ def test_decoder_survives_any_field_replaced(kind, data):
     index = data.draw(st.integers(0, len(message) - 1))
     message[index] = data.draw(msgpack_values)
     try:
-        decode(msgpack.packb(message, use_bin_type=True))
+        decoded = decode(msgpack.packb(message, use_bin_type=True))
     except WireError as exc:
         assert exc.kind in ERROR_KINDS
+        # A field after the header cannot make the version or the kind wrong.
+        assert index < 2 or exc.kind not in ("version", "kind"), exc
+    else:  # the replacement was a value the field accepts: a message of the same kind
+        assert type(decoded) is {Kind.HELLO: Hello, Kind.TELEMETRY: StepRecord,
+                                 Kind.DECISION: Decision}[kind]
+        _assert_valid(decoded)
+
+
+#: Each message's fields in wire order after the version and the kind.
+FIELD_NAMES = {
+    Kind.HELLO: ["server", "rank", "schema_version", "candidate_steps", "client", "pid"],
+    Kind.TELEMETRY: [*STEP_FIELDS[:11], "accepted_drafts", "accepted_drafts_sum",
+                     "accepted_drafts_count", "step_latency_s"],
+    Kind.DECISION: ["seq", "apply_from_step", "policy", "mode", "batch_grid", "steps"],
+}
+
+
+@pytest.mark.parametrize(("kind", "index"), [
+    pytest.param(kind, index, marks=pytest.mark.xfail(
+        strict=True, reason="wire.py raises the mode's error with field '' (controller/* "
+                            "is being changed on another branch: reported, not fixed here)"))
+    if (kind, name) == (Kind.DECISION, "mode") else (kind, index)
+    for kind, names in FIELD_NAMES.items() for index, name in enumerate(names, start=2)])
+def test_a_nil_in_any_field_is_refused_naming_that_field(kind, index):
+    """No field takes nil; the error says which field (``WireError.field``) and names it
+    in its text, so a bad frame from a plugin can be traced to what the plugin sent."""
+    message = list(VALID[kind])
+    message[index] = None
+    name = FIELD_NAMES[kind][index - 2]
+    with pytest.raises(WireError, match=rf"^malformed: field '{name}' ") as info:
+        decode(msgpack.packb(message, use_bin_type=True))
+    assert info.value.field == name
 
 
 # -- the TELEMETRY fast path (msgspec) against the general path -------------------------
@@ -365,19 +411,23 @@ def test_a_fresh_fast_decoder_never_accepts_what_the_general_path_refuses(data):
         assert _outcome(lambda f: got, frame) == _outcome(decode_general, frame)
 
 
-@pytest.mark.parametrize("changes", [
-    dict(time=-1.0), dict(latency=MIN_STEP_LATENCY_S / 2), dict(kv=101, cap=100),
-    dict(count=3), dict(batch=1), dict(steps=1), dict(total=4), dict(total=2),
-    dict(accepted=bytes([200, 2]), total=202), dict(batch=MAX_BATCH + 1),
-    dict(accepted=bytes([17] * 3), total=51, count=3, batch=3, steps=16),
+@pytest.mark.parametrize(("changes", "field"), [
+    (dict(time=-1.0), "time_s"), (dict(latency=MIN_STEP_LATENCY_S / 2), "step_latency_s"),
+    (dict(kv=101, cap=100), "kv_used_tokens"), (dict(count=3), "accepted_drafts_count"),
+    (dict(batch=1), "accepted_drafts_count"), (dict(steps=1), "accepted_drafts"),
+    (dict(total=4), "accepted_drafts_sum"), (dict(total=2), "accepted_drafts_sum"),
+    (dict(accepted=bytes([200, 2]), total=202), "accepted_drafts"),
+    (dict(batch=MAX_BATCH + 1), "batch_size"),
+    (dict(accepted=bytes([17] * 3), total=51, count=3, batch=3, steps=16), "accepted_drafts"),
 ])
-def test_a_fresh_fast_decoder_hands_bad_frames_to_the_general_path(changes):
+def test_a_fresh_fast_decoder_hands_bad_frames_to_the_general_path(changes, field):
     frame = msgpack.packb(_telemetry(**changes), use_bin_type=True)
     fast = wire._make_fast_decoder()
     assert fast(frame) is None
     assert fast(frame[:-1]) is None  # truncated
-    with pytest.raises(WireError):
+    with pytest.raises(WireError, match=rf"^(range|malformed): field '{field}'") as info:
         decode_general(frame)
+    assert info.value.field == field
 
 
 def test_a_fresh_fast_decoder_declines_oversized_frames():

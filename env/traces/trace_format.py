@@ -207,6 +207,10 @@ class StepFieldError(ValueError):
 # ---------------------------------------------------------------------------
 
 
+_REQUEST_COLUMNS = ("request_id", "arrival_s", "prompt_tokens", "output_tokens",
+                    "request_class")
+
+
 @dataclass
 class RequestColumns:
     """The request records of a trace, column by column (sorted by arrival)."""
@@ -244,7 +248,11 @@ class RequestColumns:
         )
 
     def records(self) -> list[RequestRecord]:
-        """The rows as :class:`~env.traces.schema.RequestRecord` s."""
+        """The rows as :class:`~env.traces.schema.RequestRecord` s (a ValueError naming
+        the columns when they differ in length)."""
+        lengths = {name: len(getattr(self, name)) for name in _REQUEST_COLUMNS}
+        if len(set(lengths.values())) > 1:
+            raise ValueError(f"request columns of unequal length: {lengths}")
         return [
             RequestRecord(str(i), float(a), int(p), int(o), None if c is None else str(c))
             for i, a, p, o, c in zip(
