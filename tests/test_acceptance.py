@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import numpy as np
 import pytest
@@ -236,18 +235,20 @@ def test_sglang_simulated(mean, expected):
     }
 
 
-def test_draws_are_fast(spec_bench):
-    lengths = np.random.default_rng(0).integers(1, 422, size=20_000)  # ~4M tokens
+def test_large_draws_fill_every_position(spec_bench):
+    """~4M positions at once (what a long training episode draws): every position gets an
+    int8 value within the model's depth (no timing here: draws are part of what
+    benchmarks/bench_simulator.py times)."""
+    lengths = np.random.default_rng(0).integers(1, 422, size=20_000)
     models = [
         spec_bench,
         ParametricAcceptance.calibrated(2.9, 3),
         SGLangSimulatedAcceptance(3.5),
     ]
     for model in models:
-        start = time.perf_counter()
         table = model.draw(lengths, None, np.random.default_rng(1))
-        assert time.perf_counter() - start < 1.0, type(model).__name__
         assert table.values.size == lengths.sum() and table.values.dtype == np.int8
+        assert table.values.min() >= 0 and table.values.max() <= model.max_depth
 
 
 def synthetic_trace(truth: AcceptanceTable, depths: list[int], rng) -> Trace:
