@@ -456,7 +456,8 @@ def _decode_decision(m: list) -> Decision:
     policy = _name(m[4], "policy", allow_empty=True)
     mode = m[5]
     if type(mode) is not int or mode not in (0, 1):
-        raise WireError("malformed", f"field 'mode' must be 0 or 1, got {_describe(mode)}")
+        raise WireError("malformed", f"field 'mode' must be 0 or 1, got {_describe(mode)}",
+                        "mode")
     grid = _int_list(m[6], "batch_grid", lo=1, hi=_MAX_INT)
     steps = _int_list(m[7], "steps", lo=0, hi=127)
     if len(grid) != len(steps):
