@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from bisect import bisect_right
 from collections import Counter, deque
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -480,13 +481,12 @@ class ControllerServer:
         metrics, shadow = self.metrics, self.options.shadow
         now = time.monotonic()
         out = []
-        chosen_counts: Counter[int] = Counter()  # counted per poll: one inc per value
-        # Whole-array work for every entry at once (numpy's per-call overhead, not the
-        # arithmetic, is the cost at these sizes), then plain lists per entry: which
-        # grid entry each answered step's batch falls in.
-        current_at = np.searchsorted(grid, [e.batch_size for e in entries], side="right") - 1
-        np.maximum(current_at, 0, out=current_at)
-        rows, at = chosen.tolist(), current_at.tolist()
+        chosen_counts: dict[int, int] = {}  # counted per poll: one inc per value
+        # Plain lists per entry (numpy's ~2 us per call on arrays this small cost more
+        # than the work); the grid entry each answered step's batch falls in by bisect.
+        rows = chosen.tolist()
+        at = [max(bisect_right(grid, e.batch_size) - 1, 0) for e in entries]
+        ok, can = healthy.tolist(), runnable.tolist()
         name = policy.name
         # A decision's wire form (grid entries repeating the previous entry's steps
         # dropped: decider.compress, as local mode) repeats from step to step: made once.
@@ -494,12 +494,13 @@ class ControllerServer:
         if len(compressed) > _COMPRESSED_CACHE:
             compressed.clear()
         make = new_decision
-        if not shadow and healthy.all() and runnable.all():  # the common case, lean
+        if not shadow and False not in ok and False not in can:  # the common case, lean
             for entry, steps, i in zip(entries, rows, at, strict=True):
                 stream = entry.stream
                 stream.last_seen = now
                 seq = stream.seq = stream.seq + 1
-                chosen_counts[steps[i]] += 1
+                current = steps[i]
+                chosen_counts[current] = chosen_counts.get(current, 0) + 1
                 key = tuple(steps)
                 wire = compressed.get(key)
                 if wire is None:
@@ -507,7 +508,6 @@ class ControllerServer:
                 out.append((stream, make(seq, entry.record.step_index + DECISION_LAG, name,
                                          *wire)))
         else:
-            ok, can = healthy.tolist(), runnable.tolist()
             for i, entry in enumerate(entries):
                 stream = entry.stream
                 stream.last_seen = now
@@ -528,7 +528,7 @@ class ControllerServer:
                               stream.key[1], stream.key[2], answering, steps, grid)
                     decision = Decision.fallback(stream.seq, apply_from, name)
                 else:
-                    chosen_counts[current] += 1
+                    chosen_counts[current] = chosen_counts.get(current, 0) + 1
                     key = tuple(steps)
                     wire = compressed.get(key)
                     if wire is None:
