@@ -8,8 +8,8 @@ thread wait for the running one instead of preempting it, so the I/O thread take
 poll's answers in fewer, longer turns. Measured on the shared 2-core machine (load 5,
 five alternating pairs, ``bench_throughput``): 17.2k -> 19.9k decisions per CPU-second
 (median), and 8 servers x 1 kHz answered 88-94% -> 92-99.6%. But a lone answer then
-waits for the running thread's turn to end: one server at 1 kHz went from 390-530 us
-to 400-1,280 us (p50). So the policy follows the load: batch while polls carry many
+waits for the running thread's turn to end: one server at 1 kHz went from 391-532 us
+to 399-1,284 us (p50). So the policy follows the load: batch while polls carry many
 answers, normal (preempting, prompt) while they carry few.
 
 Linux only (``os.sched_setscheduler`` on the I/O thread's id, found by ZeroMQ's thread
