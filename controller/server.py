@@ -37,7 +37,7 @@ import zmq
 from threadpoolctl import threadpool_limits
 
 from controller.decider import allowed_actions, choose, compress
-from controller.io_thread import IoThreadPolicy, io_thread_ids
+from controller.io_thread import IoThreadPolicy
 from controller.metrics import Metrics
 from controller.policy_file import ExportedPolicy
 from controller.reload import PolicyHolder
@@ -192,11 +192,10 @@ class ControllerServer:
         self._shadow_steps: Counter[int] = Counter()
         self._children: dict[tuple, object] = {}
         self._policy_actions = np.asarray(holder.policy.actions)
-        others = set(io_thread_ids())
         self._context = zmq.Context(io_threads=1)
+        # Its I/O thread batch-scheduled while polls are large (see controller.io_thread).
+        self._io_policy = IoThreadPolicy(self._context)
         sock = self._context.socket(zmq.ROUTER)
-        # Its I/O thread runs now: batch-scheduled while polls are large (see io_thread).
-        self._io_policy = IoThreadPolicy(exclude=others)
         apply_socket_limits(sock)
         # A short queue per peer: telemetry that would wait longer is better dropped
         # (the server counts it) than answered late (the server ignores late answers).
