@@ -492,12 +492,9 @@ class ControllerServer:
         at = [max(bisect_right(grid, e.batch_size) - 1, 0) for e in entries]
         ok, can = healthy.tolist(), runnable.tolist()
         name = policy.name
-        # A decision's wire form (grid entries repeating the previous entry's steps
-        # dropped: decider.compress, as local mode) repeats from step to step: made once.
-        compressed = self._compressed
-        if len(compressed) > _COMPRESSED_CACHE:
-            compressed.clear()
-        make = new_decision
+        if len(self._compressed) > _COMPRESSED_CACHE:
+            self._compressed.clear()
+        make, wire_of = new_decision, self._wire
         if not shadow and False not in ok and False not in can:  # the common case, lean
             for entry, steps, i in zip(entries, rows, at, strict=True):
                 stream = entry.stream
@@ -505,12 +502,8 @@ class ControllerServer:
                 seq = stream.seq = stream.seq + 1
                 current = steps[i]
                 chosen_counts[current] = chosen_counts.get(current, 0) + 1
-                key = tuple(steps)
-                wire = compressed.get(key)
-                if wire is None:
-                    wire = compressed[key] = compress(grid, key)
                 out.append((stream, make(seq, entry.record.step_index + DECISION_LAG, name,
-                                         *wire)))
+                                         *wire_of(steps, grid))))
         else:
             for i, entry in enumerate(entries):
                 stream = entry.stream
@@ -533,15 +526,21 @@ class ControllerServer:
                     decision = Decision.fallback(stream.seq, apply_from, name)
                 else:
                     chosen_counts[current] = chosen_counts.get(current, 0) + 1
-                    key = tuple(steps)
-                    wire = compressed.get(key)
-                    if wire is None:
-                        wire = compressed[key] = compress(grid, key)
-                    decision = make(stream.seq, apply_from, name, *wire)
+                    decision = make(stream.seq, apply_from, name, *wire_of(steps, grid))
                 out.append((stream, decision))
         for steps, count in chosen_counts.items():
             self._count(metrics.steps_chosen, steps, count)
         return out
+
+    def _wire(self, steps: list[int], grid) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """A decision's wire form: grid entries repeating the previous entry's steps
+        dropped (:func:`controller.decider.compress`, as local mode). The same steps
+        recur from step to step: each form is made once (emptied on reload)."""
+        key = tuple(steps)
+        wire = self._compressed.get(key)
+        if wire is None:
+            wire = self._compressed[key] = compress(grid, key)
+        return wire
 
     def _after_nonfinite(self, entries: list[_Answer], grids, chosen, healthy, runnable):
         """A non-finite observation (estimator overflow): its stream starts afresh, as local
