@@ -163,6 +163,32 @@ class Decision:
         return cls(seq, apply_from_step, policy)
 
 
+def _decision_maker():
+    """:class:`Decision`'s constructor without the frozen dataclass's five
+    ``object.__setattr__`` calls: the same object in half the time (0.55 vs 1.1 us
+    here; the daemon makes one per answer). Frozen stays frozen to everyone else."""
+    new = object.__new__
+    set_seq, set_apply, set_policy, set_grid, set_steps = (
+        Decision.__dict__[name].__set__
+        for name in ("seq", "apply_from_step", "policy", "batch_grid", "steps"))
+
+    def new_decision(seq: int, apply_from_step: int, policy: str,
+                     batch_grid: tuple[int, ...] = (), steps: tuple[int, ...] = ()) -> Decision:
+        decision = new(Decision)
+        set_seq(decision, seq)
+        set_apply(decision, apply_from_step)
+        set_policy(decision, policy)
+        set_grid(decision, batch_grid)
+        set_steps(decision, steps)
+        return decision
+
+    return new_decision
+
+
+#: ``Decision(seq, apply_from_step, policy, batch_grid, steps)``, faster (see above).
+new_decision = _decision_maker()
+
+
 @dataclass(frozen=True, slots=True)
 class PolicyPush:
     """An exported policy file sent by the hub (``specctl-serve``) to its servers."""

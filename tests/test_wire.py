@@ -29,6 +29,7 @@ from controller.wire import (
     encode_decision,
     encode_hello,
     encode_step,
+    new_decision,
     pack_telemetry,
 )
 from env.traces.schema import SCHEMA_VERSION, STEP_FIELDS, StepRecord
@@ -80,6 +81,19 @@ def test_hot_path_packing_matches_the_record_encoder():
 ))
 def test_decision_round_trip(decision):
     assert decode(encode_decision(decision)) == decision
+
+
+@given(seq=ints, apply_from=ints, policy=st.text(max_size=20),
+       grid=st.lists(st.integers(1, 2**40), max_size=5).map(tuple),
+       steps=st.lists(st.integers(0, 127), max_size=5).map(tuple))
+def test_the_fast_decision_constructor_makes_the_same_frozen_decision(seq, apply_from, policy,
+                                                                        grid, steps):
+    made = new_decision(seq, apply_from, policy, grid, steps)
+    assert type(made) is Decision
+    assert made == Decision(seq, apply_from, policy, grid, steps)
+    assert new_decision(seq, apply_from, policy) == Decision.fallback(seq, apply_from, policy)
+    with pytest.raises(AttributeError):  # still frozen
+        made.seq = seq + 1
 
 
 @given(st.builds(
