@@ -33,9 +33,18 @@ def _log_uniform(rng: np.random.Generator, lo: float, hi: float) -> float:
     return float(math.exp(rng.uniform(math.log(lo), math.log(hi))))
 
 
-def random_server(rng: np.random.Generator, max_depth: int = 7,
-                  name: str = "random") -> tuple[CostProfile, DriftingAcceptance]:
-    """A random server: its cost profile (with limits) and its acceptance model."""
+#: The first draft position's acceptance of a random server (per-position rate).
+FIRST_ACCEPT = (0.02, 0.95)
+
+
+def random_server(rng: np.random.Generator, max_depth: int = 7, name: str = "random",
+                  first_accept: tuple[float, float] = FIRST_ACCEPT,
+                  ) -> tuple[CostProfile, DriftingAcceptance]:
+    """A random server: its cost profile (with limits) and its acceptance model, the first
+    draft position accepting uniformly within ``first_accept`` (later ones decaying)."""
+    lo, hi = (float(v) for v in first_accept)
+    if not 0.0 <= lo <= hi <= 1.0:
+        raise ValueError(f"first_accept must be 0 <= lo <= hi <= 1, got {list(first_accept)}")
     moe = rng.random() < 0.4
     c_token = _log_uniform(rng, 1e-6, 2.5e-4)
     c_draft = _log_uniform(rng, 1.5e-4, 1.5e-3)
@@ -65,7 +74,7 @@ def random_server(rng: np.random.Generator, max_depth: int = 7,
         c_steps0_request=_log_uniform(rng, 1e-5, 3e-4) if on_path else 0.0,
         description="randomised server (env.sim.random_servers)",
     )
-    first = float(rng.uniform(0.02, 0.95))
+    first = float(rng.uniform(lo, hi))
     decay = float(rng.uniform(0.8, 1.0))
     alphas = np.minimum(first * decay ** np.arange(max_depth), 1.0)
     acceptance = DriftingAcceptance(alphas, drift_sigma=float(rng.uniform(0.0, 0.08)),
