@@ -9,7 +9,14 @@ import pytest
 from env.scenarios import LowAcceptanceEpisodes, ScenarioSampler
 from env.sim.acceptance import DriftingAcceptance, acceptance_from_config
 from env.sim.cost_model import load_profile
-from env.sim.random_servers import PRIOR_MODES, handed_profile, perturbed, random_server
+from env.sim.random_servers import (
+    OPTIMISTIC_FACTOR,
+    PRIOR_MODES,
+    SPECULATIVE_COEFFICIENTS,
+    handed_profile,
+    perturbed,
+    random_server,
+)
 
 
 def test_random_servers_span_the_regimes():
@@ -41,7 +48,24 @@ def test_handed_profile_modes():
     assert ((ratios >= 0.5) & (ratios <= 1.5)).all() and np.ptp(ratios) > 0.3
     with pytest.raises(ValueError, match="cost prior mode"):
         handed_profile(truth, "magic", rng)
-    assert set(PRIOR_MODES) == {"exact", "perturbed", "swapped", "none"}
+    assert set(PRIOR_MODES) == {"exact", "perturbed", "swapped", "none", "optimistic"}
+
+
+def test_optimistic_profile_prices_only_speculation_too_cheaply():
+    truth = load_profile("h200_llama31_8b").replace(c_steps0=1e-3)
+    off = (48, 0, 24_000, 0, False, False)
+    factors = []
+    for seed in range(30):
+        cheap = handed_profile(truth, "optimistic", np.random.default_rng(seed))
+        factor = cheap.c_verify / truth.c_verify
+        factors.append(factor)
+        assert OPTIMISTIC_FACTOR[0] <= factor <= OPTIMISTIC_FACTOR[1]
+        for name, value in truth.coefficients.items():  # one factor, speculative terms only
+            want = value * factor if name in SPECULATIVE_COEFFICIENTS else value
+            assert getattr(cheap, name) == pytest.approx(want, rel=1e-12), name
+        assert cheap.step_latency_s(*off) == truth.step_latency_s(*off)
+        assert cheap.step_latency_s(48, 3, 24_000) < truth.step_latency_s(48, 3, 24_000)
+    assert max(factors) - min(factors) > 0.2
 
 
 def test_perturbed_spread_zero_is_identity():

@@ -9,7 +9,7 @@ saves (``c_steps0``), and acceptance from about 1.0 to 5+ tokens per step with
 per-position decay, drift within an episode and differences between request
 classes. :func:`random_scheduler_overrides` draws what re-entering speculation
 after an off period costs. :func:`handed_profile` is the profile the controller
-is given: exact, perturbed, another server's, or none.
+is given: exact, perturbed, another server's, none, or one pricing speculation too cheaply.
 
 The ranges bracket the shipped profiles (an 8B model on one H200/H100, a 1T MoE
 on eight PCIe Blackwell GPUs, a 30B-A3B MoE on one H200), so those are points
@@ -26,7 +26,15 @@ from env.sim.acceptance import DriftingAcceptance
 from env.sim.cost_model import CostProfile, ServerLimits
 
 #: How the profile handed to the controller relates to the server's true costs.
-PRIOR_MODES = ("exact", "perturbed", "swapped", "none")
+PRIOR_MODES = ("exact", "perturbed", "swapped", "none", "optimistic")
+
+#: The coefficients only speculation pays (verify, draft, draft extend, the speculative
+#: path's own overhead).
+SPECULATIVE_COEFFICIENTS = ("c_verify", "c_verify_token", "c_draft", "c_draft_token",
+                            "c_extend", "c_extend_token", "c_steps0", "c_steps0_request",
+                            "c_steps0_kv")
+#: An ``optimistic`` profile's factor on every speculative coefficient.
+OPTIMISTIC_FACTOR = (0.2, 0.6)
 
 
 def _log_uniform(rng: np.random.Generator, lo: float, hi: float) -> float:
@@ -104,7 +112,11 @@ def handed_profile(truth: CostProfile, mode: str, rng: np.random.Generator,
     """The cost profile the controller is given for a server whose costs are ``truth``.
 
     ``exact``: the truth; ``perturbed``: each coefficient off by up to ``spread``;
-    ``swapped``: another server's (one of ``others``, else a random one); ``none``.
+    ``swapped``: another server's (one of ``others``, else a random one); ``none``;
+    ``optimistic``: speculation priced too cheaply, every speculative coefficient times
+    one factor within ``OPTIMISTIC_FACTOR``, the error of a profile fitted where speculation
+    was cheaper (the H200 MoE's first profile priced depth 3 at half what the server
+    measured). ``perturbed`` rarely errs so far in one direction.
     """
     if mode == "exact":
         return truth
@@ -117,4 +129,8 @@ def handed_profile(truth: CostProfile, mode: str, rng: np.random.Generator,
         return random_server(rng)[0]
     if mode == "none":
         return None
+    if mode == "optimistic":
+        factor = float(rng.uniform(*OPTIMISTIC_FACTOR))
+        return truth.replace(**{name: getattr(truth, name) * factor
+                                for name in SPECULATIVE_COEFFICIENTS})
     raise ValueError(f"cost prior mode must be one of {PRIOR_MODES}, got {mode!r}")
