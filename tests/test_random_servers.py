@@ -102,10 +102,10 @@ def test_random_server_first_accept_range():
         random_server(rng, first_accept=(0.5, 0.2))
 
 
-def _sampler(**low):
+def _sampler(modes: dict | None = None, **low):
     cfg = {"horizon_s": 2.0, "profiles": ["h200_llama31_8b", "blackwell_tp8"],
            "workloads": [{"name": "fixed", "kind": "closed", "concurrency": [1, 64]}],
-           "cost_prior_modes": {"exact": 1.0}}
+           "cost_prior_modes": modes or {"exact": 1.0}}
     if low:
         cfg["low_acceptance"] = low
     return ScenarioSampler(cfg)
@@ -129,10 +129,14 @@ def test_low_acceptance_episodes_are_low_acceptance_random_servers_with_wrong_pr
     assert 60 < low < 140 and {s.prior_mode for s in drawn} == {"none", "exact"}
 
 
-def test_low_acceptance_share_zero_leaves_the_draw_unchanged():
-    plain, zero = _sampler(), _sampler(share=0.0)
+def test_options_off_leave_the_training_draw_unchanged():
+    # low_acceptance.share 0 and an optimistic weight of 0: the default training episodes.
+    modes = {"exact": 0.3, "perturbed": 0.3, "swapped": 0.15, "none": 0.25}
+    plain, off = _sampler(modes), _sampler({**modes, "optimistic": 0.0}, share=0.0)
     a, b = np.random.default_rng(7), np.random.default_rng(7)
-    assert [plain.sample(a).label for _ in range(20)] == [zero.sample(b).label for _ in range(20)]
+    drawn = [(s.label, s.prior_mode) for s in (plain.sample(a) for _ in range(40))]
+    assert drawn == [(s.label, s.prior_mode) for s in (off.sample(b) for _ in range(40))]
+    assert {mode for _, mode in drawn} == set(modes)
 
 
 @pytest.mark.parametrize(("section", "says"), [
