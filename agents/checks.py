@@ -121,7 +121,17 @@ def run_config(cfg: Any, *, policy_key: str | None = None) -> None:
     if policy_key:
         policy_file(policy_key, policy_path)
     max_depth = int(cfg.env.max_depth)
+    if cfg.env.get("low_acceptance") is not None:
+        from env.scenarios import LowAcceptanceEpisodes
+
+        section = OmegaConf.to_container(cfg.env.low_acceptance, resolve=True)
+        setting("env.low_acceptance", section,
+                lambda: LowAcceptanceEpisodes.from_config(section))
     pretrain = cfg.get("agent", {}).get("pretrain", {})
+    weight = pretrain.get("disagreement_weight", 1.0)
+    if isinstance(weight, bool) or not isinstance(weight, int | float) or weight < 1:
+        raise UsageError(f"agent.pretrain.disagreement_weight={show(weight)}: must be a "
+                         "number >= 1 (1: the student's mistakes count as any other state)")
     teacher = pretrain.get("teacher")
     if teacher and profiles:
         from agents.policies import make_policy

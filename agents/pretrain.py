@@ -50,6 +50,9 @@ class Demonstrations:
     returns: np.ndarray  # (N,) discounted return from each step
     #: (N,) simulated seconds each decision governed (its weight in the imitation loss).
     durations: np.ndarray | None = None
+    #: (N,) whether the acting student chose otherwise than the teacher's label (False
+    #: where the teacher acted).
+    disagree: np.ndarray | None = None
 
 
 def collect(env_cfg: dict[str, Any], teacher: str, steps: int, gamma: float, seed: int,
@@ -64,7 +67,7 @@ def collect(env_cfg: dict[str, Any], teacher: str, steps: int, gamma: float, see
     student_act = None if student is None else export_ppo(student, FeatureSpec(
         max_depth=int(env_cfg.get("max_depth", 7)))).act
     env = SpecDecodeEnv(env_cfg, split="train")
-    observations, actions, rewards, ends, durations = [], [], [], [], []
+    observations, actions, rewards, ends, durations, disagree = [], [], [], [], [], []
     obs, _ = env.reset(seed=seed)
     policy = _teacher_for(env, teacher, teacher_options)
     bar = tqdm(total=steps, desc=desc, unit="step", disable=None, leave=False)
@@ -74,6 +77,7 @@ def collect(env_cfg: dict[str, Any], teacher: str, steps: int, gamma: float, see
         observations.append(obs)
         actions.append(label)
         action = label if student_act is None else int(student_act(obs))
+        disagree.append(action != label)
         obs, reward, terminated, truncated, info = env.step(action)
         durations.append(info["step_latency_s"])
         rewards.append(reward)
@@ -88,32 +92,38 @@ def collect(env_cfg: dict[str, Any], teacher: str, steps: int, gamma: float, see
         running = rewards[i] + gamma * running * (not ends[i])
         returns[i] = running
     return Demonstrations(np.asarray(observations, np.float32), np.asarray(actions, np.int64),
-                          returns.astype(np.float32), np.asarray(durations, np.float32))
+                          returns.astype(np.float32), np.asarray(durations, np.float32),
+                          np.asarray(disagree, bool))
 
 
 def merge(a: Demonstrations, b: Demonstrations) -> Demonstrations:
     """Both sets of demonstrations."""
-    durations = None
-    if a.durations is not None and b.durations is not None:
-        durations = np.concatenate([a.durations, b.durations])
+    def both(x: np.ndarray | None, y: np.ndarray | None) -> np.ndarray | None:
+        return None if x is None or y is None else np.concatenate([x, y])
+
     return Demonstrations(np.concatenate([a.observations, b.observations]),
                           np.concatenate([a.actions, b.actions]),
-                          np.concatenate([a.returns, b.returns]), durations)
+                          np.concatenate([a.returns, b.returns]),
+                          both(a.durations, b.durations), both(a.disagree, b.disagree))
 
 
 def dagger(model: PPO, env_cfg: dict[str, Any], teacher: str, steps: int, rounds: int,
            gamma: float, seed: int, epochs: int = 20,
-           teacher_options: dict[str, Any] | None = None) -> dict[str, float]:
+           teacher_options: dict[str, Any] | None = None,
+           disagreement_weight: float = 1.0) -> dict[str, float]:
     """Teacher-driven round, then ``rounds - 1`` student-driven rounds, refitting each time
-    (``teacher_options``: see :func:`collect`)."""
+    (``teacher_options``: see :func:`collect`; ``disagreement_weight``: see
+    :func:`kickstart`)."""
     demos = collect(env_cfg, teacher, steps, gamma, seed, desc=f"kick-start 1/{rounds}",
                     teacher_options=teacher_options)
-    stats = kickstart(model, demos, epochs=epochs, seed=seed)
+    stats = kickstart(model, demos, epochs=epochs, seed=seed,
+                      disagreement_weight=disagreement_weight)
     for r in range(1, rounds):
         demos = merge(demos, collect(env_cfg, teacher, steps, gamma, seed + r, student=model,
                                      desc=f"kick-start {r + 1}/{rounds}",
                                      teacher_options=teacher_options))
-        stats = kickstart(model, demos, epochs=epochs, seed=seed + r)
+        stats = kickstart(model, demos, epochs=epochs, seed=seed + r,
+                          disagreement_weight=disagreement_weight)
     return stats
 
 
@@ -126,8 +136,17 @@ def _teacher_for(env: SpecDecodeEnv, name: str, options: dict[str, Any] | None =
 
 
 def kickstart(model: PPO, demos: Demonstrations, epochs: int = 20, batch_size: int = 512,
-              learning_rate: float = 1e-3, seed: int = 0) -> dict[str, float]:
-    """Fit the actor to the teacher's actions and the critic to its returns."""
+              learning_rate: float = 1e-3, seed: int = 0,
+              disagreement_weight: float = 1.0) -> dict[str, float]:
+    """Fit the actor to the teacher's actions and the critic to its returns.
+
+    The states where the acting student chose otherwise than the teacher count
+    ``disagreement_weight`` times in the imitation loss: they are the student's own
+    mistakes (e.g. speculating on a server where it never pays), few among many states
+    where both agree.
+    """
+    if disagreement_weight < 1.0:
+        raise ValueError(f"disagreement_weight must be >= 1, got {disagreement_weight}")
     policy = model.policy
     device = policy.device
     obs = torch.as_tensor(demos.observations, device=device)
@@ -138,6 +157,8 @@ def kickstart(model: PPO, demos: Demonstrations, epochs: int = 20, batch_size: i
         weights = np.minimum(demos.durations / demos.durations.mean(), 50.0)
     else:
         weights = np.ones(len(demos.actions), np.float32)
+    if demos.disagree is not None and disagreement_weight != 1.0:
+        weights = np.where(demos.disagree, weights * disagreement_weight, weights)
     weights = torch.as_tensor(weights, dtype=torch.float32, device=device)
     optimizer = torch.optim.Adam(policy.parameters(), lr=learning_rate)
     generator = torch.Generator().manual_seed(seed)

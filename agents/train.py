@@ -112,7 +112,9 @@ def train(cfg: DictConfig, out_dir: Path) -> tuple[Path, float | None]:
         kickstart_stats = dagger(model, env_cfg, str(pretrain.teacher),
                                  int(pretrain.steps_per_round), int(pretrain.rounds),
                                  float(agent.gamma), seed, epochs=int(pretrain.epochs),
-                                 teacher_options=dict(pretrain.get("teacher_options") or {}))
+                                 teacher_options=dict(pretrain.get("teacher_options") or {}),
+                                 disagreement_weight=float(pretrain.get("disagreement_weight",
+                                                                        1.0)))
         kickstarted = export_ppo(model, spec)
         kickstarted_state = copy.deepcopy(model.policy.state_dict())
     model.learn(total_timesteps=int(float(agent.total_timesteps)),

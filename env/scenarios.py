@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
@@ -68,6 +68,50 @@ class Scenario:
 
 
 @dataclass(frozen=True)
+class LowAcceptanceEpisodes:
+    """Training episodes on random servers where speculation (almost) never pays.
+
+    Why: the policy speculated on such servers when handed another server's profile or
+    none (issue 9: ``moe_h200_acc1.1`` swapped), states the ordinary draw visits rarely,
+    since most swapped episodes run servers where speculation pays. ``share`` of the
+    training episodes (0 = none, the draw unchanged) run a random server whose first draft
+    position accepts within ``first_accept`` and are handed a profile drawn by
+    ``prior_modes`` (a swapped one is a training profile's or another random server's).
+    """
+
+    share: float = 0.0
+    first_accept: tuple[float, float] = (0.02, 0.3)
+    prior_modes: dict[str, float] = field(default_factory=lambda: {"swapped": 0.5, "none": 0.5})
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any] | None,
+                    key: str = "env.low_acceptance") -> LowAcceptanceEpisodes:
+        """From the env config's section (None: none); bad values name ``key``'s field."""
+        cfg = dict(cfg or {})
+        unknown = sorted(set(cfg) - {"share", "first_accept", "prior_modes"})
+        if unknown:
+            raise ValueError(f"{key}: unknown key {unknown[0]!r}; expected share, "
+                             "first_accept, prior_modes")
+        default = cls()
+        share = float(cfg.get("share", default.share))
+        if not 0.0 <= share <= 1.0:
+            raise ValueError(f"{key}.share: must be within [0, 1], got {share}")
+        first = cfg.get("first_accept", default.first_accept)
+        if len(first) != 2 or not 0.0 <= float(first[0]) <= float(first[1]) <= 1.0:
+            raise ValueError(f"{key}.first_accept: expected [lo, hi] with 0 <= lo <= hi <= 1, "
+                             f"got {list(first)}")
+        modes = dict(cfg.get("prior_modes") or default.prior_modes)
+        unknown = sorted(set(modes) - set(PRIOR_MODES))
+        if unknown:
+            raise ValueError(f"{key}.prior_modes: unknown mode {unknown[0]!r}; use {PRIOR_MODES}")
+        weights = {m: float(w) for m, w in modes.items()}
+        if any(w < 0 for w in weights.values()) or sum(weights.values()) <= 0:
+            raise ValueError(f"{key}.prior_modes: weights must be >= 0 and not all 0, "
+                             f"got {weights}")
+        return cls(share, (float(first[0]), float(first[1])), weights)
+
+
+@dataclass(frozen=True)
 class _Server:
     """A server family's parts for one scenario."""
 
@@ -117,7 +161,8 @@ class ScenarioSampler:
     modulate_period_s}``), ``horizon_s``, ``held_out_fraction``, ``max_depth``,
     ``sim``, ``randomise_reentry``, and the profile handed to the controller:
     ``cost_prior`` (``profile`` | ``none``), ``cost_prior_modes`` (training:
-    weight per mode of ``PRIOR_MODES``), ``cost_prior_spread``.
+    weight per mode of ``PRIOR_MODES``), ``cost_prior_spread``; ``low_acceptance``
+    (training: :class:`LowAcceptanceEpisodes`).
     """
 
     def __init__(self, cfg: Mapping[str, Any], split: str = "train") -> None:
@@ -144,6 +189,7 @@ class ScenarioSampler:
         self.prior_weights = weights / weights.sum()
         self.use_prior = self.cfg.get("cost_prior", "profile") == "profile"
         self.prior_spread = float(self.cfg.get("cost_prior_spread", 0.5))
+        self.low_acceptance = LowAcceptanceEpisodes.from_config(self.cfg.get("low_acceptance"))
         if not self.profiles or not self.workloads:
             raise ValueError("env config needs at least one profile and one workload")
         for spec in self.workloads:
@@ -184,13 +230,16 @@ class ScenarioSampler:
         cut = trace.duration_s * (1.0 - self.held_out)
         return (0.0, cut) if self.split == "train" else (cut, trace.duration_s)
 
-    def server(self, entry: Any, rng: np.random.Generator) -> _Server:
-        """The parts of a profile entry (``rng`` draws random servers and re-entry costs)."""
+    def server(self, entry: Any, rng: np.random.Generator,
+               first_accept: tuple[float, float] | None = None) -> _Server:
+        """The parts of a profile entry (``rng`` draws random servers and re-entry costs;
+        ``first_accept``: a random server's first-position acceptance range)."""
         sim_cfg = dict(self.cfg.get("sim") or {})
         if self.cfg.get("randomise_reentry"):
             sim_cfg.update(random_scheduler_overrides(rng))
         if entry == RANDOM:
-            profile, acceptance = random_server(rng, self.max_depth)
+            kwargs = {} if first_accept is None else {"first_accept": first_accept}
+            profile, acceptance = random_server(rng, self.max_depth, **kwargs)
             return _Server(RANDOM, profile, acceptance,
                            make_scheduler_config(sim_cfg, profile, self.max_depth))
         if isinstance(entry, Mapping):
@@ -208,11 +257,12 @@ class ScenarioSampler:
         return _Server(label, profile, acceptance,
                        make_scheduler_config(sim_cfg, profile, self.max_depth))
 
-    def _handed(self, server: _Server, mode: str, rng: np.random.Generator):
+    def _handed(self, server: _Server, mode: str, rng: np.random.Generator,
+                extra_others: Sequence[CostProfile] = ()):
         if not self.use_prior:
             return None, "none"
         others = [_cached_profile(str(e["profile"] if isinstance(e, Mapping) else e))
-                  for e in self.profiles if e != RANDOM]
+                  for e in self.profiles if e != RANDOM] + list(extra_others)
         return handed_profile(server.profile, mode, rng, others, self.prior_spread), mode
 
     def open_loop(self, spec: Mapping, server: _Server, load: float, start_fraction: float,
@@ -260,13 +310,22 @@ class ScenarioSampler:
     def sample(self, rng: np.random.Generator) -> Scenario:
         """A random scenario: a server (random with ``random_server_share``, else uniform
         over ``profiles``), a workload and its settings, and the handed profile."""
-        if rng.random() < self.random_share:
-            entry = RANDOM
+        low = self.low_acceptance
+        if low.share > 0 and rng.random() < low.share:  # no draw at share 0: stream unchanged
+            server = self.server(RANDOM, rng, first_accept=low.first_accept)
+            modes = list(low.prior_modes)
+            weights = np.array([low.prior_modes[m] for m in modes])
+            mode = modes[rng.choice(len(modes), p=weights / weights.sum())]
+            # Another random server's profile too: not only the three named servers' prices.
+            prior = self._handed(server, mode, rng, extra_others=[random_server(rng)[0]])
         else:
-            entry = self.profiles[rng.integers(len(self.profiles))]
-        server = self.server(entry, rng)
-        prior = self._handed(server, self.prior_modes[rng.choice(len(self.prior_modes),
-                                                                 p=self.prior_weights)], rng)
+            if rng.random() < self.random_share:
+                entry = RANDOM
+            else:
+                entry = self.profiles[rng.integers(len(self.profiles))]
+            server = self.server(entry, rng)
+            prior = self._handed(server, self.prior_modes[rng.choice(len(self.prior_modes),
+                                                                     p=self.prior_weights)], rng)
         spec = self.workloads[rng.integers(len(self.workloads))]
         seed = int(rng.integers(2**31))
         if spec.get("kind", "open") == "closed":

@@ -94,6 +94,8 @@ def test_eval_mistakes_are_one_line(tmp_path, capsys, monkeypatch, args, starts,
     (["agent.pretrain.teacher=goodput_greedy",
       "+agent.pretrain.teacher_options.accept_prior_strength=1"],
      "agent.pretrain.teacher_options={accept_prior_strength:1}: "),
+    (["env.low_acceptance.share=2"], "env.low_acceptance={share:2,"),
+    (["agent.pretrain.disagreement_weight=0.5"], "agent.pretrain.disagreement_weight=0.5: "),
 ])
 def test_train_mistakes_are_one_line(tmp_path, capsys, monkeypatch, args, starts):
     result = invoke("agents.train", *args, tmp_path=tmp_path, capsys=capsys,

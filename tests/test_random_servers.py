@@ -1,13 +1,22 @@
-"""Randomised servers and the profile handed to the controller."""
+"""Randomised servers, the profile handed to the controller, and the low-acceptance
+training episodes that put the two together."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from env.scenarios import LowAcceptanceEpisodes, ScenarioSampler
 from env.sim.acceptance import DriftingAcceptance, acceptance_from_config
 from env.sim.cost_model import load_profile
-from env.sim.random_servers import PRIOR_MODES, handed_profile, perturbed, random_server
+from env.sim.random_servers import (
+    OPTIMISTIC_FACTOR,
+    PRIOR_MODES,
+    SPECULATIVE_COEFFICIENTS,
+    handed_profile,
+    perturbed,
+    random_server,
+)
 
 
 def test_random_servers_span_the_regimes():
@@ -39,7 +48,24 @@ def test_handed_profile_modes():
     assert ((ratios >= 0.5) & (ratios <= 1.5)).all() and np.ptp(ratios) > 0.3
     with pytest.raises(ValueError, match="cost prior mode"):
         handed_profile(truth, "magic", rng)
-    assert set(PRIOR_MODES) == {"exact", "perturbed", "swapped", "none"}
+    assert set(PRIOR_MODES) == {"exact", "perturbed", "swapped", "none", "optimistic"}
+
+
+def test_optimistic_profile_prices_only_speculation_too_cheaply():
+    truth = load_profile("h200_llama31_8b").replace(c_steps0=1e-3)
+    off = (48, 0, 24_000, 0, False, False)
+    factors = []
+    for seed in range(30):
+        cheap = handed_profile(truth, "optimistic", np.random.default_rng(seed))
+        factor = cheap.c_verify / truth.c_verify
+        factors.append(factor)
+        assert OPTIMISTIC_FACTOR[0] <= factor <= OPTIMISTIC_FACTOR[1]
+        for name, value in truth.coefficients.items():  # one factor, speculative terms only
+            want = value * factor if name in SPECULATIVE_COEFFICIENTS else value
+            assert getattr(cheap, name) == pytest.approx(want, rel=1e-12), name
+        assert cheap.step_latency_s(*off) == truth.step_latency_s(*off)
+        assert cheap.step_latency_s(48, 3, 24_000) < truth.step_latency_s(48, 3, 24_000)
+    assert max(factors) - min(factors) > 0.2
 
 
 def test_perturbed_spread_zero_is_identity():
@@ -65,3 +91,61 @@ def test_drifting_acceptance_drifts_and_differs_by_class():
     assert abs(per_request[0::2].mean() - per_request[1::2].mean()) > 0.1
     config = by_class.to_config()
     assert acceptance_from_config(config).to_config() == config
+
+
+def test_random_server_first_accept_range():
+    rng = np.random.default_rng(4)
+    low = [random_server(rng, first_accept=(0.02, 0.3))[1] for _ in range(200)]
+    assert max(a.alphas[0] for a in low) <= 0.3
+    assert max(a.expected_accept_length_at(7) for a in low) < 1.5
+    with pytest.raises(ValueError, match="first_accept"):
+        random_server(rng, first_accept=(0.5, 0.2))
+
+
+def _sampler(modes: dict | None = None, **low):
+    cfg = {"horizon_s": 2.0, "profiles": ["h200_llama31_8b", "blackwell_tp8"],
+           "workloads": [{"name": "fixed", "kind": "closed", "concurrency": [1, 64]}],
+           "cost_prior_modes": modes or {"exact": 1.0}}
+    if low:
+        cfg["low_acceptance"] = low
+    return ScenarioSampler(cfg)
+
+
+def test_low_acceptance_episodes_are_low_acceptance_random_servers_with_wrong_profiles():
+    sampler = _sampler(share=1.0, first_accept=[0.02, 0.3], prior_modes={"swapped": 1.0})
+    rng = np.random.default_rng(5)
+    scenarios = [sampler.sample(rng) for _ in range(40)]
+    assert {s.family for s in scenarios} == {"random"}
+    assert {s.prior_mode for s in scenarios} == {"swapped"}
+    assert all(s.prior is not None and s.prior.coefficients != s.profile.coefficients
+               for s in scenarios)
+    # Swapped for a named server's profile and for another random server's.
+    assert {s.prior.name == "random" for s in scenarios} == {True, False}
+    assert max(s.acceptance.expected_accept_length_at(7) for s in scenarios) < 1.5
+    both = _sampler(share=0.5, prior_modes={"none": 1.0})
+    rng = np.random.default_rng(6)
+    drawn = [both.sample(rng) for _ in range(200)]
+    low = sum(s.prior_mode == "none" for s in drawn)
+    assert 60 < low < 140 and {s.prior_mode for s in drawn} == {"none", "exact"}
+
+
+def test_options_off_leave_the_training_draw_unchanged():
+    # low_acceptance.share 0 and an optimistic weight of 0: the default training episodes.
+    modes = {"exact": 0.3, "perturbed": 0.3, "swapped": 0.15, "none": 0.25}
+    plain, off = _sampler(modes), _sampler({**modes, "optimistic": 0.0}, share=0.0)
+    a, b = np.random.default_rng(7), np.random.default_rng(7)
+    drawn = [(s.label, s.prior_mode) for s in (plain.sample(a) for _ in range(40))]
+    assert drawn == [(s.label, s.prior_mode) for s in (off.sample(b) for _ in range(40))]
+    assert {mode for _, mode in drawn} == set(modes)
+
+
+@pytest.mark.parametrize(("section", "says"), [
+    ({"share": 1.5}, r"env.low_acceptance.share: must be within \[0, 1\]"),
+    ({"first_accept": [0.4, 0.1]}, "env.low_acceptance.first_accept"),
+    ({"prior_modes": {"wrong": 1.0}}, "unknown mode 'wrong'"),
+    ({"prior_modes": {"none": 0.0}}, "not all 0"),
+    ({"shares": 0.1}, "unknown key 'shares'"),
+])
+def test_low_acceptance_bad_settings_name_the_field(section, says):
+    with pytest.raises(ValueError, match=says):
+        LowAcceptanceEpisodes.from_config(section)

@@ -12,7 +12,7 @@ import pytest
 import torch
 from stable_baselines3 import PPO
 
-from agents.pretrain import collect, dagger
+from agents.pretrain import Demonstrations, collect, dagger, kickstart, merge
 from controller.policy_file import ExportedPolicy
 from env.spec_env import SpecDecodeEnv
 
@@ -86,6 +86,41 @@ def test_kickstart_teacher_is_built_with_its_options():
     demos = collect(TINY_ENV, "goodput_explore", 50, 0.99, 0,
                     teacher_options={"accept_prior_strength": 1.0})
     assert len(demos.actions) == 50
+
+
+def test_disagreement_weight_makes_the_students_mistakes_count_more():
+    torch.set_num_threads(1)
+    env = SpecDecodeEnv(TINY_ENV)
+    obs = np.zeros((160, env.observation_space.shape[0]), np.float32)
+    # One state labelled twice: 100 times 1 where the student agreed, 60 times 2 where not.
+    actions = np.array([1] * 100 + [2] * 60)
+    demos = Demonstrations(obs, actions, np.zeros(160, np.float32),
+                           disagree=np.array([False] * 100 + [True] * 60))
+
+    def choice(weight: float) -> int:
+        model = PPO("MlpPolicy", env, seed=0, device="cpu", policy_kwargs={"net_arch": [8]})
+        kickstart(model, demos, epochs=30, seed=0, disagreement_weight=weight)
+        return int(model.predict(obs[0], deterministic=True)[0])
+
+    assert choice(1.0) == 1
+    assert choice(3.0) == 2
+    with pytest.raises(ValueError, match="disagreement_weight"):
+        choice(0.5)
+
+
+def test_collect_marks_where_the_student_chose_otherwise():
+    torch.set_num_threads(1)
+    teacher_run = collect(TINY_ENV, "goodput_greedy", 60, 0.99, 0)
+    assert not teacher_run.disagree.any()  # the teacher acted: nothing to disagree with
+    env = SpecDecodeEnv(TINY_ENV)
+    model = PPO("MlpPolicy", env, seed=0, device="cpu", policy_kwargs={"net_arch": [8]})
+    student_run = collect(TINY_ENV, "goodput_greedy", 60, 0.99, 0, student=model)
+    chosen = np.asarray([model.predict(o, deterministic=True)[0] for o in
+                         student_run.observations])
+    assert student_run.disagree.any()  # an untrained student: some of its choices differ
+    assert (student_run.disagree == (chosen != student_run.actions)).all()
+    both = merge(teacher_run, student_run)
+    assert len(both.disagree) == 120 and (both.disagree[60:] == student_run.disagree).all()
 
 
 def test_train_and_eval_commands_end_to_end(tmp_path):

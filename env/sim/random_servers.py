@@ -9,7 +9,7 @@ saves (``c_steps0``), and acceptance from about 1.0 to 5+ tokens per step with
 per-position decay, drift within an episode and differences between request
 classes. :func:`random_scheduler_overrides` draws what re-entering speculation
 after an off period costs. :func:`handed_profile` is the profile the controller
-is given: exact, perturbed, another server's, or none.
+is given: exact, perturbed, another server's, none, or one pricing speculation too cheaply.
 
 The ranges bracket the shipped profiles (an 8B model on one H200/H100, a 1T MoE
 on eight PCIe Blackwell GPUs, a 30B-A3B MoE on one H200), so those are points
@@ -26,16 +26,33 @@ from env.sim.acceptance import DriftingAcceptance
 from env.sim.cost_model import CostProfile, ServerLimits
 
 #: How the profile handed to the controller relates to the server's true costs.
-PRIOR_MODES = ("exact", "perturbed", "swapped", "none")
+PRIOR_MODES = ("exact", "perturbed", "swapped", "none", "optimistic")
+
+#: The coefficients only speculation pays (verify, draft, draft extend, the speculative
+#: path's own overhead).
+SPECULATIVE_COEFFICIENTS = ("c_verify", "c_verify_token", "c_draft", "c_draft_token",
+                            "c_extend", "c_extend_token", "c_steps0", "c_steps0_request",
+                            "c_steps0_kv")
+#: An ``optimistic`` profile's factor on every speculative coefficient.
+OPTIMISTIC_FACTOR = (0.2, 0.6)
 
 
 def _log_uniform(rng: np.random.Generator, lo: float, hi: float) -> float:
     return float(math.exp(rng.uniform(math.log(lo), math.log(hi))))
 
 
-def random_server(rng: np.random.Generator, max_depth: int = 7,
-                  name: str = "random") -> tuple[CostProfile, DriftingAcceptance]:
-    """A random server: its cost profile (with limits) and its acceptance model."""
+#: The first draft position's acceptance of a random server (per-position rate).
+FIRST_ACCEPT = (0.02, 0.95)
+
+
+def random_server(rng: np.random.Generator, max_depth: int = 7, name: str = "random",
+                  first_accept: tuple[float, float] = FIRST_ACCEPT,
+                  ) -> tuple[CostProfile, DriftingAcceptance]:
+    """A random server: its cost profile (with limits) and its acceptance model, the first
+    draft position accepting uniformly within ``first_accept`` (later ones decaying)."""
+    lo, hi = (float(v) for v in first_accept)
+    if not 0.0 <= lo <= hi <= 1.0:
+        raise ValueError(f"first_accept must be 0 <= lo <= hi <= 1, got {list(first_accept)}")
     moe = rng.random() < 0.4
     c_token = _log_uniform(rng, 1e-6, 2.5e-4)
     c_draft = _log_uniform(rng, 1.5e-4, 1.5e-3)
@@ -65,7 +82,7 @@ def random_server(rng: np.random.Generator, max_depth: int = 7,
         c_steps0_request=_log_uniform(rng, 1e-5, 3e-4) if on_path else 0.0,
         description="randomised server (env.sim.random_servers)",
     )
-    first = float(rng.uniform(0.02, 0.95))
+    first = float(rng.uniform(lo, hi))
     decay = float(rng.uniform(0.8, 1.0))
     alphas = np.minimum(first * decay ** np.arange(max_depth), 1.0)
     acceptance = DriftingAcceptance(alphas, drift_sigma=float(rng.uniform(0.0, 0.08)),
@@ -95,7 +112,11 @@ def handed_profile(truth: CostProfile, mode: str, rng: np.random.Generator,
     """The cost profile the controller is given for a server whose costs are ``truth``.
 
     ``exact``: the truth; ``perturbed``: each coefficient off by up to ``spread``;
-    ``swapped``: another server's (one of ``others``, else a random one); ``none``.
+    ``swapped``: another server's (one of ``others``, else a random one); ``none``;
+    ``optimistic``: speculation priced too cheaply, every speculative coefficient times
+    one factor within ``OPTIMISTIC_FACTOR``, the error of a profile fitted where speculation
+    was cheaper (the H200 MoE's first profile priced depth 3 at half what the server
+    measured). ``perturbed`` rarely errs so far in one direction.
     """
     if mode == "exact":
         return truth
@@ -108,4 +129,8 @@ def handed_profile(truth: CostProfile, mode: str, rng: np.random.Generator,
         return random_server(rng)[0]
     if mode == "none":
         return None
+    if mode == "optimistic":
+        factor = float(rng.uniform(*OPTIMISTIC_FACTOR))
+        return truth.replace(**{name: getattr(truth, name) * factor
+                                for name in SPECULATIVE_COEFFICIENTS})
     raise ValueError(f"cost prior mode must be one of {PRIOR_MODES}, got {mode!r}")
