@@ -78,8 +78,12 @@ def workload_of(cell: Cell, client) -> tuple[object, float | None]:
     return loop, None
 
 
-def simulate(cell: Cell, profile: CostProfile, prior: CostProfile, client, seed: int = 0) -> dict:
-    """Replay one cell; throughput (tok/s), mean TPOT (ms) and decisions per depth."""
+def simulate(cell: Cell, profile: CostProfile, prior: CostProfile, client, seed: int = 0,
+             policy_path: str | None = None) -> dict:
+    """Replay one cell; throughput (tok/s), mean TPOT (ms) and decisions per depth.
+
+    ``policy_path``: the exported policy a ``ppo`` cell runs (default: the shipped one).
+    """
     workload, horizon = workload_of(cell, client)
     # A depth-0 step is a plain decode on a server without speculation and on the plugin's
     # off path; SGLang's own steps=0 (the old plugin) stays on the speculative path.
@@ -91,7 +95,8 @@ def simulate(cell: Cell, profile: CostProfile, prior: CostProfile, client, seed:
     acceptance = SGLangSimulatedAcceptance(cell.acceptance or 1.0,
                                            batch_wide=cell.acceptance is not None)
     sim = Simulator(profile, acceptance, workload, config, seed=seed)
-    policy = make_policy(cell.policy, profile=profile, sim_config=config)
+    policy = make_policy(cell.policy, profile=profile, sim_config=config,
+                         policy_path=policy_path)
     result = rollout(DecisionLoop(sim, FeatureSpec(), 3, horizon, cost_prior=prior), policy)
     return {"throughput_tok_s": result.throughput_tok_s, "mean_tpot_ms": result.mean_tpot_ms,
             "steps_chosen": list(result.steps_chosen)}

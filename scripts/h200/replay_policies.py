@@ -29,13 +29,18 @@ from measured_runs import Cell
 from env.sim.cost_model import load_profile
 
 
-def replay(server, prior, acceptance: float, policy_name: str, seed: int = 0) -> dict:
-    """One headline replay; throughput, mean TPOT and the share of decisions per depth."""
+def replay(server, prior, acceptance: float, policy_name: str, seed: int = 0,
+           policy_path: str | None = None) -> dict:
+    """One headline replay; throughput, mean TPOT and the share of decisions per depth.
+
+    ``seed`` draws the acceptance and the simulator's randomness (the arrivals are the
+    GPU run's); ``policy_path`` is the exported policy ``ppo`` runs (default: shipped).
+    """
     # The GPU servers' set-up: 48 running requests, depth 0 a plain decode (off path).
     cell = Cell(model="", server="spec_off", acceptance=acceptance, workload="headline",
                 concurrency=None, seconds=40.0, policy=policy_name, radix_cache=False,
                 max_running=48, source="", throughput_tok_s=0.0, mean_tpot_ms=0.0)
-    result = simulate(cell, server, prior, client=None, seed=seed)
+    result = simulate(cell, server, prior, client=None, seed=seed, policy_path=policy_path)
     chosen = result.pop("steps_chosen")
     total = sum(chosen) or 1
     return {**result, "depth_share": {d: n / total for d, n in enumerate(chosen) if n}}
@@ -48,14 +53,26 @@ def main() -> None:
                         help="the profile handed to the controller (default: none)")
     parser.add_argument("--acceptance", type=float, default=2.5)
     parser.add_argument("--policies", default="static_3,static_0,ppo,goodput_online")
+    parser.add_argument("--policy-file", default=None,
+                        help="the exported policy 'ppo' runs (default: the shipped one)")
+    parser.add_argument("--seeds", type=int, default=1,
+                        help="replay seeds 0..N-1: mean, min and max throughput (one seed "
+                             "can be a lucky draw where a policy sits near a switch)")
     args = parser.parse_args()
+    if args.seeds < 1:
+        parser.error(f"--seeds must be >= 1, got {args.seeds}")
     server = load_profile(args.server)
     prior = load_profile(args.prior) if args.prior else None
-    print("| policy | tok/s | mean TPOT ms | decisions per depth |\n|---|---|---|---|")
+    print("| policy | tok/s (mean) | min / max over seeds | mean TPOT ms | decisions per depth "
+          "(seed 0) |\n|---|---|---|---|---|")
     for name in args.policies.split(","):
-        r = replay(server, prior, args.acceptance, name)
-        share = ", ".join(f"{d}: {s:.0%}" for d, s in r["depth_share"].items())
-        print(f"| {name} | {r['throughput_tok_s']:,.0f} | {r['mean_tpot_ms']:.1f} | {share} |")
+        runs = [replay(server, prior, args.acceptance, name, seed, args.policy_file)
+                for seed in range(args.seeds)]
+        tok_s = [r["throughput_tok_s"] for r in runs]
+        share = ", ".join(f"{d}: {s:.0%}" for d, s in runs[0]["depth_share"].items())
+        print(f"| {name} | {sum(tok_s) / len(tok_s):,.0f} | {min(tok_s):,.0f} / "
+              f"{max(tok_s):,.0f} | {sum(r['mean_tpot_ms'] for r in runs) / len(runs):.1f} | "
+              f"{share} |")
 
 
 if __name__ == "__main__":
