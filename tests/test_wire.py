@@ -93,12 +93,15 @@ def test_decision_round_trip(decision):
        steps=st.lists(st.integers(0, 127), max_size=5).map(tuple))
 def test_the_fast_decision_constructor_makes_the_same_frozen_decision(seq, apply_from, policy,
                                                                         grid, steps):
-    made = new_decision(seq, apply_from, policy, grid, steps)
-    assert type(made) is Decision
-    assert made == Decision(seq, apply_from, policy, grid, steps)
-    assert new_decision(seq, apply_from, policy) == Decision.fallback(seq, apply_from, policy)
-    with pytest.raises(AttributeError):  # still frozen
-        made.seq = seq + 1
+    # The module's constructor, made at import, and a fresh one (mutation testing reaches
+    # only what runs during a test).
+    for make in (new_decision, wire._decision_maker()):
+        made = make(seq, apply_from, policy, grid, steps)
+        assert type(made) is Decision
+        assert made == Decision(seq, apply_from, policy, grid, steps)
+        assert make(seq, apply_from, policy) == Decision.fallback(seq, apply_from, policy)
+        with pytest.raises(AttributeError):  # still frozen
+            made.seq = seq + 1
 
 
 @given(st.builds(
