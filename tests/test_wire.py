@@ -834,3 +834,18 @@ def test_only_a_hello_may_carry_a_ninth_item(message, text):
         with pytest.raises(WireError) as info:
             decode(msgpack.packb(message, use_bin_type=True), accept_policy=accept_policy)
         assert str(info.value) == f"malformed: {text}" and info.value.field == ""
+
+
+@pytest.mark.parametrize("decoder", [decode, decode_general])
+def test_inside_a_policy_push_strings_and_arrays_keep_the_frame_limit(decoder):
+    """``accept_policy`` lifts the limit for the policy's bytes only: a string or an
+    array longer than MAX_FRAME_BYTES in a POLICY frame is refused by msgpack itself
+    (garbage), one of exactly MAX_FRAME_BYTES is read (and refused by its field's check)."""
+    for changes in (dict(name="n" * (MAX_FRAME_BYTES + 1)), dict(blob=[0] * (MAX_FRAME_BYTES + 1))):
+        with pytest.raises(WireError, match=r"^garbage: not a msgpack message \(ValueError"):
+            decoder(_push(**changes), accept_policy=True)
+    for changes, field in ((dict(name="n" * MAX_FRAME_BYTES), "name"),
+                           (dict(blob=[0] * MAX_FRAME_BYTES), "policy")):
+        with pytest.raises(WireError, match=r"^malformed: ") as info:
+            decoder(_push(**changes), accept_policy=True)
+        assert info.value.field == field
