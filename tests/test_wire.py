@@ -93,15 +93,24 @@ def test_decision_round_trip(decision):
        steps=st.lists(st.integers(0, 127), max_size=5).map(tuple))
 def test_the_fast_decision_constructor_makes_the_same_frozen_decision(seq, apply_from, policy,
                                                                         grid, steps):
-    # The module's constructor, made at import, and a fresh one (mutation testing reaches
-    # only what runs during a test).
-    for make in (new_decision, wire._decision_maker()):
-        made = make(seq, apply_from, policy, grid, steps)
-        assert type(made) is Decision
-        assert made == Decision(seq, apply_from, policy, grid, steps)
-        assert make(seq, apply_from, policy) == Decision.fallback(seq, apply_from, policy)
-        with pytest.raises(AttributeError):  # still frozen
-            made.seq = seq + 1
+    made = new_decision(seq, apply_from, policy, grid, steps)
+    assert type(made) is Decision
+    assert made == Decision(seq, apply_from, policy, grid, steps)
+    assert new_decision(seq, apply_from, policy) == Decision.fallback(seq, apply_from, policy)
+    with pytest.raises(AttributeError):  # still frozen
+        made.seq = seq + 1
+
+
+def test_a_fresh_decision_maker_makes_the_same_decisions():
+    """``new_decision`` is made at import; mutation testing reaches only what a test runs,
+    so a fresh one is made here (one decision per field order and the defaults)."""
+    make = wire._decision_maker()
+    for fields in [(7, 9, "ppo", (1, 8, 64), (3, 2, 0)), (0, 2, "", (5,), (127,))]:
+        made = make(*fields)
+        assert type(made) is Decision and made == Decision(*fields)
+    assert make(4, 10, "p") == Decision.fallback(4, 10, "p")
+    with pytest.raises(AttributeError):  # still frozen
+        made.steps = ()
 
 
 @given(st.builds(
