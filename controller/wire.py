@@ -91,6 +91,10 @@ MAX_GRID = 256
 #: Largest exported policy a POLICY message carries (below TRANSPORT_MAX_MSG_BYTES, which
 #: would disconnect the receiver); only :func:`decode` with ``accept_policy`` takes one.
 MAX_POLICY_BYTES = 768 * 1024
+#: The largest valid POLICY frame: the policy, a name of MAX_NAME_CHARS characters of up to
+#: 4 UTF-8 bytes each, the 64-digit digest, and msgpack's headers (array, version and kind
+#: 3 bytes; the name's str16 3; the digest's str8 2; the policy's bin32 5).
+_MAX_POLICY_FRAME_BYTES = MAX_POLICY_BYTES + 4 * MAX_NAME_CHARS + 64 + 13
 _MAX_INT = (1 << 63) - 1
 
 # Physical ranges of telemetry (kind "range" outside them). Generous: an order of
@@ -300,7 +304,7 @@ def decode_general(frame: bytes, accept_policy: bool = False
     """:func:`decode` without the TELEMETRY fast path (the reference it must agree with)."""
     limit = MAX_FRAME_BYTES
     if accept_policy and frame[:3] == _POLICY_HEADER:
-        limit = MAX_POLICY_BYTES + 4 * MAX_NAME_CHARS
+        limit = _MAX_POLICY_FRAME_BYTES
     if len(frame) > limit:
         raise WireError("oversized", f"frame of {len(frame)} bytes > {limit}")
     try:

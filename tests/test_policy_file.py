@@ -322,13 +322,19 @@ def test_logits_are_float32_whatever_the_input():
 
 
 @pytest.mark.parametrize("activation", ["tanh", "relu"])
-@pytest.mark.parametrize("bias_dtype", [np.float32, np.float64])
-def test_logits_equal_the_textbook_forward_bit_for_bit(activation, bias_dtype):
+@pytest.mark.parametrize("bias_dtypes", [
+    (np.float32,) * 3, (np.float64,) * 3,
+    # One float64 bias after float32 layers: only that layer widens (adding it in place
+    # would round it to float32), and every layer after it stays float64.
+    (np.float32, np.float64, np.float32), (np.float32, np.float32, np.float64),
+])
+def test_logits_equal_the_textbook_forward_bit_for_bit(activation, bias_dtypes):
     """The forward adds biases and activates in place where that is exact; with float64
     biases (a policy built in memory) the product's dtype widens, as x @ w + b does."""
     policy = ExportedPolicy.random(hidden=(16, 8), seed=3)
-    policy = ExportedPolicy(policy.weights, [b.astype(bias_dtype) + 0.1 for b in policy.biases],
-                            policy.actions, policy.feature_spec, activation=activation)
+    biases = [b.astype(dtype) + 0.1 for b, dtype in zip(policy.biases, bias_dtypes, strict=True)]
+    policy = ExportedPolicy(policy.weights, biases, policy.actions, policy.feature_spec,
+                            activation=activation)
     x = np.random.default_rng(1).normal(size=(300, policy.feature_spec.size))
     expected = x.astype(np.float32)
     act = np.tanh if activation == "tanh" else (lambda v: np.maximum(v, 0.0))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import msgpack
 import numpy as np
 import pytest
@@ -14,6 +16,7 @@ from controller.wire import (
     MAX_BATCH,
     MAX_FRAME_BYTES,
     MAX_KV_TOKENS,
+    MAX_POLICY_BYTES,
     MAX_STEP_LATENCY_S,
     MAX_TIME_S,
     MIN_STEP_LATENCY_S,
@@ -22,12 +25,14 @@ from controller.wire import (
     Decision,
     Hello,
     Kind,
+    PolicyPush,
     WireError,
     apply_socket_limits,
     decode,
     decode_general,
     encode_decision,
     encode_hello,
+    encode_policy,
     encode_step,
     new_decision,
     pack_telemetry,
@@ -94,6 +99,18 @@ def test_the_fast_decision_constructor_makes_the_same_frozen_decision(seq, apply
     assert new_decision(seq, apply_from, policy) == Decision.fallback(seq, apply_from, policy)
     with pytest.raises(AttributeError):  # still frozen
         made.seq = seq + 1
+
+
+def test_a_fresh_decision_maker_makes_the_same_decisions():
+    """``new_decision`` is made at import; mutation testing reaches only what a test runs,
+    so a fresh one is made here (one decision per field order and the defaults)."""
+    make = wire._decision_maker()
+    for fields in [(7, 9, "ppo", (1, 8, 64), (3, 2, 0)), (0, 2, "", (5,), (127,))]:
+        made = make(*fields)
+        assert type(made) is Decision and made == Decision(*fields)
+    assert make(4, 10, "p") == Decision.fallback(4, 10, "p")
+    with pytest.raises(AttributeError):  # still frozen
+        made.steps = ()
 
 
 @given(st.builds(
@@ -292,8 +309,11 @@ def test_decoder_survives_any_field_replaced(kind, data):
         decoded = decode(msgpack.packb(message, use_bin_type=True))
     except WireError as exc:
         assert exc.kind in ERROR_KINDS
-        # A field after the header cannot make the version or the kind wrong.
-        assert index < 2 or exc.kind not in ("version", "kind"), exc
+        # A field after the header cannot make the version or the kind wrong, but for
+        # a HELLO's schema version (another int than this build's), named as such.
+        assert index < 2 or exc.kind != "kind", exc
+        assert index < 2 or exc.kind != "version" or (
+            (kind, index, exc.field) == (Kind.HELLO, 4, "schema_version")), exc
     else:  # the replacement was a value the field accepts: a message of the same kind
         assert type(decoded) is {Kind.HELLO: Hello, Kind.TELEMETRY: StepRecord,
                                  Kind.DECISION: Decision}[kind]
@@ -710,3 +730,131 @@ def test_the_top_level_errors_say_what_they_got():
             decode(frame)
         assert text in str(info.value), str(info.value)
         assert info.value.field == ""
+
+
+# -- the POLICY push (hub -> plugin) and the HELLO's policy digest ----------------------
+
+DIGEST = hashlib.sha256(b"a policy file").hexdigest()
+
+
+def _push(name="policy-v2", digest=DIGEST, blob=b"\x93\x01", extra=()) -> bytes:
+    return msgpack.packb([WIRE_VERSION, int(Kind.POLICY), name, digest, blob, *extra],
+                         use_bin_type=True)
+
+
+@pytest.mark.parametrize("blob", [b"x", bytes(range(256)) * 4])
+def test_a_small_policy_push_round_trips_whichever_side_decodes_it(blob):
+    push = PolicyPush("policy-v2", DIGEST, blob)
+    frame = encode_policy(push)
+    assert frame == _push(blob=blob)  # the documented layout
+    for decoder in (decode, decode_general):
+        assert decoder(frame, accept_policy=True) == push
+        assert decoder(frame) == push  # within MAX_FRAME_BYTES: any side may read it
+
+
+def test_only_the_plugin_side_reads_a_policy_push_beyond_the_frame_limit():
+    """The largest valid POLICY (the whole MAX_POLICY_BYTES, a name of MAX_NAME_CHARS
+    4-byte UTF-8 characters) is read with ``accept_policy`` and refused unread without;
+    one byte more is refused unread on either side."""
+    push = PolicyPush("\U0001f600" * wire.MAX_NAME_CHARS, "f" * 64, bytes(MAX_POLICY_BYTES))
+    frame = encode_policy(push)
+    for decoder in (decode, decode_general):
+        assert decoder(frame, accept_policy=True) == push
+        with pytest.raises(WireError, match=rf"^oversized: frame of {len(frame)} bytes > "
+                                            rf"{MAX_FRAME_BYTES}$"):
+            decoder(frame)
+        with pytest.raises(WireError, match=rf"^oversized: frame of {len(frame) + 1} bytes > "
+                                            rf"{len(frame)}$"):
+            decoder(frame + b"\x00", accept_policy=True)
+        # accept_policy lifts the limit for a POLICY only.
+        with pytest.raises(WireError, match=rf"> {MAX_FRAME_BYTES}$"):
+            decoder(b"\x00" * (MAX_FRAME_BYTES + 1), accept_policy=True)
+
+
+BAD_DIGESTS = [
+    ("A" * 64, "str 'AAAA"),  # upper case
+    (DIGEST.upper(), "str '"),
+    ("X" * 64, "str 'XXXX"),  # a placeholder
+    ("g" * 64, "str 'gggg"),
+    (DIGEST[:63], "str '"), (DIGEST + "0", "str '"),
+    (DIGEST.encode(), "bytes b'"), (7, "int 7"), (None, "NoneType None"),
+]
+
+
+@pytest.mark.parametrize(("changes", "field", "text"), [
+    (dict(name=""), "name", "field 'name' must be a string of 1..256 chars, got str ''"),
+    (dict(name="n" * 257), "name", "field 'name' must be a string of 1..256 chars"),
+    (dict(name=b"p"), "name", "field 'name' must be a string of 1..256 chars, got bytes"),
+    *[(dict(digest=digest), "digest",
+       f"field 'digest' must be 64 lowercase hex digits, got {got}")
+      for digest, got in BAD_DIGESTS],
+    (dict(blob=b""), "policy",
+     f"field 'policy' must be bin of 1..{MAX_POLICY_BYTES} bytes, got bytes b''"),
+    (dict(blob="text"), "policy", "field 'policy' must be bin of 1..786432 bytes, got str"),
+    (dict(blob=bytes(MAX_POLICY_BYTES + 1)), "policy",
+     "field 'policy' must be bin of 1..786432 bytes, got bytes b'\\x00"),
+])
+def test_a_bad_policy_push_is_refused_naming_the_field(changes, field, text):
+    with pytest.raises(WireError) as info:
+        decode(_push(**changes), accept_policy=True)
+    assert str(info.value).startswith(f"malformed: {text}"), str(info.value)
+    assert info.value.kind == "malformed" and info.value.field == field
+
+
+@pytest.mark.parametrize("digest", ["0" * 64, "f" * 64, "0123456789abcdef" * 4])
+def test_every_lowercase_hex_digest_passes(digest):
+    assert decode(_push(digest=digest)).digest == digest
+    hello = Hello("s", 0, (0, 3), "c", 1, policy_digest=digest)
+    assert decode(encode_hello(hello)).policy_digest == digest
+
+
+def test_a_hello_carries_the_policy_digest_as_a_ninth_item_only_when_it_has_one():
+    local = Hello("server-a", 2, (0, 3), "plugin", 9, policy_digest=DIGEST)
+    frame = encode_hello(local)
+    assert msgpack.unpackb(frame)[8:] == [DIGEST]
+    for decoder in (decode, decode_general):
+        assert decoder(frame) == local
+    remote = Hello("server-a", 2, (0, 3), "plugin", 9)
+    assert len(msgpack.unpackb(encode_hello(remote))) == 8
+    assert decode(encode_hello(remote)) == remote
+
+
+@pytest.mark.parametrize(("digest", "got"), BAD_DIGESTS)
+def test_a_bad_digest_in_a_hello_is_refused_naming_the_field(digest, got):
+    message = [*VALID[Kind.HELLO], digest]
+    with pytest.raises(WireError) as info:
+        decode(msgpack.packb(message, use_bin_type=True))
+    assert str(info.value).startswith(
+        f"malformed: field 'policy_digest' must be 64 lowercase hex digits, got {got}")
+    assert info.value.field == "policy_digest"
+
+
+@pytest.mark.parametrize(("message", "text"), [
+    (VALID[Kind.HELLO][:7], "HELLO has 7 items, expected 8"),
+    ([*VALID[Kind.HELLO], DIGEST, DIGEST], "HELLO has 10 items, expected 8"),
+    ([*VALID[Kind.DECISION], DIGEST], "DECISION has 9 items, expected 8"),
+    ([*VALID[Kind.TELEMETRY], DIGEST], "TELEMETRY has 18 items, expected 17"),
+    ([WIRE_VERSION, int(Kind.POLICY), "p", DIGEST, b"x", DIGEST, 1, 2, 3],
+     "POLICY has 9 items, expected 5"),
+    ([WIRE_VERSION, int(Kind.POLICY), "p", DIGEST], "POLICY has 4 items, expected 5"),
+])
+def test_only_a_hello_may_carry_a_ninth_item(message, text):
+    for accept_policy in (False, True):
+        with pytest.raises(WireError) as info:
+            decode(msgpack.packb(message, use_bin_type=True), accept_policy=accept_policy)
+        assert str(info.value) == f"malformed: {text}" and info.value.field == ""
+
+
+@pytest.mark.parametrize("decoder", [decode, decode_general])
+def test_inside_a_policy_push_strings_and_arrays_keep_the_frame_limit(decoder):
+    """``accept_policy`` lifts the limit for the policy's bytes only: a string or an
+    array longer than MAX_FRAME_BYTES in a POLICY frame is refused by msgpack itself
+    (garbage), one of exactly MAX_FRAME_BYTES is read (and refused by its field's check)."""
+    for changes in (dict(name="n" * (MAX_FRAME_BYTES + 1)), dict(blob=[0] * (MAX_FRAME_BYTES + 1))):
+        with pytest.raises(WireError, match=r"^garbage: not a msgpack message \(ValueError"):
+            decoder(_push(**changes), accept_policy=True)
+    for changes, field in ((dict(name="n" * MAX_FRAME_BYTES), "name"),
+                           (dict(blob=[0] * MAX_FRAME_BYTES), "policy")):
+        with pytest.raises(WireError, match=r"^malformed: ") as info:
+            decoder(_push(**changes), accept_policy=True)
+        assert info.value.field == field
