@@ -17,7 +17,11 @@ its next request while fewer than ``CLOSED_SECONDS`` (10) have passed; 256-token
 
 Environment: ``MODELS`` (model folders, as ``offswitch.py``), ``ACC``, ``POLICIES`` (plugin
 phase, default ``static_0,static_1,static_3,ppo``), ``TAG`` (file suffix, default ``run6``),
-``CLOSED_C``, ``CLOSED_SECONDS``.
+``CLOSED_C``, ``CLOSED_SECONDS``, ``WARMUP_SECONDS`` (plugin phase, default 5: an
+unrecorded closed loop at the first C right after each policy is served, so the first
+recorded loop does not start from the previous policy's state; run 6 had none, and the
+policy's C = 1 loop on the MoE began with 3.5 s at depth 1 carried over from static 3 at
+C = 64, ``docs/FIDELITY.md``).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ ACC = os.environ.get("ACC", "3.5")
 TAG = os.environ.get("TAG", "run6")
 CLOSED_C = [int(c) for c in os.environ.get("CLOSED_C", "1,16,64").split(",")]
 CLOSED_SECONDS = float(os.environ.get("CLOSED_SECONDS", "10"))
+WARMUP_SECONDS = float(os.environ.get("WARMUP_SECONDS", "5"))
 TOKEN_MODE = offswitch.TOKEN_MODE
 
 
@@ -86,12 +91,14 @@ def phase_plugin() -> None:
     result: dict = {"model": offswitch.MODELS.name, "acceptance": float(ACC),
                     "profile": offswitch.PROFILE, "simulate_acc_token_mode": TOKEN_MODE,
                     "off_prefill": os.environ.get("SPECCTL_OFF_PREFILL", "skip"),
-                    "closed_seconds": CLOSED_SECONDS,
+                    "closed_seconds": CLOSED_SECONDS, "warmup_seconds": WARMUP_SECONDS,
                     "policy_sha256": hashlib.sha256(policies["ppo"].read_bytes()).hexdigest()}
     names = os.environ.get("POLICIES", "static_0,static_1,static_3,ppo").split(",")
     try:
         for k, name in enumerate(names):
             session.serve_policy(served, policies[name])
+            if WARMUP_SECONDS > 0:  # not recorded: the policy's own state, not the last one's
+                loadgen.closed_loop(URL, CLOSED_C[0], WARMUP_SECONDS, seed=690 + 100 * k)
             result[f"closed_{name}"] = closed_loops(seed=700 + 100 * k)
             save(f"acc{ACC}_load", result)
     finally:
