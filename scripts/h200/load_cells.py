@@ -27,6 +27,7 @@ C = 64, ``docs/FIDELITY.md``).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import sys
@@ -86,8 +87,10 @@ def phase_plugin() -> None:
     served = RUN / "policy.npz"
     shutil.copy(policies["static_3"], served)
     controller = session.start_controller(served, offswitch.PROFILE)
+    timing = RUN / "hooks"  # the plugin's own time per step on the scheduler thread (issue 12)
     server = offswitch.start("plugin", spec=True,
-                             env={**offswitch.plugin_env("trace-load"), **sim_env()})
+                             env={**offswitch.plugin_env("trace-load"), **sim_env(),
+                                  "SPECCTL_HOOK_TIMING": str(timing)})
     result: dict = {"model": offswitch.MODELS.name, "acceptance": float(ACC),
                     "profile": offswitch.PROFILE, "simulate_acc_token_mode": TOKEN_MODE,
                     "off_prefill": os.environ.get("SPECCTL_OFF_PREFILL", "skip"),
@@ -106,6 +109,9 @@ def phase_plugin() -> None:
         if controller.poll() is None:
             session.stop(controller, "specctl-serve")
         offswitch.save_log(RUN / "server-plugin.log")
+        # Written by each scheduler process as it stops (sglang_hooks/timing.py).
+        result["hook_timing"] = [json.loads(p.read_text()) for p in RUN.glob("hooks.*.json")]
+        save(f"acc{ACC}_load", result)
         if (RUN / "trace-load").exists():
             session.pack(RUN / "trace-load", f"{MODEL}_acc{ACC}_load_trace_{TAG}.tar.gz")
 
