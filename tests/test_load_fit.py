@@ -223,3 +223,19 @@ def test_step_medians_keep_clean_steps_of_one_depth():
     assert step_medians(dataclasses.replace(steps, latency_s=np.where(
         (np.arange(n) >= 25) & (np.arange(n) < 30), 1.0, latency)), 0)[8][0] == pytest.approx(6e-3)
     assert step_medians(steps, 5) == {}
+
+
+def test_a_trace_holding_two_recording_sessions_is_refused():
+    """Run 8's first trace copies held earlier servers' files (a warm machine kept the
+    folder): the two step series interleave, so the fit must refuse, naming the cause."""
+    from env.traces.trace_format import RequestColumns, StepRecord, Trace
+
+    def step(i: int, t: float, depth: int) -> StepRecord:
+        return StepRecord("h200", 0, i, t, 1, 0, 1, 300, 10**6, 0, depth,
+                          np.array([], np.int8), 0.004)
+
+    one = [step(i, 0.01 * i, 0) for i in range(5)]
+    assert len(StepArrays.from_trace(Trace(RequestColumns.empty(), one)).latency_s) == 5
+    other = [step(i, 0.01 * i + 0.005, 3) for i in range(3)]
+    with pytest.raises(ValueError, match="several recording sessions"):
+        StepArrays.from_trace(Trace(RequestColumns.empty(), one + other))

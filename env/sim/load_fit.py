@@ -116,6 +116,16 @@ class StepArrays:
             raise ValueError(f"the trace holds several servers {sorted(set(servers))}; "
                              "fit one server at a time")
         keep = cols.rank == cols.rank.min()
+        # One recording session numbers its steps once. Repeats mean the folder holds
+        # several servers' files (a warm GPU machine kept an earlier run's folder): their
+        # steps would interleave, each series on its own clock, and no fit may mix them.
+        indexes, counts = np.unique(cols.step_index[keep], return_counts=True)
+        if (counts > 1).any():
+            raise ValueError(
+                f"the trace's rank {int(cols.rank.min())} numbers {int((counts > 1).sum())} "
+                f"steps more than once (step_index {int(indexes[counts > 1][0])} first): it "
+                "holds several recording sessions; keep one session's files per folder "
+                "(the file names' start time and id tell them apart)")
         order = np.lexsort((cols.step_index[keep], cols.time_s[keep]))
         return cls(cols.batch_size[keep][order].astype(np.int64),
                    cols.steps_used[keep][order].astype(np.int64),

@@ -31,8 +31,8 @@ from env.sim.cost_model import FitReport, load_profile, save_profile
 from env.sim.load_fit import StepArrays, blank_template, fit_server_profile, load_points
 
 REPO = Path(__file__).resolve().parents[2]
-#: The shared measurements (``/work/shared`` next to the worktrees; ``--shared`` elsewhere).
-SHARED = REPO.parents[1] / "shared/measured/h200-sglang-0.5.15-offswitch/results"
+#: The shared measurements (``../shared`` from the project root; ``--shared`` elsewhere).
+SHARED = REPO.parent / "shared/measured/h200-sglang-0.5.15-offswitch/results"
 #: What is fitted: ``env.sim.load_fit.fit_server_profile`` (``BASE_TERMS``, ``c_moe``,
 #: ``SPEC_TERMS``). A plain decode step's KV cost, ``c_kv``, is not fitted jointly but set to
 #: the slope of latency over cached tokens *within* one batch size of the fit's plain decode

@@ -88,6 +88,11 @@ def phase_plugin() -> None:
     shutil.copy(policies["static_3"], served)
     controller = session.start_controller(served, offswitch.PROFILE)
     timing = RUN / "hooks"  # the plugin's own time per step on the scheduler thread (issue 12)
+    # A warm machine keeps RUN between calls: earlier servers' timing files and trace
+    # files would join this server's (run 8's first copies held every earlier server's).
+    for stale in RUN.glob("hooks.*.json"):
+        stale.unlink()
+    shutil.rmtree(RUN / "trace-load", ignore_errors=True)
     server = offswitch.start("plugin", spec=True,
                              env={**offswitch.plugin_env("trace-load"), **sim_env(),
                                   "SPECCTL_HOOK_TIMING": str(timing)})
