@@ -35,6 +35,20 @@ def test_rankings_compare_policies_of_one_run_and_load():
                                                              ["static_3", "static_0"])}
 
 
+def test_separated_pairs_count_only_orders_measured_beyond_repeat_noise():
+    def closed(policy: str, measured: float, simulated: float) -> dict:
+        return {**row(policy, measured, simulated), "workload": "closed",
+                "group": "run/moe spec_off@2.5", "cell": f"spec_off@2.5 closed C=16 {policy}"}
+
+    rows = [closed("static_3", 1000.0, 1100.0),  # 3% above ppo: within noise, not counted
+            closed("ppo", 970.0, 1150.0),
+            closed("static_0", 700.0, 800.0)]  # 30% / 28% below: two pairs, same order
+    assert compare.separated_pairs(rows, noise=0.06) == (2, 2)
+    rows[2] = closed("static_0", 700.0, 1200.0)  # now simulated above both
+    assert compare.separated_pairs(rows, noise=0.06) == (0, 2)
+    assert compare.separated_pairs(rows, noise=0.5) == (0, 0)
+
+
 def test_phases_layout_closed_loops_and_unrecognised_files(tmp_path):
     summary = {"throughput_tok_s": 100.0, "mean_tpot_ms": 5.0}
     (tmp_path / "moe_acc25_closed.json").write_text(json.dumps(
