@@ -42,8 +42,10 @@ Hook cost matters (they run on the scheduler thread every step): no logging,
 no allocation beyond a few small objects, no pyarrow, no system call. What can
 happen elsewhere does: the client's I/O thread ages decisions, builds the
 markers and packs telemetry (the accepted drafts go as SGLang's list; the
-client's and the recorder's threads convert them). Every hook body is
-wrapped so that an exception is counted, logged once, and never reaches SGLang.
+client's and the recorder's threads convert them); the recorder's thread reads
+the request ids and the finished requests from copies of the batch's request
+list. Every hook body is wrapped so that an exception is counted, logged once,
+and never reaches SGLang.
 """
 
 from __future__ import annotations
@@ -446,7 +448,9 @@ class Runtime:
         slot.is_decode = is_decode
         slot.steps_used = 0
         slot.accepted = None
-        slot.request_ids = [r.rid for r in reqs] if self.recorder is not None else None
+        # A copy of the list (its ids are read on the recorder's thread): SGLang may
+        # extend the batch's list in place before the step's result is processed.
+        slot.request_ids = reqs[:] if self.recorder is not None else None
         slot.sent = False
         return slot
 
@@ -486,10 +490,8 @@ class Runtime:
                     self.recorder.add_arrival(rid, now, len(ids))
 
     def _record_finished(self, batch: Any) -> None:
-        recorder = self.recorder
-        for req in batch.reqs:
-            if req.finished_reason is not None:
-                recorder.add_finish(req.rid, len(req.origin_input_ids), len(req.output_ids))
+        # A copy of the list: the recorder's thread finds the finished requests in it.
+        self.recorder.add_finished(batch.reqs[:])
 
     def _summary(self, now: float) -> None:
         first = self._next_summary == 0.0
