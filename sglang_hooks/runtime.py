@@ -79,21 +79,7 @@ _IDLE_GAP_S = 0.05
 class _Slot:
     """What the source rank knows about one launched step, until it is sent."""
 
-    __slots__ = (
-        "accepted",
-        "batch_size",
-        "is_decode",
-        "kv_capacity",
-        "kv_used",
-        "prefill",
-        "request_ids",
-        "running",
-        "sent",
-        "step",
-        "steps_used",
-        "t_launch",
-        "waiting",
-    )
+    __slots__ = ("accepted", "is_decode", "launch", "request_ids", "sent", "step", "steps_used")
 
     def __init__(self) -> None:
         self.step = -1
@@ -436,15 +422,14 @@ class Runtime:
         free = (scheduler.token_to_kv_pool_allocator.available_size()
                 + scheduler.tree_cache.evictable_size())
         slot.step = step
-        slot.t_launch = now
-        slot.batch_size = batch_size
-        slot.waiting = len(scheduler.waiting_queue)
-        slot.running = running if is_decode else running + batch_size
-        slot.kv_used = max(0, capacity - free)
-        slot.kv_capacity = capacity
+        # (launch time, batch size, waiting, running, KV used, KV capacity, prefill
+        # tokens): one tuple, not seven attribute stores.
         # An extend step computes at least one token per request (a record with no
         # prefill tokens would read as a decode step).
-        slot.prefill = 0 if is_decode else (batch.extend_num_tokens or batch_size or 1)
+        slot.launch = (now, batch_size, len(scheduler.waiting_queue),
+                       running if is_decode else running + batch_size,
+                       max(0, capacity - free), capacity,
+                       0 if is_decode else (batch.extend_num_tokens or batch_size or 1))
         slot.is_decode = is_decode
         slot.steps_used = 0
         slot.accepted = None
@@ -456,28 +441,28 @@ class Runtime:
 
     def _send(self, slot: _Slot, now: float) -> None:
         slot.sent = True
+        t_launch, batch_size, waiting, running, kv_used, kv_capacity, prefill = slot.launch
         # A step's latency is the time between consecutive results. Under overlap
         # scheduling, step N+1 is launched before N's result is processed, so the
         # launch-to-launch period would measure step N-1; result to result measures
         # N (and equals the loop period without overlap). After an idle gap the
         # step's own launch is its start.
         start = self._last_result_end
-        if start is None or slot.t_launch - start > _IDLE_GAP_S:
-            start = slot.t_launch
+        if start is None or t_launch - start > _IDLE_GAP_S:
+            start = t_launch
         latency = now - start
         # The accepted drafts go as SGLang gave them (a fresh list per step): the
         # client's I/O thread and the recorder's thread turn them into bytes.
+        step, steps_used, accepted = slot.step, slot.steps_used, slot.accepted
         if self.client is not None:
             self.client.send_telemetry((
-                self.server, self.rank, slot.step, slot.t_launch, slot.batch_size,
-                slot.waiting, slot.running, slot.kv_used, slot.kv_capacity, slot.prefill,
-                slot.steps_used, slot.accepted, latency,
-            ), slot.step, now)
+                self.server, self.rank, step, t_launch, batch_size, waiting, running,
+                kv_used, kv_capacity, prefill, steps_used, accepted, latency,
+            ), step, now)
         if self.recorder is not None:
             self.recorder.add_step(
-                slot.step, slot.t_launch, slot.batch_size, slot.waiting, slot.running,
-                slot.kv_used, slot.kv_capacity, slot.prefill, slot.steps_used, slot.accepted,
-                latency, slot.request_ids,
+                step, t_launch, batch_size, waiting, running, kv_used, kv_capacity, prefill,
+                steps_used, accepted, latency, slot.request_ids,
             )
 
     def _record_arrivals(self, recv_reqs: Any) -> None:
