@@ -173,7 +173,12 @@ class EmptyHooks:
         pass
 
 
-def bench_hooks(sglang_path: Path, iterations: int, workdir: Path) -> dict:
+def rank_loop_builder(sglang_path: Path, workdir: Path):
+    """A function ``build(runtime, is_source, params_class=None) -> RankLoop``: one rank of
+    the stand-in scheduler with SGLang's real adaptive controller (``runtime`` None: no
+    hooks, SGLang's own params; an :class:`EmptyHooks` or a ``Runtime``: its hooks applied
+    by SGLang's ``HookRegistry``; ``params_class`` replaces the params class built).
+    Needs SGLang at ``sglang_path`` (put on ``sys.path`` here)."""
     from sglang_hooks.testing import write_import_stand_ins
 
     stand_ins = workdir / "stand-ins"
@@ -183,33 +188,26 @@ def bench_hooks(sglang_path: Path, iterations: int, workdir: Path) -> dict:
     from sglang.srt.speculative.adaptive_spec_params import AdaptiveSpeculativeParams
 
     from sglang_hooks import adaptive_config_path
-    from sglang_hooks.compat import Ranks, installed_version
-    from sglang_hooks.config import PluginConfig
     from sglang_hooks.policy import make_policy_class
     from sglang_hooks.runtime import Runtime
     from sglang_hooks.testing import (
-        DECODE,
-        EXTEND,
-        BatchStandIn,
         RankLoop,
         ReceiverStandIn,
-        ReqStandIn,
         SchedulerStandIn,
         WorkerStandIn,
         hooked_classes,
     )
 
     config = str(adaptive_config_path())
-    base = {"cls": AdaptiveSpeculativeParams}
-    version = installed_version()
 
     def acceptance(step: int, steps: int, batch: int) -> list[int]:
         return [min(steps, (step * 7 + i) % 5) for i in range(batch)]
 
-    def build(rt: Runtime | EmptyHooks | None, is_source: bool) -> RankLoop:
+    def build(rt, is_source: bool, params_class: type | None = None) -> RankLoop:
         worker = WorkerStandIn(3, ars.SpecRuntimeState)
-        params_class = (make_policy_class(base["cls"], rt) if isinstance(rt, Runtime)
-                        else base["cls"])
+        if params_class is None:
+            params_class = (make_policy_class(AdaptiveSpeculativeParams, rt)
+                            if isinstance(rt, Runtime) else AdaptiveSpeculativeParams)
         params = params_class(initial_steps=3, cfg_path=config)
         if "policy" in inspect.signature(ars.AdaptiveController.__init__).parameters:
             adaptive = ars.AdaptiveController(worker, params)
@@ -226,6 +224,27 @@ def bench_hooks(sglang_path: Path, iterations: int, workdir: Path) -> dict:
             rt.attach(loop.scheduler)
         return loop
 
+    return build
+
+
+def scheduler_batch(i: int, reqs: list):
+    """The benchmark's batch at iteration ``i``: 64-request decode, a 2-request prefill
+    every 50 steps."""
+    from sglang_hooks.testing import DECODE, EXTEND, BatchStandIn
+
+    return (BatchStandIn(reqs[:2], EXTEND, extend_num_tokens=1024) if i % 50 == 7
+            else BatchStandIn(reqs, DECODE))
+
+
+def bench_hooks(sglang_path: Path, iterations: int, workdir: Path) -> dict:
+    build = rank_loop_builder(sglang_path, workdir)
+    from sglang_hooks.compat import Ranks, installed_version
+    from sglang_hooks.config import PluginConfig
+    from sglang_hooks.runtime import Runtime
+    from sglang_hooks.testing import RankLoop, ReqStandIn
+
+    version = installed_version()
+
     def measure(loops: dict[str, RankLoop]) -> dict[str, list[int]]:
         """Run the loops in lock-step (one iteration each, in turn) so that drift in the
         machine's load hits all of them alike."""
@@ -233,8 +252,7 @@ def bench_hooks(sglang_path: Path, iterations: int, workdir: Path) -> dict:
         times = {name: ([], []) for name in loops}  # (wall, thread CPU) per iteration
         for i in range(iterations):
             for name, loop in loops.items():
-                batch = (BatchStandIn(reqs[:2], EXTEND, extend_num_tokens=1024) if i % 50 == 7
-                         else BatchStandIn(reqs, DECODE))
+                batch = scheduler_batch(i, reqs)
                 wall, cpu = time.perf_counter_ns(), time.thread_time_ns()
                 pulled = loop.pull()
                 broadcast = pickle.loads(pickle.dumps(pulled)) if pulled else []

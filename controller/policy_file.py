@@ -38,6 +38,9 @@ FORMAT = "specctl-policy"
 FORMAT_VERSION = 3
 #: Largest speculation depth a decision can carry (int8 on the wire).
 MAX_STEPS = 127
+#: Most rows a layer's bias is kept tiled for (see ExportedPolicy.logits); larger
+#: batches add it by broadcasting.
+_TILED_BIAS_ROWS = 4096
 
 
 def _relu(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -76,6 +79,23 @@ class ExportedPolicy:
             dtype = np.result_type(dtype, w.dtype)
             self._bias_in_place.append(np.result_type(dtype, b.dtype) == dtype)
             dtype = np.result_type(dtype, b.dtype)
+        #: Per layer, its bias repeated over rows (grown on demand, powers of two).
+        self._tiled: list[np.ndarray | None] = [None] * len(self.biases)
+
+    def _bias_rows(self, layer: int, rows: int) -> np.ndarray:
+        """Layer ``layer``'s bias repeated over ``rows`` rows (a view of a kept array).
+
+        Adding it is the broadcast addition element for element (the same values), but
+        a same-shape addition skips numpy's broadcasting setup: 0.7 vs 1.4 us at a
+        20-row grid, 1.3 vs 2.6 us at 120 rows (three layers per forward).
+        """
+        tiled = self._tiled[layer]
+        if tiled is None or tiled.shape[0] < rows:
+            height = max(32, 1 << (rows - 1).bit_length())
+            bias = self.biases[layer]
+            tiled = self._tiled[layer] = np.ascontiguousarray(
+                np.broadcast_to(bias, (height, bias.shape[0])))
+        return tiled[:rows]
 
     def logits(self, observations: np.ndarray) -> np.ndarray:
         """Action logits for one observation vector or a batch of them."""
@@ -88,13 +108,19 @@ class ExportedPolicy:
         # np.dot, not @: the same BLAS call (the same values, tested), without the matmul
         # ufunc's dispatch (1.9 vs 3.0 us for a 20-row grid: a local decision's size).
         dot = np.dot
+        rows = x.shape[0] if x.ndim == 2 and x.shape[0] <= _TILED_BIAS_ROWS else 0
+        tiled = self._tiled
         for i, (w, b, in_place) in enumerate(zip(self.weights, self.biases,
                                                  self._bias_in_place, strict=True)):
             x = dot(x, w)
-            if in_place:
-                x += b
-            else:
+            if not in_place:
                 x = x + b
+            elif not rows:
+                x += b
+            elif tiled[i] is not None and tiled[i].shape[0] >= rows:
+                x += tiled[i][:rows]
+            else:
+                x += self._bias_rows(i, rows)
             if i < last:
                 self._act(x, out=x)
         return x

@@ -61,6 +61,13 @@ def default_tiers(base: type, initial_steps: int, built: list[int]):
 
 def make_policy_class(base: type, runtime: Runtime) -> type:
     """A subclass of SGLang's ``AdaptiveSpeculativeParams`` bound to ``runtime``."""
+    # SGLang's own rule, as the methods below call it: with SPECCTL_HOOK_TIMING its time
+    # is SGLang's (it runs without the plugin too), taken out of the plugin's.
+    clock = runtime.clock
+    sglang_steps = base.get_steps_for_batch if clock is None else clock.outside(
+        base.get_steps_for_batch)
+    sglang_verify = base.on_verify_complete if clock is None else clock.outside(
+        base.on_verify_complete)
 
     class SpecctlAdaptiveParams(base):
         """SGLang's adaptive params, with steps chosen by specctl (see module docstring)."""
@@ -96,7 +103,7 @@ def make_policy_class(base: type, runtime: Runtime) -> type:
             rt = self._specctl
             local = rt.local
             if local is None:  # a follower before the source's announcement: SGLang itself
-                steps = rt.last_steps = super().get_steps_for_batch(batch_size)
+                steps = rt.last_steps = sglang_steps(self, batch_size)
                 return steps
             try:
                 decision = rt.controller
@@ -109,7 +116,7 @@ def make_policy_class(base: type, runtime: Runtime) -> type:
                     want = self._explore(rt.launch_step, local.explore_dwell)
                     exploring = True
                 else:
-                    want = base.get_steps_for_batch(self._specctl_rule, batch_size)
+                    want = sglang_steps(self._specctl_rule, batch_size)
                 nearest = (self._specctl_uniform
                            or self._specctl_nearest[id(self._route(batch_size))])
                 steps = nearest[want if want < _STEP_RANGE else _STEP_RANGE - 1]
@@ -129,7 +136,7 @@ def make_policy_class(base: type, runtime: Runtime) -> type:
                         rt.counters["switches"] += 1
             except Exception as exc:
                 rt.fault("policy", exc)
-                steps = super().get_steps_for_batch(batch_size)
+                steps = sglang_steps(self, batch_size)
             # The off switch may turn the first step back on into SGLang's steps=0 (a
             # warm-up for the draft); telemetry reports the steps that actually ran.
             steps = rt.offswitch.choose(steps)
@@ -142,7 +149,7 @@ def make_policy_class(base: type, runtime: Runtime) -> type:
             local = rt.local
             if local is None:  # a follower before the source's announcement: SGLang itself
                 rt.on_verify(num_correct_drafts_per_req)
-                return super().on_verify_complete(num_correct_drafts_per_req, batch_size)
+                return sglang_verify(self, num_correct_drafts_per_req, batch_size)
             if local.rule == "sglang":
                 try:  # keep SGLang's rule live, whoever is in charge
                     self._feed_rule(num_correct_drafts_per_req, batch_size, rt.verify_steps)
@@ -159,7 +166,7 @@ def make_policy_class(base: type, runtime: Runtime) -> type:
                 return  # speculation was off for this step: no acceptance to learn from
             if ran > own > 0:  # chain drafting: accepted at depth d = min(accepted, d)
                 drafts = [d if d <= own else own for d in drafts]
-            base.on_verify_complete(params, drafts, batch_size)
+            sglang_verify(params, drafts, batch_size)
 
         def _table_steps(self, local: RuleMarker, batch_size: int) -> int:
             cached, sizes, steps = self._specctl_table

@@ -1,11 +1,14 @@
 """Record mode: every step and every finished request, to a Parquet trace.
 
 The scheduler thread only appends plain tuples to a bounded deque (full: the
-record is dropped and counted, never waited for). A daemon thread turns them
-into :class:`env.traces.schema.StepRecord` / :class:`~env.traces.schema.RequestRecord` and
-hands them to :class:`env.traces.trace_format.TraceWriter`, writing a file at least
-every ``flush_s`` seconds so that a killed server (SGLang ends its scheduler
-processes with SIGKILL) loses at most that much; a clean exit flushes the rest
+record is dropped and counted, never waited for): a step's values, and copies of
+the request lists it saw (a list copy, not a scan of its requests). A daemon
+thread reads the requests' ids and finish state from those copies, turns
+everything into :class:`env.traces.schema.StepRecord` /
+:class:`~env.traces.schema.RequestRecord` and hands them to
+:class:`env.traces.trace_format.TraceWriter`, writing a file at least every
+``flush_s`` seconds so that a killed server (SGLang ends its scheduler processes
+with SIGKILL) loses at most that much; a clean exit flushes the rest
 (``atexit``). Times in the trace count from the recorder's start (``t0``,
 stored in the trace metadata as ``t0_monotonic``).
 
@@ -34,7 +37,7 @@ from env.traces.schema import RequestRecord, StepRecord
 
 log = logging.getLogger(__name__)
 
-_STEP, _ARRIVAL, _FINISH = 0, 1, 2
+_STEP, _ARRIVAL, _FINISH, _FINISHED = 0, 1, 2, 3
 _CHUNK = 256  # records converted between GIL yields
 _MAX_OPEN_REQUESTS = 1_000_000
 
@@ -123,8 +126,13 @@ class Recorder:
     def add_step(self, step_index: int, time_s: float, batch_size: int, waiting: int,
                  running: int, kv_used: int, kv_capacity: int, prefill_tokens: int,
                  steps_used: int, accepted: bytes | list[int] | None, latency_s: float,
-                 request_ids: list[str] | None) -> None:
-        """Queue one step (``accepted``: int8 bytes, or SGLang's per-request list)."""
+                 request_ids: list | None) -> None:
+        """Queue one step (``accepted``: int8 bytes, or SGLang's per-request list).
+
+        ``request_ids``: the batch's request ids, or a copy of its list of requests at
+        launch (their ``rid`` is read on the recorder's thread: a request's id never
+        changes, so reading it later gives what reading it at launch gives).
+        """
         if len(self._queue) >= self._max_queue:
             self.counters["dropped"] += 1
             return
@@ -141,6 +149,20 @@ class Recorder:
         """Queue a request's completion (only those whose arrival was seen are written)."""
         if len(self._queue) < self._max_queue:
             self._queue.append((_FINISH, request_id, prompt_tokens, output_tokens))
+
+    def add_finished(self, requests: list) -> None:
+        """Queue a copy of a processed batch's requests: those finished are completions.
+
+        The recorder's thread looks at them (``finished_reason``, ``rid``, the prompt's
+        and the output's lengths), so the scheduler thread does not scan the batch. A
+        request SGLang has marked finished has its last tokens already (SGLang sets
+        ``finished_reason`` after appending them, and appends nothing after), so a later
+        look reads the lengths a look right after the result would. A request seen
+        finished in several batches (overlap scheduling keeps it in the next one) is
+        written once, as before: its arrival is taken by the first.
+        """
+        if len(self._queue) < self._max_queue:
+            self._queue.append((_FINISHED, requests))
 
     # -- lifecycle ----------------------------------------------------------------
 
@@ -200,6 +222,11 @@ class Recorder:
         kind = item[0]
         if kind == _STEP:
             self._writer.add_step(self._step_record(item))
+        elif kind == _FINISHED:
+            for req in item[1]:
+                if req.finished_reason is not None:
+                    self._convert((_FINISH, req.rid, len(req.origin_input_ids),
+                                   len(req.output_ids)))
         elif kind == _ARRIVAL:
             _, rid, t, prompt = item
             if len(self._open) >= _MAX_OPEN_REQUESTS:
@@ -227,5 +254,10 @@ class Recorder:
             kv_used_tokens=max(0, kv_used), kv_capacity_tokens=kv_cap,
             prefill_tokens=prefill, steps_used=steps_used, accepted_drafts=drafts,
             step_latency_s=max(0.0, latency),
-            request_ids=rids if rids is not None and len(rids) == batch else None,
+            request_ids=_ids(rids) if rids is not None and len(rids) == batch else None,
         )
+
+
+def _ids(requests: list) -> list[str]:
+    """Request ids from a list of ids or of SGLang's requests (their ``rid``)."""
+    return [r if type(r) is str else r.rid for r in requests]

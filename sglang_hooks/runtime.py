@@ -42,8 +42,10 @@ Hook cost matters (they run on the scheduler thread every step): no logging,
 no allocation beyond a few small objects, no pyarrow, no system call. What can
 happen elsewhere does: the client's I/O thread ages decisions, builds the
 markers and packs telemetry (the accepted drafts go as SGLang's list; the
-client's and the recorder's threads convert them). Every hook body is
-wrapped so that an exception is counted, logged once, and never reaches SGLang.
+client's and the recorder's threads convert them); the recorder's thread reads
+the request ids and the finished requests from copies of the batch's request
+list. Every hook body is wrapped so that an exception is counted, logged once,
+and never reaches SGLang.
 """
 
 from __future__ import annotations
@@ -77,21 +79,7 @@ _IDLE_GAP_S = 0.05
 class _Slot:
     """What the source rank knows about one launched step, until it is sent."""
 
-    __slots__ = (
-        "accepted",
-        "batch_size",
-        "is_decode",
-        "kv_capacity",
-        "kv_used",
-        "prefill",
-        "request_ids",
-        "running",
-        "sent",
-        "step",
-        "steps_used",
-        "t_launch",
-        "waiting",
-    )
+    __slots__ = ("accepted", "is_decode", "launch", "request_ids", "sent", "step", "steps_used")
 
     def __init__(self) -> None:
         self.step = -1
@@ -434,46 +422,47 @@ class Runtime:
         free = (scheduler.token_to_kv_pool_allocator.available_size()
                 + scheduler.tree_cache.evictable_size())
         slot.step = step
-        slot.t_launch = now
-        slot.batch_size = batch_size
-        slot.waiting = len(scheduler.waiting_queue)
-        slot.running = running if is_decode else running + batch_size
-        slot.kv_used = max(0, capacity - free)
-        slot.kv_capacity = capacity
+        # (launch time, batch size, waiting, running, KV used, KV capacity, prefill
+        # tokens): one tuple, not seven attribute stores.
         # An extend step computes at least one token per request (a record with no
         # prefill tokens would read as a decode step).
-        slot.prefill = 0 if is_decode else (batch.extend_num_tokens or batch_size or 1)
+        slot.launch = (now, batch_size, len(scheduler.waiting_queue),
+                       running if is_decode else running + batch_size,
+                       max(0, capacity - free), capacity,
+                       0 if is_decode else (batch.extend_num_tokens or batch_size or 1))
         slot.is_decode = is_decode
         slot.steps_used = 0
         slot.accepted = None
-        slot.request_ids = [r.rid for r in reqs] if self.recorder is not None else None
+        # A copy of the list (its ids are read on the recorder's thread): SGLang may
+        # extend the batch's list in place before the step's result is processed.
+        slot.request_ids = reqs[:] if self.recorder is not None else None
         slot.sent = False
         return slot
 
     def _send(self, slot: _Slot, now: float) -> None:
         slot.sent = True
+        t_launch, batch_size, waiting, running, kv_used, kv_capacity, prefill = slot.launch
         # A step's latency is the time between consecutive results. Under overlap
         # scheduling, step N+1 is launched before N's result is processed, so the
         # launch-to-launch period would measure step N-1; result to result measures
         # N (and equals the loop period without overlap). After an idle gap the
         # step's own launch is its start.
         start = self._last_result_end
-        if start is None or slot.t_launch - start > _IDLE_GAP_S:
-            start = slot.t_launch
+        if start is None or t_launch - start > _IDLE_GAP_S:
+            start = t_launch
         latency = now - start
         # The accepted drafts go as SGLang gave them (a fresh list per step): the
         # client's I/O thread and the recorder's thread turn them into bytes.
+        step, steps_used, accepted = slot.step, slot.steps_used, slot.accepted
         if self.client is not None:
             self.client.send_telemetry((
-                self.server, self.rank, slot.step, slot.t_launch, slot.batch_size,
-                slot.waiting, slot.running, slot.kv_used, slot.kv_capacity, slot.prefill,
-                slot.steps_used, slot.accepted, latency,
-            ), slot.step, now)
+                self.server, self.rank, step, t_launch, batch_size, waiting, running,
+                kv_used, kv_capacity, prefill, steps_used, accepted, latency,
+            ), step, now)
         if self.recorder is not None:
             self.recorder.add_step(
-                slot.step, slot.t_launch, slot.batch_size, slot.waiting, slot.running,
-                slot.kv_used, slot.kv_capacity, slot.prefill, slot.steps_used, slot.accepted,
-                latency, slot.request_ids,
+                step, t_launch, batch_size, waiting, running, kv_used, kv_capacity, prefill,
+                steps_used, accepted, latency, slot.request_ids,
             )
 
     def _record_arrivals(self, recv_reqs: Any) -> None:
@@ -486,10 +475,8 @@ class Runtime:
                     self.recorder.add_arrival(rid, now, len(ids))
 
     def _record_finished(self, batch: Any) -> None:
-        recorder = self.recorder
-        for req in batch.reqs:
-            if req.finished_reason is not None:
-                recorder.add_finish(req.rid, len(req.origin_input_ids), len(req.output_ids))
+        # A copy of the list: the recorder's thread finds the finished requests in it.
+        self.recorder.add_finished(batch.reqs[:])
 
     def _summary(self, now: float) -> None:
         first = self._next_summary == 0.0

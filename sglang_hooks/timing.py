@@ -6,7 +6,9 @@ scheduler step; a step ends when the next one is launched. The wrappers' own cos
 (their ``perf_counter_ns`` calls, the closure an AROUND wrapper builds: about
 0.1-0.5 us per hook) is measured once at start-up, on do-nothing hooks, and
 subtracted from every call, so the numbers are the plugin's time, not the
-instrument's. (Measured warm: on a cold cache the wrappers cost more, so the
+instrument's. SGLang's own adaptive rule, which the policy's methods call
+(:meth:`HookClock.outside`), is SGLang's time and is taken out too: SGLang runs
+it without the plugin as well. (Measured warm: on a cold cache the wrappers cost more, so the
 subtraction errs on the side of reporting too much.)
 
 Ending a step costs O(1) on the scheduler thread: the step's total goes into a
@@ -79,19 +81,24 @@ class HookClock:
         #: What one call of a wrapper adds by itself (ns), subtracted from every call.
         self.plain_overhead_ns = 0
         self.around_overhead_ns = 0
-        self.plain_overhead_ns, self.around_overhead_ns = self._calibrate()
+        self.outside_overhead_ns = 0
+        self.plain_overhead_ns, self.around_overhead_ns, outside = self._calibrate()
+        self.outside_overhead_ns = max(outside - self.plain_overhead_ns, 0)
 
-    def _calibrate(self, calls: int = 2000) -> tuple[int, int]:
-        """Median time a wrapper records around a do-nothing hook (plain, AROUND)."""
+    def _calibrate(self, calls: int = 2000) -> tuple[int, int, int]:
+        """Median time a wrapper records around a do-nothing hook (plain, AROUND, and
+        plain around a call of a do-nothing :meth:`outside`)."""
         def nothing(*args: Any) -> None:
             return None
 
         def around_nothing(original: Callable, *args: Any) -> Any:
             return original(*args)
 
+        untimed = self.outside(nothing)
         medians = []
         for wrapped, args in ((self.plain(nothing), ()), (self.around(around_nothing),
-                                                           (nothing,))):
+                                                           (nothing,)),
+                              (self.plain(lambda: untimed()), ())):
             recorded = []
             for _ in range(calls):
                 self.current_ns = 0
@@ -100,7 +107,7 @@ class HookClock:
             recorded.sort()
             medians.append(max(recorded[calls // 2], 0))
         self.current_ns = 0
-        return medians[0], medians[1]
+        return medians[0], medians[1], medians[2]
 
     def _start_writer(self) -> None:
         # Started by the first step, in the scheduler process itself (not a parent
@@ -146,7 +153,8 @@ class HookClock:
                 "p99_us": pct(0.99), "max_us": self.max_ns / 1e3,
                 "mean_us": self.total_ns / max(self.total_steps, 1) / 1e3,
                 "subtracted_per_call_us": {"plain": self.plain_overhead_ns / 1e3,
-                                           "around": self.around_overhead_ns / 1e3}}
+                                           "around": self.around_overhead_ns / 1e3,
+                                           "outside": self.outside_overhead_ns / 1e3}}
 
     def write(self) -> bool:
         """Write the summary atomically; False (logged once) if the file cannot be written."""
@@ -199,6 +207,18 @@ class HookClock:
                 self.current_ns += (time.perf_counter_ns() - start - inner
                                     - self.around_overhead_ns)
         return timed
+
+    def outside(self, sglang: Callable) -> Callable:
+        """Wrap SGLang code that a timed plugin method calls (SGLang's own adaptive rule):
+        its time, and this wrapper's, is taken out of the step's total."""
+        def untimed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter_ns()
+            try:
+                return sglang(*args, **kwargs)
+            finally:
+                self.current_ns -= (time.perf_counter_ns() - start
+                                    + self.outside_overhead_ns)
+        return untimed
 
     def plain(self, hook: Callable) -> Callable:
         """Time a BEFORE/AFTER hook (or a policy method) entirely."""

@@ -90,8 +90,10 @@ def test_the_wrappers_own_cost_is_measured_and_subtracted(monkeypatch):
     fake = FakeClock(tick=100)
     monkeypatch.setattr(timing.time, "perf_counter_ns", fake)
     clock = HookClock("unused", write_every_s=0)
-    # plain: two readings around the hook; AROUND: two more around the original
+    # plain: two readings around the hook; AROUND: two more around the original; outside:
+    # two readings inside a plain method, less the one the plain subtraction covers
     assert (clock.plain_overhead_ns, clock.around_overhead_ns) == (100, 200)
+    assert clock.outside_overhead_ns == 100
 
     def hook(*args):
         fake.now += 5_000  # the hook's own work
@@ -103,11 +105,20 @@ def test_the_wrappers_own_cost_is_measured_and_subtracted(monkeypatch):
     def sglang_code(*args):
         fake.now += 7_000  # not the plugin's: excluded
 
+    def policy_method(*args):
+        fake.now += 2_000  # the plugin's part of the method
+        untimed()  # SGLang's own rule, called from it: excluded
+
+    untimed = clock.outside(sglang_code)
     clock.plain(hook)()
     clock.around(around_hook)(sglang_code)
-    assert clock.current_ns == 5_000 + 3_000
+    clock.plain(policy_method)()
+    assert clock.current_ns == 5_000 + 3_000 + 2_000
     clock.end_step()
     clock.plain(lambda: None)()
     clock.end_step()  # a do-nothing hook's step reads 0
-    assert clock.max_ns == 8_000 and clock.total_ns == 8_000
-    assert clock.summary()["subtracted_per_call_us"] == {"plain": 0.1, "around": 0.2}
+    clock.plain(clock.outside(lambda: None))()
+    clock.end_step()  # nor does a method that only calls SGLang
+    assert clock.max_ns == 10_000 and clock.total_ns == 10_000
+    assert clock.summary()["subtracted_per_call_us"] == {"plain": 0.1, "around": 0.2,
+                                                         "outside": 0.1}

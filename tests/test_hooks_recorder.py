@@ -12,7 +12,7 @@ from sglang_hooks.compat import Ranks
 from sglang_hooks.config import PluginConfig
 from sglang_hooks.recorder import Recorder, start_recorder
 from sglang_hooks.runtime import Runtime
-from sglang_hooks.testing import wait_until
+from sglang_hooks.testing import DECODE, BatchStandIn, ReqStandIn, wait_until
 
 
 def add_steps(recorder: Recorder, first: int, count: int) -> None:
@@ -111,3 +111,51 @@ def test_the_source_rank_keeps_its_controller_when_recording_cannot_start(tmp_pa
         assert sum("recording disabled" in r.getMessage() for r in caplog.records) == 1
     finally:
         rt.close()
+
+
+def test_the_recorders_thread_reads_ids_and_finished_requests_from_request_lists(tmp_path):
+    # The scheduler thread hands over copies of the batch's request lists; the ids and
+    # the completions in the trace are what scanning them on the scheduler thread gave.
+    recorder = Recorder(tmp_path, "srv", 0, flush_s=60.0)
+    reqs = [ReqStandIn(rid, prompt_tokens=p) for rid, p in (("a", 7), ("b", 5), ("c", 3))]
+    for req in reqs:
+        recorder.add_arrival(req.rid, recorder.t0 + 0.25, len(req.origin_input_ids))
+    recorder.add_step(1, recorder.t0 + 0.5, 3, 0, 3, 900, 10_000, 0, 2, bytes([1, 2, 0]),
+                      0.01, reqs[:])
+    reqs[0].output_ids, reqs[0].finished_reason = [9] * 12, "length"
+    reqs[1].output_ids = [9] * 4  # not finished: no completion
+    recorder.add_finished(reqs[:])
+    recorder.add_finished(reqs[:])  # overlap: a finished request is in the next batch too
+    recorder.close()
+    trace = read_trace(recorder.files)
+    assert trace.steps[0].request_ids == ["a", "b", "c"]
+    assert [(r.request_id, r.prompt_tokens, r.output_tokens)
+            for r in trace.requests.records()] == [("a", 7, 12)]
+    assert recorder.counters["requests"] == 1 and recorder.counters["bad_records"] == 0
+
+
+def test_a_step_keeps_the_requests_it_launched_with(tmp_path):
+    # SGLang may extend a running batch's list in place (merge_batch) between a step's
+    # launch and its result: the step's ids are its launch's, from the runtime's copy.
+    rt = Runtime(PluginConfig(server="srv"), "test", ranks=Ranks(0, 1, 0, 1, 0, False))
+    rt._attached = rt.is_source = True
+    rt.recorder = Recorder(tmp_path, "srv", 0, flush_s=60.0)
+    sched = SimpleNamespace(
+        forward_ct=0, waiting_queue=[], running_batch=None, max_total_num_tokens=100,
+        token_to_kv_pool_allocator=SimpleNamespace(available_size=lambda: 50),
+        tree_cache=SimpleNamespace(evictable_size=lambda: 0))
+    batch = BatchStandIn([ReqStandIn("a"), ReqStandIn("b")], DECODE)
+
+    def run_batch(s, b):
+        s.forward_ct += 1
+        b.forward_iter = s.forward_ct
+        rt.last_steps = 1
+        batch.reqs.append(ReqStandIn("late"))  # merged after the launch, same list
+
+    rt.around_run_batch(run_batch, sched, batch)
+    rt.around_process_batch_result(lambda s, b: rt.on_verify([1, 0]), sched, batch)
+    batch.reqs.clear()  # and later changes to the list reach no copy either
+    rt.close()
+    trace = read_trace(rt.recorder.files)
+    assert trace.steps[0].request_ids == ["a", "b"]
+    assert rt.counters == {}

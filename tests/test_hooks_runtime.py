@@ -53,6 +53,7 @@ class RecorderStandIn:
         self.steps: list[tuple] = []
         self.arrivals: list[tuple] = []
         self.finishes: list[tuple] = []
+        self.finished: list[list] = []
         self.counters: Counter[str] = Counter({"written": 3})
         self.closed = 0
 
@@ -64,6 +65,9 @@ class RecorderStandIn:
 
     def add_finish(self, *args: object) -> None:
         self.finishes.append(args)
+
+    def add_finished(self, requests: list) -> None:
+        self.finished.append(requests)
 
     def close(self) -> None:
         self.closed += 1
@@ -144,7 +148,11 @@ def test_a_decode_steps_telemetry_carries_the_schedulers_load_and_the_drafts():
     payload = ("srv", 2, 1, T0, 4, 3, 4, 3_000, 10_000, 0, 3, accepted, 0.015625)
     assert client.sent == [(payload, 1, T0 + 0.015625)]
     assert recorder.steps == [(1, T0, 4, 3, 4, 3_000, 10_000, 0, 3, accepted, 0.015625,
-                               ["q0", "q1", "q2", "q3"])]
+                               batch.reqs)]
+    # The launch's requests as a copy (the recorder's thread reads their ids), and the
+    # processed batch's requests as another (it finds the finished ones in them).
+    assert recorder.steps[0][-1] is not batch.reqs
+    assert recorder.finished == [batch.reqs] and recorder.finished[0] is not batch.reqs
     # Processed once: processing the same batch again sends nothing more.
     finish(rt, sched, batch, accepted)
     assert len(client.sent) == 1 and len(recorder.steps) == 1
@@ -250,7 +258,7 @@ def test_only_the_recorder_gets_the_step_without_a_client():
     launch(rt, sched, batch, 2)
     finish(rt, sched, batch, [2])
     assert [s[0] for s in recorder.steps] == [1]
-    assert recorder.finishes == [("q0", 16, 3)]  # finished requests only
+    assert recorder.finished == [batch.reqs]  # the recorder's thread finds q0 finished
 
 
 def test_a_result_of_a_step_launched_before_attach_is_counted_not_sent():

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from controller import policy_file
 from controller.policy_file import FORMAT_VERSION, MAX_STEPS, ExportedPolicy, PolicyFileError
 from controller.reload import PolicyHolder
 from controller.wire import MAX_BATCH, MAX_NAME_CHARS
@@ -344,6 +345,26 @@ def test_logits_equal_the_textbook_forward_bit_for_bit(activation, bias_dtypes):
             expected = act(expected)
     logits = policy.logits(x)
     assert logits.dtype == expected.dtype and np.array_equal(logits, expected)
+
+
+def test_logits_with_tiled_biases_equal_the_broadcast_forward_at_every_batch_size(
+        monkeypatch):
+    """The bias kept tiled over rows (grown as batches grow; beyond the cap broadcast)
+    gives the broadcast addition's values bit for bit, batch after batch."""
+    monkeypatch.setattr(policy_file, "_TILED_BIAS_ROWS", 200)
+    policy = ExportedPolicy.random(hidden=(16, 8), seed=4)
+    biases = [b + np.float32(0.25) * (i + 1) for i, b in enumerate(policy.biases)]
+    policy = ExportedPolicy(policy.weights, biases, policy.actions, policy.feature_spec)
+    rng = np.random.default_rng(2)
+    for rows in (20, 1, 33, 120, 20, 200, 201, 450, 7):  # grows, reuses, beyond the cap
+        x = rng.normal(size=(rows, policy.feature_spec.size)).astype(np.float32)
+        expected = x
+        for i, (w, b) in enumerate(zip(policy.weights, policy.biases, strict=True)):
+            expected = expected @ w + b
+            if i < len(policy.weights) - 1:
+                expected = np.tanh(expected)
+        assert np.array_equal(policy.logits(x), expected), rows
+    assert all(t.shape[0] == 256 for t in policy._tiled)  # 201+ rows broadcast instead
 
 
 def test_random_policies_are_seeded_and_scaled_by_fan_in():

@@ -759,6 +759,31 @@ def test_hook_timing_writes_per_step_percentiles(tmp_path):
     assert summary["p50_us"] < 10_000  # the scheduler stand-in's own sleeps are excluded
 
 
+def test_hook_timing_leaves_out_sglangs_own_rule(tmp_path):
+    """The policy's methods call SGLang's own rule (its steps, its acceptance update):
+    SGLang runs that without the plugin too, so its time is not the plugin's."""
+    import json
+
+    class SlowRule(ORIGINAL["params"]):  # SGLang's rule, 20 ms a call
+        def get_steps_for_batch(self, batch_size):
+            time.sleep(0.02)
+            return super().get_steps_for_batch(batch_size)
+
+        def on_verify_complete(self, num_correct_drafts_per_req, batch_size):
+            time.sleep(0.02)
+            return super().on_verify_complete(num_correct_drafts_per_req, batch_size)
+
+    prefix = str(tmp_path / "hooks")
+    rt = runtime(hook_timing=prefix)  # the local rule is SGLang's: called every step
+    loop = build_rank(rt, is_source=True, policy_class=make_policy_class(SlowRule, rt))
+    rt.clock.path = prefix + ".json"
+    run_single(loop, 20, sleep_s=0)
+    rt.clock.write()
+    summary = json.loads(Path(prefix + ".json").read_text())
+    assert summary["steps"] >= 19
+    assert summary["p50_us"] < 20_000  # each decode step called the 20 ms rule twice
+
+
 # -- ranks without the variables, switch rate ---------------------------------------------
 
 
