@@ -158,7 +158,9 @@ class ScenarioSampler:
     acceptance, label}``), ``random_server_share`` (training: the probability of
     a random server, whatever the list holds), ``acceptance``, ``workloads``
     (list of ``{name, path, kind: open|closed, load, concurrency, modulate_depth,
-    modulate_period_s}``), ``horizon_s``, ``held_out_fraction``, ``max_depth``,
+    modulate_period_s, horizon_s}``; a workload's ``horizon_s`` replaces the global one
+    for its windows: long-context traces need longer ones), ``horizon_s``,
+    ``held_out_fraction``, ``max_depth``,
     ``sim``, ``randomise_reentry``, and the profile handed to the controller:
     ``cost_prior`` (``profile`` | ``none``), ``cost_prior_modes`` (training:
     weight per mode of ``PRIOR_MODES``), ``cost_prior_spread``; ``low_acceptance``
@@ -195,6 +197,10 @@ class ScenarioSampler:
         for spec in self.workloads:
             if spec.get("kind", "open") not in ("open", "closed"):
                 raise ValueError(f"workload {spec.get('name')!r}: kind must be open or closed")
+            horizon = spec.get("horizon_s")
+            if horizon is not None and not float(horizon) > 0:
+                raise ValueError(f"workload {spec.get('name')!r}: horizon_s must be > 0 "
+                                 f"simulated seconds, got {horizon!r}")
 
     # -- parts ---------------------------------------------------------------------
 
@@ -265,6 +271,11 @@ class ScenarioSampler:
                   for e in self.profiles if e != RANDOM] + list(extra_others)
         return handed_profile(server.profile, mode, rng, others, self.prior_spread), mode
 
+    def horizon_for(self, spec: Mapping) -> float:
+        """Simulated seconds per window of this workload: its own ``horizon_s`` if set."""
+        horizon = spec.get("horizon_s")
+        return self.horizon_s if horizon is None else float(horizon)
+
     def open_loop(self, spec: Mapping, server: _Server, load: float, start_fraction: float,
                   modulate_depth: float, seed: int, prior: tuple = (None, "none")) -> Scenario:
         """A window of the trace, scaled to ``load`` x the server's nominal capacity."""
@@ -276,17 +287,18 @@ class ScenarioSampler:
         part = self._servable_part(spec, trace, config)
         capacity = nominal_capacity_req_s(profile, part.prompt_tokens, part.output_tokens, config)
         multiplier = load * capacity / part.mean_rate
-        span = min(self.horizon_s * multiplier, hi - lo)
+        horizon = self.horizon_for(spec)
+        span = min(horizon * multiplier, hi - lo)
         start = lo + start_fraction * max(0.0, hi - lo - span)
         window, rejected = _servable(trace.window(start, span).scaled(multiplier), config)
         if modulate_depth > 0:
-            period = float(spec.get("modulate_period_s", self.horizon_s / 2))
+            period = float(spec.get("modulate_period_s", horizon / 2))
             window = window.modulated(period, modulate_depth)
         label = (f"{spec['name']} load={load:g} mod={modulate_depth:g} {server.family} "
                  f"prior={prior[1]} @{start:.0f}s"
                  + (f" ({rejected} too long for this server)" if rejected else ""))
         return Scenario(label, profile, acceptance, window, config,
-                        horizon_s=min(self.horizon_s, span / multiplier), seed=seed,
+                        horizon_s=min(horizon, span / multiplier), seed=seed,
                         workload_name=spec["name"], varying_load=modulate_depth > 0,
                         family=server.family, prior=prior[0], prior_mode=prior[1])
 
@@ -301,7 +313,7 @@ class ScenarioSampler:
             lengths = self._servable_part(spec, trace, config)
             loop = ClosedLoop(concurrency=concurrency, lengths_from=lengths)
         label = f"{spec['name']} C={concurrency} {server.family} prior={prior[1]}"
-        return Scenario(label, profile, acceptance, loop, config, self.horizon_s, seed,
+        return Scenario(label, profile, acceptance, loop, config, self.horizon_for(spec), seed,
                         workload_name=spec["name"], family=server.family, prior=prior[0],
                         prior_mode=prior[1])
 

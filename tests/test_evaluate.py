@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from agents.evaluate import _file_stem, target_checks
+import pytest
+
+from agents.evaluate import (
+    LATENCY_PAYS_MARGIN,
+    NEVER_PAYS_MARGIN,
+    _file_stem,
+    speculation_pays_in_latency,
+    target_checks,
+)
 
 
 def _row(tok_s: float, fraction: float, off: float = 0.0) -> dict:
@@ -49,7 +57,9 @@ def test_per_cell_targets_depend_on_held_out_and_profile_mode():
     # speculation as good as the reference: speculation never paid there alone.
     assert checks["never_pays"] == {"scenarios": 1, "mean_off_share": 0.8,
                                     "at_least_90pct_off": 0,
-                                    "oracle_off_but_speculation_pays": 1}
+                                    "oracle_off_but_speculation_pays": 1,
+                                    "oracle_off_but_speculation_pays_in_latency": 0,
+                                    "speculation_pays_in_latency_windows": []}
     assert checks["left_out_empty_windows"] == 1
 
 
@@ -87,3 +97,56 @@ def test_the_reference_is_the_best_of_the_oracle_and_the_fixed_depths_run(monkey
                          "ppo": 110 / 120}
     assert detail["runs"]["ppo"]["off_share"] == 100 / 500
     assert document["workloads"]["w"]["ppo"]["oracle_fraction"] == 110 / 120
+
+
+def _window(label: str, family: str, static_tok_s: float, static_tpot: float | None,
+            ppo_off: float) -> dict:
+    """An oracle-off window where no speculation matches the reference (10 ms TPOT)."""
+    return {"scenario": label, "family": family, "modulated": False, "runs": {
+        "oracle": {"throughput_tok_s": 100.0, "off_share": 1.0},
+        "no_spec": {"throughput_tok_s": 100.0, "off_share": 1.0, "oracle_fraction": 1.0,
+                    "mean_tpot_ms": 10.0},
+        "static_3": {"throughput_tok_s": static_tok_s, "off_share": 0.0,
+                     "oracle_fraction": static_tok_s / 100.0, "mean_tpot_ms": static_tpot},
+        "ppo": {"throughput_tok_s": 100.0, "off_share": ppo_off}}}
+
+
+@pytest.mark.parametrize(("tok_s", "tpot", "pays"), [
+    (100.0, 10.0 * (1 - LATENCY_PAYS_MARGIN) - 0.01, True),   # same throughput, faster tokens
+    (100.0 * (1 - NEVER_PAYS_MARGIN), 7.0, True),             # at the throughput margin
+    (100.0, 10.0 * (1 - LATENCY_PAYS_MARGIN) + 0.01, False),  # a TPOT gain inside the margin
+    (100.0 * (1 - NEVER_PAYS_MARGIN) - 0.1, 7.0, False),      # faster tokens, fewer of them
+    (100.0, None, False),                                      # nothing finished: unknown
+])
+def test_speculation_pays_in_latency_needs_both_throughput_and_a_tpot_gain(tok_s, tpot, pays):
+    assert speculation_pays_in_latency(_window("w", "f", tok_s, tpot, 1.0)["runs"]) is pays
+
+
+def test_no_spec_and_an_unknown_no_spec_tpot_never_pay_in_latency():
+    runs = _window("w", "f", 100.0, 5.0, 1.0)["runs"]
+    runs["static_0"] = dict(runs["no_spec"], mean_tpot_ms=1.0)  # off under another name
+    del runs["static_3"]
+    assert not speculation_pays_in_latency(runs)
+    runs = _window("w", "f", 100.0, 5.0, 1.0)["runs"]
+    runs["no_spec"]["mean_tpot_ms"] = None
+    assert not speculation_pays_in_latency(runs)
+
+
+def test_windows_where_speculation_pays_in_latency_leave_the_never_pays_set_and_are_named():
+    """Arrival-bound windows: the oracle is off and no speculation serves as much as any
+    depth, but depth 3 cuts the time per token by 20%; turning speculation off there is
+    no success and speculating no failure."""
+    document = {"cells": {}, "scenarios": [
+        _window("latency", "a", 100.0, 8.0, ppo_off=0.0),
+        _window("never-a", "a", 80.0, 12.0, ppo_off=0.95),
+        _window("never-b", "b", 100.0, 9.8, ppo_off=0.5),   # 2% faster tokens: noise
+        _window("never-b2", "b", 100.0, 12.0, ppo_off=0.92)]}
+    checks = target_checks(document)
+    assert checks["never_pays"] == {"scenarios": 3, "mean_off_share": pytest.approx(0.79),
+                                    "at_least_90pct_off": 2,
+                                    "oracle_off_but_speculation_pays": 0,
+                                    "oracle_off_but_speculation_pays_in_latency": 1,
+                                    "speculation_pays_in_latency_windows": ["latency"]}
+    assert checks["never_pays_by_family"] == {
+        "a": {"scenarios": 1, "at_least_90pct_off": 1},
+        "b": {"scenarios": 2, "at_least_90pct_off": 1}}

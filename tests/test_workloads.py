@@ -383,3 +383,18 @@ def test_a_prompt_longer_than_the_kv_cache_is_left_out_of_the_load_and_reported(
     [warning] = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert "'dirty'" in warning and str(dirty) in warning
     assert "1 of 1200 requests need more KV slots" in warning
+
+
+def test_a_workloads_own_horizon_sets_its_windows_length():
+    """Long-context traces get longer windows (specctl-eval: no empty window) while the
+    others keep the global horizon; a bad one is refused naming the workload."""
+    workloads = [{"name": "fixed", "kind": "closed", "concurrency": [1], "horizon_s": 30.0},
+                 {"name": "azure_conv", "kind": "open", "load": [0.5], "horizon_s": 5.0},
+                 {"name": "fixed", "kind": "closed", "concurrency": [2]}]
+    sampler = ScenarioSampler({"horizon_s": 10.0, "profiles": ["h200_llama31_8b"],
+                               "workloads": workloads}, split="eval")
+    horizons = {s.label.split(" h200")[0]: s.horizon_s for s in sampler.evaluation(windows=1)}
+    assert horizons == {"fixed C=1": 30.0, "azure_conv load=0.5 mod=0": 5.0, "fixed C=2": 10.0}
+    with pytest.raises(ValueError, match="workload 'fixed': horizon_s must be > 0"):
+        ScenarioSampler({"horizon_s": 10.0, "profiles": ["h200_llama31_8b"],
+                         "workloads": [{**workloads[0], "horizon_s": 0}]})
