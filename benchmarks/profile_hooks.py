@@ -141,15 +141,14 @@ def main() -> None:
             controller.kill()
             for rt in runtimes:
                 rt.close()
-    skip = args.iterations // 10
 
     def p50(values: list[int]) -> float:
+        """Median in us, the first tenth (warm-up) left out."""
         return float(np.percentile(values[len(values) // 10:], 50)) / 1e3
 
-    plain = np.percentile(cpu["plain"][skip:], 50) / 1e3
     print("thread CPU per iteration added over plain (us, p50):")
     for name in ("empty hooks", "source"):
-        print(f"  {name:12s} {np.percentile(cpu[name][skip:], 50) / 1e3 - plain:7.1f}")
+        print(f"  {name:12s} {p50(cpu[name]) - p50(cpu['plain']):7.1f}")
     print("per hook, thread CPU per call (us, p50; readings included):")
     print(f"  {'hook':32s} {'specctl':>8s} {'empty / SGLang':>15s}")
     for name in ("_pull_raw_reqs", "process_input_requests", "run_batch",

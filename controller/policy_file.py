@@ -118,6 +118,8 @@ class ExportedPolicy:
             elif not rows:
                 x += b
             elif tiled[i] is not None and tiled[i].shape[0] >= rows:
+                # _bias_rows' hit, inlined: the method call cost about 0.5 of the
+                # 10.5 us a 20-row forward takes (alternating A/B, 2 December)
                 x += tiled[i][:rows]
             else:
                 x += self._bias_rows(i, rows)
