@@ -247,3 +247,21 @@ def test_a_closed_loop_cell_sends_for_its_seconds_then_drains():
     result = compare.simulate(cell, profile, profile, client)
     assert result["throughput_tok_s"] == pytest.approx(4 * 2 * 128 / (2 * 128 * 5.4e-3),
                                                        rel=0.02)
+
+
+def test_each_recording_server_starts_from_an_empty_folder(tmp_path, monkeypatch):
+    """A warm GPU machine keeps RUN between calls; run 8's first traces held every earlier
+    server's files because each server recorded into the same folder."""
+    import offswitch
+    import session
+
+    monkeypatch.setattr(offswitch, "RUN", tmp_path)
+    earlier = tmp_path / "trace-load" / "trace-earlier-server-r0-00000.parquet"
+    earlier.parent.mkdir()
+    earlier.write_bytes(b"x")
+    env = offswitch.plugin_env("trace-load")
+    assert Path(env["SPECCTL_RECORD"]) == tmp_path / "trace-load"
+    assert (tmp_path / "trace-load").is_dir() and not earlier.exists()
+    timing = session.fresh(tmp_path / "hooks")
+    (timing / "hooks.1.json").write_text("{}")
+    assert list(session.fresh(tmp_path / "hooks").iterdir()) == []

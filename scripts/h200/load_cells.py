@@ -87,15 +87,11 @@ def phase_plugin() -> None:
     served = RUN / "policy.npz"
     shutil.copy(policies["static_3"], served)
     controller = session.start_controller(served, offswitch.PROFILE)
-    timing = RUN / "hooks"  # the plugin's own time per step on the scheduler thread (issue 12)
-    # A warm machine keeps RUN between calls: earlier servers' timing files and trace
-    # files would join this server's (run 8's first copies held every earlier server's).
-    for stale in RUN.glob("hooks.*.json"):
-        stale.unlink()
-    shutil.rmtree(RUN / "trace-load", ignore_errors=True)
+    # the plugin's own time per step on the scheduler thread (issue 12)
+    timing = session.fresh(RUN / "hooks")
     server = offswitch.start("plugin", spec=True,
                              env={**offswitch.plugin_env("trace-load"), **sim_env(),
-                                  "SPECCTL_HOOK_TIMING": str(timing)})
+                                  "SPECCTL_HOOK_TIMING": str(timing / "hooks")})
     result: dict = {"model": offswitch.MODELS.name, "acceptance": float(ACC),
                     "profile": offswitch.PROFILE, "simulate_acc_token_mode": TOKEN_MODE,
                     "off_prefill": os.environ.get("SPECCTL_OFF_PREFILL", "skip"),
@@ -114,8 +110,8 @@ def phase_plugin() -> None:
         if controller.poll() is None:
             session.stop(controller, "specctl-serve")
         offswitch.save_log(RUN / "server-plugin.log")
-        # Written by each scheduler process as it stops (sglang_hooks/timing.py).
-        result["hook_timing"] = [json.loads(p.read_text()) for p in RUN.glob("hooks.*.json")]
+        # Each scheduler process rewrites its file every few seconds (sglang_hooks/timing.py).
+        result["hook_timing"] = [json.loads(p.read_text()) for p in timing.glob("hooks.*.json")]
         save(f"acc{ACC}_load", result)
         if (RUN / "trace-load").exists():
             session.pack(RUN / "trace-load", f"{MODEL}_acc{ACC}_load_trace_{TAG}.tar.gz")

@@ -258,9 +258,11 @@ def phase_nospec() -> None:
 
 
 def plugin_env(record: str) -> dict[str, str]:
+    """The plugin's variables for a server about to start, recording into a fresh
+    ``RUN / record``."""
     return {"SPECCTL_CONTROLLER": session.SOCKET, "SPECCTL_TIMEOUT_MS": "100",
             "SPECCTL_SERVER": "h200", "SPECCTL_FALLBACK": "explore",
-            "SPECCTL_EXPLORE_DWELL": "1", "SPECCTL_RECORD": str(RUN / record),
+            "SPECCTL_EXPLORE_DWELL": "1", "SPECCTL_RECORD": str(session.fresh(RUN / record)),
             "SPECCTL_RECORD_FLUSH_S": "2"}
 
 

@@ -166,6 +166,15 @@ def save(name: str, data: dict) -> None:
     (OUT / name).write_text(json.dumps(data, indent=2))
 
 
+def fresh(folder: Path) -> Path:
+    """``folder``, emptied for the server about to start. A warm machine keeps ``RUN``
+    between calls: a server recording (trace or hook timing) into an earlier server's
+    folder mixes both servers' files, as run 8's first traces did (docs/FIDELITY.md)."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    return folder
+
+
 def pack(folder: Path, name: str) -> None:
     with tarfile.open(OUT / name, "w:gz") as tar:
         tar.add(folder, arcname=folder.name)
@@ -173,7 +182,7 @@ def pack(folder: Path, name: str) -> None:
 
 def phase_explore() -> None:
     """Record mode exploring every candidate depth at C = 1..64, then fit the profile."""
-    trace_dir = RUN / "trace-explore"
+    trace_dir = fresh(RUN / "trace-explore")
     server = start_server("explore", {
         "SPECCTL_RECORD": str(trace_dir), "SPECCTL_RECORD_EXPLORE": "1",
         "SPECCTL_EXPLORE_DWELL": "4", "SPECCTL_RECORD_FLUSH_S": "2", "SPECCTL_SERVER": "h200",
@@ -204,11 +213,11 @@ def phase_main() -> None:
     fitted = RUN / "h200_fitted.yaml"
     profile = str(fitted) if fitted.exists() else "h200_llama31_8b"
     controller = start_controller(served, profile)
-    timing = RUN / "hooks"
+    timing = fresh(RUN / "hooks")
     server = start_server("main", {
         "SPECCTL_CONTROLLER": SOCKET, "SPECCTL_TIMEOUT_MS": "100",
-        "SPECCTL_RECORD": str(RUN / "trace-main"), "SPECCTL_RECORD_FLUSH_S": "2",
-        "SPECCTL_SERVER": "h200", "SPECCTL_HOOK_TIMING": str(timing),
+        "SPECCTL_RECORD": str(fresh(RUN / "trace-main")), "SPECCTL_RECORD_FLUSH_S": "2",
+        "SPECCTL_SERVER": "h200", "SPECCTL_HOOK_TIMING": str(timing / "hooks"),
     })
     sweep, headline = {}, {}
     try:
@@ -232,7 +241,7 @@ def phase_main() -> None:
         stop(server, "SGLang (main)")
         if controller.poll() is None:
             stop(controller, "specctl-serve")
-    timings = [json.loads(p.read_text()) for p in RUN.glob("hooks.*.json")]
+    timings = [json.loads(p.read_text()) for p in timing.glob("hooks.*.json")]
     save("hook_timing.json", {"per_process": timings})
     pack(RUN / "trace-main", "trace_main.tar.gz")
     shutil.copy(RUN / "controller.log", OUT / "controller.log")
