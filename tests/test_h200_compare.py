@@ -265,3 +265,21 @@ def test_each_recording_server_starts_from_an_empty_folder(tmp_path, monkeypatch
     timing = session.fresh(tmp_path / "hooks")
     (timing / "hooks.1.json").write_text("{}")
     assert list(session.fresh(tmp_path / "hooks").iterdir()) == []
+
+
+def test_a_policy_served_twice_keeps_its_repeat_apart_from_the_cells(tmp_path):
+    """Static 0 served first and last on one server (the off switch's first-minutes
+    question): the first loops stay the cell, the repeat is kept but not read as one."""
+    import load_cells
+
+    result = {"closed_static_0": {}}
+    assert load_cells.loop_key(result, "ppo") == "closed_ppo"
+    assert load_cells.loop_key(result, "static_0") == "repeat_closed_static_0"
+    summary = {"throughput_tok_s": 100.0, "mean_tpot_ms": 5.0}
+    (tmp_path / "moe_acc2.5_load_run9.json").write_text(json.dumps(
+        {"acceptance": 2.5, "simulate_acc_token_mode": "real-draft-token",
+         "closed_static_0": {"64": summary},
+         "repeat_closed_static_0": {"64": {**summary, "throughput_tok_s": 90.0}}}))
+    cells, _ = read_run_dir(tmp_path)
+    assert [(c.key(), c.throughput_tok_s) for c in cells] == [
+        ("spec_off@2.5 closed C=64 static_0", 100.0)]

@@ -16,7 +16,9 @@ its next request while fewer than ``CLOSED_SECONDS`` (10) have passed; 256-token
 ``--disable-radix-cache``). With ``--max-running-requests 48``, 16 of C = 64's requests wait.
 
 Environment: ``MODELS`` (model folders, as ``offswitch.py``), ``ACC``, ``POLICIES`` (plugin
-phase, default ``static_0,static_1,static_3,ppo``), ``TAG`` (file suffix, default ``run6``),
+phase, default ``static_0,static_1,static_3,ppo``; a policy named twice is served
+twice, its second loops kept as ``repeat_closed_<policy>``), ``TAG`` (file suffix,
+default ``run6``),
 ``CLOSED_C``, ``CLOSED_SECONDS``, ``WARMUP_SECONDS`` (plugin phase, default 5: an
 unrecorded closed loop at the first C right after each policy is served, so the first
 recorded loop does not start from the previous policy's state; run 6 had none, and the
@@ -66,6 +68,17 @@ def sim_env() -> dict[str, str]:
     return {"SGLANG_SIMULATE_ACC_LEN": ACC, "SGLANG_SIMULATE_ACC_TOKEN_MODE": TOKEN_MODE}
 
 
+def loop_key(result: dict, policy: str) -> str:
+    """``closed_<policy>``, or ``repeat_closed_<policy>`` when the policy was served before.
+
+    A policy served twice on one server (static 0 first and last: the off switch's
+    first-minutes question, ``docs/OFFSWITCH.md``) keeps its first loops where
+    ``measured_runs.py`` reads them; the repeat is kept beside them, not read as a cell.
+    """
+    key = f"closed_{policy}"
+    return f"repeat_{key}" if key in result else key
+
+
 def save(kind: str, data: dict) -> None:
     session.save(f"{MODEL}_{kind}_{TAG}.json", data)
 
@@ -103,7 +116,7 @@ def phase_plugin() -> None:
             session.serve_policy(served, policies[name])
             if WARMUP_SECONDS > 0:  # not recorded: the policy's own state, not the last one's
                 loadgen.closed_loop(URL, CLOSED_C[0], WARMUP_SECONDS, seed=690 + 100 * k)
-            result[f"closed_{name}"] = closed_loops(seed=700 + 100 * k)
+            result[loop_key(result, name)] = closed_loops(seed=700 + 100 * k)
             save(f"acc{ACC}_load", result)
     finally:
         session.stop(server, "plugin")
