@@ -78,6 +78,7 @@ def scenarios(draw):
         skip_zero_step_draft_extend=draw(st.booleans()),
         cold_recovery_accept_fraction=draw(st.sampled_from([0.0, 0.5, 1.0])),
         stale_accept_loss=draw(st.sampled_from([0.0, 0.3])),
+        finish_lag_steps=draw(st.sampled_from([0, 1, 2])),
     )
     depths = draw(st.lists(st.integers(0, 7), min_size=1, max_size=12))
     return _Workload(np.cumsum(gaps), prompt, output), config, depths, draw(st.integers(0, 99))
@@ -316,6 +317,40 @@ def test_closed_loop_stops_sending_at_send_until_and_drains(overhead):
         assert np.sort(stats.finish_s[mine])[-2:-1].max(initial=0.0) < 1.0
     with pytest.raises(ValueError, match="send_until_s"):
         ClosedLoop(4, prompt_tokens=50, output_tokens=40, send_until_s=0.0)
+
+
+@pytest.mark.parametrize("lag", [0, 1])
+def test_a_finished_request_rides_the_overlap_schedulers_next_step(lag):
+    """SGLang's overlap scheduler launches step k+1 before it reads step k's results: every
+    request of the recorded H200 traces rode one decode step more than its tokens needed.
+    The client has its answer after step k; the slot is busy through step k+1."""
+    from env.traces.workloads import ClosedLoop
+
+    loop = ClosedLoop(1, prompt_tokens=20, output_tokens=30, requests_per_client=3)
+    config = SchedulerConfig(finish_lag_steps=lag)
+    sim = Simulator(_LinearCost(), _ConstantAcceptance(2), loop, config, seed=4)
+    records = _drain(sim, [3])
+    # 29 tokens after the prefill's first, 3 a step: 10 steps that produce, then the ride.
+    runs, count = [], 0
+    for r in records:
+        if r.is_decode:
+            count += 1
+        elif count:
+            runs.append(count)
+            count = 0
+    runs.append(count)
+    assert runs == [10 + lag] * 3
+    stats = sim.stats()
+    decode_ends = np.array([r.time_s + r.step_latency_s for r in records if r.is_decode])
+    # each answer comes at the end of its 10th step, before the ride
+    assert np.isin(np.round(stats.finish_s, 12), np.round(decode_ends, 12)).all()
+    nxt = np.argsort(stats.arrival_s)
+    gap = stats.first_token_s[nxt][1:] - stats.finish_s[nxt][:-1]
+    ride = [r.step_latency_s for r in records if r.is_decode][10]  # the first ride (lag 1)
+    assert (gap > ride).all() if lag else (gap < ride).all()
+    assert sim.kv_used == 0 and stats.finished.all()
+    with pytest.raises(ValueError, match="finish_lag_steps"):
+        SchedulerConfig(finish_lag_steps=-1)
 
 
 def test_request_larger_than_kv_cache_is_rejected_with_its_index():

@@ -87,6 +87,13 @@ class SchedulerConfig:
     #: extend over the prompt (the plugin's ``SPECCTL_OFF_PREFILL=skip``, its default), so
     #: its requests keep stale draft KV like those that decoded while off.
     skip_prefill_while_off: bool = True
+    #: Decode steps a finished request still rides in the batch. SGLang's overlap
+    #: scheduler (its default) launches step k+1 before it processes step k's results, so
+    #: a request that finished in step k is in step k+1's batch too: in every recorded
+    #: H200 trace (runs 8-9, depths 0-3, both models) each request rode exactly one decode
+    #: step more than its tokens needed. The client has its answer after step k; the slot
+    #: and the KV cache are freed after step k+1. 0 frees them at once (no overlap).
+    finish_lag_steps: int = 0
 
     def __post_init__(self) -> None:
         if self.zero_step not in ZERO_STEP_MODES:
@@ -101,6 +108,8 @@ class SchedulerConfig:
             raise ValueError("kv_capacity_tokens must be >= 2")
         if not 0.0 <= self.cold_recovery_accept_fraction <= 1.0:
             raise ValueError("cold_recovery_accept_fraction must lie in [0, 1]")
+        if self.finish_lag_steps < 0:
+            raise ValueError("finish_lag_steps must be >= 0")
 
     @classmethod
     def from_profile(cls, profile, **overrides) -> SchedulerConfig:
@@ -268,6 +277,9 @@ class Simulator:
         self._run_rem = np.zeros(cap, dtype=np.int64)
         # 1 where the request decoded while speculation was off (stale draft KV).
         self._run_stale = np.zeros(cap, dtype=np.int8)
+        # Steps a finished request still rides (``finish_lag_steps``); -1 while decoding.
+        self._run_linger = np.full(cap, -1, dtype=np.int16)
+        self._ride_since = 0.0  # when the newest lingering requests finished
         self._n_run = 0
         # Request being prefilled in chunks: [rid, prompt tokens still to prefill].
         self._chunked: list[int] | None = None
@@ -452,7 +464,7 @@ class Simulator:
         if depth:
             accepted = self._accepted(depth)
             self._stale_draft = False
-            tokens = np.minimum(accepted + 1, rem)
+            tokens = np.minimum(accepted + 1, rem)  # a finished request's rem is 0
             committed = int(tokens.sum())
             pos += tokens
             rem -= tokens
@@ -462,9 +474,15 @@ class Simulator:
                 self._stale_draft = True
                 if cfg.zero_step == "off":
                     self._run_stale[:n] = 1
-            committed = n
-            pos += 1
-            rem -= 1
+            if cfg.finish_lag_steps:
+                live = (rem > 0).astype(np.int64)
+                committed = int(live.sum())
+                pos += live
+                rem -= live
+            else:
+                committed = n
+                pos += 1
+                rem -= 1
         kv_before = self.kv_used
         latency = self.profile.step_latency_s(n, depth, kv_before, 0, **cfg.latency_flags(depth))
         record = StepRecord(
@@ -478,7 +496,9 @@ class Simulator:
         self.output_tokens_total += committed
         self.time_s += latency
         self.step_index += 1
-        if rem.min() <= 0:
+        if cfg.finish_lag_steps:
+            self._linger(rem)
+        elif rem.min() <= 0:
             self._finish(rem <= 0)
         return record
 
@@ -517,6 +537,13 @@ class Simulator:
         if self._chunked is not None:
             return True
         if not (self._retracted or self._queue_head < self._n_arrived):
+            return False
+        if (self.config.finish_lag_steps and not self._retracted
+                and self.requests.arrival[self._queue_head] >= self._ride_since
+                and (self._run_linger[:self._n_run] > 0).any()):
+            # The overlap scheduler launched the next decode step (with the finished
+            # requests) before it sent their answers: a request that arrived since could
+            # not be in it.
             return False
         if self._n_run >= self.config.max_running_requests:
             return False
@@ -592,6 +619,8 @@ class Simulator:
         self.kv_used += prefill_tokens
         self.time_s += latency
         self.step_index += 1
+        if cfg.finish_lag_steps:
+            self._age_lingering()
         self._start_decoding(completed, stale_draft=skip_draft)
         return record
 
@@ -613,6 +642,7 @@ class Simulator:
         self._run_rem[n:n + k] = r.output[ids] - r.generated[ids]
         # A (re-)prefill writes fresh draft KV entries, unless its draft extend was skipped.
         self._run_stale[n:n + k] = 1 if stale_draft else 0
+        self._run_linger[n:n + k] = -1
         self._n_run = n + k
         done = r.generated[ids] >= r.output[ids]
         if done.any():
@@ -621,17 +651,45 @@ class Simulator:
             self._finish(mask)
 
     def _finish(self, finished: np.ndarray) -> None:
+        """Requests of the batch (mask) that produced their last token: answer, free."""
+        self._complete(finished)
+        self._remove(finished)
+
+    def _linger(self, rem: np.ndarray) -> None:
+        """After a decode step with ``finish_lag_steps``: answer the requests that just
+        finished, keep them in the batch that many steps, free those whose ride ended."""
+        linger = self._run_linger[:self._n_run]
+        linger[linger > 0] -= 1  # the finished requests that rode this step
+        finished = (rem <= 0) & (linger < 0)
+        if finished.any():
+            self._complete(finished)
+            linger[finished] = self.config.finish_lag_steps
+            self._ride_since = self.time_s
+            # its acceptance-table position may sit one past its own entries: keep it in
+            # range (it produces nothing: rem is 0)
+            self._run_pos[:self._n_run][finished] -= 1
+        gone = linger == 0
+        if gone.any():
+            self._remove(gone)
+
+    def _age_lingering(self) -> None:
+        """After a prefill step: SGLang read the last decode step's results meanwhile, so
+        finished requests it launched with no decode step left to ride are freed."""
+        linger = self._run_linger[:self._n_run]
+        rode = linger > 0
+        if rode.any():
+            linger[rode] -= 1
+            gone = linger == 0
+            if gone.any():
+                self._remove(gone)
+
+    def _complete(self, finished: np.ndarray) -> None:
+        """The answer: finish time, and a closed loop's client sends its next request."""
         n = self._n_run
         r = self.requests
         rids = self._run_rid[:n][finished]
         r.generated[rids] = r.output[rids]
         r.finish[rids] = self.time_s
-        self.kv_used -= int((r.prompt[rids] + r.generated[rids]).sum())
-        keep = ~finished
-        m = int(keep.sum())
-        for arr in (self._run_rid, self._run_pos, self._run_rem, self._run_stale):
-            arr[:m] = arr[:n][keep]
-        self._n_run = m
         if self._closed_loop:
             if self._send_until is not None and self.time_s >= self._send_until:
                 return  # the loop has stopped sending: its clients only wait
@@ -645,6 +703,19 @@ class Simulator:
             if clients.size:
                 self._in_flight.append((self.time_s + self._client_overhead, clients))
 
+    def _remove(self, gone: np.ndarray) -> None:
+        """Free the batch slots and KV of finished requests (mask over the batch)."""
+        n = self._n_run
+        r = self.requests
+        rids = self._run_rid[:n][gone]
+        self.kv_used -= int((r.prompt[rids] + r.generated[rids]).sum())
+        keep = ~gone
+        m = int(keep.sum())
+        for arr in (self._run_rid, self._run_pos, self._run_rem, self._run_stale,
+                    self._run_linger):
+            arr[:m] = arr[:n][keep]
+        self._n_run = m
+
     def _make_room(self, depth: int) -> None:
         """Retract the newest requests until the speculative reservation fits."""
         cap = self.config.kv_capacity_tokens
@@ -656,6 +727,9 @@ class Simulator:
             self._retracted.appendleft(rid)
             self._chunked = None
             self.retractions += 1
+        lingering = self._run_linger[:self._n_run] >= 0
+        if lingering.any():  # finished: SGLang has freed them before it retracts
+            self._remove(lingering)
         while self._n_run > 1 and self.kv_used + self._n_run * (depth + 1) > cap:
             i = self._n_run - 1
             rid = int(self._run_rid[i])

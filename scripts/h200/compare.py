@@ -79,17 +79,22 @@ def workload_of(cell: Cell, client) -> tuple[object, float | None]:
 
 
 def simulate(cell: Cell, profile: CostProfile, prior: CostProfile, client, seed: int = 0,
-             policy_path: str | None = None) -> dict:
+             policy_path: str | None = None, finish_lag_steps: int = 1) -> dict:
     """Replay one cell; throughput (tok/s), mean TPOT (ms) and decisions per depth.
 
-    ``policy_path``: the exported policy a ``ppo`` cell runs (default: the shipped one).
+    ``policy_path``: the exported policy a ``ppo`` cell runs (default: the shipped one);
+    ``finish_lag_steps``: ``SchedulerConfig.finish_lag_steps`` (1: SGLang's overlap
+    scheduler, which every recorded server ran).
     """
     workload, horizon = workload_of(cell, client)
     # A depth-0 step is a plain decode on a server without speculation and on the plugin's
     # off path; SGLang's own steps=0 (the old plugin) stays on the speculative path.
     zero_step = "sglang_steps0" if cell.server == "spec_sglang0" else "off"
+    # Every recorded server ran SGLang's overlap scheduler: a finished request rides one
+    # more decode step (``SchedulerConfig.finish_lag_steps``).
     config = SchedulerConfig.from_profile(profile, max_running_requests=cell.max_running,
-                                          zero_step=zero_step)
+                                          zero_step=zero_step,
+                                          finish_lag_steps=finish_lag_steps)
     # No simulated acceptance: random draft weights accept nothing. Simulated acceptance
     # is one draw per verify step for the whole batch, as SGLang's.
     acceptance = SGLangSimulatedAcceptance(cell.acceptance or 1.0,
@@ -266,6 +271,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--client", default=str(REPO / "configs/workload/h200_measured.yaml"),
                         help="YAML with start_interval_s and client_overhead_s "
                              "(e.g. from fit_client.py)")
+    parser.add_argument("--finish-lag-steps", type=int, default=1,
+                        help="decode steps a finished request still rides (SGLang's overlap "
+                             "scheduler, on in every recorded server: 1; 0 frees it at once)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     names = profile_names(args.profile, parser)
@@ -294,7 +302,8 @@ def main(argv: list[str] | None = None) -> int:
             prior_name = prior_files.get(file) or cell.prior or args.prior
             if prior_name not in priors:
                 priors[prior_name] = load_profile(prior_name)
-            sim = simulate(cell, profile, priors[prior_name], client)
+            sim = simulate(cell, profile, priors[prior_name], client,
+                           finish_lag_steps=args.finish_lag_steps)
             fitted = file in args.fitted_on or cell.source.split(" ")[0] in args.fitted_on
             per_model.setdefault(cell.model, []).append({
                 "cell": cell.key(), "use": "fit-run" if fitted else "held-out",
