@@ -118,6 +118,27 @@ def test_terms_by_hand():
     assert p.step_latency_array(0, 0, 0, 10**6, False)[0] == pytest.approx(1 + 3e6 + 100)
 
 
+@settings(max_examples=80, deadline=None)
+@given(share=st.floats(0.0, 1.0), batch=st.integers(0, 64), depth=st.integers(0, 7),
+       prefill=st.integers(0, 4096))
+def test_draft_tokens_add_a_share_of_a_fresh_tokens_experts(share, batch, depth, prefill):
+    """T_moe = batch * (1 + share * depth) + prefill: a request's drafts continue its text."""
+    server = ServerLimits(64, 10_000, 4096)
+    p = CostProfile("t", server, c_fixed=1e-3, c_moe=1e-2, moe_active_fraction=0.125,
+                    moe_draft_token_share=share)
+    moe_tokens = batch * (1 + share * depth) + prefill
+    expected = 1e-3 + 1e-2 * (1 - 0.875**moe_tokens)
+    assert p.step_latency_s(batch, depth, 0, prefill, False) == pytest.approx(expected)
+    assert p.step_latency_array(batch, depth, 0, prefill, False)[0] == pytest.approx(expected)
+    # a verified draft never adds more experts than a fresh token
+    assert p.step_latency_s(batch, depth, 0, prefill) <= p.replace(
+        moe_draft_token_share=1.0).step_latency_s(batch, depth, 0, prefill) + 1e-15
+    loaded = profile_from_dict(p.to_dict())
+    assert loaded.moe_draft_token_share == pytest.approx(share)
+    with pytest.raises(ValueError, match="moe_draft_token_share"):
+        p.replace(moe_draft_token_share=1.5)
+
+
 def random_profile(rng) -> CostProfile:
     values = {name: 0.0 for name in COEFFICIENTS}
     for name in DEFAULT_FREE:

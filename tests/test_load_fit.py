@@ -11,7 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from env.sim.cost_model import CostProfile, ServerLimits
-from env.sim.load_fit import StepArrays, fit_load_profile, load_points, prefill_attributed
+from env.sim.load_fit import (
+    StepArrays,
+    fit_load_profile,
+    fit_speculative_on_plain,
+    load_points,
+    prefill_attributed,
+)
 
 SERVER = ServerLimits(max_running_requests=64, kv_capacity_tokens=200_000,
                       chunked_prefill_tokens=8192)
@@ -74,6 +80,27 @@ def test_spec_fit_recovers_speculative_path_kv_cost(kv, verify, seed):
     plain = {"draft_extend": False, "speculative_path": False}
     assert fitted.step_latency_s(32, 0, 40_000, **plain) == pytest.approx(
         truth.step_latency_s(32, 0, 0, **plain), rel=0.02)
+
+
+@pytest.mark.parametrize("share", [1.0, 0.25])
+def test_speculative_terms_fitted_on_a_plain_profile_find_the_draft_token_share(share):
+    """The MoE's speculative server as its plain profile + verify terms (run 9): the
+    plain terms stay, the verify terms and a draft token's share of experts are found."""
+    plain = truth_profile(c_fixed=3.4e-3, c_request=1.4e-5, c_moe=1.3e-2, c_kv=4e-8,
+                          c_prefill_token=1e-5, moe_active_fraction=8 / 128)
+    truth = plain.replace(c_verify=1.8e-3, c_verify_token=7e-5, c_steps0_kv=7e-7,
+                          moe_draft_token_share=share)
+    steps = synthetic_steps(truth, np.random.default_rng(7), spec_every=40)
+    fitted, report, by_share = fit_speculative_on_plain([steps], plain)
+    assert fitted.moe_draft_token_share == share and min(by_share.values()) == by_share[share]
+    # (points are group means at the group's median KV within 4k-token bins: a few % off)
+    for name in ("c_verify", "c_verify_token", "c_steps0_kv"):
+        assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=0.1)
+    for name in ("c_fixed", "c_request", "c_moe", "c_kv", "c_prefill_token"):
+        assert getattr(fitted, name) == getattr(plain, name)  # never bent to the spec steps
+    assert report.median_abs_error < 0.01
+    with pytest.raises(ValueError, match="no speculative decode step"):
+        fit_speculative_on_plain([synthetic_steps(truth, np.random.default_rng(7))], plain)
 
 
 @given(batch=st.integers(1, 64), depth=st.integers(0, 7), prefill=st.integers(1, 8192),

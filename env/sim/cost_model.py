@@ -9,7 +9,7 @@ With ``T = batch * (depth + 1) + prefill_tokens`` target tokens::
             + c_request * batch                         # per-request scheduler/sampling work
             + c_token * T                               # target compute per token
             + c_prefill_token * prefill_tokens          # prompt compute beyond that
-            + c_moe * (1 - (1 - f)**T)                  # MoE expert weights read (f = k/E)
+            + c_moe * (1 - (1 - f)**T_moe)              # MoE expert weights read (f = k/E)
             + c_kv * kv_tokens                          # attention reads the KV cache
             + [depth > 0] * (c_verify + c_verify_token * batch)   # verify-path overhead
             + max(depth - 1, 0) * (c_draft + c_draft_token * batch)  # draft forwards
@@ -33,10 +33,14 @@ Every coefficient is in seconds (per unit of its term) and non-negative:
   compute-bound (about 2 x parameters FLOPs per token at the GPU's achievable
   rate). Fitted to prefill steps where a trace has them.
 * ``c_moe``: time to read *all* routed experts' weights once; a step touching
-  ``T`` tokens, each routed to ``k`` of ``E`` experts, reads the expected
-  fraction ``1 - (1 - k/E)**T`` of them (uniform, independent routing). Zero for
+  ``T_moe`` tokens, each routed to ``k`` of ``E`` experts, reads the expected
+  fraction ``1 - (1 - k/E)**T_moe`` of them (uniform, independent routing). Zero for
   a dense model. This term makes an MoE step's cost grow steeply with tokens
-  until every expert is read.
+  until every expert is read. ``T_moe = batch * (1 + s * depth) + prefill_tokens``
+  with ``s = moe_draft_token_share`` (default 1: ``T_moe = T``): the draft tokens a
+  request verifies continue its own text and share its experts, so on real text
+  each adds only a share ``s`` of a fresh token's experts (the H200 MoE's real-token
+  traces: ``s`` = 0.25, ``docs/FIDELITY.md`` run 9).
 * ``c_kv``: per KV-cache token read by attention (bytes per token / bandwidth);
   verify attention reads a request's cache once for all its query tokens.
 * ``c_verify``, ``c_verify_token``: work a speculative (verify) step does on
@@ -211,6 +215,8 @@ class CostProfile:
     c_steps0_kv: float = 0.0
     #: Experts per token over experts (k/E) of an MoE model; 0 for a dense one.
     moe_active_fraction: float = 0.0
+    #: The experts a verified draft token adds, as a share of a fresh token's (``T_moe``).
+    moe_draft_token_share: float = 1.0
     description: str = ""
     model: dict = field(default_factory=dict, compare=False)
     hardware: dict = field(default_factory=dict, compare=False)
@@ -232,6 +238,11 @@ class CostProfile:
         if not 0.0 <= f <= 1.0:
             raise ValueError(f"moe_active_fraction must be in [0, 1], got {f}")
         object.__setattr__(self, "_log_moe", math.log1p(-f) if 0.0 < f < 1.0 else 0.0)
+        share = self.moe_draft_token_share
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not (
+                0.0 <= share <= 1.0):
+            raise ValueError(f"moe_draft_token_share must be in [0, 1], got {share!r}")
+        object.__setattr__(self, "moe_draft_token_share", float(share))
         cg = self.server.cuda_graph_max_bs
         object.__setattr__(self, "_cg_max", math.inf if cg is None else float(cg))
 
@@ -273,7 +284,9 @@ class CostProfile:
             + self.c_kv * kv_tokens
         )
         if self._log_moe:
-            latency += self.c_moe * -math.expm1(tokens * self._log_moe)
+            moe_tokens = tokens if self.moe_draft_token_share == 1.0 else (
+                batch_size * (1.0 + self.moe_draft_token_share * depth) + prefill_tokens)
+            latency += self.c_moe * -math.expm1(moe_tokens * self._log_moe)
         elif self.moe_active_fraction == 1.0 and tokens > 0:
             latency += self.c_moe
         if depth > 0:
@@ -311,6 +324,7 @@ class CostProfile:
             speculative_path,
             moe_active_fraction=self.moe_active_fraction,
             cuda_graph_max_bs=self.server.cuda_graph_max_bs,
+            moe_draft_token_share=self.moe_draft_token_share,
         )
         return design @ np.array([getattr(self, n) for n in COEFFICIENTS])
 
@@ -323,6 +337,8 @@ class CostProfile:
         data["hardware"] = dict(self.hardware)
         data["server"] = dataclasses.asdict(self.server)
         cost: dict[str, Any] = {"moe_active_fraction": self.moe_active_fraction}
+        if self.moe_draft_token_share != 1.0:
+            cost["moe_draft_token_share"] = self.moe_draft_token_share
         cost.update(self.coefficients)
         data["cost"] = cost
         if self.acceptance is not None:
@@ -341,6 +357,7 @@ def design_matrix(
     *,
     moe_active_fraction: float = 0.0,
     cuda_graph_max_bs: int | None = None,
+    moe_draft_token_share: float = 1.0,
 ) -> np.ndarray:
     """The latency formula's terms, one column per coefficient (:data:`COEFFICIENTS`).
 
@@ -361,7 +378,9 @@ def design_matrix(
     extend = ((d > 0) | ext).astype(np.float64)
     f = moe_active_fraction
     if 0.0 < f < 1.0:
-        moe = -np.expm1(tokens * math.log1p(-f))
+        moe_tokens = tokens if moe_draft_token_share == 1.0 else (
+            b * (1.0 + moe_draft_token_share * d) + pf)
+        moe = -np.expm1(moe_tokens * math.log1p(-f))
     else:
         moe = np.where(tokens > 0, 1.0, 0.0) if f == 1.0 else np.zeros_like(tokens)
     eager = np.zeros_like(b) if cuda_graph_max_bs is None else (b > cuda_graph_max_bs).astype(float)
@@ -403,7 +422,7 @@ _TOP_KEYS = {
     "provenance",
 }
 _REQUIRED_TOP = ("name", "server", "cost")
-_COST_KEYS = {"moe_active_fraction", *COEFFICIENTS}
+_COST_KEYS = {"moe_active_fraction", "moe_draft_token_share", *COEFFICIENTS}
 
 
 def shipped_profiles() -> list[str]:
@@ -890,6 +909,7 @@ def fit_profile(
         sp,
         moe_active_fraction=template.moe_active_fraction,
         cuda_graph_max_bs=template.server.cuda_graph_max_bs,
+        moe_draft_token_share=template.moe_draft_token_share,
     )
     lost = unidentifiable(design, pts.latency_s, template=template, free=free, ties=ties,
                           weight=pts.weight)

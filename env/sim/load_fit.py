@@ -327,6 +327,45 @@ def blank_template(template: CostProfile, moe_active_fraction: float = 0.0) -> C
                             c_steps0_kv=0.0)
 
 
+#: Shares of a fresh token's experts a verified draft token may add
+#: (``CostProfile.moe_draft_token_share``), tried by :func:`fit_speculative_on_plain`.
+MOE_DRAFT_TOKEN_SHARES = (1.0, 0.75, 0.5, 0.25, 0.1, 0.0)
+#: Speculative terms fitted on top of a plain profile. With the plain per-request cost
+#: fixed, a verify step's own per-request cost (``c_verify_token``) is identified.
+STACKED_SPEC_TERMS = ("c_verify", "c_verify_token", "c_draft", "c_draft_token", "c_steps0_kv")
+
+
+def fit_speculative_on_plain(steps: Sequence[StepArrays], plain: CostProfile,
+                             shares: Sequence[float] = MOE_DRAFT_TOKEN_SHARES,
+                             ) -> tuple[CostProfile, FitReport, dict[float, float]]:
+    """A speculative server as ``plain`` (its server without speculation) plus verify and
+    draft terms, fitted to the speculative decode steps of ``steps`` only.
+
+    The plugin's off path runs the plain decode, so its steps cost what ``plain`` says
+    (run 9: the MoE's within 0-2% at batch 1, 16 and 48), and a joint fit that also bends
+    the plain terms to the speculative steps gets neither right. For an MoE the share of
+    a fresh token's experts a draft token adds is chosen from ``shares`` by the fit's
+    median error. Returns the profile, its fit report and the median error per share.
+    """
+    points = load_points(steps)
+    speculative = points.depth > 0
+    if not speculative.any():
+        raise ValueError("no speculative decode step to fit the verify and draft terms to")
+    points = LatencyPoints(**{
+        f.name: value[speculative] if isinstance(value, np.ndarray) else value
+        for f in dataclasses.fields(points) for value in [getattr(points, f.name)]})
+    best: tuple[CostProfile, FitReport] | None = None
+    errors: dict[float, float] = {}
+    for share in (shares if plain.moe_active_fraction else (1.0,)):
+        profile, report = fit_profile(points, template=plain.replace(
+            moe_draft_token_share=float(share)), free=STACKED_SPEC_TERMS)
+        errors[float(share)] = report.median_abs_error
+        if best is None or report.median_abs_error < best[1].median_abs_error:
+            best = profile, report
+    assert best is not None
+    return best[0], best[1], errors
+
+
 def fit_server_profile(steps: Sequence[StepArrays], template: CostProfile, *,
                        speculative: bool, plain_runs: Sequence[StepArrays] | None = None,
                        ) -> tuple[CostProfile, FitReport]:

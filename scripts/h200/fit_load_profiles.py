@@ -27,8 +27,14 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from env.sim.cost_model import FitReport, load_profile, save_profile
-from env.sim.load_fit import StepArrays, blank_template, fit_server_profile, load_points
+from env.sim.cost_model import CostProfile, FitReport, load_profile, save_profile
+from env.sim.load_fit import (
+    StepArrays,
+    blank_template,
+    fit_server_profile,
+    fit_speculative_on_plain,
+    load_points,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 #: The shared measurements (``../shared`` from the project root; ``--shared`` elsewhere).
@@ -161,8 +167,8 @@ def main(argv: list[str] | None = None) -> int:
             run, name = first_run(item)
             spec_runs.append(run)
             spec_files.append(name)
-        jobs += [("moe_real_nospec", False, [off], [off], template, [path.name]),
-                 ("moe_real_spec", True, spec_runs, [off], template, spec_files)]
+        jobs += [("moe_real_nospec", False, [off], [off], template, [path.name])]
+    fitted: dict[str, CostProfile] = {}
     for stem, speculative, steps, plain, template, files in jobs:
         profile, report = fit_server_profile(steps, template, speculative=speculative,
                                              plain_runs=plain)
@@ -181,10 +187,32 @@ def main(argv: list[str] | None = None) -> int:
                                   "(off and replay traces); explore trace: radix "
                                   "cache on, decode steps only"})
         save_profile(profile, out / f"{stem}.yaml")
+        fitted[stem] = profile
         print(f"{stem}: {report.summary()}; c_kv {profile.c_kv * 1e9:.1f} ns "
               "(within-batch slope)")
         print("  " + ", ".join(f"{k}={v * 1e6:.3f}us" for k, v in
                                profile.coefficients.items() if k in report.free))
+    if args.moe_real_off:
+        # The speculative server = the server without speculation (its off path runs
+        # that plain decode) + verify and draft terms fitted to the speculative steps.
+        plain = fitted["moe_real_nospec"]
+        profile, report, by_share = fit_speculative_on_plain(spec_runs, plain)
+        profile = profile.replace(
+            name="h200_moe_real_spec_load",
+            description="moe_real_spec on one H200 (SGLang 0.5.15.post1), EAGLE-3: "
+                        "moe_real_nospec's plain terms + verify and draft terms fitted to "
+                        "the speculative decode steps (env.sim.load_fit."
+                        "fit_speculative_on_plain)",
+            provenance={"fit": profile.provenance["fit"], "fitted_to": spec_files,
+                        "plain_terms": "moe_real_nospec.yaml (same fit run)",
+                        "moe_draft_token_share": {f"{k:g}": round(v, 4)
+                                                  for k, v in by_share.items()},
+                        "method": "scripts/h200/fit_load_profiles.py (env.sim.load_fit)"})
+        save_profile(profile, out / "moe_real_spec.yaml")
+        print(f"moe_real_spec (on moe_real_nospec): {report.summary()}; median error by "
+              "draft-token share: " + ", ".join(f"{k:g}: {v:.4f}" for k, v in by_share.items()))
+        print("  " + ", ".join(f"{k}={getattr(profile, k) * 1e6:.3f}us" for k in report.free)
+              + f", moe_draft_token_share={profile.moe_draft_token_share:g}")
     if args.held_out and not args.moe_real_off:
         parser.error("--held-out checks the moe_real_spec fit: give --moe-real-off too")
     for item in args.held_out:

@@ -133,6 +133,7 @@ def _steady_state_row(
     kw = {
         "moe_active_fraction": profile.moe_active_fraction,
         "cuda_graph_max_bs": profile.server.cuda_graph_max_bs,
+        "moe_draft_token_share": profile.moe_draft_token_share,
     }
     decode = design_matrix(batch, depth, kv, 0, speculative, speculative, **kw)[0]
     chunks = _chunk_progress(prompt_tokens, profile.server.chunked_prefill_tokens)
