@@ -46,6 +46,8 @@ class _Workload:
     prompt_tokens: np.ndarray
     output_tokens: np.ndarray
     request_class: None = None
+    prefix_blocks: np.ndarray | None = None
+    prefix_block_tokens: int = 64
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -79,9 +81,15 @@ def scenarios(draw):
         cold_recovery_accept_fraction=draw(st.sampled_from([0.0, 0.5, 1.0])),
         stale_accept_loss=draw(st.sampled_from([0.0, 0.3])),
         finish_lag_steps=draw(st.sampled_from([0, 1, 2])),
+        prefix_cache=draw(st.booleans()),
     )
     depths = draw(st.lists(st.integers(0, 7), min_size=1, max_size=12))
-    return _Workload(np.cumsum(gaps), prompt, output), config, depths, draw(st.integers(0, 99))
+    # prompts of 64-token blocks drawn from a few shared prefixes
+    stems = draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))
+    blocks = [np.arange(-(-int(p) // 64)) + 1000 * stem
+              for p, stem in zip(prompt, stems, strict=True)]
+    return (_Workload(np.cumsum(gaps), prompt, output, prefix_blocks=blocks), config, depths,
+            draw(st.integers(0, 99)))
 
 
 class _ConstantAcceptance:
@@ -351,6 +359,45 @@ def test_a_finished_request_rides_the_overlap_schedulers_next_step(lag):
     assert sim.kv_used == 0 and stats.finished.all()
     with pytest.raises(ValueError, match="finish_lag_steps"):
         SchedulerConfig(finish_lag_steps=-1)
+
+
+def _prefill_tokens_per_request(prompts, blocks, arrivals, *, cache, capacity=100_000):
+    wl = _Workload(np.array(arrivals, float), np.array(prompts), np.full(len(prompts), 4),
+                   prefix_blocks=[np.array(b) for b in blocks])
+    config = SchedulerConfig(kv_capacity_tokens=capacity, prefix_cache=cache)
+    sim = Simulator(_LinearCost(), _ConstantAcceptance(0), wl, config, seed=0)
+    records = []
+    while not sim.done:
+        records.extend(sim.advance())
+        if sim.done:
+            break
+        records.append(sim.decode(1))
+        # the cache only ever holds what the batch leaves free
+        assert sim.kv_used + sim._cache_tokens <= capacity
+    assert sim.stats().finished.all() and sim.kv_used == 0
+    return [r.prefill_tokens for r in records if not r.is_decode]
+
+
+def test_the_radix_cache_skips_a_prefix_an_earlier_request_left():
+    """SGLang's radix cache: a prompt's leading 64-token blocks that a finished request
+    left are not computed again (at least one token is)."""
+    prompts, arrivals = [300, 300, 200], [0.0, 10.0, 20.0]
+    blocks = [[1, 2, 3, 4, 5], [1, 2, 3, 4, 5], [1, 2, 9, 10]]
+    assert _prefill_tokens_per_request(prompts, blocks, arrivals, cache=False) == prompts
+    assert _prefill_tokens_per_request(prompts, blocks, arrivals, cache=True) == [
+        300, 1, 200 - 128]
+
+
+def test_the_radix_cache_evicts_the_least_recently_used_prefix():
+    """With room for about one prompt beside the batch, the older prefix goes first,
+    from its tail."""
+    a, b, c = [1, 2, 3, 4, 5], [11, 12, 13, 14, 15], [21, 22, 23, 24, 25, 26, 27, 28]
+    got = _prefill_tokens_per_request([300, 300, 500, 300, 300], [a, b, c, b, a],
+                                      [0.0, 10.0, 20.0, 30.0, 40.0], cache=True,
+                                      capacity=1000)
+    # C (500) needs 100 tokens of A's room, the least recent: A loses its tail (44 + 64
+    # tokens; leaves first, as SGLang's radix tree), B survives whole
+    assert got == [300, 300, 500, 1, 300 - 192]
 
 
 def test_request_larger_than_kv_cache_is_rejected_with_its_index():

@@ -227,6 +227,14 @@ MOON = '{{"timestamp": {}, "input_length": {}, "output_length": {}, "hash_ids": 
             MOON.format(0, 5, 6) + "[" * 100_000 + "]" * 100_000 + "\n",
             "line 2: JSON nested too deeply",
         ),
+        (
+            MOON.format(0, 5, 6) + MOON.format(3, 5, 6).replace("[1, 2]", "[1, -2]"),
+            "line 2, field 'hash_ids': not a list of non-negative integers: [1, -2]",
+        ),
+        (
+            MOON.format(0, 5, 6) + MOON.format(3, 5, 6).replace("[1, 2]", '"1,2"'),
+            "line 2, field 'hash_ids': not a list of non-negative integers: '1,2'",
+        ),
     ],
 )
 def test_mooncake_errors(tmp_path, content, expected):
@@ -259,6 +267,12 @@ def test_mooncake_values(tmp_path):
     np.testing.assert_allclose(w.arrival_s, [0.0, 1.5])
     np.testing.assert_array_equal(w.prompt_tokens, [5, 7])
     np.testing.assert_array_equal(w.output_tokens, [6, 8])
+    # hash_ids: the prompts' prefix blocks, carried through windows and rescaling
+    assert w.prefix_block_tokens == 512
+    assert [b.tolist() for b in w.scaled(2.0).window(0.0, 0.5).prefix_blocks] == [[1, 2]]
+    path.write_text(MOON.format(1000, 5, 6) + MOON.format(2500, 7, 8).replace(
+        ', "hash_ids": [1, 2]', ""))
+    assert read_mooncake_jsonl(path).prefix_blocks is None  # not known for every row
 
 
 def uniform_workload(n: int = 10_000, rate: float = 10.0) -> Workload:

@@ -5,7 +5,7 @@ length, optional class), read from one of three formats, told apart by content:
 
 * the Azure LLM inference trace CSV (``TIMESTAMP,ContextTokens,GeneratedTokens``);
 * the Mooncake JSON-lines trace (``timestamp`` in ms, ``input_length``,
-  ``output_length``, ``hash_ids`` which is ignored);
+  ``output_length``, ``hash_ids``: the prompt's prefix blocks, ``Workload.prefix_blocks``);
 * a specctl trace (:mod:`env.traces.trace_format`), whose request records are used.
 
 :func:`shipped_workload` loads the copies that ship with the package (see
@@ -49,6 +49,11 @@ class Workload:
         output_tokens: Output lengths, int32, >= 1.
         request_class: Per-request class (object array of str or None), or None.
         source: Where it came from (a path or a description).
+        prefix_blocks: Per request, the ids of its prompt's blocks of
+            ``prefix_block_tokens`` tokens (object array of int64 arrays; Mooncake's
+            ``hash_ids``): two prompts that share leading ids share that prefix, which
+            SGLang's radix cache need not compute twice. None when unknown.
+        prefix_block_tokens: Tokens per prefix block (Mooncake: 512).
     """
 
     name: str
@@ -57,6 +62,8 @@ class Workload:
     output_tokens: np.ndarray
     request_class: np.ndarray | None = None
     source: str = ""
+    prefix_blocks: np.ndarray | None = None
+    prefix_block_tokens: int = 512
 
     def __post_init__(self) -> None:
         # Coerce once here so every consumer can rely on dtypes and invariants.
@@ -91,6 +98,15 @@ class Workload:
                     f"expected ({n},)"
                 )
             object.__setattr__(self, "request_class", classes)
+        if self.prefix_blocks is not None:
+            if len(self.prefix_blocks) != n:
+                raise ValueError(f"workload {self.name!r}: prefix_blocks has "
+                                 f"{len(self.prefix_blocks)} entries, expected {n}")
+            blocks = np.empty(n, dtype=object)
+            blocks[:] = [np.asarray(b, dtype=np.int64) for b in self.prefix_blocks]
+            object.__setattr__(self, "prefix_blocks", blocks)
+        if self.prefix_block_tokens < 1:
+            raise ValueError(f"workload {self.name!r}: prefix_block_tokens must be >= 1")
 
     def __len__(self) -> int:
         return int(self.arrival_s.size)
@@ -113,6 +129,8 @@ class Workload:
             output_tokens=self.output_tokens[index],
             request_class=None if self.request_class is None else self.request_class[index],
             source=self.source,
+            prefix_blocks=None if self.prefix_blocks is None else self.prefix_blocks[index],
+            prefix_block_tokens=self.prefix_block_tokens,
         )
 
     def select(self, mask: np.ndarray) -> Workload:
@@ -186,6 +204,8 @@ class Workload:
             output_tokens=np.minimum(self.output_tokens, max_output_tokens),
             request_class=self.request_class,
             source=self.source,
+            prefix_blocks=self.prefix_blocks,
+            prefix_block_tokens=self.prefix_block_tokens,
         )
 
 
@@ -308,14 +328,17 @@ def read_azure_csv(path: str | os.PathLike, name: str | None = None) -> Workload
 
 
 _MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length")
-_MOONCAKE_IGNORED = ("hash_ids",)
+_MOONCAKE_OPTIONAL = ("hash_ids",)
+#: Tokens per ``hash_ids`` block of the Mooncake traces (FAST'25 release).
+MOONCAKE_BLOCK_TOKENS = 512
 
 
 def read_mooncake_jsonl(path: str | os.PathLike, name: str | None = None) -> Workload:
-    """Read a Mooncake trace (JSON lines: ``timestamp`` ms, ``input_length``, ``output_length``).
+    """Read a Mooncake trace (JSON lines: ``timestamp`` ms, ``input_length``, ``output_length``,
+    optionally ``hash_ids``: the prompt's 512-token blocks, shared ids = a shared prefix).
 
-    ``hash_ids`` (prefix-cache block ids) is ignored; any other key is an error.
-    Arrival times are seconds from the first row.
+    Any other key is an error. Arrival times are seconds from the first row. The
+    workload has ``prefix_blocks`` when every row has ``hash_ids``.
     """
     path = Path(path)
     lines = _read_lines(path)
@@ -324,7 +347,8 @@ def read_mooncake_jsonl(path: str | os.PathLike, name: str | None = None) -> Wor
     ts = np.empty(len(lines), dtype=np.float64)
     prompt = np.empty(len(lines), dtype=np.int64)
     output = np.empty(len(lines), dtype=np.int64)
-    allowed = set(_MOONCAKE_FIELDS) | set(_MOONCAKE_IGNORED)
+    allowed = set(_MOONCAKE_FIELDS) | set(_MOONCAKE_OPTIONAL)
+    blocks: list[np.ndarray | None] = []
     for i, line in enumerate(lines):
         lineno = i + 1
         if not line.strip():
@@ -355,6 +379,7 @@ def read_mooncake_jsonl(path: str | os.PathLike, name: str | None = None) -> Wor
                 raise WorkloadFormatError(path, lineno, key, f"not an integer: {v!r}")
             _check_count(v, path, lineno, key)
             dest[i] = v
+        blocks.append(_hash_ids(obj.get("hash_ids"), path, lineno))
     _check_sorted(ts, path, "timestamp", 1)
     return Workload(
         name=name or path.stem,
@@ -362,7 +387,20 @@ def read_mooncake_jsonl(path: str | os.PathLike, name: str | None = None) -> Wor
         prompt_tokens=prompt,
         output_tokens=output,
         source=str(path),
+        prefix_blocks=None if any(b is None for b in blocks) else blocks,
+        prefix_block_tokens=MOONCAKE_BLOCK_TOKENS,
     )
+
+
+def _hash_ids(value, path: Path, lineno: int) -> np.ndarray | None:
+    """A row's ``hash_ids``: a list of non-negative integers (None when absent)."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or any(
+            isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in value):
+        raise WorkloadFormatError(path, lineno, "hash_ids",
+                                  f"not a list of non-negative integers: {value!r:.80}")
+    return np.asarray(value, dtype=np.int64)
 
 
 def workload_from_trace(paths: str | os.PathLike | Sequence, name: str | None = None) -> Workload:
