@@ -71,7 +71,6 @@ _COMPRESSED_CACHE = 4096
 #: arguments (routing_id, group) the daemon never uses: 0.2 vs 0.5 us a call here.
 _BACKEND_SEND = zmq.backend.Socket.send
 _NOBLOCK = int(zmq.NOBLOCK)
-_RCVMORE = int(zmq.RCVMORE)
 _SNDMORE_NOBLOCK = int(zmq.NOBLOCK | zmq.SNDMORE)
 #: A HELLO's first bytes after its msgpack fixarray header (of 8, or 9 with a policy
 #: digest): WIRE_VERSION, Kind.HELLO.
@@ -283,22 +282,27 @@ class ControllerServer:
         clock = time.perf_counter
         started = clock()  # the latency clock of every frame read now (an upper bound)
         deadline = started + options.max_drain_s
-        recv, more = sock.recv, sock.get
+        recv = sock.recv
         for _ in range(options.max_drain):
             if clock() > deadline:
                 break
             try:
                 if with_user_id:
                     parts = sock.recv_multipart(_NOBLOCK, copy=False)
+                    extra = len(parts) - 2
                 else:  # a ROUTER's identity part is never alone: the frame follows
-                    parts = [recv(_NOBLOCK), recv(_NOBLOCK)]
-                    # (recv_multipart asks RCVMORE through pyzmq's enum conversion:
-                    # 2-3 us per frame more than two recvs and one plain-int get)
-                    while more(_RCVMORE):
-                        parts.append(recv(_NOBLOCK))
+                    identity = recv(_NOBLOCK)
+                    # The frame as a zmq.Frame, whose ``more`` says whether parts follow:
+                    # asking RCVMORE (or recv_multipart) goes through pyzmq's enum
+                    # conversion (2.6 vs 3.5 us per frame here, with its bytes copied).
+                    part = recv(_NOBLOCK, False)
+                    extra = 0
+                    while part.more:
+                        part = recv(_NOBLOCK, False)
+                        extra += 1
             except zmq.Again:
                 break
-            if len(parts) != 2:
+            if extra:
                 self._count(self.metrics.wire_errors, "malformed")
                 continue
             if with_user_id:  # the CURVE key ZAP admitted the connection with
@@ -306,7 +310,7 @@ class ControllerServer:
                 peer = (parts[0].bytes, frame.get("User-Id") or "")
                 frame = frame.bytes
             else:
-                peer, frame = (parts[0], ""), parts[1]
+                peer, frame = (identity, ""), part.bytes
             if frame[:3] in _HELLO_HEADERS:  # rare, and must not be shed
                 hellos.append((peer, frame))
                 continue
