@@ -47,6 +47,15 @@ def choose(policy: ExportedPolicy, actions: np.ndarray,
         whether the stream's observations were finite and present (a stream that is not
         gets a fallback, and should start afresh); whether any action was allowed.
     """
+    index, healthy, runnable = evaluate(policy, grids, allowed)
+    return actions[index], np.asarray(healthy), np.asarray(runnable)
+
+
+def evaluate(policy: ExportedPolicy, grids: np.ndarray | Sequence[np.ndarray | None],
+             allowed: Sequence[np.ndarray | None]) -> tuple[np.ndarray, list[bool], list[bool]]:
+    """:func:`choose` with the chosen actions as their index into ``policy.actions``
+    (shape (streams, grid rows)) and the flags as lists: what the daemon reads per poll.
+    """
     # Few, whole-array numpy calls: at these sizes each call's ~1 us overhead is the cost.
     rows = len(policy.feature_spec.batch_grid)
     n = len(grids)
@@ -61,25 +70,25 @@ def choose(policy: ExportedPolicy, actions: np.ndarray,
         else:
             failed = None
         observations = grids[0] if n == 1 else np.concatenate(grids)
-    finite = np.isfinite(observations)
-    if finite.all():
-        healthy = np.ones(n, dtype=bool)
+    if np.isfinite(observations).all():
+        healthy = [True] * n
     else:  # estimator overflow: that stream only
-        healthy = finite.reshape(n, -1).all(axis=1)
+        healthy = np.isfinite(observations).reshape(n, -1).all(axis=1).tolist()
         observations = np.nan_to_num(observations, nan=0.0, posinf=1.0, neginf=-1.0)
     if failed is not None:
-        healthy &= ~np.asarray(failed)
+        healthy = [ok and not bad for ok, bad in zip(healthy, failed, strict=True)]
     logits = policy.logits(observations)
-    runnable = np.ones(n, dtype=bool)
-    if any(a is not None for a in allowed):
-        masks = np.stack([np.ones(len(actions), dtype=bool) if a is None else a
-                          for a in allowed])
-        runnable = masks.any(axis=1)
+    if all(a is None for a in allowed):
+        runnable = [True] * n
+    else:
+        count = len(policy.actions)
+        masks = np.stack([np.ones(count, dtype=bool) if a is None else a for a in allowed])
+        runnable = masks.any(axis=1).tolist()
         # -inf where the server cannot run the action: never the arg-max
         logits = (logits.reshape(n, rows, -1)
                   + np.where(masks, 0.0, -np.inf)[:, None, :]).reshape(n * rows, -1)
-    steps = actions[np.argmax(logits, axis=1)].reshape(n, rows)
-    return steps, healthy, runnable
+    # the method, not np.argmax: the same call without numpy's Python-level wrapper
+    return logits.argmax(axis=1).reshape(n, rows), healthy, runnable
 
 
 def compress(grid: Sequence[int], steps: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:

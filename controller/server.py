@@ -36,7 +36,7 @@ import numpy as np
 import zmq
 from threadpoolctl import threadpool_limits
 
-from controller.decider import allowed_actions, choose, compress
+from controller.decider import allowed_actions, compress, evaluate
 from controller.io_thread import IoThreadPolicy
 from controller.metrics import Metrics
 from controller.policy_file import ExportedPolicy
@@ -71,7 +71,6 @@ _COMPRESSED_CACHE = 4096
 #: arguments (routing_id, group) the daemon never uses: 0.2 vs 0.5 us a call here.
 _BACKEND_SEND = zmq.backend.Socket.send
 _NOBLOCK = int(zmq.NOBLOCK)
-_RCVMORE = int(zmq.RCVMORE)
 _SNDMORE_NOBLOCK = int(zmq.NOBLOCK | zmq.SNDMORE)
 #: A HELLO's first bytes after its msgpack fixarray header (of 8, or 9 with a policy
 #: digest): WIRE_VERSION, Kind.HELLO.
@@ -191,7 +190,7 @@ class ControllerServer:
                          options.new_streams_per_s), self._new_stream)
         self._shadow_steps: Counter[int] = Counter()
         self._children: dict[tuple, object] = {}
-        self._policy_actions = np.asarray(holder.policy.actions)
+        self._set_actions(holder.policy)
         self._context = zmq.Context(io_threads=1)
         # Its I/O thread batch-scheduled while polls are large (see controller.io_thread).
         self._io_policy = IoThreadPolicy(self._context)
@@ -219,7 +218,8 @@ class ControllerServer:
         self._next_log = time.monotonic() + options.log_every_s
         self._next_error_log = 0.0
         self._busy_s = 0.0  # how long the latest round took (read, decide, send)
-        self._compressed: dict[tuple[int, ...], tuple[tuple[int, ...], tuple[int, ...]]] = {}
+        #: Wire forms by the chosen actions' indices as bytes (see _answer, _wire).
+        self._compressed: dict[bytes, tuple[tuple[int, ...], ...]] = {}
         self._too_big_logged = ""  # digest of a policy too big to push, once warned
         self._telemetry_folded = 0  # telemetry accepted since the last decide()
         self._evicted = 0
@@ -282,22 +282,27 @@ class ControllerServer:
         clock = time.perf_counter
         started = clock()  # the latency clock of every frame read now (an upper bound)
         deadline = started + options.max_drain_s
-        recv, more = sock.recv, sock.get
+        recv = sock.recv
         for _ in range(options.max_drain):
             if clock() > deadline:
                 break
             try:
                 if with_user_id:
                     parts = sock.recv_multipart(_NOBLOCK, copy=False)
+                    extra = len(parts) - 2
                 else:  # a ROUTER's identity part is never alone: the frame follows
-                    parts = [recv(_NOBLOCK), recv(_NOBLOCK)]
-                    # (recv_multipart asks RCVMORE through pyzmq's enum conversion:
-                    # 2-3 us per frame more than two recvs and one plain-int get)
-                    while more(_RCVMORE):
-                        parts.append(recv(_NOBLOCK))
+                    identity = recv(_NOBLOCK)
+                    # The frame as a zmq.Frame, whose ``more`` says whether parts follow:
+                    # asking RCVMORE (or recv_multipart) goes through pyzmq's enum
+                    # conversion (2.6 vs 3.5 us per frame here, with its bytes copied).
+                    part = recv(_NOBLOCK, False)
+                    extra = 0
+                    while part.more:
+                        part = recv(_NOBLOCK, False)
+                        extra += 1
             except zmq.Again:
                 break
-            if len(parts) != 2:
+            if extra:
                 self._count(self.metrics.wire_errors, "malformed")
                 continue
             if with_user_id:  # the CURVE key ZAP admitted the connection with
@@ -305,7 +310,7 @@ class ControllerServer:
                 peer = (parts[0].bytes, frame.get("User-Id") or "")
                 frame = frame.bytes
             else:
-                peer, frame = (parts[0], ""), parts[1]
+                peer, frame = (identity, ""), part.bytes
             if frame[:3] in _HELLO_HEADERS:  # rare, and must not be shed
                 hellos.append((peer, frame))
                 continue
@@ -477,42 +482,49 @@ class ControllerServer:
         policy = self.holder.policy
         grid = policy.feature_spec.batch_grid
         grids = self._observation_grids(entries)
-        chosen, healthy, runnable = choose(policy, self._policy_actions, grids,
-                                           [e.stream.allowed for e in entries])
-        if not healthy.all():
-            entries, chosen, healthy, runnable = self._after_nonfinite(
-                entries, grids, chosen, healthy, runnable)
+        index, ok, can = evaluate(policy, grids, [e.stream.allowed for e in entries])
+        if False in ok:
+            entries, index, ok, can = self._after_nonfinite(entries, grids, index, ok, can)
         metrics, shadow = self.metrics, self.options.shadow
         now = time.monotonic()
         out = []
         chosen_counts: dict[int, int] = {}  # counted per poll: one inc per value
-        # Plain lists per entry (numpy's ~2 us per call on arrays this small cost more
-        # than the work); the grid entry each answered step's batch falls in by bisect.
-        rows = chosen.tolist()
-        at = [max(bisect_right(grid, e.batch_size) - 1, 0) for e in entries]
-        ok, can = healthy.tolist(), runnable.tolist()
-        name = policy.name
-        if len(self._compressed) > _COMPRESSED_CACHE:
-            self._compressed.clear()
-        make, wire_of = new_decision, self._wire
+        # Each entry's chosen actions as bytes (one per grid row): the key of its wire
+        # form, made once per distinct decision (see _wire). A bytes slice hashes and
+        # compares in one C call; a tuple of 20 ints element by element, and numpy's
+        # ~2 us per call on arrays this small cost more than the work.
+        codes = index.astype(self._code_type, copy=False).tobytes()
+        width = len(codes) // len(entries) if entries else 0
+        cache, wire_of = self._compressed, self._wire
+        if len(cache) > _COMPRESSED_CACHE:
+            cache.clear()
+        name, make = policy.name, new_decision
+        start = 0
         if not shadow and False not in ok and False not in can:  # the common case, lean
-            for entry, steps, i in zip(entries, rows, at, strict=True):
+            for entry in entries:
+                key = codes[start:start + width]
+                start += width
+                wire = cache.get(key) or wire_of(key, grid)
                 stream = entry.stream
                 stream.last_seen = now
                 seq = stream.seq = stream.seq + 1
-                current = steps[i]
+                # the grid entry the answered step's batch falls in
+                current = wire[2][max(bisect_right(grid, entry.batch_size) - 1, 0)]
                 chosen_counts[current] = chosen_counts.get(current, 0) + 1
                 out.append((stream, make(seq, entry.record.step_index + DECISION_LAG, name,
-                                         *wire_of(steps, grid))))
+                                         wire[0], wire[1])))
         else:
             for i, entry in enumerate(entries):
+                key = codes[start:start + width]
+                start += width
+                wire = cache.get(key) or wire_of(key, grid)
+                steps = wire[2]
                 stream = entry.stream
                 stream.last_seen = now
                 stream.seq += 1
                 answering = entry.record.step_index
                 apply_from = answering + DECISION_LAG
-                steps = rows[i]
-                current = steps[at[i]]
+                current = steps[max(bisect_right(grid, entry.batch_size) - 1, 0)]
                 if not ok[i]:
                     decision = Decision.fallback(stream.seq, apply_from, name)
                 elif not can[i]:
@@ -522,49 +534,55 @@ class ControllerServer:
                     self._shadow_steps[current] += 1
                     self._count(metrics.fallbacks, "shadow")
                     log.debug("shadow: %r rank %d step %d: steps %s for grid %s",
-                              stream.key[1], stream.key[2], answering, steps, grid)
+                              stream.key[1], stream.key[2], answering, list(steps), grid)
                     decision = Decision.fallback(stream.seq, apply_from, name)
                 else:
                     chosen_counts[current] = chosen_counts.get(current, 0) + 1
-                    decision = make(stream.seq, apply_from, name, *wire_of(steps, grid))
+                    decision = make(stream.seq, apply_from, name, wire[0], wire[1])
                 out.append((stream, decision))
         for steps, count in chosen_counts.items():
             self._count(metrics.steps_chosen, steps, count)
         return out
 
-    def _wire(self, steps: list[int], grid) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """A decision's wire form: grid entries repeating the previous entry's steps
-        dropped (:func:`controller.decider.compress`, as local mode). The same steps
-        recur from step to step: each form is made once (emptied on reload)."""
-        key = tuple(steps)
-        wire = self._compressed.get(key)
-        if wire is None:
-            wire = self._compressed[key] = compress(grid, key)
+    def _wire(self, key: bytes, grid) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+        """A decision's wire form (grid entries repeating the previous entry's steps
+        dropped: :func:`controller.decider.compress`, as local mode) and its steps per
+        grid row, from its actions' indices as bytes (see _answer). The same steps recur
+        from step to step: each form is made once (emptied on reload)."""
+        actions = self._action_list
+        steps = tuple(actions[i] for i in np.frombuffer(key, self._code_type).tolist())
+        wire = self._compressed[key] = (*compress(grid, steps), steps)
         return wire
 
-    def _after_nonfinite(self, entries: list[_Answer], grids, chosen, healthy, runnable):
+    def _after_nonfinite(self, entries: list[_Answer], grids, index: np.ndarray,
+                         healthy: list[bool], runnable: list[bool]):
         """A non-finite observation (estimator overflow): its stream starts afresh, as local
         mode does, so that stream's later records in this poll are folded again into the
         fresh features and evaluated one by one (rare: the batch stays for the others)."""
-        keep = np.ones(len(entries), dtype=bool)
+        keep = [True] * len(entries)
         redo: list[_Answer] = []
         reset: set[int] = set()
-        for i in np.flatnonzero(~healthy).tolist():
+        for i, ok in enumerate(healthy):
+            if ok:
+                continue
             stream = entries[i].stream
             if grids[i] is None or id(stream) in reset:
                 continue  # folding failed (reset already), or dropped below
             reset.add(id(stream))
             stream.builder.reset()
             self._count(self.metrics.stream_resets, "nonfinite")
-            later = [j for j in range(i + 1, len(entries)) if entries[j].stream is stream]
-            keep[later] = False
-            redo += [entries[j] for j in later]
+            for j in range(i + 1, len(entries)):
+                if entries[j].stream is stream:
+                    keep[j] = False
+                    redo.append(entries[j])
         if not redo:
-            return entries, chosen, healthy, runnable
-        policy, actions = self.holder.policy, self._policy_actions
-        kept = np.flatnonzero(keep)
+            return entries, index, healthy, runnable
+        policy = self.holder.policy
+        kept = [i for i, k in enumerate(keep) if k]
         entries = [entries[i] for i in kept]
-        chosen, healthy, runnable = chosen[kept], healthy[kept], runnable[kept]
+        indexes = [index[kept]]
+        healthy = [healthy[i] for i in kept]
+        runnable = [runnable[i] for i in kept]
         for entry in redo:  # in order: each stream's later records, each after the last
             stream = entry.stream
             try:
@@ -573,15 +591,15 @@ class ControllerServer:
             except Exception:
                 self._reset_failed(stream)
                 grid = [None]
-            steps, ok, can = choose(policy, actions, grid, [stream.allowed])
+            chosen, ok, can = evaluate(policy, grid, [stream.allowed])
             if not ok[0] and grid[0] is not None:
                 stream.builder.reset()
                 self._count(self.metrics.stream_resets, "nonfinite")
             entries.append(_Answer(stream, stream.builder, entry.record, entry.batch_size))
-            chosen = np.concatenate([chosen, steps])
-            healthy = np.concatenate([healthy, ok])
-            runnable = np.concatenate([runnable, can])
-        return entries, chosen, healthy, runnable
+            indexes.append(chosen)
+            healthy += ok
+            runnable += can
+        return entries, np.concatenate(indexes), healthy, runnable
 
     def _observation_grids(self, entries: list[_Answer]) -> np.ndarray | list:
         """The entries' observation grids in one batched computation, shape (entries, grid
@@ -656,14 +674,20 @@ class ControllerServer:
         log.debug("new stream: server %r rank %d", key[1], key[2])
         return stream
 
+    def _set_actions(self, policy: ExportedPolicy) -> None:
+        self._policy_actions = np.asarray(policy.actions)
+        self._action_list = list(policy.actions)
+        # an action's index in one byte where the policy has at most 256 actions
+        self._code_type = np.dtype(np.uint8 if len(policy.actions) <= 256 else np.uint16)
+
     def _allowed(self, candidates: tuple[int, ...] | None) -> np.ndarray | None:
         return allowed_actions(self._policy_actions, candidates)
 
     def _on_reload(self, old: ExportedPolicy, new: ExportedPolicy) -> None:
         self.metrics.reloads.labels(result="ok").inc()
         self.metrics.set_policy(new.name, str(self.holder.path))
-        self._policy_actions = np.asarray(new.actions)
-        self._compressed = {}  # the grid may differ
+        self._set_actions(new)
+        self._compressed = {}  # the grid and the actions may differ
         same_spec = new.feature_spec == old.feature_spec
         if not same_spec:
             log.warning("the new policy uses another feature spec: streams start afresh")

@@ -369,8 +369,10 @@ class CompiledFeatureBuilder(FeatureBuilder):
         spec = first.spec
         depth = spec.max_depth
         n, rows = len(builders), len(batch_sizes)
+        # np.array of the rows, not np.stack (the same copy, without stack's Python
+        # checks: 2 vs 7 us for 5 streams)
         states = (first._state[None] if n == 1
-                  else np.stack([b._state for b in builders]))
+                  else np.array([b._state for b in builders]))
         design, at0, slope, column0 = first._grid_inputs(batch_sizes)
         out = np.empty((n, rows, spec.size), dtype=np.float32)
         latency = np.empty((depth + 1, n, rows))

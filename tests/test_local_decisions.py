@@ -85,6 +85,28 @@ def test_local_decisions_equal_the_daemons(tmp_path, profile):
     assert compared == 12 * 150
 
 
+def test_a_policy_of_more_than_256_actions_decides_as_local_mode(tmp_path):
+    """The daemon keys a decision's wire form by its actions' indices as bytes: past 256
+    actions (repeats allowed) an index takes two bytes, and must not wrap."""
+    path = tmp_path / "policy.npz"
+    actions = [i * 8 // 300 for i in range(300)]  # an index mod 256 is another action
+    ExportedPolicy.random(actions=actions, hidden=(16,), seed=5).save(path)
+    server = ControllerServer(PolicyHolder(path), ServeOptions(endpoint="inproc://wide"))
+    chosen = set()
+    try:
+        peer = (b"peer", "")
+        local = StreamDecider(ExportedPolicy.load(path), None)
+        for frame in telemetry_stream(7, 120):
+            pending: dict = {}
+            server.handle_frame(peer, frame, pending)
+            (_, remote), = server.decide(pending)
+            assert remote == local.decide(decode(frame))
+            chosen.update(remote.steps)
+    finally:
+        server.close()
+    assert len(chosen) > 1  # not one constant answer
+
+
 @pytest.mark.parametrize("answers", [1, 4])
 def test_records_sharing_a_poll_get_local_modes_decisions(tmp_path, answers):
     """Several records of one stream in one poll (a daemon late by more than a step): the
