@@ -132,6 +132,15 @@ def run_config(cfg: Any, *, policy_key: str | None = None) -> None:
     if isinstance(weight, bool) or not isinstance(weight, int | float) or weight < 1:
         raise UsageError(f"agent.pretrain.disagreement_weight={show(weight)}: must be a "
                          "number >= 1 (1: the student's mistakes count as any other state)")
+    weight = pretrain.get("start_weight", 1.0)
+    if isinstance(weight, bool) or not isinstance(weight, int | float) or weight < 1:
+        raise UsageError(f"agent.pretrain.start_weight={show(weight)}: must be a number >= 1 "
+                         "(1: an episode's first decisions count as any other state)")
+    count = pretrain.get("start_decisions", 0)
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise UsageError(f"agent.pretrain.start_decisions={show(count)}: must be a whole "
+                         "number >= 0 (how many of an episode's first decisions start_weight "
+                         "weighs)")
     teacher = pretrain.get("teacher")
     if teacher and profiles:
         from agents.policies import make_policy

@@ -53,6 +53,8 @@ class Demonstrations:
     #: (N,) whether the acting student chose otherwise than the teacher's label (False
     #: where the teacher acted).
     disagree: np.ndarray | None = None
+    #: (N,) the decision's index in its episode (0: the first, with no telemetry yet).
+    positions: np.ndarray | None = None
 
 
 def collect(env_cfg: dict[str, Any], teacher: str, steps: int, gamma: float, seed: int,
@@ -68,6 +70,8 @@ def collect(env_cfg: dict[str, Any], teacher: str, steps: int, gamma: float, see
         max_depth=int(env_cfg.get("max_depth", 7)))).act
     env = SpecDecodeEnv(env_cfg, split="train")
     observations, actions, rewards, ends, durations, disagree = [], [], [], [], [], []
+    positions: list[int] = []
+    position = 0
     obs, _ = env.reset(seed=seed)
     policy = _teacher_for(env, teacher, teacher_options)
     bar = tqdm(total=steps, desc=desc, unit="step", disable=None, leave=False)
@@ -76,6 +80,8 @@ def collect(env_cfg: dict[str, Any], teacher: str, steps: int, gamma: float, see
         label = policy.act(env.last_observation)
         observations.append(obs)
         actions.append(label)
+        positions.append(position)
+        position += 1
         action = label if student_act is None else int(student_act(obs))
         disagree.append(action != label)
         obs, reward, terminated, truncated, info = env.step(action)
@@ -84,6 +90,7 @@ def collect(env_cfg: dict[str, Any], teacher: str, steps: int, gamma: float, see
         ends.append(terminated or truncated)
         if terminated or truncated:
             obs, _ = env.reset()
+            position = 0
             policy = _teacher_for(env, teacher, teacher_options)
     bar.close()
     returns = np.zeros(len(rewards))
@@ -93,7 +100,7 @@ def collect(env_cfg: dict[str, Any], teacher: str, steps: int, gamma: float, see
         returns[i] = running
     return Demonstrations(np.asarray(observations, np.float32), np.asarray(actions, np.int64),
                           returns.astype(np.float32), np.asarray(durations, np.float32),
-                          np.asarray(disagree, bool))
+                          np.asarray(disagree, bool), np.asarray(positions, np.int64))
 
 
 def merge(a: Demonstrations, b: Demonstrations) -> Demonstrations:
@@ -104,26 +111,28 @@ def merge(a: Demonstrations, b: Demonstrations) -> Demonstrations:
     return Demonstrations(np.concatenate([a.observations, b.observations]),
                           np.concatenate([a.actions, b.actions]),
                           np.concatenate([a.returns, b.returns]),
-                          both(a.durations, b.durations), both(a.disagree, b.disagree))
+                          both(a.durations, b.durations), both(a.disagree, b.disagree),
+                          both(a.positions, b.positions))
 
 
 def dagger(model: PPO, env_cfg: dict[str, Any], teacher: str, steps: int, rounds: int,
            gamma: float, seed: int, epochs: int = 20,
            teacher_options: dict[str, Any] | None = None,
-           disagreement_weight: float = 1.0) -> dict[str, float]:
+           disagreement_weight: float = 1.0, start_weight: float = 1.0,
+           start_decisions: int = 0) -> dict[str, float]:
     """Teacher-driven round, then ``rounds - 1`` student-driven rounds, refitting each time
-    (``teacher_options``: see :func:`collect`; ``disagreement_weight``: see
-    :func:`kickstart`)."""
+    (``teacher_options``: see :func:`collect`; ``disagreement_weight``, ``start_weight``
+    and ``start_decisions``: see :func:`kickstart`)."""
+    weighting = {"disagreement_weight": disagreement_weight, "start_weight": start_weight,
+                 "start_decisions": start_decisions}
     demos = collect(env_cfg, teacher, steps, gamma, seed, desc=f"kick-start 1/{rounds}",
                     teacher_options=teacher_options)
-    stats = kickstart(model, demos, epochs=epochs, seed=seed,
-                      disagreement_weight=disagreement_weight)
+    stats = kickstart(model, demos, epochs=epochs, seed=seed, **weighting)
     for r in range(1, rounds):
         demos = merge(demos, collect(env_cfg, teacher, steps, gamma, seed + r, student=model,
                                      desc=f"kick-start {r + 1}/{rounds}",
                                      teacher_options=teacher_options))
-        stats = kickstart(model, demos, epochs=epochs, seed=seed + r,
-                          disagreement_weight=disagreement_weight)
+        stats = kickstart(model, demos, epochs=epochs, seed=seed + r, **weighting)
     return stats
 
 
@@ -137,16 +146,24 @@ def _teacher_for(env: SpecDecodeEnv, name: str, options: dict[str, Any] | None =
 
 def kickstart(model: PPO, demos: Demonstrations, epochs: int = 20, batch_size: int = 512,
               learning_rate: float = 1e-3, seed: int = 0,
-              disagreement_weight: float = 1.0) -> dict[str, float]:
+              disagreement_weight: float = 1.0, start_weight: float = 1.0,
+              start_decisions: int = 0) -> dict[str, float]:
     """Fit the actor to the teacher's actions and the critic to its returns.
 
     The states where the acting student chose otherwise than the teacher count
     ``disagreement_weight`` times in the imitation loss: they are the student's own
     mistakes (e.g. speculating on a server where it never pays), few among many states
-    where both agree.
+    where both agree. The first ``start_decisions`` decisions of each episode count
+    ``start_weight`` times: decided before telemetry says much, they are one or two in
+    a thousand states, yet in a short window on a slow server a speculative step there
+    costs a few per cent of the window.
     """
     if disagreement_weight < 1.0:
         raise ValueError(f"disagreement_weight must be >= 1, got {disagreement_weight}")
+    if start_weight < 1.0:
+        raise ValueError(f"start_weight must be >= 1, got {start_weight}")
+    if start_decisions < 0:
+        raise ValueError(f"start_decisions must be >= 0, got {start_decisions}")
     policy = model.policy
     device = policy.device
     obs = torch.as_tensor(demos.observations, device=device)
@@ -159,6 +176,8 @@ def kickstart(model: PPO, demos: Demonstrations, epochs: int = 20, batch_size: i
         weights = np.ones(len(demos.actions), np.float32)
     if demos.disagree is not None and disagreement_weight != 1.0:
         weights = np.where(demos.disagree, weights * disagreement_weight, weights)
+    if demos.positions is not None and start_weight != 1.0 and start_decisions > 0:
+        weights = np.where(demos.positions < start_decisions, weights * start_weight, weights)
     weights = torch.as_tensor(weights, dtype=torch.float32, device=device)
     optimizer = torch.optim.Adam(policy.parameters(), lr=learning_rate)
     generator = torch.Generator().manual_seed(seed)

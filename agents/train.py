@@ -114,7 +114,9 @@ def train(cfg: DictConfig, out_dir: Path) -> tuple[Path, float | None]:
                                  float(agent.gamma), seed, epochs=int(pretrain.epochs),
                                  teacher_options=dict(pretrain.get("teacher_options") or {}),
                                  disagreement_weight=float(pretrain.get("disagreement_weight",
-                                                                        1.0)))
+                                                                        1.0)),
+                                 start_weight=float(pretrain.get("start_weight", 1.0)),
+                                 start_decisions=int(pretrain.get("start_decisions", 0)))
         kickstarted = export_ppo(model, spec)
         kickstarted_state = copy.deepcopy(model.policy.state_dict())
     model.learn(total_timesteps=int(float(agent.total_timesteps)),

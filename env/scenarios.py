@@ -192,6 +192,12 @@ class ScenarioSampler:
         self.use_prior = self.cfg.get("cost_prior", "profile") == "profile"
         self.prior_spread = float(self.cfg.get("cost_prior_spread", 0.5))
         self.low_acceptance = LowAcceptanceEpisodes.from_config(self.cfg.get("low_acceptance"))
+        #: Training: the share of random servers whose speculative steps pay per cached
+        #: token (env.sim.random_servers.random_server's kv_verify_share).
+        self.kv_verify_share = float(self.cfg.get("random_kv_verify_share", 0.0))
+        if not 0.0 <= self.kv_verify_share <= 1.0:
+            raise ValueError(f"random_kv_verify_share must lie in [0, 1], got "
+                             f"{self.kv_verify_share}")
         if not self.profiles or not self.workloads:
             raise ValueError("env config needs at least one profile and one workload")
         for spec in self.workloads:
@@ -237,15 +243,18 @@ class ScenarioSampler:
         return (0.0, cut) if self.split == "train" else (cut, trace.duration_s)
 
     def server(self, entry: Any, rng: np.random.Generator,
-               first_accept: tuple[float, float] | None = None) -> _Server:
+               first_accept: tuple[float, float] | None = None,
+               kv_verify_share: float = 0.0) -> _Server:
         """The parts of a profile entry (``rng`` draws random servers and re-entry costs;
-        ``first_accept``: a random server's first-position acceptance range)."""
+        ``first_accept`` and ``kv_verify_share``: a random server's first-position
+        acceptance range and chance of a per-cached-token speculative cost)."""
         sim_cfg = dict(self.cfg.get("sim") or {})
         if self.cfg.get("randomise_reentry"):
             sim_cfg.update(random_scheduler_overrides(rng))
         if entry == RANDOM:
             kwargs = {} if first_accept is None else {"first_accept": first_accept}
-            profile, acceptance = random_server(rng, self.max_depth, **kwargs)
+            profile, acceptance = random_server(rng, self.max_depth,
+                                                kv_verify_share=kv_verify_share, **kwargs)
             return _Server(RANDOM, profile, acceptance,
                            make_scheduler_config(sim_cfg, profile, self.max_depth))
         if isinstance(entry, Mapping):
@@ -324,7 +333,8 @@ class ScenarioSampler:
         over ``profiles``), a workload and its settings, and the handed profile."""
         low = self.low_acceptance
         if low.share > 0 and rng.random() < low.share:  # no draw at share 0: stream unchanged
-            server = self.server(RANDOM, rng, first_accept=low.first_accept)
+            server = self.server(RANDOM, rng, first_accept=low.first_accept,
+                                 kv_verify_share=self.kv_verify_share)
             modes = list(low.prior_modes)
             weights = np.array([low.prior_modes[m] for m in modes])
             mode = modes[rng.choice(len(modes), p=weights / weights.sum())]
@@ -335,7 +345,7 @@ class ScenarioSampler:
                 entry = RANDOM
             else:
                 entry = self.profiles[rng.integers(len(self.profiles))]
-            server = self.server(entry, rng)
+            server = self.server(entry, rng, kv_verify_share=self.kv_verify_share)
             prior = self._handed(server, self.prior_modes[rng.choice(len(self.prior_modes),
                                                                      p=self.prior_weights)], rng)
         spec = self.workloads[rng.integers(len(self.workloads))]

@@ -96,6 +96,8 @@ def test_eval_mistakes_are_one_line(tmp_path, capsys, monkeypatch, args, starts,
      "agent.pretrain.teacher_options={accept_prior_strength:1}: "),
     (["env.low_acceptance.share=2"], "env.low_acceptance={share:2,"),
     (["agent.pretrain.disagreement_weight=0.5"], "agent.pretrain.disagreement_weight=0.5: "),
+    (["agent.pretrain.start_weight=0"], "agent.pretrain.start_weight=0: "),
+    (["agent.pretrain.start_decisions=-1"], "agent.pretrain.start_decisions=-1: "),
 ])
 def test_train_mistakes_are_one_line(tmp_path, capsys, monkeypatch, args, starts):
     result = invoke("agents.train", *args, tmp_path=tmp_path, capsys=capsys,

@@ -10,6 +10,7 @@ from env.scenarios import LowAcceptanceEpisodes, ScenarioSampler
 from env.sim.acceptance import DriftingAcceptance, acceptance_from_config
 from env.sim.cost_model import load_profile
 from env.sim.random_servers import (
+    KV_VERIFY,
     OPTIMISTIC_FACTOR,
     PRIOR_MODES,
     SPECULATIVE_COEFFICIENTS,
@@ -149,3 +150,39 @@ def test_options_off_leave_the_training_draw_unchanged():
 def test_low_acceptance_bad_settings_name_the_field(section, says):
     with pytest.raises(ValueError, match=says):
         LowAcceptanceEpisodes.from_config(section)
+
+
+def test_kv_verify_servers_pay_per_cached_token_on_the_speculative_path_only():
+    plain = random_server(np.random.default_rng(8))[0]
+    kv = random_server(np.random.default_rng(8), kv_verify_share=1.0)[0]
+    lo, hi = KV_VERIFY
+    assert plain.c_steps0_kv == 0.0 and lo <= kv.c_steps0_kv <= hi
+    # The same server otherwise (drawn last), so off costs the same at any context,
+    # while a speculative step at 200k cached tokens costs the KV term more.
+    assert {k: v for k, v in kv.coefficients.items() if k != "c_steps0_kv"} == {
+        k: v for k, v in plain.coefficients.items() if k != "c_steps0_kv"}
+    assert kv.step_latency_s(32, 0, 200_000, 0, False, False) == pytest.approx(
+        plain.step_latency_s(32, 0, 200_000, 0, False, False))
+    extra = kv.step_latency_s(32, 3, 200_000) - plain.step_latency_s(32, 3, 200_000)
+    assert extra == pytest.approx(kv.c_steps0_kv * 200_000, rel=1e-6)
+    shares = [random_server(np.random.default_rng(i), kv_verify_share=0.3)[0].c_steps0_kv > 0
+              for i in range(200)]
+    assert 30 < sum(shares) < 90
+    with pytest.raises(ValueError, match="kv_verify_share"):
+        random_server(np.random.default_rng(8), kv_verify_share=1.5)
+
+
+def test_kv_verify_share_reaches_training_servers_not_evaluation_ones():
+    cfg = {"horizon_s": 2.0, "profiles": ["h200_llama31_8b"], "random_server_share": 1.0,
+           "random_kv_verify_share": 1.0,
+           "workloads": [{"name": "fixed", "kind": "closed", "concurrency": [1]}]}
+    rng = np.random.default_rng(9)
+    assert all(ScenarioSampler(cfg).sample(rng).profile.c_steps0_kv > 0 for _ in range(10))
+    # Evaluation's random servers (random-0, random-1) are the same with or without it.
+    evaluated = ScenarioSampler(cfg, split="eval").evaluation(1, 0, ("exact",), 2)
+    default = ScenarioSampler({**cfg, "random_kv_verify_share": 0.0},
+                              split="eval").evaluation(1, 0, ("exact",), 2)
+    assert [s.profile.coefficients for s in evaluated] == [
+        s.profile.coefficients for s in default]
+    with pytest.raises(ValueError, match="random_kv_verify_share"):
+        ScenarioSampler({**cfg, "random_kv_verify_share": -0.1})

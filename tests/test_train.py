@@ -108,6 +108,42 @@ def test_disagreement_weight_makes_the_students_mistakes_count_more():
         choice(0.5)
 
 
+def test_start_weight_makes_an_episodes_first_decisions_count_more():
+    torch.set_num_threads(1)
+    env = SpecDecodeEnv(TINY_ENV)
+    obs = np.zeros((160, env.observation_space.shape[0]), np.float32)
+    # One state labelled twice: 100 times 1 late in episodes, 60 times 2 in their first
+    # six decisions (10 at each place).
+    actions = np.array([1] * 100 + [2] * 60)
+    demos = Demonstrations(obs, actions, np.zeros(160, np.float32),
+                           positions=np.array([50] * 100 + list(range(6)) * 10))
+
+    def choice(weight: float, first: int = 3) -> int:
+        model = PPO("MlpPolicy", env, seed=0, device="cpu", policy_kwargs={"net_arch": [8]})
+        kickstart(model, demos, epochs=30, seed=0, start_weight=weight, start_decisions=first)
+        return int(model.predict(obs[0], deterministic=True)[0])
+
+    assert choice(1.0) == 1
+    assert choice(3.0) == 2
+    assert choice(3.0, first=1) == 1  # 10 of the 60 weighed (80 against 100): outweighed
+    with pytest.raises(ValueError, match="start_weight"):
+        choice(0.5)
+    with pytest.raises(ValueError, match="start_decisions"):
+        choice(2.0, first=-1)
+
+
+def test_collect_counts_each_decisions_place_in_its_episode():
+    demos = collect(TINY_ENV, "goodput_greedy", 400, 0.99, 0)
+    positions = demos.positions
+    assert positions[0] == 0
+    # Consecutive within an episode, back to 0 after each end.
+    starts = np.flatnonzero(positions == 0)
+    assert len(starts) >= 2, "TINY_ENV episodes should end within 400 decisions"
+    steps = np.diff(positions)
+    assert np.all((steps == 1) | (positions[1:] == 0))
+    assert merge(demos, demos).positions.tolist() == positions.tolist() * 2
+
+
 def test_collect_marks_where_the_student_chose_otherwise():
     torch.set_num_threads(1)
     teacher_run = collect(TINY_ENV, "goodput_greedy", 60, 0.99, 0)

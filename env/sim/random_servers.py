@@ -43,13 +43,24 @@ def _log_uniform(rng: np.random.Generator, lo: float, hi: float) -> float:
 
 #: The first draft position's acceptance of a random server (per-position rate).
 FIRST_ACCEPT = (0.02, 0.95)
+#: ``c_steps0_kv`` (seconds per cached token, speculative path only) of a random server
+#: that pays one: the real H200 MoE's fits are 0.84-1.1 us (docs/FIDELITY.md).
+KV_VERIFY = (3e-8, 2e-6)
 
 
 def random_server(rng: np.random.Generator, max_depth: int = 7, name: str = "random",
                   first_accept: tuple[float, float] = FIRST_ACCEPT,
+                  kv_verify_share: float = 0.0,
                   ) -> tuple[CostProfile, DriftingAcceptance]:
     """A random server: its cost profile (with limits) and its acceptance model, the first
-    draft position accepting uniformly within ``first_accept`` (later ones decaying)."""
+    draft position accepting uniformly within ``first_accept`` (later ones decaying).
+
+    With probability ``kv_verify_share`` its speculative steps also pay per cached token
+    (``c_steps0_kv`` log-uniform within ``KV_VERIFY``), as the real H200 MoE's do: their
+    cost then grows with the context, apart from off's. At 0 nothing more is drawn, so
+    the stream (and every server drawn from it) is unchanged."""
+    if not 0.0 <= kv_verify_share <= 1.0:
+        raise ValueError(f"kv_verify_share must lie in [0, 1], got {kv_verify_share}")
     lo, hi = (float(v) for v in first_accept)
     if not 0.0 <= lo <= hi <= 1.0:
         raise ValueError(f"first_accept must be 0 <= lo <= hi <= 1, got {list(first_accept)}")
@@ -87,6 +98,8 @@ def random_server(rng: np.random.Generator, max_depth: int = 7, name: str = "ran
     alphas = np.minimum(first * decay ** np.arange(max_depth), 1.0)
     acceptance = DriftingAcceptance(alphas, drift_sigma=float(rng.uniform(0.0, 0.08)),
                                     class_sigma=float(rng.uniform(0.0, 0.4)))
+    if kv_verify_share > 0.0 and rng.random() < kv_verify_share:
+        profile = profile.replace(c_steps0_kv=_log_uniform(rng, *KV_VERIFY))
     return profile.replace(acceptance=acceptance.to_config()), acceptance
 
 
