@@ -88,19 +88,29 @@ def test_kickstart_teacher_is_built_with_its_options():
     assert len(demos.actions) == 50
 
 
-def test_disagreement_weight_makes_the_students_mistakes_count_more():
+def _one_state_labelled_twice(**fields):
+    """A kick-start's choice for one state labelled 1 (100 times) and 2 (60 times), the
+    demonstrations' other ``fields`` saying which labels count more."""
     torch.set_num_threads(1)
     env = SpecDecodeEnv(TINY_ENV)
     obs = np.zeros((160, env.observation_space.shape[0]), np.float32)
-    # One state labelled twice: 100 times 1 where the student agreed, 60 times 2 where not.
-    actions = np.array([1] * 100 + [2] * 60)
-    demos = Demonstrations(obs, actions, np.zeros(160, np.float32),
-                           disagree=np.array([False] * 100 + [True] * 60))
+    demos = Demonstrations(obs, np.array([1] * 100 + [2] * 60), np.zeros(160, np.float32),
+                           **fields)
+
+    def choice(**weights) -> int:
+        model = PPO("MlpPolicy", env, seed=0, device="cpu", policy_kwargs={"net_arch": [8]})
+        kickstart(model, demos, epochs=30, seed=0, **weights)
+        return int(model.predict(obs[0], deterministic=True)[0])
+
+    return choice
+
+
+def test_disagreement_weight_makes_the_students_mistakes_count_more():
+    # the 60 labels of 2 where the student disagreed
+    chosen = _one_state_labelled_twice(disagree=np.array([False] * 100 + [True] * 60))
 
     def choice(weight: float) -> int:
-        model = PPO("MlpPolicy", env, seed=0, device="cpu", policy_kwargs={"net_arch": [8]})
-        kickstart(model, demos, epochs=30, seed=0, disagreement_weight=weight)
-        return int(model.predict(obs[0], deterministic=True)[0])
+        return chosen(disagreement_weight=weight)
 
     assert choice(1.0) == 1
     assert choice(3.0) == 2
@@ -109,19 +119,11 @@ def test_disagreement_weight_makes_the_students_mistakes_count_more():
 
 
 def test_start_weight_makes_an_episodes_first_decisions_count_more():
-    torch.set_num_threads(1)
-    env = SpecDecodeEnv(TINY_ENV)
-    obs = np.zeros((160, env.observation_space.shape[0]), np.float32)
-    # One state labelled twice: 100 times 1 late in episodes, 60 times 2 in their first
-    # six decisions (10 at each place).
-    actions = np.array([1] * 100 + [2] * 60)
-    demos = Demonstrations(obs, actions, np.zeros(160, np.float32),
-                           positions=np.array([50] * 100 + list(range(6)) * 10))
+    # 1 late in episodes, 2 in their first six decisions (10 at each place)
+    chosen = _one_state_labelled_twice(positions=np.array([50] * 100 + list(range(6)) * 10))
 
     def choice(weight: float, first: int = 3) -> int:
-        model = PPO("MlpPolicy", env, seed=0, device="cpu", policy_kwargs={"net_arch": [8]})
-        kickstart(model, demos, epochs=30, seed=0, start_weight=weight, start_decisions=first)
-        return int(model.predict(obs[0], deterministic=True)[0])
+        return chosen(start_weight=weight, start_decisions=first)
 
     assert choice(1.0) == 1
     assert choice(3.0) == 2
