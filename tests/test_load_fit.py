@@ -101,6 +101,12 @@ def test_speculative_terms_fitted_on_a_plain_profile_find_the_draft_token_share(
     assert report.median_abs_error < 0.01
     with pytest.raises(ValueError, match="no speculative decode step"):
         fit_speculative_on_plain([synthetic_steps(truth, np.random.default_rng(7))], plain)
+    # its points: the speculative decode steps alone, no plain decode, no prefill
+    points = load_points([steps], speculative_only=True)
+    assert (points.depth > 0).all() and (points.prefill_tokens == 0).all()
+    assert len(points) < len(load_points([steps]))
+    with pytest.raises(ValueError, match="exclude each other"):
+        load_points([steps], plain_only=True, speculative_only=True)
 
 
 @given(batch=st.integers(1, 64), depth=st.integers(0, 7), prefill=st.integers(1, 8192),

@@ -194,7 +194,8 @@ def prefill_attributed(run: StepArrays, kv_bin_tokens: int = KV_BIN_TOKENS) -> n
 
 def load_points(steps: StepArrays | Sequence[StepArrays], *, draft_extend: bool = False,
                 switch_guard: int = 5, min_steps: int = 3,
-                kv_bin_tokens: int = KV_BIN_TOKENS, plain_only: bool = False) -> LatencyPoints:
+                kv_bin_tokens: int = KV_BIN_TOKENS, plain_only: bool = False,
+                speculative_only: bool = False) -> LatencyPoints:
     """Group medians of decode and prefill steps as fit points (see the module docstring).
 
     Args:
@@ -206,7 +207,11 @@ def load_points(steps: StepArrays | Sequence[StepArrays], *, draft_extend: bool 
         kv_bin_tokens: Width of the KV bins of decode steps.
         plain_only: Leave out speculative decode steps (to fit a server without
             speculation from the off path's steps).
+        speculative_only: Keep speculative decode steps alone (to fit verify terms on top
+            of a plain profile, :func:`fit_speculative_on_plain`).
     """
+    if plain_only and speculative_only:
+        raise ValueError("plain_only and speculative_only exclude each other")
     runs = [steps] if isinstance(steps, StepArrays) else list(steps)
     keys, values = [], []
     for run in runs:
@@ -215,9 +220,9 @@ def load_points(steps: StepArrays | Sequence[StepArrays], *, draft_extend: bool 
         latency = prefill_attributed(run, kv_bin_tokens)
         ok = latency > 0
         decode = ok & (run.prefill_tokens == 0) & (run.batch_size > 0)
-        decode &= ((run.depth > 0) & (not plain_only)) | (window == 0)
+        decode &= ((run.depth > 0) & (not plain_only)) | ((window == 0) & (not speculative_only))
         decode &= run.decodes_measured
-        prefill = ok & (run.prefill_tokens > 0) & run.prefills_measured
+        prefill = ok & (run.prefill_tokens > 0) & run.prefills_measured & (not speculative_only)
         kv_bin = np.floor(run.kv_tokens / kv_bin_tokens).astype(np.int64)
         pf_bin = np.floor(np.log2(np.maximum(run.prefill_tokens, 1))).astype(np.int64)
         for i in np.flatnonzero(decode | prefill):
@@ -347,13 +352,9 @@ def fit_speculative_on_plain(steps: Sequence[StepArrays], plain: CostProfile,
     a fresh token's experts a draft token adds is chosen from ``shares`` by the fit's
     median error. Returns the profile, its fit report and the median error per share.
     """
-    points = load_points(steps)
-    speculative = points.depth > 0
-    if not speculative.any():
+    if not any((run.depth > 0).any() for run in steps):
         raise ValueError("no speculative decode step to fit the verify and draft terms to")
-    points = LatencyPoints(**{
-        f.name: value[speculative] if isinstance(value, np.ndarray) else value
-        for f in dataclasses.fields(points) for value in [getattr(points, f.name)]})
+    points = load_points(steps, speculative_only=True)
     best: tuple[CostProfile, FitReport] | None = None
     errors: dict[float, float] = {}
     for share in (shares if plain.moe_active_fraction else (1.0,)):

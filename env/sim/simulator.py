@@ -675,24 +675,22 @@ class Simulator:
 
     def _linger(self, rem: np.ndarray) -> None:
         """After a decode step with ``finish_lag_steps``: answer the requests that just
-        finished, keep them in the batch that many steps, free those whose ride ended."""
+        finished and keep them in the batch that many steps."""
         linger = self._run_linger[:self._n_run]
-        linger[linger > 0] -= 1  # the finished requests that rode this step
         finished = (rem <= 0) & (linger < 0)
         if finished.any():
             self._complete(finished)
-            linger[finished] = self.config.finish_lag_steps
             self._ride_since = self.time_s
+            # (this step is not theirs to ride: _age_lingering takes one off at once)
+            linger[finished] = self.config.finish_lag_steps + 1
             # its acceptance-table position may sit one past its own entries: keep it in
             # range (it produces nothing: rem is 0)
             self._run_pos[:self._n_run][finished] -= 1
-        gone = linger == 0
-        if gone.any():
-            self._remove(gone)
+        self._age_lingering()
 
     def _age_lingering(self) -> None:
-        """After a prefill step: SGLang read the last decode step's results meanwhile, so
-        finished requests it launched with no decode step left to ride are freed."""
+        """After any step: finished requests count it as ridden; those whose ride ended
+        are freed (after a prefill too: SGLang read the decode step's results meanwhile)."""
         linger = self._run_linger[:self._n_run]
         rode = linger > 0
         if rode.any():
@@ -742,14 +740,13 @@ class Simulator:
         Its leading blocks found there move from the cache to the request (its KV now),
         so they cannot be evicted while it runs; at least one token is computed.
         """
-        size = self.workload.prefix_block_tokens
         tokens = 0
         for block in self._prefix[rid].tolist():
             if block not in self._cache:
                 break
             tokens += self._cache.pop(block)
         self._cache_tokens -= tokens
-        hit = min(tokens, length - 1, size * len(self._prefix[rid]))
+        hit = min(tokens, length - 1)
         self.kv_used += hit  # (a block's tokens beyond the hit go back to the pool)
         return hit
 
