@@ -267,19 +267,65 @@ def test_each_recording_server_starts_from_an_empty_folder(tmp_path, monkeypatch
     assert list(session.fresh(tmp_path / "hooks").iterdir()) == []
 
 
-def test_a_policy_served_twice_keeps_its_repeat_apart_from_the_cells(tmp_path):
-    """Static 0 served first and last on one server (the off switch's first-minutes
-    question): the first loops stay the cell, the repeat is kept but not read as one."""
+def test_a_policy_served_again_is_read_as_a_later_serving(tmp_path):
+    """Policies served several times on one server, interleaved: each serving is a cell of
+    its own (``serving``), under a key that says which."""
     import load_cells
 
     result = {"closed_static_0": {}}
     assert load_cells.loop_key(result, "ppo") == "closed_ppo"
     assert load_cells.loop_key(result, "static_0") == "repeat_closed_static_0"
+    result["repeat_closed_static_0"] = {}
+    assert load_cells.loop_key(result, "static_0") == "repeat3_closed_static_0"
     summary = {"throughput_tok_s": 100.0, "mean_tpot_ms": 5.0}
     (tmp_path / "moe_acc2.5_load_run9.json").write_text(json.dumps(
         {"acceptance": 2.5, "simulate_acc_token_mode": "real-draft-token",
+         "closed_seconds": 10.0,
          "closed_static_0": {"64": summary},
-         "repeat_closed_static_0": {"64": {**summary, "throughput_tok_s": 90.0}}}))
+         "repeat_closed_static_0": {"64": {**summary, "throughput_tok_s": 90.0}},
+         "repeat3_closed_static_0": {"64": {**summary, "throughput_tok_s": 80.0}}}))
     cells, _ = read_run_dir(tmp_path)
-    assert [(c.key(), c.throughput_tok_s) for c in cells] == [
-        ("spec_off@2.5 closed C=64 static_0", 100.0)]
+    assert sorted((c.key(), c.serving, c.throughput_tok_s) for c in cells) == [
+        ("spec_off@2.5 closed C=64 static_0", 1, 100.0),
+        ("spec_off@2.5 closed C=64 static_0 #2", 2, 90.0),
+        ("spec_off@2.5 closed C=64 static_0 #3", 3, 80.0)]
+
+
+def test_a_repeat_key_must_name_a_later_serving(tmp_path):
+    (tmp_path / "moe_acc2.5_load_run9.json").write_text(json.dumps(
+        {"acceptance": 2.5, "repeat1_closed_ppo": {"1": {"throughput_tok_s": 1.0,
+                                                         "mean_tpot_ms": 1.0}}}))
+    with pytest.raises(ValueError, match=r"moe_acc2.5_load_run9.json: key 'repeat1_closed_ppo'"):
+        read_run_dir(tmp_path)
+
+
+def closed_rows(servings: dict[str, list[tuple[float, float]]]) -> list[dict]:
+    """Rows of one closed-loop group: per policy, (measured, simulated) of each serving."""
+    return [{**row(policy, m, s), "workload": "closed", "group": "run/moe spec_off@2.5",
+             "cell": f"spec_off@2.5 closed C=16 {policy}"}
+            for policy, runs in servings.items() for m, s in runs]
+
+
+def test_rankings_and_separated_pairs_take_the_median_of_servings():
+    rows = closed_rows({"a": [(1000.0, 900.0), (700.0, 900.0), (990.0, 900.0)],
+                        "b": [(800.0, 1000.0)]})
+    assert compare.rankings(rows) == {"run/moe spec_off@2.5 closed C=16": (["a", "b"],
+                                                                          ["b", "a"])}
+    assert compare.separated_pairs(rows, noise=0.06) == (0, 1)
+
+
+def test_established_pairs_need_every_serving_of_one_above_every_serving_of_the_other():
+    rows = closed_rows({
+        "static_3": [(1000.0, 1010.0), (1020.0, 1010.0)],
+        "ppo": [(990.0, 1030.0), (1010.0, 1030.0)],  # overlaps static_3: order open
+        "static_0": [(700.0, 750.0), (720.0, 750.0)],  # below both: established twice
+        "static_1": [(800.0, 820.0)]})  # served once: not counted
+    pairs = compare.established_pairs(rows)
+    # ppo vs static_3: measured gaps -3.0% .. +1.0%, simulated +1.9%: within +-1% of them
+    assert pairs == {"established": 2, "agree": 2, "open": 1, "consistent": 1}
+    rows[2] = {**rows[2], "simulated_tok_s": 1250.0}  # ppo simulated 19% above: outside
+    rows[3] = {**rows[3], "simulated_tok_s": 1250.0}
+    rows[4] = {**rows[4], "simulated_tok_s": 1200.0}  # static_0 simulated above static_3
+    rows[5] = {**rows[5], "simulated_tok_s": 1200.0}
+    assert compare.established_pairs(rows) == {"established": 2, "agree": 1, "open": 1,
+                                               "consistent": 0}

@@ -73,3 +73,11 @@ def test_failures_are_counted_with_their_reason():
 def test_summary_without_failures_has_no_errors(requests):
     run = loadgen.RunResult(0.0, 1.0, [loadgen.RequestResult(0.0, 0.1, 0.5, 4)] * requests)
     assert run.summary()["errors"] == {}
+
+
+def test_summary_keeps_each_answered_request_from_the_runs_start():
+    """Another metric (a closed loop's sending window) can be computed from the same run."""
+    ok = loadgen.RequestResult(10.5, 10.6, 11.0, 4)
+    lost = loadgen.RequestResult(10.7, error="boom")
+    summary = loadgen.RunResult(10.0, 12.0, [ok, lost]).summary()
+    assert summary["per_request"] == [[0.5, 0.6, 1.0, 4]]

@@ -185,6 +185,13 @@ def table(model: str, rows: list[dict], profiles: dict[str, str]) -> str:
         lines.append(f"* pairs of policies measured more than {REPEAT_NOISE:.0%} apart (one "
                      f"run's repeat noise): simulated in the same order {agree} of "
                      f"{apart_pairs}")
+    pairs = established_pairs(rows)
+    if pairs["established"] or pairs["open"]:
+        lines.append(f"* pairs of policies each served at least twice on one server: order "
+                     f"established by every serving {pairs['established']}, simulated in "
+                     f"the same order {pairs['agree']}; order left open by the servings "
+                     f"{pairs['open']}, simulated gap within the measured gaps "
+                     f"(+-{TIE:.0%}) {pairs['consistent']}")
     return "\n".join(lines) + "\n"
 
 
@@ -214,29 +221,75 @@ TIE = 0.01
 REPEAT_NOISE = 0.06
 
 
+def samples(members: list[dict], key: str) -> dict[str, list[float]]:
+    """Every serving's ``key`` per policy of one ranking group (``measured_runs.Cell.serving``)."""
+    out: dict[str, list[float]] = {}
+    for m in members:
+        out.setdefault(m["policy"], []).append(float(m[key]))
+    return out
+
+
+def policy_pairs(members: list[dict]):
+    """(measured, simulated) samples of each pair of policies of one ranking group."""
+    measured, simulated = samples(members, "measured_tok_s"), samples(members, "simulated_tok_s")
+    names = sorted(measured)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            yield (measured[a], measured[b]), (simulated[a], simulated[b])
+
+
 def separated_pairs(rows: list[dict], noise: float = REPEAT_NOISE) -> tuple[int, int]:
-    """Of the pairs of policies in one ranking group measured more than ``noise`` apart,
-    how many the simulation orders the same way; and how many such pairs there are."""
+    """Of the pairs of policies in one ranking group measured more than ``noise`` apart
+    (medians over servings), how many the simulation orders the same way; and how many
+    such pairs there are."""
     agree = total = 0
     for members in ranking_groups(rows).values():
-        for i, a in enumerate(members):
-            for b in members[i + 1:]:
-                hi, lo = (a, b) if a["measured_tok_s"] >= b["measured_tok_s"] else (b, a)
-                if hi["measured_tok_s"] - lo["measured_tok_s"] > noise * hi["measured_tok_s"]:
-                    total += 1
-                    agree += hi["simulated_tok_s"] > lo["simulated_tok_s"]
+        for (ma, mb), (sa, sb) in policy_pairs(members):
+            a, b = float(np.median(ma)), float(np.median(mb))
+            if abs(a - b) > noise * max(a, b):
+                total += 1
+                agree += int((a > b) == (np.median(sa) > np.median(sb)))
     return agree, total
 
 
+def established_pairs(rows: list[dict]) -> dict[str, int]:
+    """The ranking against the run's own repeat noise, for groups whose policies were each
+    served at least twice on one server (``load_cells.py``, ``POLICIES=a,b,a,b``).
+
+    A measured order of two policies is *established* when every serving of one ran faster
+    than every serving of the other; the simulation agrees when its order is the same.
+    Where the servings overlap, the measurement leaves the order open, and the simulation
+    is *consistent* when its gap lies within the measured gaps (every serving of one
+    against every serving of the other), widened by ``TIE``. Returns the counts:
+    ``established``, ``agree``, ``open``, ``consistent``.
+    """
+    out = dict.fromkeys(("established", "agree", "open", "consistent"), 0)
+    for members in ranking_groups(rows).values():
+        for (ma, mb), (sa, sb) in policy_pairs(members):
+            if min(len(ma), len(mb)) < 2:
+                continue
+            sim_gap = (np.median(sa) - np.median(sb)) / max(np.median(sa), np.median(sb))
+            if min(ma) > max(mb) or min(mb) > max(ma):
+                out["established"] += 1
+                out["agree"] += int((sim_gap > 0) == (min(ma) > max(mb)))
+            else:
+                gaps = [(a - b) / max(a, b) for a in ma for b in mb]
+                out["open"] += 1
+                out["consistent"] += int(min(gaps) - TIE <= sim_gap <= max(gaps) + TIE)
+    return out
+
+
 def ranked(members: list[dict], key: str) -> list[str]:
-    """Policies by ``key``, best first; a policy within TIE of the one before joins it ("a=b")."""
-    order = sorted(members, key=lambda m: -m[key])
+    """Policies by ``key`` (the median over a policy's servings), best first; a policy within
+    TIE of the one before joins it ("a=b")."""
+    values = {policy: float(np.median(v)) for policy, v in samples(members, key).items()}
+    order = sorted(values, key=lambda p: -values[p])
     out: list[str] = []
-    for prev, m in zip([None, *order], order, strict=False):
-        if prev is not None and prev[key] - m[key] <= TIE * prev[key]:
-            out[-1] = "=".join(sorted([*out[-1].split("="), m["policy"]]))
+    for prev, policy in zip([None, *order], order, strict=False):
+        if prev is not None and values[prev] - values[policy] <= TIE * values[prev]:
+            out[-1] = "=".join(sorted([*out[-1].split("="), policy]))
         else:
-            out.append(m["policy"])
+            out.append(policy)
     return out
 
 

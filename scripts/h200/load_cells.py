@@ -16,8 +16,9 @@ its next request while fewer than ``CLOSED_SECONDS`` (10) have passed; 256-token
 ``--disable-radix-cache``). With ``--max-running-requests 48``, 16 of C = 64's requests wait.
 
 Environment: ``MODELS`` (model folders, as ``offswitch.py``), ``ACC``, ``POLICIES`` (plugin
-phase, default ``static_0,static_1,static_3,ppo``; a policy named twice is served
-twice, its second loops kept as ``repeat_closed_<policy>``), ``TAG`` (file suffix,
+phase, default ``static_0,static_1,static_3,ppo``; a policy named again is served again,
+its loops kept as ``repeat_closed_<policy>``, ``repeat3_closed_<policy>``, ...: ``loop_key``),
+``TAG`` (file suffix,
 default ``run6``),
 ``CLOSED_C``, ``CLOSED_SECONDS``, ``WARMUP_SECONDS`` (plugin phase, default 5: an
 unrecorded closed loop at the first C right after each policy is served, so the first
@@ -69,14 +70,26 @@ def sim_env() -> dict[str, str]:
 
 
 def loop_key(result: dict, policy: str) -> str:
-    """``closed_<policy>``, or ``repeat_closed_<policy>`` when the policy was served before.
+    """Where the loops of ``policy``'s next serving on this server go in ``result``.
 
-    A policy served twice on one server (static 0 first and last: the off switch's
-    first-minutes question, ``docs/OFFSWITCH.md``) keeps its first loops where
-    ``measured_runs.py`` reads them; the repeat is kept beside them, not read as a cell.
+    ``closed_<policy>`` the first time, ``repeat_closed_<policy>`` the second,
+    ``repeat<k>_closed_<policy>`` the k-th (k >= 3). A policy served several times on one
+    server, interleaved with the others (``POLICIES=a,b,a,b``), measures the run's own
+    repeat noise, against which a measured order of two policies is or is not established
+    (``measured_runs.Cell.serving``, ``compare.established_pairs``).
     """
     key = f"closed_{policy}"
-    return f"repeat_{key}" if key in result else key
+    if key not in result:
+        return key
+    serving = 2
+    while f"{repeat_prefix(serving)}{key}" in result:
+        serving += 1
+    return f"{repeat_prefix(serving)}{key}"
+
+
+def repeat_prefix(serving: int) -> str:
+    """The key prefix of a policy's ``serving``-th loops on one server (1: none)."""
+    return "" if serving == 1 else "repeat_" if serving == 2 else f"repeat{serving}_"
 
 
 def save(kind: str, data: dict) -> None:

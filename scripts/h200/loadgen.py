@@ -64,6 +64,14 @@ class RunResult:
             "mean_ttft_ms": 1e3 * sum(r.first_token_s - r.sent_s for r in ok
                                       if r.first_token_s is not None) / max(len(ok), 1),
             "mean_e2e_s": sum(r.done_s - r.sent_s for r in ok) / max(len(ok), 1),
+            # Every answered request (sent, first token and done, seconds from the run's
+            # start; output tokens), so that a metric other than the summary's (e.g. the
+            # tokens of a closed loop's sending window, without its drain) can be computed
+            # afterwards from the same run.
+            "per_request": [[round(r.sent_s - self.started_s, 4),
+                             round((r.first_token_s or r.done_s) - self.started_s, 4),
+                             round(r.done_s - self.started_s, 4), r.output_tokens]
+                            for r in ok],
         }
 
 

@@ -18,7 +18,9 @@ the project's sessions have written are recognised by file name and keys:
   against 6.71 / 6.70).
 * ``load_cells.py`` (``docs/results/h200/load``, run 6): ``<model>_nospec_run<N>.json``
   with ``closed`` (``{C: summary}``), ``<model>_acc<A>_load_run<N>.json`` with
-  ``closed_<policy>`` (the plugin's policies), ``<model>_acc<A>_sglang_run<N>.json``
+  ``closed_<policy>`` (the plugin's policies; a policy served again on the same server
+  adds ``repeat_closed_<policy>``, ``repeat3_closed_<policy>``, ...: cells of a later
+  ``serving``), ``<model>_acc<A>_sglang_run<N>.json``
   (SGLang's own ``--speculative-adaptive``, no plugin: ``headline_sglang_adaptive``,
   ``closed_sglang_adaptive``); closed loops of ``closed_seconds``, the servers as above.
 * ``session.py`` (``docs/results/h200``): ``sweep_real.json`` (``{policy: {C: ...}}``,
@@ -91,13 +93,17 @@ class Cell:
     tokens: str = "real"
     #: Why the cell is reported apart (a key of ``APART``), None for a representative cell.
     apart: str | None = None
+    #: The how-many-th time this policy was served on this server (1: first); later
+    #: servings are repeats of the same configuration, the run's own noise.
+    serving: int = 1
 
     def key(self) -> str:
         """A short unique label of the cell (without the source)."""
         load = (f"C={self.concurrency}" if self.workload != "headline"
                 else f"{self.seconds:g}s")
         acc = "" if self.acceptance is None else f"@{self.acceptance:g}"
-        return f"{self.server}{acc} {self.workload} {load} {self.policy}"
+        again = f" #{self.serving}" if self.serving > 1 else ""
+        return f"{self.server}{acc} {self.workload} {load} {self.policy}{again}"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -140,15 +146,34 @@ def _sweep(base: dict, sweep: dict, source: str, policy: str) -> list[Cell]:
     return cells
 
 
-def _closed(base: dict, loops: dict, source: str, policy: str, seconds: float) -> list[Cell]:
+def _closed(base: dict, loops: dict, source: str, policy: str, seconds: float,
+            serving: int = 1) -> list[Cell]:
     """One closed-loop cell per C of ``loops`` (``{C: summary}``)."""
     cells = []
     for c, r in loops.items():
         if not c.isdigit():
             raise ValueError(f"{source}: closed-loop key {c!r} is not a client count")
         cells.append(_cell(base, r, f"{source}.{c}", workload="closed", concurrency=int(c),
-                           seconds=seconds, policy=policy))
+                           seconds=seconds, policy=policy, serving=serving))
     return cells
+
+
+#: ``closed_<policy>``, ``repeat_closed_<policy>`` (second serving) or
+#: ``repeat<k>_closed_<policy>`` (k-th): ``load_cells.loop_key``.
+CLOSED_KEY = re.compile(r"(?:repeat(\d*)_)?closed_(.+)")
+
+
+def _serving(key: str, source: str) -> tuple[str, int] | None:
+    """(policy, serving) of a closed-loop key, or None if ``key`` is not one."""
+    match = CLOSED_KEY.fullmatch(key)
+    if match is None or key == "closed_seconds":
+        return None
+    if not key.startswith("repeat"):
+        return match[2], 1
+    serving = int(match[1] or 2)
+    if serving < 2:
+        raise ValueError(f"{source}: key {key!r}: a repeat is serving 2 or later")
+    return match[2], serving
 
 
 def _offswitch(path: Path, data: dict) -> list[Cell]:
@@ -185,8 +210,9 @@ def _offswitch(path: Path, data: dict) -> list[Cell]:
                 cells.append(_cell(base, r, f"{name}:{key}", workload="headline",
                                    concurrency=None, seconds=40.0,
                                    policy=key[len("headline_"):]))
-            elif key.startswith("closed_") and key != "closed_seconds":
-                cells += _closed(base, r, f"{name}:{key}", key[len("closed_"):], seconds)
+            elif (served := _serving(key, name)) is not None:
+                policy, serving = served
+                cells += _closed(base, r, f"{name}:{key}", policy, seconds, serving=serving)
     return cells
 
 
