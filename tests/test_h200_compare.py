@@ -79,6 +79,13 @@ def test_one_batch_cell_is_simulated_with_the_cells_server_limits():
     assert large["mean_tpot_ms"] == pytest.approx(5.8, rel=1e-6)
     assert small["mean_tpot_ms"] == pytest.approx(5.4, rel=1e-6)
     assert large["throughput_tok_s"] > small["throughput_tok_s"]
+    assert large["window_tok_s"] is None, "a one-batch cell has no sending window"
+    # A closed loop of one client for 1 s: steps of 5.1 ms, 128 tokens a request, every
+    # request done before the next is sent; the window holds about 1 s of them (196 tokens
+    # a second), while the throughput also counts the drain of the request the loop was in.
+    loop = Cell(**{**base, "workload": "closed", "seconds": 1.0}, concurrency=1, max_running=8)
+    closed = compare.simulate(loop, profile, profile, client)
+    assert closed["window_tok_s"] == pytest.approx(1 / 5.1e-3, rel=0.02)
 
 
 def test_cells_take_the_profile_of_the_tokens_they_decoded():
@@ -329,3 +336,37 @@ def test_established_pairs_need_every_serving_of_one_above_every_serving_of_the_
     rows[5] = {**rows[5], "simulated_tok_s": 1200.0}
     assert compare.established_pairs(rows) == {"established": 2, "agree": 1, "open": 1,
                                                "consistent": 0}
+
+
+def test_window_throughput_counts_only_tokens_streamed_before_the_deadline():
+    from measured_runs import window_throughput
+
+    # done before: all 10; straddling (first at 8 s, done at 12 s): 1 + 9 * (10-8)/(12-8);
+    # first token after the deadline: none
+    tokens = window_throughput([1.0, 8.0, 10.5], [5.0, 12.0, 11.0], [10, 10, 10], 10.0)
+    assert tokens == pytest.approx((10 + 1 + 9 * 0.5) / 10.0)
+    with pytest.raises(ValueError, match="positive"):
+        window_throughput([1.0], [2.0], [3], 0.0)
+
+
+def test_closed_loops_with_per_request_times_get_a_window_throughput(tmp_path):
+    loop = {"throughput_tok_s": 100.0, "mean_tpot_ms": 5.0,
+            "per_request": [[0.0, 0.5, 4.0, 8], [4.0, 4.5, 12.0, 16]]}
+    (tmp_path / "moe_acc2.5_load_run10.json").write_text(json.dumps(
+        {"acceptance": 2.5, "closed_seconds": 10.0, "closed_ppo": {"1": loop},
+         "closed_static_3": {"1": {"throughput_tok_s": 90.0, "mean_tpot_ms": 5.0}}}))
+    cells = {c.policy: c for c in read_run_dir(tmp_path)[0]}
+    assert cells["ppo"].window_tok_s == pytest.approx((8 + 1 + 15 * 5.5 / 7.5) / 10.0)
+    assert cells["static_3"].window_tok_s is None
+
+
+def test_established_pairs_on_the_window_metric_skip_rows_without_it():
+    rows = closed_rows({"a": [(1000.0, 1000.0)] * 2, "b": [(900.0, 950.0)] * 2})
+    for r, window in zip(rows, (500.0, 510.0, 400.0, None), strict=True):
+        r["measured_window_tok_s"] = window
+        r["simulated_window_tok_s"] = 505.0 if r["policy"] == "a" else 410.0
+    # b has one serving with the window metric left: no pair has two servings each
+    assert compare.established_pairs(rows, "window_tok_s")["established"] == 0
+    rows[3]["measured_window_tok_s"] = 390.0
+    assert compare.established_pairs(rows, "window_tok_s") == {
+        "established": 1, "agree": 1, "open": 0, "consistent": 0}

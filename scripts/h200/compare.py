@@ -46,7 +46,7 @@ from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from measured_runs import APART, Cell, read_run_dir
+from measured_runs import APART, Cell, read_run_dir, window_throughput
 
 from agents.policies import make_policy
 from env.features import FeatureSpec
@@ -103,8 +103,15 @@ def simulate(cell: Cell, profile: CostProfile, prior: CostProfile, client, seed:
     policy = make_policy(cell.policy, profile=profile, sim_config=config,
                          policy_path=policy_path)
     result = rollout(DecisionLoop(sim, FeatureSpec(), 3, horizon, cost_prior=prior), policy)
-    return {"throughput_tok_s": result.throughput_tok_s, "mean_tpot_ms": result.mean_tpot_ms,
-            "steps_chosen": list(result.steps_chosen)}
+    out = {"throughput_tok_s": result.throughput_tok_s, "mean_tpot_ms": result.mean_tpot_ms,
+           "steps_chosen": list(result.steps_chosen), "window_tok_s": None}
+    if cell.workload == "closed":
+        stats = sim.stats()
+        done = stats.finished
+        out["window_tok_s"] = window_throughput(stats.first_token_s[done],
+                                                stats.finish_s[done],
+                                                stats.output_tokens[done], cell.seconds)
+    return out
 
 
 def profile_for(cell: Cell, profiles: dict[str, CostProfile]) -> CostProfile | None:
@@ -185,13 +192,16 @@ def table(model: str, rows: list[dict], profiles: dict[str, str]) -> str:
         lines.append(f"* pairs of policies measured more than {REPEAT_NOISE:.0%} apart (one "
                      f"run's repeat noise): simulated in the same order {agree} of "
                      f"{apart_pairs}")
-    pairs = established_pairs(rows)
-    if pairs["established"] or pairs["open"]:
-        lines.append(f"* pairs of policies each served at least twice on one server: order "
-                     f"established by every serving {pairs['established']}, simulated in "
-                     f"the same order {pairs['agree']}; order left open by the servings "
-                     f"{pairs['open']}, simulated gap within the measured gaps "
-                     f"(+-{TIE:.0%}) {pairs['consistent']}")
+    for metric, what in (("tok_s", "throughput"),
+                         ("window_tok_s", "tokens of the closed loops' sending windows")):
+        pairs = established_pairs(rows, metric)
+        if pairs["established"] or pairs["open"]:
+            lines.append(
+                f"* {what}, pairs of policies each served at least twice on one server: "
+                f"order established by every serving {pairs['established']}, simulated in "
+                f"the same order {pairs['agree']}; order left open by the servings "
+                f"{pairs['open']}, simulated gap within the measured gaps (+-{TIE:.0%}) "
+                f"{pairs['consistent']}")
     return "\n".join(lines) + "\n"
 
 
@@ -229,9 +239,12 @@ def samples(members: list[dict], key: str) -> dict[str, list[float]]:
     return out
 
 
-def policy_pairs(members: list[dict]):
-    """(measured, simulated) samples of each pair of policies of one ranking group."""
-    measured, simulated = samples(members, "measured_tok_s"), samples(members, "simulated_tok_s")
+def policy_pairs(members: list[dict], metric: str = "tok_s"):
+    """(measured, simulated) samples of ``metric`` for each pair of policies of one ranking
+    group (rows without it, e.g. runs that kept no per-request times, are left out)."""
+    members = [m for m in members if m.get(f"measured_{metric}") is not None]
+    measured = samples(members, f"measured_{metric}")
+    simulated = samples(members, f"simulated_{metric}")
     names = sorted(measured)
     for i, a in enumerate(names):
         for b in names[i + 1:]:
@@ -252,7 +265,7 @@ def separated_pairs(rows: list[dict], noise: float = REPEAT_NOISE) -> tuple[int,
     return agree, total
 
 
-def established_pairs(rows: list[dict]) -> dict[str, int]:
+def established_pairs(rows: list[dict], metric: str = "tok_s") -> dict[str, int]:
     """The ranking against the run's own repeat noise, for groups whose policies were each
     served at least twice on one server (``load_cells.py``, ``POLICIES=a,b,a,b``).
 
@@ -261,11 +274,12 @@ def established_pairs(rows: list[dict]) -> dict[str, int]:
     Where the servings overlap, the measurement leaves the order open, and the simulation
     is *consistent* when its gap lies within the measured gaps (every serving of one
     against every serving of the other), widened by ``TIE``. Returns the counts:
-    ``established``, ``agree``, ``open``, ``consistent``.
+    ``established``, ``agree``, ``open``, ``consistent``. ``metric``: ``tok_s`` (the
+    loop's throughput, drain included) or ``window_tok_s`` (its sending window only).
     """
     out = dict.fromkeys(("established", "agree", "open", "consistent"), 0)
     for members in ranking_groups(rows).values():
-        for (ma, mb), (sa, sb) in policy_pairs(members):
+        for (ma, mb), (sa, sb) in policy_pairs(members, metric):
             if min(len(ma), len(mb)) < 2:
                 continue
             sim_gap = (np.median(sa) - np.median(sb)) / max(np.median(sa), np.median(sb))
@@ -373,6 +387,8 @@ def main(argv: list[str] | None = None) -> int:
                 "measured_tpot_ms": cell.mean_tpot_ms,
                 "simulated_tpot_ms": sim["mean_tpot_ms"],
                 "tpot_error": rel(sim["mean_tpot_ms"], cell.mean_tpot_ms),
+                "measured_window_tok_s": cell.window_tok_s,
+                "simulated_window_tok_s": sim["window_tok_s"],
             })
     for model, rows in per_model.items():
         (out / f"fidelity_{model}.json").write_text(json.dumps(
