@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -370,3 +371,44 @@ def test_established_pairs_on_the_window_metric_skip_rows_without_it():
     rows[3]["measured_window_tok_s"] = 390.0
     assert compare.established_pairs(rows, "window_tok_s") == {
         "established": 1, "agree": 1, "open": 0, "consistent": 0}
+
+
+def test_prefix_workload_shares_group_prefixes_and_nothing_else():
+    import prefix_workload as pw
+
+    arrivals, shared, outputs = pw.prefix_workload(True, seconds=5.0)
+    arrivals_u, unique, _ = pw.prefix_workload(False, seconds=5.0)
+    assert arrivals == arrivals_u and len(arrivals) == len(outputs) > 20
+    assert [len(b) for b in shared] == [len(b) for b in unique]
+    every = [b for blocks in unique for b in blocks]
+    assert len(set(every)) == len(every), "unique prompts share no block"
+    prefixes = {tuple(b[:pw.SHARED_BLOCKS]) for b in shared}
+    assert 1 < len(prefixes) <= pw.GROUPS
+    assert pw.token_ids(shared[0][:2]) == pw.token_ids(shared[0][:1]) + pw.token_ids(shared[0][1:2])
+    assert pw.token_ids([5]) != pw.token_ids([6])
+    assert len(pw.token_ids(shared[0])) == pw.prompt_tokens(shared[0])
+
+
+def test_prefix_runs_are_read_with_the_radix_cache_on_and_simulated_with_it(tmp_path):
+    from omegaconf import OmegaConf
+
+    from env.sim.cost_model import CostProfile, ServerLimits
+
+    summary = {"throughput_tok_s": 600.0, "mean_tpot_ms": 6.0}
+    (tmp_path / "dense_prefix_run10.json").write_text(json.dumps(
+        {"radix_cache": True, "seconds": 3.0, "unique_prefix": summary,
+         "shared_prefix": summary}))
+    cells = {c.workload: c for c in read_run_dir(tmp_path)[0]}
+    assert cells["shared_prefix"].key() == "nospec shared_prefix 3s no_spec"
+    assert all(c.radix_cache and c.apart is None for c in cells.values())
+    # prefill dear enough that 10 whole 3,584-token prompts a second saturate the server
+    profile = CostProfile("p", ServerLimits(48, 700_000, 8192), c_fixed=5e-3,
+                          c_request=1e-5, c_prefill_token=4e-5)
+    client = OmegaConf.create({"start_interval_s": 0.0, "client_overhead_s": 0.0})
+    unique, shared = (compare.simulate(cells[w], profile, profile, client)
+                      for w in ("unique_prefix", "shared_prefix"))
+    assert shared["mean_tpot_ms"] < 0.8 * unique["mean_tpot_ms"]
+    assert shared["throughput_tok_s"] > unique["throughput_tok_s"]
+    without = compare.simulate(replace(cells["shared_prefix"], radix_cache=False), profile,
+                               profile, client)
+    assert without["mean_tpot_ms"] == pytest.approx(unique["mean_tpot_ms"], rel=0.05)

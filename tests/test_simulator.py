@@ -361,8 +361,9 @@ def test_a_finished_request_rides_the_overlap_schedulers_next_step(lag):
         SchedulerConfig(finish_lag_steps=-1)
 
 
-def _prefill_tokens_per_request(prompts, blocks, arrivals, *, cache, capacity=100_000):
-    wl = _Workload(np.array(arrivals, float), np.array(prompts), np.full(len(prompts), 4),
+def _prefill_tokens_per_request(prompts, blocks, arrivals, *, cache, capacity=100_000,
+                                output=4):
+    wl = _Workload(np.array(arrivals, float), np.array(prompts), np.full(len(prompts), output),
                    prefix_blocks=[np.array(b) for b in blocks])
     config = SchedulerConfig(kv_capacity_tokens=capacity, prefix_cache=cache)
     sim = Simulator(_LinearCost(), _ConstantAcceptance(0), wl, config, seed=0)
@@ -386,6 +387,17 @@ def test_the_radix_cache_skips_a_prefix_an_earlier_request_left():
     assert _prefill_tokens_per_request(prompts, blocks, arrivals, cache=False) == prompts
     assert _prefill_tokens_per_request(prompts, blocks, arrivals, cache=True) == [
         300, 1, 200 - 128]
+
+
+def test_running_requests_share_a_cached_prefix():
+    """A prefix in the cache is found by a request arriving while another one that uses it
+    still runs (SGLang's radix tree shares it), and stays cached after both finish."""
+    a = [1, 2, 3, 4, 5]
+    # 100 output tokens take about 0.6 s: the second request arrives during the first's
+    # decode, the third after both, the fourth (a prefix of its own) in between
+    got = _prefill_tokens_per_request([300, 300, 200, 300], [a, a, [7, 8, 9, 10], a],
+                                      [0.0, 0.05, 0.1, 10.0], cache=True, output=100)
+    assert got == [300, 1, 200, 1]
 
 
 def test_the_radix_cache_evicts_the_least_recently_used_prefix():

@@ -95,7 +95,8 @@ class SchedulerConfig:
     #: and the KV cache are freed after step k+1. 0 frees them at once (no overlap).
     finish_lag_steps: int = 0
     #: SGLang's radix (prefix) cache, on by default in SGLang: a prompt's leading blocks
-    #: that a finished request left in the KV pool are not computed again. Needs a
+    #: that a finished request left in the KV pool, or that a running request holds, are
+    #: not computed again (blocks in use are shared, not evicted). Needs a
     #: workload that knows its prompts' blocks (``Workload.prefix_blocks``: Mooncake's
     #: ``hash_ids``; 64% of the shipped Mooncake trace's blocks repeat an earlier
     #: prompt's prefix); without it every prefill is whole, as ``--disable-radix-cache``.
@@ -286,12 +287,17 @@ class Simulator:
         # Steps a finished request still rides (``finish_lag_steps``); -1 while decoding.
         self._run_linger = np.full(cap, -1, dtype=np.int16)
         self._ride_since = 0.0  # when the newest lingering requests finished
-        # Radix cache: prompt blocks left by finished requests, least recently used
-        # first (block id -> tokens); they hold KV-pool slots the running batch does not.
+        # Radix cache: prompt blocks, least recently used first (block id -> tokens).
+        # Blocks of running requests stay findable but locked (``_locks``: how many
+        # requests hold each; ``_held``: which blocks a request holds): their tokens count
+        # in each holder's KV (``kv_used``: every request's context, which its attention
+        # reads) and not in ``_cache_tokens``, the evictable rest of the pool.
         blocks = getattr(self.workload, "prefix_blocks", None)
         self._prefix = blocks if self.config.prefix_cache and not self._closed_loop else None
         self._cache: OrderedDict[int, int] = OrderedDict()
         self._cache_tokens = 0
+        self._locks: dict[int, int] = {}
+        self._held: dict[int, list[int]] = {}
         self._n_run = 0
         # Request being prefilled in chunks: [rid, prompt tokens still to prefill].
         self._chunked: list[int] | None = None
@@ -639,6 +645,8 @@ class Simulator:
         self.step_index += 1
         if cfg.finish_lag_steps:
             self._age_lingering()
+        if self._prefix is not None:
+            self._insert_prompts(completed)
         self._start_decoding(completed, stale_draft=skip_draft)
         return record
 
@@ -737,44 +745,83 @@ class Simulator:
     def _take_cached_prefix(self, rid: int, length: int) -> int:
         """Prompt tokens of ``rid`` (about to be prefilled) already in the radix cache.
 
-        Its leading blocks found there move from the cache to the request (its KV now),
-        so they cannot be evicted while it runs; at least one token is computed.
+        Its leading blocks found there are locked while it runs (not evicted, and found by
+        other requests too, as SGLang's radix tree shares a prefix between running
+        requests) and count in its KV; at least one token is computed.
         """
         tokens = 0
+        held = []
         for block in self._prefix[rid].tolist():
-            if block not in self._cache:
+            size = self._cache.get(block)
+            if size is None:
                 break
-            tokens += self._cache.pop(block)
-        self._cache_tokens -= tokens
+            self._cache.move_to_end(block)
+            if block not in self._locks:
+                self._cache_tokens -= size  # in a request's KV now, not evictable
+            self._locks[block] = self._locks.get(block, 0) + 1
+            held.append(block)
+            tokens += size
+        if held:
+            self._held[rid] = held
         hit = min(tokens, length - 1)
         self.kv_used += hit  # (a block's tokens beyond the hit go back to the pool)
         return hit
 
+    def _release(self, rid: int) -> None:
+        """``rid`` no longer runs: blocks it held that no other request holds become
+        evictable cache again."""
+        for block in self._held.pop(rid, ()):
+            holders = self._locks[block] - 1
+            if holders:
+                self._locks[block] = holders
+            else:
+                del self._locks[block]
+                self._cache_tokens += self._cache[block]
+
+    def _insert_prompts(self, rids: list[int]) -> None:
+        """Requests whose prefill just finished put their prompt's blocks in the radix
+        cache, locked while they run (SGLang inserts a request's prefix into its radix
+        tree after the prefill, so a request arriving meanwhile finds it)."""
+        size = self.workload.prefix_block_tokens
+        for rid in rids:
+            prompt = int(self.requests.prompt[rid])
+            held = self._held.setdefault(rid, [])
+            mine = set(held)
+            for i, block in enumerate(self._prefix[rid].tolist()[: -(-prompt // size)]):
+                if block in mine:
+                    continue
+                if block not in self._cache:
+                    self._cache[block] = min(size, prompt - i * size)
+                elif block not in self._locks:
+                    self._cache_tokens -= self._cache[block]
+                self._locks[block] = self._locks.get(block, 0) + 1
+                held.append(block)
+
     def _cache_prompts(self, rids: np.ndarray) -> None:
         """Finished requests leave their prompt blocks in the radix cache (most recent).
 
-        A prompt's blocks go in last block first, so its leading blocks are the most
-        recent: eviction takes a prefix from its tail, as SGLang's radix tree evicts
-        leaves first, and what is left of it still matches.
+        A prompt's blocks become most recent last block first, so its leading blocks are
+        the most recent: eviction takes a prefix from its tail, as SGLang's radix tree
+        evicts leaves first, and what is left of it still matches.
         """
-        size = self.workload.prefix_block_tokens
         for rid in rids.tolist():
-            prompt = int(self.requests.prompt[rid])
-            blocks = self._prefix[rid].tolist()[: -(-prompt // size)]
-            for i in range(len(blocks) - 1, -1, -1):
-                block, tokens = blocks[i], min(size, prompt - i * size)
-                if block in self._cache:
-                    self._cache.move_to_end(block)
-                else:
-                    self._cache[block] = tokens
-                    self._cache_tokens += tokens
+            blocks = self._held.get(rid, [])
+            self._release(rid)
+            for block in reversed(blocks):
+                self._cache.move_to_end(block)
         self._evict_cache()
 
     def _evict_cache(self) -> None:
-        """Least recently used blocks go until the cache fits the pool beside the batch."""
-        room = self.config.kv_capacity_tokens - self.kv_used
-        while self._cache_tokens > max(room, 0) and self._cache:
-            self._cache_tokens -= self._cache.popitem(last=False)[1]
+        """Least recently used blocks go until the cache fits the pool beside the batch
+        (blocks a running request holds stay)."""
+        room = max(self.config.kv_capacity_tokens - self.kv_used, 0)
+        if self._cache_tokens <= room:
+            return
+        for block in list(self._cache):  # least recently used first
+            if self._cache_tokens <= room:
+                break
+            if block not in self._locks:
+                self._cache_tokens -= self._cache.pop(block)
 
     def _make_room(self, depth: int) -> None:
         """Retract the newest requests until the speculative reservation fits."""
@@ -784,6 +831,7 @@ class Simulator:
             # The partial prefill is the newest work: abort it first; it restarts later.
             rid, remaining = self._chunked
             self.kv_used -= self._prefill_length(rid) - remaining
+            self._release(rid)
             self._retracted.appendleft(rid)
             self._chunked = None
             self.retractions += 1
@@ -795,6 +843,7 @@ class Simulator:
             rid = int(self._run_rid[i])
             r.generated[rid] = r.output[rid] - self._run_rem[i]
             self.kv_used -= int(r.prompt[rid] + r.generated[rid])
+            self._release(rid)
             self._retracted.appendleft(rid)
             self._n_run = i
             self.retractions += 1

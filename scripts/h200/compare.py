@@ -15,7 +15,9 @@ The client is modelled as the load generator drives the server (``loadgen.py``):
   ``configs/workload/h200_measured.yaml``; ``fit_client.py`` fits them);
 * ``closed``: C clients back to back, sending for the run's seconds, then waiting for
   every answer (throughput: every token over the time to the last answer);
-* ``headline``: ``session.headline_workload(seconds)``, open-loop arrivals.
+* ``headline``: ``session.headline_workload(seconds)``, open-loop arrivals;
+* ``unique_prefix`` / ``shared_prefix``: ``prefix_workload.prefix_workload``, open-loop,
+  with the radix cache modelled (``SchedulerConfig.prefix_cache``) as the run had it.
 
 Server kinds: ``nospec`` and the plugin's off path (``spec_off``) run depth 0 as a plain
 decode (``sim.zero_step=off``); ``spec_sglang0`` (SGLang's own steps=0) runs it on the
@@ -46,7 +48,8 @@ from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from measured_runs import APART, Cell, read_run_dir, window_throughput
+import prefix_workload
+from measured_runs import APART, PREFIX_WORKLOADS, Cell, read_run_dir, window_throughput
 
 from agents.policies import make_policy
 from env.features import FeatureSpec
@@ -69,6 +72,13 @@ def workload_of(cell: Cell, client) -> tuple[object, float | None]:
         arrivals, prompts, outputs = headline_workload(cell.seconds)
         return Workload("headline", np.asarray(arrivals), np.asarray(prompts, np.int32),
                         np.asarray(outputs, np.int32)), None
+    if cell.workload in PREFIX_WORKLOADS:
+        arrivals, blocks, outputs = prefix_workload.prefix_workload(
+            cell.workload == "shared_prefix", seconds=cell.seconds)
+        return Workload(cell.workload, np.asarray(arrivals),
+                        np.asarray([prefix_workload.prompt_tokens(b) for b in blocks], np.int32),
+                        np.asarray(outputs, np.int32), prefix_blocks=blocks,
+                        prefix_block_tokens=prefix_workload.BLOCK_TOKENS), None
     per_client = 1 if cell.workload == "one_batch" else None
     # A closed loop sends for its seconds, then waits for every answer (loadgen.py).
     until = cell.seconds if cell.workload == "closed" else None
@@ -92,9 +102,12 @@ def simulate(cell: Cell, profile: CostProfile, prior: CostProfile, client, seed:
     zero_step = "sglang_steps0" if cell.server == "spec_sglang0" else "off"
     # Every recorded server ran SGLang's overlap scheduler: a finished request rides one
     # more decode step (``SchedulerConfig.finish_lag_steps``).
+    # SGLang's radix cache where the run had it on; it saves work only where the workload
+    # says which prompts share prefixes (``Workload.prefix_blocks``: the prefix replays).
     config = SchedulerConfig.from_profile(profile, max_running_requests=cell.max_running,
                                           zero_step=zero_step,
-                                          finish_lag_steps=finish_lag_steps)
+                                          finish_lag_steps=finish_lag_steps,
+                                          prefix_cache=cell.radix_cache)
     # No simulated acceptance: random draft weights accept nothing. Simulated acceptance
     # is one draw per verify step for the whole batch, as SGLang's.
     acceptance = SGLangSimulatedAcceptance(cell.acceptance or 1.0,

@@ -9,6 +9,9 @@ writes ``$OUT/<model>_<kind>_$TAG.json`` in a layout ``measured_runs.py`` reads)
     python scripts/h200/load_cells.py sglang   # EAGLE-3 with SGLang's own --speculative-adaptive
                                                # and 0.5.23's default config (depth up to 7), no
                                                # plugin, at $ACC: the 40-s headline, closed loops
+    python scripts/h200/load_cells.py prefix   # no speculation, radix cache ON: the shared-
+                                               # prefix workload (prefix_workload.py) with its
+                                               # prefixes unique, then shared
 
 Closed loops (``loadgen.closed_loop``): C = 1, 16 and 64 clients back to back, each sending
 its next request while fewer than ``CLOSED_SECONDS`` (10) have passed; 256-token prompts,
@@ -40,6 +43,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import loadgen
 import offswitch
+import prefix_workload
 import session
 
 from agents.policies import SGLANG_DEFAULT_CONFIG
@@ -143,6 +147,32 @@ def phase_plugin() -> None:
             session.pack(RUN / "trace-load", f"{MODEL}_acc{ACC}_load_trace_{TAG}.tar.gz")
 
 
+def phase_prefix() -> None:
+    """The radix cache, measured: one server with it on, the same arrivals and lengths with
+    every prompt its own (nothing to reuse) and with prefixes shared by groups."""
+    server = offswitch.start("prefix", spec=False, env={}, radix_cache=True)
+    result: dict = {"model": offswitch.MODELS.name, "radix_cache": True,
+                    "seconds": prefix_workload.SECONDS, "rate": prefix_workload.RATE,
+                    "groups": prefix_workload.GROUPS,
+                    "shared_blocks": prefix_workload.SHARED_BLOCKS,
+                    "own_blocks": prefix_workload.OWN_BLOCKS,
+                    "block_tokens": prefix_workload.BLOCK_TOKENS}
+    try:
+        for shared in (False, True):  # unique first: the shared run's prefixes start cold
+            arrivals, blocks, outputs = prefix_workload.prefix_workload(shared)
+            ids = [prefix_workload.token_ids(b) for b in blocks]
+            key = "shared_prefix" if shared else "unique_prefix"
+            result[key] = loadgen.replay(URL, arrivals, [len(i) for i in ids], outputs,
+                                         prompt_ids=ids)
+            session.log(f"{key}: {result[key]['throughput_tok_s']:.0f} tok/s, TTFT "
+                        f"{result[key]['mean_ttft_ms']:.0f} ms, TPOT "
+                        f"{result[key]['mean_tpot_ms']:.2f} ms")
+            save("prefix", result)
+    finally:
+        session.stop(server, "prefix")
+        offswitch.save_log(RUN / "server-prefix.log")
+
+
 def phase_sglang() -> None:
     """SGLang's own rule: what a user gets from ``--speculative-adaptive`` out of the box."""
     server = offswitch.start("sglang", spec=True, env=sim_env(),
@@ -164,6 +194,7 @@ def phase_sglang() -> None:
 if __name__ == "__main__":
     RUN.mkdir(parents=True, exist_ok=True)
     for phase in sys.argv[1:]:
-        {"nospec": phase_nospec, "plugin": phase_plugin, "sglang": phase_sglang}[phase]()
+        {"nospec": phase_nospec, "plugin": phase_plugin, "sglang": phase_sglang,
+         "prefix": phase_prefix}[phase]()
         time.sleep(2)
     session.log("done")

@@ -76,10 +76,14 @@ class RunResult:
 
 
 async def _request(session: aiohttp.ClientSession, url: str, prompt_tokens: int,
-                   output_tokens: int, rng: random.Random) -> RequestResult:
+                   output_tokens: int, rng: random.Random,
+                   input_ids: list[int] | None = None) -> RequestResult:
+    """One streamed request: ``input_ids`` if given, else ``prompt_tokens`` random ids."""
     result = RequestResult(sent_s=time.perf_counter())
+    if input_ids is None:
+        input_ids = [rng.randrange(1000, 100_000) for _ in range(prompt_tokens)]
     payload = {
-        "input_ids": [rng.randrange(1000, 100_000) for _ in range(prompt_tokens)],
+        "input_ids": input_ids,
         "sampling_params": {"max_new_tokens": output_tokens, "ignore_eos": True,
                             "temperature": 0.0},
         "stream": True,
@@ -137,16 +141,18 @@ async def _closed_loop(url: str, concurrency: int, prompt: int, output: int, sec
 
 
 async def _replay(url: str, arrivals: list[float], prompts: list[int], outputs: list[int],
-                  seed: int) -> RunResult:
+                  seed: int, prompt_ids: list[list[int]] | None = None) -> RunResult:
     rng = random.Random(seed)
     run = RunResult(started_s=time.perf_counter(), ended_s=0.0)
+    ids = prompt_ids if prompt_ids is not None else [None] * len(arrivals)
     async with _session() as session:
         tasks = []
-        for at, prompt, output in zip(arrivals, prompts, outputs, strict=True):
+        for at, prompt, output, input_ids in zip(arrivals, prompts, outputs, ids, strict=True):
             delay = run.started_s + at - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(_request(session, url, prompt, output, rng)))
+            tasks.append(asyncio.create_task(
+                _request(session, url, prompt, output, rng, input_ids)))
         run.requests = list(await asyncio.gather(*tasks))
     run.ended_s = time.perf_counter()
     return run
@@ -165,6 +171,7 @@ def closed_loop(url: str, concurrency: int, seconds: float, prompt: int = 256,
 
 
 def replay(url: str, arrivals: list[float], prompts: list[int], outputs: list[int],
-           seed: int = 0) -> dict:
-    """Open-loop arrivals (seconds from the start) with their lengths."""
-    return asyncio.run(_replay(url, arrivals, prompts, outputs, seed)).summary()
+           seed: int = 0, prompt_ids: list[list[int]] | None = None) -> dict:
+    """Open-loop arrivals (seconds from the start) with their lengths; ``prompt_ids``: each
+    prompt's token ids (a shared prefix must be the same ids), else random ids."""
+    return asyncio.run(_replay(url, arrivals, prompts, outputs, seed, prompt_ids)).summary()

@@ -23,6 +23,10 @@ the project's sessions have written are recognised by file name and keys:
   ``serving``), ``<model>_acc<A>_sglang_run<N>.json``
   (SGLang's own ``--speculative-adaptive``, no plugin: ``headline_sglang_adaptive``,
   ``closed_sglang_adaptive``); closed loops of ``closed_seconds``, the servers as above.
+* ``load_cells.py prefix``: ``<model>_prefix_run<N>.json``, a server without speculation
+  with the radix cache **on**: ``unique_prefix`` and ``shared_prefix``, open-loop replays
+  of ``prefix_workload.py`` (the same arrivals and lengths, prompts all their own or
+  sharing group prefixes).
 * ``session.py`` (``docs/results/h200``): ``sweep_real.json`` (``{policy: {C: ...}}``,
   one batch), ``headline_real.json`` / ``headline_static3.json`` / ``headline_sglang.json``
   (``{policy: ...}``), dense, acceptance 3.5, radix cache on, SGLang's own steps=0.
@@ -65,6 +69,8 @@ APART = {
     "policy gone": "the policy that ran is not recorded and its format no longer loads: the "
                    "simulator runs today's policy, not a replay of what ran",
 }
+#: Open-loop replays of ``prefix_workload.py`` (``load_cells.py prefix``), radix cache on.
+PREFIX_WORKLOADS = ("unique_prefix", "shared_prefix")
 #: Files measured with the off path's first version (``APART["first off path"]``).
 FIRST_OFF_PATH = ("dense_off_run1.json", "dense_off_run2.json", "moe_off.json",
                   "dense_acc3.5_replay.json", "moe_acc1.1_replay.json")
@@ -77,7 +83,7 @@ class Cell:
     model: str  # "dense" (Llama-3.1-8B shape) or "moe" (Qwen3-30B-A3B shape)
     server: str  # one of SERVERS
     acceptance: float | None  # SGLANG_SIMULATE_ACC_LEN; None = none simulated
-    workload: str  # "one_batch", "closed" or "headline"
+    workload: str  # "one_batch", "closed", "headline" or one of PREFIX_WORKLOADS
     concurrency: int | None  # C for one_batch / closed
     seconds: float | None  # closed-loop length or headline length
     policy: str
@@ -102,7 +108,7 @@ class Cell:
 
     def key(self) -> str:
         """A short unique label of the cell (without the source)."""
-        load = (f"C={self.concurrency}" if self.workload != "headline"
+        load = (f"C={self.concurrency}" if self.concurrency is not None
                 else f"{self.seconds:g}s")
         acc = "" if self.acceptance is None else f"@{self.acceptance:g}"
         again = f" #{self.serving}" if self.serving > 1 else ""
@@ -247,6 +253,18 @@ def _offswitch(path: Path, data: dict) -> list[Cell]:
     return cells
 
 
+def _prefix(path: Path, data: dict) -> list[Cell]:
+    base = {"model": _model(path.name, data), "server": "nospec", "acceptance": None,
+            "radix_cache": bool(data.get("radix_cache", True)), "max_running": 48,
+            "concurrency": None, "policy": "no_spec"}
+    try:
+        seconds = float(data["seconds"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{path.name}: needs the replay's seconds ({exc})") from exc
+    return [_cell(base, data[w], f"{path.name}:{w}", workload=w, seconds=seconds)
+            for w in PREFIX_WORKLOADS if w in data]
+
+
 def _session(path: Path, data: dict) -> list[Cell]:
     base = {"model": "dense", "server": "spec_sglang0", "acceptance": 3.5, "radix_cache": True,
             "max_running": 48, "tokens": "token100"}
@@ -310,7 +328,7 @@ def apart_reason(cell: Cell, data: dict) -> str | None:
         return "token-100"
     if file in FIRST_OFF_PATH and cell.server == "spec_off" and cell.policy != "static_3":
         return "first off path"
-    if cell.radix_cache:
+    if cell.radix_cache and cell.workload not in PREFIX_WORKLOADS:
         return "radix on"
     if cell.policy == "ppo" and "policy_sha256" not in data:
         return "policy gone"
@@ -333,6 +351,8 @@ def read_run_dir(folder: str | Path) -> tuple[list[Cell], dict[str, str]]:
         if re.match(r"(dense|moe)_(nospec|off|acc[\d.]+_(replay(_[a-z]+)?|load|sglang))"
                     r"(_run\d+)?\.json$", name):
             found = _offswitch(path, data)
+        elif re.match(r"(dense|moe)_prefix(_run\d+)?\.json$", name):
+            found = _prefix(path, data)
         elif name in ("sweep_real.json", "headline_real.json", "headline_static3.json",
                       "headline_sglang.json"):
             found = _session(path, data)

@@ -57,8 +57,11 @@ PREFILL_LENGTHS = (256, 1024, 3072)
 
 
 def start(name: str, *, spec: bool, env: dict[str, str], adaptive_config: dict | None = None,
-          steps: int | None = None) -> subprocess.Popen:
+          steps: int | None = None, radix_cache: bool = False) -> subprocess.Popen:
     """Start a server and wait until it answers; ``spec``: EAGLE-3 with ``--speculative-adaptive``.
+
+    Every comparison runs with ``--disable-radix-cache``; ``radix_cache`` leaves SGLang's
+    default (on) for a run that measures the cache itself (``load_cells.py prefix``).
 
     ``adaptive_config`` (SGLang's ``--speculative-adaptive-config``; default: every candidate
     depth at every batch size, which the plugin needs) and ``steps`` (the deepest, default
@@ -68,8 +71,10 @@ def start(name: str, *, spec: bool, env: dict[str, str], adaptive_config: dict |
             "--load-format", "dummy", "--skip-tokenizer-init", "--attention-backend", "triton",
             "--sampling-backend", "pytorch", "--cuda-graph-max-bs", "64",
             "--max-running-requests", "48", "--context-length", "4096",
-            "--mem-fraction-static", "0.8", "--disable-radix-cache",
+            "--mem-fraction-static", "0.8",
             "--port", str(session.PORT), "--log-level", "info"]
+    if not radix_cache:
+        args.append("--disable-radix-cache")
     if spec:
         steps = steps or max(CANDIDATES)
         config = RUN / "adaptive.json"
