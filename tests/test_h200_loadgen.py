@@ -19,11 +19,13 @@ class StandIn:
 
     def __init__(self, fail_every: int = 0) -> None:
         self.peers: list[tuple] = []
+        self.prompts: list[list[int]] = []
         self.fail_every = fail_every
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         self.peers.append(request.transport.get_extra_info("peername"))
         body = await request.json()
+        self.prompts.append(body["input_ids"])
         if self.fail_every and len(self.peers) % self.fail_every == 0:
             raise web.HTTPServiceUnavailable(text="overloaded")
         response = web.StreamResponse()
@@ -37,7 +39,8 @@ class StandIn:
         return response
 
 
-async def _serve_and_replay(stand_in: StandIn, arrivals: list[float]) -> dict:
+async def _serve_and_replay(stand_in: StandIn, arrivals: list[float],
+                            prompt_ids: list[list[int]] | None = None) -> dict:
     app = web.Application()
     app.router.add_post("/generate", stand_in.generate)
     runner = web.AppRunner(app)
@@ -47,7 +50,7 @@ async def _serve_and_replay(stand_in: StandIn, arrivals: list[float]) -> dict:
     port = site._server.sockets[0].getsockname()[1]
     try:
         run = await loadgen._replay(f"http://127.0.0.1:{port}", arrivals, [4] * len(arrivals),
-                                    [3] * len(arrivals), seed=0)
+                                    [3] * len(arrivals), seed=0, prompt_ids=prompt_ids)
         return run.summary()
     finally:
         await runner.cleanup()
@@ -81,3 +84,13 @@ def test_summary_keeps_each_answered_request_from_the_runs_start():
     lost = loadgen.RequestResult(10.7, error="boom")
     summary = loadgen.RunResult(10.0, 12.0, [ok, lost]).summary()
     assert summary["per_request"] == [[0.5, 0.6, 1.0, 4]]
+
+
+def test_replay_sends_the_prompt_ids_it_is_given():
+    """A shared prefix must reach the server as the same token ids (prefix_workload.py)."""
+    stand_in = StandIn()
+    ids = [[5, 6, 7, 8], [5, 6, 7, 9]]
+    summary = asyncio.run(_serve_and_replay(stand_in, [0.0, 0.02], prompt_ids=ids))
+    assert summary["failed"] == 0 and stand_in.prompts == ids
+    asyncio.run(_serve_and_replay(stand_in, [0.0]))
+    assert len(stand_in.prompts[-1]) == 4 and stand_in.prompts[-1] not in ids
