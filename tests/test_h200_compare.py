@@ -412,3 +412,19 @@ def test_prefix_runs_are_read_with_the_radix_cache_on_and_simulated_with_it(tmp_
     without = compare.simulate(replace(cells["shared_prefix"], radix_cache=False), profile,
                                profile, client)
     assert without["mean_tpot_ms"] == pytest.approx(unique["mean_tpot_ms"], rel=0.05)
+
+
+@pytest.mark.parametrize("pool", [False, True])
+def test_leases_of_one_configuration_are_ranked_apart_unless_pooled(tmp_path, pool):
+    summary = {"throughput_tok_s": 100.0, "mean_tpot_ms": 5.0}
+    for run in ("run9", "run10"):
+        (tmp_path / f"moe_acc2.5_load_{run}.json").write_text(json.dumps(
+            {"acceptance": 2.5, "simulate_acc_token_mode": "real-draft-token",
+             "closed_seconds": 1.0, "policy_sha256": "ab",
+             "closed_static_0": {"1": summary}, "closed_static_1": {"1": summary}}))
+    out = tmp_path / "out"
+    compare.main([str(tmp_path), "--profile", "moe=h200_qwen3_30b_a3b", "--out", str(out)]
+                 + (["--pool-leases"] if pool else []))
+    rows = json.loads((out / "fidelity_moe.json").read_text())["cells"]
+    assert len(rows) == 4
+    assert len(compare.ranking_groups(rows)) == (1 if pool else 2)

@@ -354,6 +354,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--finish-lag-steps", type=int, default=1,
                         help="decode steps a finished request still rides (SGLang's overlap "
                              "scheduler, on in every recorded server: 1; 0 frees it at once)")
+    parser.add_argument("--pool-leases", action="store_true",
+                        help="rank the policies of server starts of one configuration on "
+                             "different leases (``_run<N>`` files of one directory) as one "
+                             "group: each lease's servings are further samples of its noise")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     names = profile_names(args.profile, parser)
@@ -390,7 +394,8 @@ def main(argv: list[str] | None = None) -> int:
                 "prior_used": prior_name,
                 # policies are ranked within one run directory, server start (a
                 # ``_run<N>`` file is another start), server kind and acceptance
-                "group": f"{Path(run).name}{run_suffix(file)}/{cell.model} {cell.server}"
+                "group": f"{Path(run).name}{'' if args.pool_leases else run_suffix(file)}"
+                         f"/{cell.model} {cell.server}"
                          + ("" if cell.acceptance is None
                             else f"@{cell.acceptance:g} {cell.tokens}"),
                 **cell.to_dict(),
