@@ -25,7 +25,10 @@ speculative path with the draft extend (``zero_step=sglang_steps0``). A profile 
 on the MoE, the tokens decoded set the expert routing and with it the step cost). PPO runs
 with the prior profile the real controller was given (the run file's ``profile`` where it
 names one, else ``--prior``); ``--prior-file FILE=PATH`` gives the prior profile file the
-runs of FILE were handed, where the shipped profile they name has been refitted since.
+runs of FILE were handed, where the shipped profile they name has been refitted since;
+``--policy-file PATH`` the exported policy PPO cells run (default: the shipped one; the runs
+up to run 9 recorded sha256 ``fb769766…``, kept as ``docs/results/h200/policy_fb769766.npz``
+since the shipped policy was retrained).
 ``--fitted-on`` names files (or ``file:key`` cells) whose traces the profiles were fitted
 to: those cells are marked ``fit-run`` in the table, all others ``held-out``. Cells of a
 configuration no longer representative (``measured_runs.APART``: MoE token-100 runs, the
@@ -274,6 +277,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--finish-lag-steps", type=int, default=1,
                         help="decode steps a finished request still rides (SGLang's overlap "
                              "scheduler, on in every recorded server: 1; 0 frees it at once)")
+    parser.add_argument("--policy-file", default=None,
+                        help="the exported policy PPO cells run (default: the shipped one); "
+                             "give the policy the runs recorded (policy_sha256)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     names = profile_names(args.profile, parser)
@@ -303,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
             if prior_name not in priors:
                 priors[prior_name] = load_profile(prior_name)
             sim = simulate(cell, profile, priors[prior_name], client,
+                           policy_path=args.policy_file,
                            finish_lag_steps=args.finish_lag_steps)
             fitted = file in args.fitted_on or cell.source.split(" ")[0] in args.fitted_on
             per_model.setdefault(cell.model, []).append({
