@@ -95,6 +95,26 @@ def workload(key: str, cfg: Mapping[str, Any]) -> None:
         setting(f"{key}.name", cfg.get("name"), lambda: make_workload(cfg))
 
 
+def init_policy(key: str, agent: Any) -> None:
+    """A warm start's file exists and, if a policy file, fits the network ``agent`` builds."""
+    path = existing_file(key, agent.init_policy)
+    if path.suffix == ".zip":  # an SB3 model: stable-baselines3 checks it as it loads
+        return
+    from controller.policy_file import ExportedPolicy, PolicyFileError
+
+    try:
+        exported = ExportedPolicy.load(path)
+    except (OSError, PolicyFileError) as exc:
+        raise UsageError(f"{key}={path}: {one_line(exc)}") from exc
+    hidden = [int(w.shape[1]) for w in exported.weights[:-1]]
+    if hidden != [int(n) for n in agent.net_arch]:
+        raise UsageError(f"{key}={path}: its hidden layers are {hidden}, agent.net_arch is "
+                         f"{list(agent.net_arch)} (agent=ship builds 128x128)")
+    if exported.activation != agent.activation:
+        raise UsageError(f"{key}={path}: activation {exported.activation}, agent.activation "
+                         f"is {agent.activation}")
+
+
 def _named_profiles(cfg: Any) -> list[tuple[str, Any]]:
     """(key, entry) of every server the run uses: ``profile=``, or each ``env.profiles`` and
     ``eval.families`` entry (``random`` stands for randomised servers and names no profile)."""
@@ -141,6 +161,19 @@ def run_config(cfg: Any, *, policy_key: str | None = None) -> None:
         raise UsageError(f"agent.pretrain.start_decisions={show(count)}: must be a whole "
                          "number >= 0 (how many of an episode's first decisions start_weight "
                          "weighs)")
+    weight = pretrain.get("anchor_weight", 1.0)
+    if isinstance(weight, bool) or not isinstance(weight, int | float) or weight < 1:
+        raise UsageError(f"agent.pretrain.anchor_weight={show(weight)}: must be a number >= 1 "
+                         "(1: states the initial policy already gets right count as any other)")
+    if weight != 1 and not cfg.agent.get("init_policy"):
+        raise UsageError(f"agent.pretrain.anchor_weight={show(weight)} needs "
+                         "agent.init_policy (it weighs where the initial policy agrees with "
+                         "the teacher)")
+    rate = pretrain.get("learning_rate", 1e-3)
+    if isinstance(rate, bool) or not isinstance(rate, int | float) or not rate > 0:
+        raise UsageError(f"agent.pretrain.learning_rate={show(rate)}: must be a number > 0")
+    if cfg.get("agent", {}).get("init_policy"):
+        init_policy("agent.init_policy", cfg.agent)
     teacher = pretrain.get("teacher")
     if teacher and profiles:
         from agents.policies import make_policy

@@ -20,6 +20,14 @@ cost-model-aware rule already knows approximately. So before PPO we:
 
 PPO then fine-tunes from there on its own reward: it can keep, or improve on,
 what the teacher does.
+
+**Warm start** (``agent.init_policy``, :func:`dagger`'s ``initial``): the student
+starts from a trained policy's weights instead of at random, so every round is
+student-driven (the states *it* visits get the teacher's labels) and, with a small
+``learning_rate`` and few ``epochs``, it keeps what it already does and learns
+where the teacher says otherwise. ``anchor_weight`` makes the states where the
+initial policy already chose the teacher's label count more, so that learning the
+others does not move it where it was right.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from tqdm.auto import tqdm
 
 from agents.export import export_ppo
 from agents.policies import make_policy
+from controller.policy_file import ExportedPolicy
 from env.features import FeatureSpec
 from env.spec_env import SpecDecodeEnv
 
@@ -55,6 +64,8 @@ class Demonstrations:
     disagree: np.ndarray | None = None
     #: (N,) the decision's index in its episode (0: the first, with no telemetry yet).
     positions: np.ndarray | None = None
+    #: (N,) whether the warm start's initial policy chose the teacher's label there.
+    anchored: np.ndarray | None = None
 
 
 def collect(env_cfg: dict[str, Any], teacher: str, steps: int, gamma: float, seed: int,
@@ -112,26 +123,39 @@ def merge(a: Demonstrations, b: Demonstrations) -> Demonstrations:
                           np.concatenate([a.actions, b.actions]),
                           np.concatenate([a.returns, b.returns]),
                           both(a.durations, b.durations), both(a.disagree, b.disagree),
-                          both(a.positions, b.positions))
+                          both(a.positions, b.positions), both(a.anchored, b.anchored))
 
 
 def dagger(model: PPO, env_cfg: dict[str, Any], teacher: str, steps: int, rounds: int,
            gamma: float, seed: int, epochs: int = 20,
            teacher_options: dict[str, Any] | None = None,
            disagreement_weight: float = 1.0, start_weight: float = 1.0,
-           start_decisions: int = 0) -> dict[str, float]:
+           start_decisions: int = 0, learning_rate: float = 1e-3,
+           initial: ExportedPolicy | None = None,
+           anchor_weight: float = 1.0) -> dict[str, float]:
     """Teacher-driven round, then ``rounds - 1`` student-driven rounds, refitting each time
-    (``teacher_options``: see :func:`collect`; ``disagreement_weight``, ``start_weight``
-    and ``start_decisions``: see :func:`kickstart`)."""
+    (``teacher_options``: see :func:`collect`; ``disagreement_weight``, ``start_weight``,
+    ``start_decisions``, ``learning_rate`` and ``anchor_weight``: see :func:`kickstart`).
+
+    ``initial``: ``model`` already holds this policy's weights (a warm start): every round,
+    the first too, is student-driven, and each state records whether ``initial`` chose
+    the teacher's label (what ``anchor_weight`` weighs).
+    """
+    if anchor_weight != 1.0 and initial is None:
+        raise ValueError("anchor_weight weighs the states where the initial policy agrees "
+                         "with the teacher: it needs an initial policy (agent.init_policy)")
     weighting = {"disagreement_weight": disagreement_weight, "start_weight": start_weight,
-                 "start_decisions": start_decisions}
-    demos = collect(env_cfg, teacher, steps, gamma, seed, desc=f"kick-start 1/{rounds}",
-                    teacher_options=teacher_options)
-    stats = kickstart(model, demos, epochs=epochs, seed=seed, **weighting)
-    for r in range(1, rounds):
-        demos = merge(demos, collect(env_cfg, teacher, steps, gamma, seed + r, student=model,
-                                     desc=f"kick-start {r + 1}/{rounds}",
-                                     teacher_options=teacher_options))
+                 "start_decisions": start_decisions, "learning_rate": learning_rate,
+                 "anchor_weight": anchor_weight}
+    demos: Demonstrations | None = None
+    stats: dict[str, float] = {}
+    for r in range(rounds):
+        found = collect(env_cfg, teacher, steps, gamma, seed + r,
+                        student=model if r or initial is not None else None,
+                        desc=f"kick-start {r + 1}/{rounds}", teacher_options=teacher_options)
+        if initial is not None:
+            found.anchored = np.asarray(initial.act(found.observations)) == found.actions
+        demos = found if demos is None else merge(demos, found)
         stats = kickstart(model, demos, epochs=epochs, seed=seed + r, **weighting)
     return stats
 
@@ -147,7 +171,7 @@ def _teacher_for(env: SpecDecodeEnv, name: str, options: dict[str, Any] | None =
 def kickstart(model: PPO, demos: Demonstrations, epochs: int = 20, batch_size: int = 512,
               learning_rate: float = 1e-3, seed: int = 0,
               disagreement_weight: float = 1.0, start_weight: float = 1.0,
-              start_decisions: int = 0) -> dict[str, float]:
+              start_decisions: int = 0, anchor_weight: float = 1.0) -> dict[str, float]:
     """Fit the actor to the teacher's actions and the critic to its returns.
 
     The states where the acting student chose otherwise than the teacher count
@@ -156,7 +180,8 @@ def kickstart(model: PPO, demos: Demonstrations, epochs: int = 20, batch_size: i
     where both agree. The first ``start_decisions`` decisions of each episode count
     ``start_weight`` times: decided before telemetry says much, they are one or two in
     a thousand states, yet in a short window on a slow server a speculative step there
-    costs a few per cent of the window.
+    costs a few per cent of the window. With a warm start, the states where the initial
+    policy chose the teacher's label (``demos.anchored``) count ``anchor_weight`` times.
     """
     if disagreement_weight < 1.0:
         raise ValueError(f"disagreement_weight must be >= 1, got {disagreement_weight}")
@@ -164,6 +189,10 @@ def kickstart(model: PPO, demos: Demonstrations, epochs: int = 20, batch_size: i
         raise ValueError(f"start_weight must be >= 1, got {start_weight}")
     if start_decisions < 0:
         raise ValueError(f"start_decisions must be >= 0, got {start_decisions}")
+    if anchor_weight < 1.0:
+        raise ValueError(f"anchor_weight must be >= 1, got {anchor_weight}")
+    if not learning_rate > 0:
+        raise ValueError(f"learning_rate must be > 0, got {learning_rate}")
     policy = model.policy
     device = policy.device
     obs = torch.as_tensor(demos.observations, device=device)
@@ -178,6 +207,8 @@ def kickstart(model: PPO, demos: Demonstrations, epochs: int = 20, batch_size: i
         weights = np.where(demos.disagree, weights * disagreement_weight, weights)
     if demos.positions is not None and start_weight != 1.0 and start_decisions > 0:
         weights = np.where(demos.positions < start_decisions, weights * start_weight, weights)
+    if demos.anchored is not None and anchor_weight != 1.0:
+        weights = np.where(demos.anchored, weights * anchor_weight, weights)
     weights = torch.as_tensor(weights, dtype=torch.float32, device=device)
     optimizer = torch.optim.Adam(policy.parameters(), lr=learning_rate)
     generator = torch.Generator().manual_seed(seed)

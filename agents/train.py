@@ -6,7 +6,8 @@ stable-baselines3's PPO:
 1. build ``n_envs`` copies of ``specctl/SpecDecode-v0`` (training windows) in
    subprocesses, and one evaluation copy (held-out windows);
 2. kick-start the actor and critic from a teacher policy with DAgger
-   (:mod:`agents.pretrain`; ``agent.pretrain.teacher=null`` trains from scratch);
+   (:mod:`agents.pretrain`; ``agent.pretrain.teacher=null`` trains from scratch), from
+   random weights or, with ``agent.init_policy=PATH``, from a trained policy's;
 3. train PPO with a progress bar, TensorBoard logs (``<out>/tb``), periodic
    checkpoints (``<out>/checkpoints``) and an evaluation callback that keeps the
    best model (``<out>/best``);
@@ -46,7 +47,7 @@ from agents import checks
 from agents.cli import hydra_app
 from agents.config import env_config
 from agents.evaluate import run_evaluation
-from agents.export import export_ppo
+from agents.export import export_ppo, load_exported
 from agents.policies import ExportedPolicyAdapter
 from agents.pretrain import dagger
 from controller.policy_file import ExportedPolicy
@@ -74,6 +75,32 @@ def build_model(env_cfg: dict[str, Any], agent: DictConfig, seed: int, out_dir: 
     return PPO("MlpPolicy", envs, seed=seed, device=device, verbose=0,
                tensorboard_log=str(out_dir / "tb"), policy_kwargs=policy_kwargs,
                **{k: agent[k] for k in _PPO_KEYS})
+
+
+def load_initial_policy(model: PPO, path: str | Path, spec: FeatureSpec) -> ExportedPolicy:
+    """Start ``model`` from the trained policy at ``path`` (``agent.init_policy``).
+
+    ``path`` is an exported policy file (``policy.npz``, e.g. the shipped
+    ``controller/data/default_policy.npz``: the actor only, the critic stays as built)
+    or a stable-baselines3 ``model.zip`` that ``specctl-train`` saved (actor and
+    critic). Returns the actor as an exported policy (what a warm-started kick-start
+    anchors to). The network must be built as the file's was (``agent.net_arch``,
+    ``agent.activation``), and a policy file's observations must be ``spec``'s.
+    """
+    path = Path(path)
+    if path.suffix == ".zip":
+        try:
+            model.set_parameters(str(path), exact_match=True, device=model.device)
+        except (RuntimeError, KeyError, ValueError) as exc:
+            raise ValueError(f"{path}: not a PPO model this network can load "
+                             f"(agent.net_arch, agent.activation): {exc}") from exc
+    else:
+        exported = ExportedPolicy.load(path)
+        if exported.feature_spec != spec:
+            raise ValueError(f"{path}: its observations are {exported.feature_spec}, "
+                             f"training's are {spec}")
+        load_exported(model, exported, source=str(path))
+    return export_ppo(model, spec)
 
 
 def train(cfg: DictConfig, out_dir: Path) -> tuple[Path, float | None]:
@@ -108,6 +135,10 @@ def train(cfg: DictConfig, out_dir: Path) -> tuple[Path, float | None]:
     pretrain = agent.pretrain
     spec = FeatureSpec(max_depth=int(env_cfg["max_depth"]))
     kickstart_stats, kickstarted, kickstarted_state = None, None, None
+    initial = None
+    if agent.get("init_policy"):
+        initial = load_initial_policy(model, agent.init_policy, spec)
+        log.info("starting from the weights of %s", agent.init_policy)
     if pretrain.teacher:
         kickstart_stats = dagger(model, env_cfg, str(pretrain.teacher),
                                  int(pretrain.steps_per_round), int(pretrain.rounds),
@@ -116,7 +147,10 @@ def train(cfg: DictConfig, out_dir: Path) -> tuple[Path, float | None]:
                                  disagreement_weight=float(pretrain.get("disagreement_weight",
                                                                         1.0)),
                                  start_weight=float(pretrain.get("start_weight", 1.0)),
-                                 start_decisions=int(pretrain.get("start_decisions", 0)))
+                                 start_decisions=int(pretrain.get("start_decisions", 0)),
+                                 learning_rate=float(pretrain.get("learning_rate", 1e-3)),
+                                 initial=initial,
+                                 anchor_weight=float(pretrain.get("anchor_weight", 1.0)))
         kickstarted = export_ppo(model, spec)
         kickstarted_state = copy.deepcopy(model.policy.state_dict())
     model.learn(total_timesteps=int(float(agent.total_timesteps)),
@@ -143,6 +177,7 @@ def train(cfg: DictConfig, out_dir: Path) -> tuple[Path, float | None]:
         "total_timesteps": int(float(agent.total_timesteps)),
         "train_seconds": round(train_s, 1),
         "kickstart": kickstart_stats,
+        "init_policy": _init_provenance(agent.get("init_policy")),
         "selection": selection,
         "env": env_cfg,
         "agent": OmegaConf.to_container(agent, resolve=True),
@@ -162,6 +197,15 @@ def train(cfg: DictConfig, out_dir: Path) -> tuple[Path, float | None]:
     log.info("outputs in %s: policy.npz (serve it: specctl-serve policy=%s), tb/ "
              "(tensorboard --logdir %s), checkpoints/", out_dir, policy_path, out_dir / "tb")
     return policy_path, score
+
+
+def _init_provenance(path: str | None) -> dict | None:
+    """The warm start's file and its sha256 (the file may change later; the hash says which)."""
+    if not path:
+        return None
+    import hashlib
+
+    return {"path": str(path), "sha256": hashlib.sha256(Path(path).read_bytes()).hexdigest()}
 
 
 def validation_scores(candidates: dict[str, ExportedPolicy], env_cfg: dict[str, Any],

@@ -12,8 +12,12 @@ import pytest
 import torch
 from stable_baselines3 import PPO
 
+from agents import pretrain
+from agents.export import export_ppo, load_exported
 from agents.pretrain import Demonstrations, collect, dagger, kickstart, merge
+from agents.train import load_initial_policy
 from controller.policy_file import ExportedPolicy
+from env.features import FeatureSpec
 from env.spec_env import SpecDecodeEnv
 
 # One server, one closed-loop load: the best depth is clear (3 to 5), random is poor.
@@ -159,6 +163,122 @@ def test_collect_marks_where_the_student_chose_otherwise():
     assert (student_run.disagree == (chosen != student_run.actions)).all()
     both = merge(teacher_run, student_run)
     assert len(both.disagree) == 120 and (both.disagree[60:] == student_run.disagree).all()
+
+
+def test_anchor_weight_makes_the_initial_policys_right_choices_count_more():
+    # the 60 labels of 2 where the warm start's initial policy already chose 2
+    chosen = _one_state_labelled_twice(anchored=np.array([False] * 100 + [True] * 60))
+
+    def choice(weight: float) -> int:
+        return chosen(anchor_weight=weight)
+
+    assert choice(1.0) == 1
+    assert choice(3.0) == 2
+    with pytest.raises(ValueError, match="anchor_weight"):
+        choice(0.5)
+
+
+def _model(seed: int, net_arch=(16, 16)) -> PPO:
+    return PPO("MlpPolicy", SpecDecodeEnv(TINY_ENV), seed=seed, device="cpu",
+               policy_kwargs={"net_arch": list(net_arch)})
+
+
+def test_an_exported_policy_loads_back_into_a_model():
+    torch.set_num_threads(1)
+    spec = FeatureSpec()
+    first = export_ppo(_model(0), spec)
+    second = _model(1)
+    observations = collect(TINY_ENV, "goodput_greedy", 200, 0.99, 0).observations
+    assert (export_ppo(second, spec).act(observations) != first.act(observations)).any()
+    load_exported(second, first, source="first.npz")
+    copied = export_ppo(second, spec)
+    for mine, theirs in zip(copied.weights + copied.biases, first.weights + first.biases,
+                            strict=True):
+        assert np.array_equal(mine, theirs)
+    assert (second.predict(observations, deterministic=True)[0]
+            == first.act(observations)).all()
+    with pytest.raises(ValueError, match=r"first\.npz.*agent\.net_arch"):
+        load_exported(_model(0, net_arch=(8, 8)), first, source="first.npz")
+
+
+def test_a_warm_start_keeps_the_initial_policy_and_lets_it_act_from_the_first_round(
+        monkeypatch, tmp_path):
+    torch.set_num_threads(1)
+    initial = export_ppo(_model(0), FeatureSpec())
+    path = tmp_path / "initial.npz"
+    initial.save(path)
+    model = _model(1)
+    assert load_initial_policy(model, path, FeatureSpec()).weights[0].shape == (48, 16)
+    actors = []
+    real_collect = pretrain.collect
+
+    def spy(*args, student=None, **kwargs):
+        actors.append(student)
+        return real_collect(*args, student=student, **kwargs)
+
+    monkeypatch.setattr(pretrain, "collect", spy)
+    # No epochs: the rounds only collect, so the weights must stay the initial policy's.
+    dagger(model, TINY_ENV, "goodput_greedy", steps=100, rounds=2, gamma=0.99, seed=0,
+           epochs=0, initial=initial, anchor_weight=2.0)
+    assert actors == [model, model]  # student-driven from the first round
+    assert all(np.array_equal(a, b) for a, b in zip(export_ppo(model, FeatureSpec()).weights,
+                                                    initial.weights, strict=True))
+    with pytest.raises(ValueError, match=r"anchor_weight.*initial policy"):
+        dagger(model, TINY_ENV, "goodput_greedy", steps=10, rounds=1, gamma=0.99, seed=0,
+               anchor_weight=2.0)
+    with pytest.raises(ValueError, match="observations"):
+        load_initial_policy(model, path, FeatureSpec(max_depth=5))
+
+
+def test_init_policy_is_checked_against_the_network_before_training(tmp_path):
+    from omegaconf import OmegaConf
+
+    from agents.checks import init_policy
+    from agents.cli import UsageError
+
+    path = tmp_path / "initial.npz"
+    export_ppo(_model(0), FeatureSpec()).save(path)
+    init_policy("agent.init_policy", OmegaConf.create(
+        {"init_policy": str(path), "net_arch": [16, 16], "activation": "tanh"}))
+    with pytest.raises(UsageError, match=r"hidden layers are \[16, 16\].*net_arch"):
+        init_policy("agent.init_policy", OmegaConf.create(
+            {"init_policy": str(path), "net_arch": [64, 64], "activation": "tanh"}))
+    with pytest.raises(UsageError, match="no such file"):
+        init_policy("agent.init_policy", OmegaConf.create(
+            {"init_policy": str(tmp_path / "none.npz"), "net_arch": [16, 16],
+             "activation": "tanh"}))
+
+
+def test_specctl_train_starts_from_a_policy_file_or_a_saved_model(tmp_path):
+    """``agent.init_policy``: with no imitation epochs and no PPO steps the exported
+    policy is the initial one, from a policy file and from the ``model.zip`` of a run."""
+    tiny = [
+        "env.horizon_s=1", "profile=h200_llama31_8b", "workload=fixed",
+        "env.workloads=[{name: fixed, kind: closed, concurrency: [4]}]",
+        "env.random_server_share=0", "agent.total_timesteps=0", "agent.n_envs=1",
+        "agent.vec_env=dummy", "agent.eval_every_steps=0", "agent.checkpoint_every_steps=0",
+        "agent.pretrain.steps_per_round=50", "agent.pretrain.rounds=1",
+        "agent.pretrain.epochs=0", "agent.validation_scenarios=1", "evaluate=false",
+    ]
+    initial = export_ppo(_model(0, net_arch=(64, 64)), FeatureSpec())
+    initial.save(tmp_path / "initial.npz")
+    source = tmp_path / "initial.npz"
+    for run in ("from_npz", "from_zip"):
+        done = subprocess.run([sys.executable, "-m", "agents.train", *tiny,
+                               f"agent.init_policy={source}",
+                               f"hydra.run.dir={tmp_path / run}"],
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        policy = ExportedPolicy.load(tmp_path / run / "policy.npz")
+        assert policy.provenance["init_policy"]["path"] == str(source)
+        for mine, theirs in zip(policy.weights, initial.weights, strict=True):
+            assert np.array_equal(mine, theirs), run
+        source = tmp_path / run / "model.zip"
+    wrong = subprocess.run([sys.executable, "-m", "agents.train", *tiny, "agent.net_arch=[8]",
+                            f"agent.init_policy={tmp_path / 'initial.npz'}",
+                            f"hydra.run.dir={tmp_path / 'wrong'}"],
+                           capture_output=True, text=True, timeout=600)
+    assert wrong.returncode == 2 and "agent.init_policy" in wrong.stderr
 
 
 def test_train_and_eval_commands_end_to_end(tmp_path):

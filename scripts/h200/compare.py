@@ -27,7 +27,10 @@ speculative path with the draft extend (``zero_step=sglang_steps0``). A profile 
 on the MoE, the tokens decoded set the expert routing and with it the step cost). PPO runs
 with the prior profile the real controller was given (the run file's ``profile`` where it
 names one, else ``--prior``); ``--prior-file FILE=PATH`` gives the prior profile file the
-runs of FILE were handed, where the shipped profile they name has been refitted since.
+runs of FILE were handed, where the shipped profile they name has been refitted since;
+``--policy-file PATH`` the exported policy PPO cells run (default: the shipped one; the runs
+up to run 9 recorded sha256 ``fb769766…``, kept as ``docs/results/h200/policy_fb769766.npz``
+since the shipped policy was retrained).
 ``--fitted-on`` names files (or ``file:key`` cells) whose traces the profiles were fitted
 to: those cells are marked ``fit-run`` in the table, all others ``held-out``. Cells of a
 configuration no longer representative (``measured_runs.APART``: MoE token-100 runs, the
@@ -358,6 +361,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="rank the policies of server starts of one configuration on "
                              "different leases (``_run<N>`` files of one directory) as one "
                              "group: each lease's servings are further samples of its noise")
+    parser.add_argument("--policy-file", default=None,
+                        help="the exported policy PPO cells run (default: the shipped one); "
+                             "give the policy the runs recorded (policy_sha256)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     names = profile_names(args.profile, parser)
@@ -387,6 +393,7 @@ def main(argv: list[str] | None = None) -> int:
             if prior_name not in priors:
                 priors[prior_name] = load_profile(prior_name)
             sim = simulate(cell, profile, priors[prior_name], client,
+                           policy_path=args.policy_file,
                            finish_lag_steps=args.finish_lag_steps)
             fitted = file in args.fitted_on or cell.source.split(" ")[0] in args.fitted_on
             per_model.setdefault(cell.model, []).append({

@@ -20,7 +20,13 @@ from env.sim.calibration.h200 import (
     recorded_trace_dir,
     write_h200_workload_preset,
 )
-from env.sim.calibration.h200_moe import MOE_REAL_TRACE, calibrate_h200_moe
+from env.sim.calibration.h200_moe import (
+    MOE_HELD_OUT_TRACE,
+    MOE_REAL_TRACE,
+    MOE_SPEC_TRACES,
+    calibrate_h200_moe,
+    held_out_error,
+)
 from env.sim.cost_model import load_profile, save_profile
 
 
@@ -69,10 +75,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"h200_llama31_8b_recorded (fit to {recorded}):\n{fit}\n")
         save_profile(fit_off_path(profile, dense_h200_points())[0],
                      args.out / "h200_llama31_8b_recorded.yaml")
-    if MOE_REAL_TRACE.exists():
+    if MOE_REAL_TRACE.exists() and all(path.exists() for path, _ in MOE_SPEC_TRACES):
         # server limits, model and acceptance from the shipped file; every cost refitted
-        profile, fit = calibrate_h200_moe(MOE_REAL_TRACE, load_profile("h200_qwen3_30b_a3b"))
-        print(f"h200_qwen3_30b_a3b (fit to {MOE_REAL_TRACE}): {fit.summary()}\n")
+        profile, fit = calibrate_h200_moe(MOE_REAL_TRACE, load_profile("h200_qwen3_30b_a3b"),
+                                          MOE_SPEC_TRACES)
+        print(f"h200_qwen3_30b_a3b (plain terms fit to {MOE_REAL_TRACE}, verify terms on "
+              f"top): {fit.summary()}")
+        if MOE_HELD_OUT_TRACE.exists():
+            print(f"  held out {MOE_HELD_OUT_TRACE.name}: "
+                  f"{held_out_error(profile).summary()}")
+        print()
         save_profile(profile, args.out / "h200_qwen3_30b_a3b.yaml")
     else:
         print(f"{MOE_REAL_TRACE} not found: keeping the shipped h200_qwen3_30b_a3b profile")
