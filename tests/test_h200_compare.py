@@ -14,6 +14,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts/h200"))
 import compare
 from measured_runs import Cell, read_run_dir
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
 
 def row(policy: str, measured: float, simulated: float) -> dict:
     return {"policy": policy, "measured_tok_s": measured, "simulated_tok_s": simulated}
@@ -428,3 +430,28 @@ def test_leases_of_one_configuration_are_ranked_apart_unless_pooled(tmp_path, po
     rows = json.loads((out / "fidelity_moe.json").read_text())["cells"]
     assert len(rows) == 4
     assert len(compare.ranking_groups(rows)) == (1 if pool else 2)
+
+
+def test_ppo_cells_run_the_policy_their_run_recorded(tmp_path, capsys):
+    import hashlib
+
+    from controller.default_policy import default_policy_path
+
+    known = compare.known_policies()
+    shipped = hashlib.sha256(default_policy_path().read_bytes()).hexdigest()
+    assert known[shipped] == str(default_policy_path())
+    kept = REPO_ROOT / "docs/results/h200/policy_fb769766.npz"
+    assert known[hashlib.sha256(kept.read_bytes()).hexdigest()] == str(kept)
+
+    def cell(policy, sha):
+        return Cell(model="moe", server="spec_off", acceptance=2.5, workload="closed",
+                    concurrency=1, seconds=10.0, policy=policy, radix_cache=False,
+                    max_running=48, source="f.json:closed_ppo.1", throughput_tok_s=1.0,
+                    mean_tpot_ms=1.0, policy_sha256=sha)
+
+    by_sha = {hashlib.sha256(kept.read_bytes()).hexdigest(): str(kept)}
+    assert compare.policy_of(cell("ppo", next(iter(by_sha))), by_sha, None) == str(kept)
+    assert compare.policy_of(cell("static_3", next(iter(by_sha))), by_sha, None) is None
+    assert compare.policy_of(cell("ppo", None), by_sha, "x.npz") == "x.npz"
+    assert compare.policy_of(cell("ppo", "0123456789"), by_sha, None) is None
+    assert "policy 01234567 is not kept" in capsys.readouterr().err

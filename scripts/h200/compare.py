@@ -28,9 +28,11 @@ on the MoE, the tokens decoded set the expert routing and with it the step cost)
 with the prior profile the real controller was given (the run file's ``profile`` where it
 names one, else ``--prior``); ``--prior-file FILE=PATH`` gives the prior profile file the
 runs of FILE were handed, where the shipped profile they name has been refitted since;
-``--policy-file PATH`` the exported policy PPO cells run (default: the shipped one; the runs
-up to run 9 recorded sha256 ``fb769766…``, kept as ``docs/results/h200/policy_fb769766.npz``
-since the shipped policy was retrained).
+a PPO cell runs the exported policy whose sha256 its run file records (``policy_sha256``),
+found among the shipped policy, ``docs/results/h200/policy_*.npz`` (the policies earlier
+runs served: ``fb769766…`` for runs 4-9) and ``--policy-file PATH``; a run that recorded
+none, or one no longer kept, runs ``--policy-file`` (default: the shipped one), said on
+stderr.
 ``--fitted-on`` names files (or ``file:key`` cells) whose traces the profiles were fitted
 to: those cells are marked ``fit-run`` in the table, all others ``held-out``. Cells of a
 configuration no longer representative (``measured_runs.APART``: MoE token-100 runs, the
@@ -41,6 +43,7 @@ simulated, but marked ``apart`` and counted separately.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import re
 import sys
@@ -128,6 +131,29 @@ def simulate(cell: Cell, profile: CostProfile, prior: CostProfile, client, seed:
                                                 stats.finish_s[done],
                                                 stats.output_tokens[done], cell.seconds)
     return out
+
+
+def known_policies(extra: str | None = None) -> dict[str, str]:
+    """sha256 -> exported policy file: the shipped policy, the policies earlier H200 runs
+    served (``docs/results/h200/policy_*.npz``) and ``extra``."""
+    from controller.default_policy import default_policy_path
+
+    kept = sorted(REPO.glob("docs/results/h200/policy_*.npz"))
+    files = [str(default_policy_path()), *map(str, kept), *([extra] if extra else [])]
+    return {hashlib.sha256(Path(f).read_bytes()).hexdigest(): f for f in files}
+
+
+def policy_of(cell: Cell, known: dict[str, str], fallback: str | None) -> str | None:
+    """The policy file a ``ppo`` cell ran (its recorded sha256), else ``fallback`` (None:
+    the shipped one), with a note on stderr where the recorded one is not kept."""
+    if cell.policy != "ppo":
+        return None
+    if cell.policy_sha256 in known:
+        return known[cell.policy_sha256]
+    if cell.policy_sha256 is not None:
+        print(f"{cell.source}: policy {cell.policy_sha256[:8]} is not kept; simulating "
+              f"{fallback or 'the shipped policy'}", file=sys.stderr)
+    return fallback
 
 
 def profile_for(cell: Cell, profiles: dict[str, CostProfile]) -> CostProfile | None:
@@ -362,8 +388,9 @@ def main(argv: list[str] | None = None) -> int:
                              "different leases (``_run<N>`` files of one directory) as one "
                              "group: each lease's servings are further samples of its noise")
     parser.add_argument("--policy-file", default=None,
-                        help="the exported policy PPO cells run (default: the shipped one); "
-                             "give the policy the runs recorded (policy_sha256)")
+                        help="an exported policy: PPO cells whose run recorded its sha256 run "
+                             "it, as do those whose policy is not recorded or kept (default "
+                             "for those: the shipped one)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     names = profile_names(args.profile, parser)
@@ -379,6 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out or args.runs[0])
     out.mkdir(parents=True, exist_ok=True)
     per_model: dict[str, list[dict]] = {}
+    policies = known_policies(args.policy_file)
     for run in args.runs:
         cells, skipped = read_run_dir(run)
         for name, why in skipped.items():
@@ -393,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
             if prior_name not in priors:
                 priors[prior_name] = load_profile(prior_name)
             sim = simulate(cell, profile, priors[prior_name], client,
-                           policy_path=args.policy_file,
+                           policy_path=policy_of(cell, policies, args.policy_file),
                            finish_lag_steps=args.finish_lag_steps)
             fitted = file in args.fitted_on or cell.source.split(" ")[0] in args.fitted_on
             per_model.setdefault(cell.model, []).append({

@@ -102,6 +102,9 @@ class Cell:
     #: The how-many-th time this policy was served on this server (1: first); later
     #: servings are repeats of the same configuration, the run's own noise.
     serving: int = 1
+    #: The sha256 of the exported policy the run's ``ppo`` cells ran (``policy_sha256`` of
+    #: ``load_cells.py`` / ``offswitch.py`` files), where the file records it.
+    policy_sha256: str | None = None
     #: A closed loop's output tokens within its sending window per second
     #: (:func:`window_throughput`), where the run kept each request's times; else None.
     window_tok_s: float | None = None
@@ -241,7 +244,8 @@ def _offswitch(path: Path, data: dict) -> list[Cell]:
         # SGLang's own rule runs without the plugin: its steps=0 is SGLang's.
         server = "spec_sglang0" if "_sglang" in name else "spec_off"
         base = {**common, "server": server, "acceptance": float(data["acceptance"]),
-                "prior": data.get("profile"), "tokens": TOKEN_MODES[mode]}
+                "prior": data.get("profile"), "tokens": TOKEN_MODES[mode],
+                "policy_sha256": data.get("policy_sha256")}
         for key, r in data.items():
             if key.startswith("headline_"):
                 cells.append(_cell(base, r, f"{name}:{key}", workload="headline",
