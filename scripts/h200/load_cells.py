@@ -118,7 +118,9 @@ def phase_plugin() -> None:
     shutil.copy(policies["static_3"], served)
     controller = session.start_controller(served, offswitch.PROFILE)
     # the plugin's own time per step on the scheduler thread (issue 12)
-    timing = session.fresh(RUN / "hooks")
+    # Written straight under $OUT, rewritten every few seconds by each scheduler process:
+    # a phase stopped at the call's time limit still brings them back.
+    timing = session.fresh(OUT / f"hooks_{MODEL}_{TAG}")
     server = offswitch.start("plugin", spec=True,
                              env={**offswitch.plugin_env("trace-load"), **sim_env(),
                                   "SPECCTL_HOOK_TIMING": str(timing / "hooks")})
