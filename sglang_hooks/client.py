@@ -186,12 +186,16 @@ class ControllerClient:
         monotonic: The clock that ages decisions (their arrival, the timeout): the same
             one as the ``now`` given to :meth:`send_telemetry` (the socket's own timers,
             HELLO and the polling, use real time).
+        poll_s: How often the I/O thread looks at the outbox and the socket while
+            telemetry flows (default ``_POLL_S``, in local mode ``_LOCAL_POLL_S``): each
+            look takes the GIL, which the scheduler thread's own work then waits for.
     """
 
     def __init__(self, endpoint: str | None, hello: Hello, timeout_s: float,
                  curve_server_key: str | None = None,
                  curve_client_cert: str | None = None, local: object = None,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = time.monotonic,
+                 poll_s: float | None = None) -> None:
         self.endpoint = endpoint
         self.timeout_s = timeout_s
         self._monotonic = monotonic
@@ -213,7 +217,7 @@ class ControllerClient:
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self._local = local
-        self._poll_s = _POLL_S if local is None else _LOCAL_POLL_S
+        self._poll_s = poll_s or (_POLL_S if local is None else _LOCAL_POLL_S)
         self._context = zmq.Context(io_threads=1)
         self._sock = (self._socket(endpoint, curve_server_key, curve_client_cert)
                       if endpoint else None)

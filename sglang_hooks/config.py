@@ -16,6 +16,10 @@ SPECCTL_FALLBACK            rule used when no fresh controller decision exists:
                             (batch size -> steps, largest key <= batch size wins)
 SPECCTL_TIMEOUT_MS          a telemetry message unanswered this long means the
                             controller is gone: fall back (default 100, at least 10)
+SPECCTL_IO_POLL_US          how often the plugin's I/O thread looks for telemetry to
+                            send and decisions to read while telemetry flows (default
+                            250, local mode 100; 10-20000): each look takes the GIL
+                            from the scheduler thread, a longer one delays decisions
 SPECCTL_OFF_PATH            what a step decided 0 runs: ``decode`` (default: the
                             target's plain decode CUDA graph, no draft work; see
                             :mod:`sglang_hooks.offswitch`) or ``sglang`` (SGLang's
@@ -71,6 +75,8 @@ class PluginConfig:
     #: Sorted (batch size, steps) pairs of the table rule.
     table: tuple[tuple[int, int], ...] = ()
     timeout_s: float = 0.1
+    #: The I/O thread's look interval while telemetry flows (None: the client's default).
+    io_poll_s: float | None = None
     record_dir: str | None = None
     record_explore: bool = False
     explore_dwell: int = 4
@@ -126,6 +132,8 @@ def from_env(env: Mapping[str, str] | None = None) -> PluginConfig | None:
         # Below ~10 ms, scheduling jitter of the client's I/O thread alone could look
         # like silence.
         timeout_s=_number(env, "SPECCTL_TIMEOUT_MS", 100.0, lo=10.0) / 1e3,
+        io_poll_s=(_number(env, "SPECCTL_IO_POLL_US", 250.0, lo=10.0, hi=20_000.0) / 1e6
+                   if env.get("SPECCTL_IO_POLL_US") else None),
         record_dir=record_dir,
         record_explore=explore,
         explore_dwell=int(_number(env, "SPECCTL_EXPLORE_DWELL", 4, lo=1)),
@@ -214,7 +222,8 @@ def _flag(env: Mapping[str, str], name: str) -> bool:
     raise ConfigError(f"{name}={value!r}: expected 0 or 1")
 
 
-def _number(env: Mapping[str, str], name: str, default: float, lo: float) -> float:
+def _number(env: Mapping[str, str], name: str, default: float, lo: float,
+            hi: float = float("inf")) -> float:
     text = env.get(name)
     if not text:
         return float(default)
@@ -224,4 +233,6 @@ def _number(env: Mapping[str, str], name: str, default: float, lo: float) -> flo
         raise ConfigError(f"{name}={text!r}: not a number") from None
     if not value >= lo:
         raise ConfigError(f"{name}={text!r}: must be >= {lo}")
+    if not value <= hi:
+        raise ConfigError(f"{name}={text!r}: must be <= {hi}")
     return value

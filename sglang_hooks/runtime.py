@@ -215,7 +215,7 @@ class Runtime:
             hello = Hello(self.server, self.rank, candidates, client_name(self.version))
             self.client = ControllerClient(cfg.controller, hello, cfg.timeout_s,
                                            cfg.curve_server_key, cfg.curve_client_cert, local,
-                                           monotonic=self.monotonic)
+                                           monotonic=self.monotonic, poll_s=cfg.io_poll_s)
         if cfg.record_dir:
             from sglang_hooks.recorder import start_recorder
 

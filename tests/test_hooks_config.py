@@ -35,6 +35,21 @@ def test_a_prefill_while_off_skips_the_draft_unless_asked_to_run_it():
     assert config.off_prefill({"SPECCTL_OFF_PREFILL": "draft"}) == "draft"
 
 
+def test_the_io_threads_look_interval_is_the_clients_default_unless_set():
+    from sglang_hooks.client import _POLL_S, ControllerClient, Hello
+
+    assert from_env({"SPECCTL_CONTROLLER": "ipc:///x"}).io_poll_s is None
+    cfg = from_env({"SPECCTL_CONTROLLER": "ipc:///x", "SPECCTL_IO_POLL_US": "5000"})
+    assert cfg.io_poll_s == pytest.approx(0.005)
+    hello = Hello("s", 0, [0, 3], "test")
+    for poll_s, expected in ((None, _POLL_S), (cfg.io_poll_s, 0.005)):
+        client = ControllerClient(None, hello, 0.1, poll_s=poll_s)
+        try:
+            assert client._poll_s == pytest.approx(expected)
+        finally:
+            client.close()
+
+
 def test_exploration_is_a_record_mode():
     cfg = from_env({"SPECCTL_RECORD": "/tmp/t", "SPECCTL_RECORD_EXPLORE": "1",
                     "SPECCTL_EXPLORE_DWELL": "8"})
@@ -51,6 +66,9 @@ def test_exploration_is_a_record_mode():
     ({"SPECCTL_FALLBACK": 'table:{"4": -1}'}, "SPECCTL_FALLBACK table entry '4'"),
     ({"SPECCTL_FALLBACK": "table:/no/such/file"}, "SPECCTL_FALLBACK table file /no/such/file"),
     ({"SPECCTL_CONTROLLER": "ipc:///x", "SPECCTL_TIMEOUT_MS": "5"}, "SPECCTL_TIMEOUT_MS='5'"),
+    ({"SPECCTL_CONTROLLER": "ipc:///x", "SPECCTL_IO_POLL_US": "5"}, "SPECCTL_IO_POLL_US='5'"),
+    ({"SPECCTL_CONTROLLER": "ipc:///x", "SPECCTL_IO_POLL_US": "1e6"},
+     "SPECCTL_IO_POLL_US='1e6': must be <= 20000"),
     ({"SPECCTL_RECORD_EXPLORE": "1", "SPECCTL_FALLBACK": "sglang"}, "needs SPECCTL_RECORD"),
     ({"SPECCTL_RECORD": "/tmp/t", "SPECCTL_RECORD_EXPLORE": "maybe"}, "SPECCTL_RECORD_EXPLORE"),
 ])
