@@ -189,6 +189,6 @@ def make_policy_class(base: type, runtime: Runtime) -> type:
     if runtime.clock is not None:  # SPECCTL_HOOK_TIMING: count these on the scheduler thread
         for name in ("get_steps_for_batch", "on_verify_complete"):
             setattr(SpecctlAdaptiveParams, name,
-                    runtime.clock.plain(getattr(SpecctlAdaptiveParams, name)))
+                    runtime.clock.plain(getattr(SpecctlAdaptiveParams, name), name))
     return SpecctlAdaptiveParams
 

@@ -162,7 +162,9 @@ class Runtime:
         }
         clock = self.clock
         if clock is not None:
-            table = {name: (clock.around(hook) if kind == "AROUND" else clock.plain(hook), kind)
+            # The input hook runs once per loop iteration: it tells idle iterations apart.
+            table = {name: (clock.around(hook, name) if kind == "AROUND" else
+                            clock.plain(hook, name, name == "process_input_requests"), kind)
                      for name, (hook, kind) in table.items()}
         return table
 

@@ -122,3 +122,90 @@ def test_the_wrappers_own_cost_is_measured_and_subtracted(monkeypatch):
     assert clock.max_ns == 10_000 and clock.total_ns == 10_000
     assert clock.summary()["subtracted_per_call_us"] == {"plain": 0.1, "around": 0.2,
                                                          "outside": 0.1}
+
+
+def _spending(fake: FakeClock, ns: int):
+    def hook(*args):
+        fake.now += ns
+    return hook
+
+
+def test_idle_loop_iterations_are_counted_apart_not_added_to_the_next_step(monkeypatch):
+    """The server idle between requests spins its loop, calling the input hooks each
+    time: those iterations are idle time, not one long step at the next launch."""
+    fake = FakeClock(tick=0)  # readings cost nothing: nothing is subtracted
+    monkeypatch.setattr(timing.time, "perf_counter_ns", fake)
+    clock = HookClock("unused", write_every_s=0)
+    pull = clock.plain(_spending(fake, 500), "_pull_raw_reqs")
+    inputs = clock.plain(_spending(fake, 1_000), "process_input_requests",
+                         starts_iteration=True)
+
+    def launch(original, *args):
+        clock.end_step()  # as the runtime's run_batch hook does
+        fake.now += 2_000
+        return original(*args)
+
+    run_batch = clock.around(launch, "run_batch")
+    for _ in range(5):
+        pull(), inputs(), run_batch(lambda: None)
+    for _ in range(100):  # idle: no batch launched
+        pull(), inputs()
+    for _ in range(3):
+        pull(), inputs(), run_batch(lambda: None)
+    summary = clock.summary()
+    assert summary["steps"] == 8
+    # every step is one iteration's hooks (the first launch closes a step of 1,500)
+    assert clock.max_ns == 3_500 and summary["p50_us"] == bucket_low(bucket_of(3_500)) / 1e3
+    assert summary["idle_iterations"] == {"n": 100, "total_us": 150.0, "max_us": 1.5}
+    assert {name: hook["n"] for name, hook in summary["per_hook"].items()} == {
+        "_pull_raw_reqs": 108, "process_input_requests": 108, "run_batch": 8}
+    assert summary["per_hook"]["run_batch"]["mean_us"] == 2.0
+
+
+def test_without_idle_iterations_every_step_keeps_its_whole_time(monkeypatch):
+    fake = FakeClock(tick=0)
+    monkeypatch.setattr(timing.time, "perf_counter_ns", fake)
+    clock = HookClock("unused", write_every_s=0)
+    inputs = clock.plain(_spending(fake, 1_000), "process_input_requests",
+                         starts_iteration=True)
+    result = clock.plain(_spending(fake, 700), "process_batch_result")
+    for _ in range(10):
+        inputs()
+        clock.end_step()
+        result()
+    assert clock.total_steps == 10 and clock.total_ns == 9 * 1_700 + 1_000
+    assert clock.idle_iterations == 0
+
+
+def test_collections_while_a_hook_runs_are_counted_as_the_hooks(monkeypatch):
+    import gc
+
+    clock = HookClock("unused", write_every_s=0)
+    clock.end_step()  # the first step registers the collector's callback
+    try:
+        clock.plain(lambda: gc.collect(), "process_input_requests")()
+        in_hooks = clock.summary()["gc"]["in_hooks"]["n"]
+        everything = clock.summary()["gc"]["all"]["n"]
+        assert in_hooks >= 1 and everything >= in_hooks
+        gc.collect()  # SGLang's (or anyone's) collection, outside the plugin's hooks
+        gc_summary = clock.summary()["gc"]
+        assert gc_summary["in_hooks"]["n"] == in_hooks
+        assert gc_summary["all"]["n"] > everything
+        # inside an AROUND hook's original it is SGLang's time, not the hook's
+        clock.around(lambda original: original(), "run_batch")(gc.collect)
+        assert clock.summary()["gc"]["in_hooks"]["n"] == in_hooks
+    finally:
+        clock.close()
+    assert clock.depth == 0
+
+
+def test_sglangs_rule_is_counted_apart(monkeypatch):
+    fake = FakeClock(tick=0)
+    monkeypatch.setattr(timing.time, "perf_counter_ns", fake)
+    clock = HookClock("unused", write_every_s=0)
+    rule = clock.outside(_spending(fake, 4_000))
+    clock.plain(lambda: rule(), "on_verify_complete")()
+    clock.end_step()
+    summary = clock.summary()
+    assert summary["sglang_rule"] == {"calls": 1, "mean_us": 4.0}
+    assert summary["steps"] == 1 and clock.max_ns == 0
