@@ -142,6 +142,8 @@ def main() -> None:
     parser.add_argument("--idle-every", type=int, default=50)
     parser.add_argument("--idle-iterations", type=int, default=20)
     parser.add_argument("--no-recording", action="store_true")
+    parser.add_argument("--poll-us", type=float, default=None,
+                        help="the client I/O thread's look interval (default: the plugin's)")
     parser.add_argument("--no-plain", action="store_true")
     parser.add_argument("--sglang", type=Path, default=REPO / ".sglang" / "0.5.23")
     parser.add_argument("--out", type=Path, default=None)
@@ -156,6 +158,10 @@ def main() -> None:
         from sglang_hooks.runtime import Runtime
 
         work = SGLangWork(args)
+        if args.poll_us is not None:
+            import sglang_hooks.client
+
+            sglang_hooks.client._POLL_S = args.poll_us / 1e6
         if not args.no_plain:
             walls = run_loop(build(None, True), work, args.steps, args)
             result["plain_wall_us"] = {"p50": float(np.percentile(walls, 50)) / 1e3,

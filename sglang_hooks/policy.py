@@ -92,10 +92,14 @@ def make_policy_class(base: type, runtime: Runtime) -> type:
             self._specctl_current = -1  # the depth returned last
             self._specctl_switched_at = 0  # launch step of the last switch
             self._specctl_table: tuple[RuleMarker | None, list[int], list[int]] = (None, [], [])
+            #: Batch size -> the slot of SGLang's rule it routes to (fixed once SGLang has
+            #: set its CUDA graph sizes; cleared when it sets them).
+            self._specctl_rule_slots: dict[int, object] = {}
             self._specctl.attach_policy(self)
 
         def set_cuda_graph_bs(self, cuda_graph_bs: list[int] | None) -> None:
             super().set_cuda_graph_bs(cuda_graph_bs)
+            self._specctl_rule_slots = {}
             if self._specctl_rule is not self:  # route as SGLang would: padded batch sizes
                 base.set_cuda_graph_bs(self._specctl_rule, cuda_graph_bs)
 
@@ -161,10 +165,17 @@ def make_policy_class(base: type, runtime: Runtime) -> type:
         def _feed_rule(self, drafts: list[int], batch_size: int, ran: int) -> None:
             """Give SGLang's rule what it would have seen at its own depth."""
             params = self._specctl_rule
-            own = base._route(params, batch_size).current_steps
+            # SGLang's routing (padding to a CUDA graph size, then its tier) looked up
+            # once per batch size: every step on the scheduler thread.
+            slot = self._specctl_rule_slots.get(batch_size)
+            if slot is None:
+                slot = self._specctl_rule_slots[batch_size] = base._route(params, batch_size)
+            own = slot.current_steps
             if ran == 0 and own > 0:
                 return  # speculation was off for this step: no acceptance to learn from
-            if ran > own > 0:  # chain drafting: accepted at depth d = min(accepted, d)
+            # Chain drafting: accepted at depth d = min(accepted, d). The copy only when
+            # some request accepted more than the rule's depth (max is one C call).
+            if ran > own > 0 and drafts and max(drafts) > own:
                 drafts = [d if d <= own else own for d in drafts]
             sglang_verify(params, drafts, batch_size)
 

@@ -51,6 +51,10 @@ _SUB_BITS = 4
 _SUB = 1 << _SUB_BITS
 #: Buckets: values below _SUB exactly, then _SUB per octave up to 2**63 ns.
 _BUCKETS = _SUB * (64 - _SUB_BITS + 1)
+#: Every this many loop iterations the wrappers' in-situ cost is probed.
+_PROBE_EVERY = 8
+#: The hooks timed as AROUND hooks (the others are plain).
+_AROUND = ("run_batch", "process_batch_result")
 
 
 def bucket_of(ns: int) -> int:
@@ -150,7 +154,18 @@ class HookClock:
         self.outside_overhead_ns = 0
         self.plain_overhead_ns, self.around_overhead_ns, outside = self._calibrate()
         self.outside_overhead_ns = max(outside - self.plain_overhead_ns, 0)
-        self.hooks.clear()  # the calibration's calls are not the plugin's
+        # Probes: the same wrappers around do-nothing hooks, called in situ (at the top of
+        # every _PROBE_EVERY-th loop iteration, outside any hook): what they record is
+        # the wrappers' cost there beyond the warm calibration subtracted from every call.
+        def nothing(*args: Any) -> None:
+            return None
+
+        untimed = self.outside(nothing)
+        self._probes = ((self.plain(nothing), (), Histogram()),
+                        (self.around(lambda original: original()), (nothing,), Histogram()),
+                        (self.plain(lambda: untimed()), (), Histogram()))
+        self._probe_count = 0
+        self.hooks.clear()  # the calibration's and the probes' calls are not the plugin's
         self.rule_calls = self.rule_ns = 0
 
     # Kept for readers of the step totals (tests, benchmarks).
@@ -238,6 +253,19 @@ class HookClock:
                 self.idle_max_ns = idle
         self._launched = False
         self._mark_ns = self.current_ns
+        self._probe_count += 1
+        if self._probe_count % _PROBE_EVERY == 0:
+            self._probe()
+
+    def _probe(self) -> None:
+        """Run the three probes (their time is in no step and no hook's count)."""
+        saved, rule = self.current_ns, (self.rule_calls, self.rule_ns)
+        for wrapped, args, hist in self._probes:
+            self.current_ns = 0
+            wrapped(*args)
+            hist.add(self.current_ns)
+        self.current_ns = saved
+        self.rule_calls, self.rule_ns = rule
 
     def end_step(self) -> None:
         """Close the running step (called when the next one is launched); O(1)."""
@@ -255,7 +283,10 @@ class HookClock:
         the true value); ``max_us`` and ``mean_us`` are exact. ``per_hook``: each hook's
         own time per call; ``idle_iterations``: loop iterations without a launch (their
         time is in no step); ``sglang_rule``: SGLang's own rule, taken out; ``gc``:
-        collections while a plugin hook ran (``in_hooks``) and in all.
+        collections while a plugin hook ran (``in_hooks``) and in all;
+        ``instrument_in_situ``: what the wrappers cost where the hooks run beyond the
+        warm calibration subtracted from every call (probes of do-nothing hooks), per
+        call and per step, and the step percentiles less that.
         """
         steps = self.steps.summary()
         if not steps["n"]:
@@ -271,6 +302,28 @@ class HookClock:
                               "mean_us": self.rule_ns / max(self.rule_calls, 1) / 1e3}
         out["gc"] = {"in_hooks": self.gc_in_hooks.summary(), "all": self.gc_all.summary(),
                      "threshold": list(gc.get_threshold()), "frozen": gc.get_freeze_count()}
+        probes = [hist.summary() for _, _, hist in self._probes]
+        if probes[0]["n"]:
+            # The calls per step of each wrapper kind, from the hooks' own counts.
+            steps_n = max(out["steps"], 1)
+            plain = sum(h["n"] for k, h in out["per_hook"].items() if k not in _AROUND) / steps_n
+            around = sum(out["per_hook"].get(k, {"n": 0})["n"] for k in _AROUND) / steps_n
+            outside = self.rule_calls / steps_n
+            excess = [p["p50_us"] for p in probes]
+            # The outside probe is a plain wrapper around an outside one: its own part is
+            # what it records beyond the plain probe (as in the calibration).
+            excess[2] = max(excess[2] - excess[0], 0.0)
+            out["instrument_in_situ"] = {
+                "excess_per_call_p50_us": dict(zip(("plain", "around", "outside"), excess,
+                                                   strict=True)),
+                "probes": probes[0]["n"],
+                "excess_per_step_us": (plain * excess[0] + around * excess[1]
+                                       + outside * excess[2])}
+            # An estimate (a percentile of a sum is not a sum of medians): the step
+            # percentiles less the wrappers' typical in-situ excess.
+            per_step = out["instrument_in_situ"]["excess_per_step_us"]
+            out["instrument_in_situ"]["step_us_less_excess"] = {
+                key: max(out[f"{key}_us"] - per_step, 0.0) for key in ("p50", "p90", "p99")}
         out["process"] = {"python": sys.version.split()[0], "threads": threading.active_count(),
                           "switch_interval_s": sys.getswitchinterval()}
         return out

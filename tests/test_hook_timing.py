@@ -209,3 +209,26 @@ def test_sglangs_rule_is_counted_apart(monkeypatch):
     summary = clock.summary()
     assert summary["sglang_rule"] == {"calls": 1, "mean_us": 4.0}
     assert summary["steps"] == 1 and clock.max_ns == 0
+
+
+def test_the_wrappers_cost_in_situ_beyond_the_calibration_is_probed(monkeypatch):
+    """Calibrated warm, the wrappers can cost more where the hooks run (cold caches):
+    probes of do-nothing hooks, at the top of every 8th loop iteration, say how much."""
+    fake = FakeClock(tick=100)
+    monkeypatch.setattr(timing.time, "perf_counter_ns", fake)
+    clock = HookClock("unused", write_every_s=0)
+    fake.tick = 300  # in situ every reading costs 3x what it did at calibration
+    inputs = clock.plain(lambda: None, "process_input_requests", starts_iteration=True)
+    for _ in range(16):
+        inputs()
+        clock.end_step()
+    in_situ = clock.summary()["instrument_in_situ"]
+    assert in_situ["probes"] == 2
+    # plain: 2 readings (300 ns) less the 100 calibrated; AROUND: 4 readings (900 ns)
+    # less the original's 300 and the 200 calibrated; outside: a plain around it records
+    # 4 readings (less 100) less its window (300) and its 100 calibrated, 400 ns, of which
+    # the plain's excess is 200
+    assert in_situ["excess_per_call_p50_us"] == {"plain": 0.2, "around": 0.4, "outside": 0.2}
+    # one plain hook per step, nothing else: 16 input calls over 16 steps
+    assert in_situ["excess_per_step_us"] == 0.2
+    assert clock.summary()["per_hook"]["process_input_requests"]["n"] == 16
