@@ -155,29 +155,31 @@ def make_policy_class(base: type, runtime: Runtime) -> type:
                 rt.on_verify(num_correct_drafts_per_req)
                 return sglang_verify(self, num_correct_drafts_per_req, batch_size)
             if local.rule == "sglang":
-                try:  # keep SGLang's rule live, whoever is in charge
-                    self._feed_rule(num_correct_drafts_per_req, batch_size, rt.verify_steps)
+                # Keep SGLang's rule live, whoever is in charge: feed it what it would have
+                # seen at its own depth. (Inline, not a method: every decode step on the
+                # scheduler thread, where a call costs microseconds on cold caches.)
+                try:
+                    drafts = num_correct_drafts_per_req
+                    params = self._specctl_rule
+                    # SGLang's routing (padding to a CUDA graph size, then its tier) looked
+                    # up once per batch size.
+                    slot = self._specctl_rule_slots.get(batch_size)
+                    if slot is None:
+                        slot = self._specctl_rule_slots[batch_size] = base._route(
+                            params, batch_size)
+                    own = slot.current_steps
+                    ran = rt.verify_steps
+                    # A step that did not speculate has no acceptance to learn from.
+                    if ran != 0 or own <= 0:
+                        # Chain drafting: accepted at depth d = min(accepted, d). The copy
+                        # only when some request accepted more than the rule's depth.
+                        if ran > own > 0 and drafts and max(drafts) > own:
+                            drafts = [d if d <= own else own for d in drafts]
+                        sglang_verify(params, drafts, batch_size)
                 except Exception as exc:
                     rt.fault("policy", exc)
             rt.on_verify(num_correct_drafts_per_req)
             return None
-
-        def _feed_rule(self, drafts: list[int], batch_size: int, ran: int) -> None:
-            """Give SGLang's rule what it would have seen at its own depth."""
-            params = self._specctl_rule
-            # SGLang's routing (padding to a CUDA graph size, then its tier) looked up
-            # once per batch size: every step on the scheduler thread.
-            slot = self._specctl_rule_slots.get(batch_size)
-            if slot is None:
-                slot = self._specctl_rule_slots[batch_size] = base._route(params, batch_size)
-            own = slot.current_steps
-            if ran == 0 and own > 0:
-                return  # speculation was off for this step: no acceptance to learn from
-            # Chain drafting: accepted at depth d = min(accepted, d). The copy only when
-            # some request accepted more than the rule's depth (max is one C call).
-            if ran > own > 0 and drafts and max(drafts) > own:
-                drafts = [d if d <= own else own for d in drafts]
-            sglang_verify(params, drafts, batch_size)
 
         def _table_steps(self, local: RuleMarker, batch_size: int) -> int:
             cached, sizes, steps = self._specctl_table
