@@ -132,6 +132,8 @@ class HookClock:
         self.idle_ns = 0
         self.idle_max_ns = 0
         self._launched = True  # a batch was launched since the current iteration began
+        #: The clock's own time inside the running AROUND hook (end_step's), left out.
+        self._excluded_ns = 0
         self._mark_ns = 0  # current_ns when the current iteration began
         #: SGLang's own rule (taken out of the plugin's time): calls and their time.
         self.rule_calls = 0
@@ -268,13 +270,18 @@ class HookClock:
         self.rule_calls, self.rule_ns = rule
 
     def end_step(self) -> None:
-        """Close the running step (called when the next one is launched); O(1)."""
+        """Close the running step (called when the next one is launched); O(1).
+
+        It runs inside the launch hook's timed window: its own time is taken out of that
+        hook's (``_excluded_ns``), it is the instrument's."""
+        start = time.perf_counter_ns()
         ns = self.current_ns
         self.current_ns = 0
         self._launched = True
         self.steps.add(ns)  # the subtracted overhead can exceed a tiny step: 0 then
         if not self._started:
             self._start()
+        self._excluded_ns += time.perf_counter_ns() - start
 
     def summary(self) -> dict:
         """Percentiles (microseconds) of the per-step totals so far, and where they went.
@@ -377,6 +384,7 @@ class HookClock:
 
         def timed(original: Callable, *args: Any, **kwargs: Any) -> Any:
             self.depth += 1
+            self._excluded_ns = 0
             start = time.perf_counter_ns()
             inner = 0
 
@@ -393,7 +401,8 @@ class HookClock:
             try:
                 return hook(timed_original, *args, **kwargs)
             finally:
-                spent = time.perf_counter_ns() - start - inner - self.around_overhead_ns
+                spent = (time.perf_counter_ns() - start - inner - self.around_overhead_ns
+                         - self._excluded_ns)
                 self.depth -= 1
                 self.current_ns += spent
                 hist.add(spent)

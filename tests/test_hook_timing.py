@@ -232,3 +232,31 @@ def test_the_wrappers_cost_in_situ_beyond_the_calibration_is_probed(monkeypatch)
     # one plain hook per step, nothing else: 16 input calls over 16 steps
     assert in_situ["excess_per_step_us"] == 0.2
     assert clock.summary()["per_hook"]["process_input_requests"]["n"] == 16
+
+
+def test_closing_a_step_inside_the_launch_hook_is_not_the_hooks_time(monkeypatch):
+    """end_step runs inside run_batch's timed window: its bookkeeping is the clock's."""
+    fake = FakeClock(tick=0)
+    monkeypatch.setattr(timing.time, "perf_counter_ns", fake)
+    clock = HookClock("unused", write_every_s=0)
+    add = timing.Histogram.add
+
+    def slow_add(self, ns: int) -> None:  # the histograms on cold caches
+        fake.now += 5_000
+        add(self, ns)
+
+    monkeypatch.setattr(timing.Histogram, "add", slow_add)
+
+    def launch(original, *args):
+        clock.end_step()
+        fake.now += 2_000  # the hook's own work
+        return original(*args)
+
+    run_batch = clock.around(launch, "run_batch")
+    for _ in range(3):
+        run_batch(lambda: None)
+    clock.end_step()  # outside any hook: nothing is left over for the next one
+    run_batch(lambda: None)
+    hook = clock.summary()["per_hook"]["run_batch"]
+    assert hook["n"] == 4 and hook["max_us"] == hook["mean_us"] == 2.0
+    assert clock.max_ns == 2_000
