@@ -108,14 +108,27 @@ def work_summary(work: SGLangWork) -> dict[str, float]:
             "mean": float(spent.mean())}
 
 
-def run_loop(loop, work: SGLangWork, steps: int, args: argparse.Namespace) -> np.ndarray:
+def run_loop(loop, work: SGLangWork, steps: int, args: argparse.Namespace,
+             client=None) -> np.ndarray:
     """The loop in overlap order with SGLang's work between the hooks; returns the wall
-    time (ns) of each iteration that launched a batch."""
+    time (ns) of each iteration that launched a batch. With ``client`` and
+    ``--alternate-poll-us``, its look interval alternates every 50 steps and each work
+    slice is also kept under the interval it ran with (``work.by_poll``)."""
     from sglang_hooks.testing import ReqStandIn
 
     reqs = [ReqStandIn(f"r{i}") for i in range(args.batch)]
     walls = []
+    intervals = None
+    if client is not None and args.alternate_poll_us is not None:
+        intervals = (client._poll_s, args.alternate_poll_us / 1e6)
+        work.by_poll = {interval: [] for interval in intervals}
     for i in range(steps):
+        if intervals is not None:
+            if i % 50 == 0:
+                client._poll_s = intervals[(i // 50) % 2]
+                mark = len(work.spent_ns)
+            elif i % 50 == 49 and i >= steps // 10:  # a block's slices, once settled
+                work.by_poll[client._poll_s].extend(work.spent_ns[mark + 8:])
         if args.idle_every and i % args.idle_every == args.idle_every - 1:
             loop.drain()  # the batch in flight finishes, then the loop idles
             for _ in range(args.idle_iterations):
@@ -158,6 +171,9 @@ def main() -> None:
     parser.add_argument("--no-recording", action="store_true")
     parser.add_argument("--poll-us", type=float, default=None,
                         help="the client I/O thread's look interval (default: the plugin's)")
+    parser.add_argument("--alternate-poll-us", type=float, default=None,
+                        help="interleave: every 50 steps switch the plugin's look interval "
+                        "between its default and this; SGLang's work reported per interval")
     parser.add_argument("--no-plain", action="store_true")
     parser.add_argument("--sglang", type=Path, default=REPO / ".sglang" / "0.5.23")
     parser.add_argument("--out", type=Path, default=None)
@@ -192,8 +208,16 @@ def main() -> None:
             result["plain_sglang_work_us"] = work_summary(work)
         work.spent_ns = []
         try:
-            walls = run_loop(build(rt, True), work, args.steps, args)
+            walls = run_loop(build(rt, True), work, args.steps, args, rt.client)
             result["plugin_sglang_work_us"] = work_summary(work)
+            if args.alternate_poll_us is not None:
+                result["sglang_work_by_look_us"] = {
+                    f"{interval * 1e6:g}": {
+                        "p50": float(np.percentile(spent, 50)) / 1e3,
+                        "mean": float(np.mean(spent)) / 1e3, "n": len(spent)}
+                    for interval, spent in work.by_poll.items()}
+                print("SGLang's work per slice by the client's look interval (us):",
+                      result["sglang_work_by_look_us"])
             result["plugin_wall_us"] = {"p50": float(np.percentile(walls, 50)) / 1e3,
                                         "p99": float(np.percentile(walls, 99)) / 1e3}
             result["clock"] = rt.clock.summary()
