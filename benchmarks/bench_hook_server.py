@@ -118,17 +118,20 @@ def run_loop(loop, work: SGLangWork, steps: int, args: argparse.Namespace,
 
     reqs = [ReqStandIn(f"r{i}") for i in range(args.batch)]
     walls = []
-    intervals = None
+    modes = None  # (name, setter) pairs alternated every 50 steps
     if client is not None and args.alternate_poll_us is not None:
-        intervals = (client._poll_s, args.alternate_poll_us / 1e6)
-        work.by_poll = {interval: [] for interval in intervals}
+        modes = [(f"look every {v * 1e6:g} us", lambda v=v: setattr(client, "_poll_s", v))
+                 for v in (client._poll_s, args.alternate_poll_us / 1e6)]
+    if modes is not None:
+        work.by_poll = {name: [] for name, _ in modes}
     for i in range(steps):
-        if intervals is not None:
+        if modes is not None:
+            name, setter = modes[(i // 50) % 2]
             if i % 50 == 0:
-                client._poll_s = intervals[(i // 50) % 2]
+                setter()
                 mark = len(work.spent_ns)
             elif i % 50 == 49 and i >= steps // 10:  # a block's slices, once settled
-                work.by_poll[client._poll_s].extend(work.spent_ns[mark + 8:])
+                work.by_poll[name].extend(work.spent_ns[mark + 8:])
         if args.idle_every and i % args.idle_every == args.idle_every - 1:
             loop.drain()  # the batch in flight finishes, then the loop idles
             for _ in range(args.idle_iterations):
@@ -210,12 +213,11 @@ def main() -> None:
         try:
             walls = run_loop(build(rt, True), work, args.steps, args, rt.client)
             result["plugin_sglang_work_us"] = work_summary(work)
-            if args.alternate_poll_us is not None:
+            if getattr(work, "by_poll", None):
                 result["sglang_work_by_look_us"] = {
-                    f"{interval * 1e6:g}": {
-                        "p50": float(np.percentile(spent, 50)) / 1e3,
-                        "mean": float(np.mean(spent)) / 1e3, "n": len(spent)}
-                    for interval, spent in work.by_poll.items()}
+                    name: {"p50": float(np.percentile(spent, 50)) / 1e3,
+                           "mean": float(np.mean(spent)) / 1e3, "n": len(spent)}
+                    for name, spent in work.by_poll.items()}
                 print("SGLang's work per slice by the client's look interval (us):",
                       result["sglang_work_by_look_us"])
             result["plugin_wall_us"] = {"p50": float(np.percentile(walls, 50)) / 1e3,

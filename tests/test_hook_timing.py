@@ -177,10 +177,10 @@ def test_without_idle_iterations_every_step_keeps_its_whole_time(monkeypatch):
     assert clock.idle_iterations == 0
 
 
-def test_collections_while_a_hook_runs_are_counted_as_the_hooks(monkeypatch):
+def test_collections_while_a_hook_runs_are_counted_as_the_hooks(tmp_path):
     import gc
 
-    clock = HookClock("unused", write_every_s=0)
+    clock = HookClock(str(tmp_path / "hooks.json"), write_every_s=0)  # close() writes
     clock.end_step()  # the first step registers the collector's callback
     try:
         clock.plain(lambda: gc.collect(), "process_input_requests")()
