@@ -21,6 +21,14 @@ def test_a_duration_falls_in_its_bucket(ns):
     assert bucket_low(index + 1) - bucket_low(index) <= max(1, bucket_low(index) // 16)
 
 
+@given(st.integers(-10**6, 2**63 - 1))
+def test_a_histogram_counts_a_duration_in_its_bucket(ns):
+    histogram = timing.Histogram()
+    histogram.add(ns)
+    assert histogram.counts[bucket_of(max(ns, 0))] == 1 == sum(histogram.counts)
+    assert histogram.max_ns == histogram.total_ns == max(ns, 0)
+
+
 def test_percentiles_are_within_one_bucket_of_the_exact_ones():
     rng = np.random.default_rng(0)
     values = rng.lognormal(np.log(20_000), 1.0, size=5000).astype(np.int64)
