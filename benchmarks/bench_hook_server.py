@@ -172,6 +172,8 @@ def main() -> None:
     parser.add_argument("--idle-every", type=int, default=50)
     parser.add_argument("--idle-iterations", type=int, default=20)
     parser.add_argument("--no-recording", action="store_true")
+    parser.add_argument("--switch-interval-ms", type=float, default=None,
+                        help="sys.setswitchinterval for the run (default: Python's 5 ms)")
     parser.add_argument("--poll-us", type=float, default=None,
                         help="the client I/O thread's look interval (default: the plugin's)")
     parser.add_argument("--alternate-poll-us", type=float, default=None,
@@ -191,6 +193,8 @@ def main() -> None:
         from sglang_hooks.runtime import Runtime
 
         work = SGLangWork(args)
+        if args.switch_interval_ms is not None:
+            sys.setswitchinterval(args.switch_interval_ms / 1e3)
         if args.poll_us is not None:
             import sglang_hooks.client
 
