@@ -92,10 +92,14 @@ def make_policy_class(base: type, runtime: Runtime) -> type:
             self._specctl_current = -1  # the depth returned last
             self._specctl_switched_at = 0  # launch step of the last switch
             self._specctl_table: tuple[RuleMarker | None, list[int], list[int]] = (None, [], [])
+            #: Batch size -> the slot of SGLang's rule it routes to (fixed once SGLang has
+            #: set its CUDA graph sizes; cleared when it sets them).
+            self._specctl_rule_slots: dict[int, object] = {}
             self._specctl.attach_policy(self)
 
         def set_cuda_graph_bs(self, cuda_graph_bs: list[int] | None) -> None:
             super().set_cuda_graph_bs(cuda_graph_bs)
+            self._specctl_rule_slots = {}
             if self._specctl_rule is not self:  # route as SGLang would: padded batch sizes
                 base.set_cuda_graph_bs(self._specctl_rule, cuda_graph_bs)
 
@@ -151,22 +155,31 @@ def make_policy_class(base: type, runtime: Runtime) -> type:
                 rt.on_verify(num_correct_drafts_per_req)
                 return sglang_verify(self, num_correct_drafts_per_req, batch_size)
             if local.rule == "sglang":
-                try:  # keep SGLang's rule live, whoever is in charge
-                    self._feed_rule(num_correct_drafts_per_req, batch_size, rt.verify_steps)
+                # Keep SGLang's rule live, whoever is in charge: feed it what it would have
+                # seen at its own depth. (Inline, not a method: every decode step on the
+                # scheduler thread, where a call costs microseconds on cold caches.)
+                try:
+                    drafts = num_correct_drafts_per_req
+                    params = self._specctl_rule
+                    # SGLang's routing (padding to a CUDA graph size, then its tier) looked
+                    # up once per batch size.
+                    slot = self._specctl_rule_slots.get(batch_size)
+                    if slot is None:
+                        slot = self._specctl_rule_slots[batch_size] = base._route(
+                            params, batch_size)
+                    own = slot.current_steps
+                    ran = rt.verify_steps
+                    # A step that did not speculate has no acceptance to learn from.
+                    if ran != 0 or own <= 0:
+                        # Chain drafting: accepted at depth d = min(accepted, d). The copy
+                        # only when some request accepted more than the rule's depth.
+                        if ran > own > 0 and drafts and max(drafts) > own:
+                            drafts = [d if d <= own else own for d in drafts]
+                        sglang_verify(params, drafts, batch_size)
                 except Exception as exc:
                     rt.fault("policy", exc)
             rt.on_verify(num_correct_drafts_per_req)
             return None
-
-        def _feed_rule(self, drafts: list[int], batch_size: int, ran: int) -> None:
-            """Give SGLang's rule what it would have seen at its own depth."""
-            params = self._specctl_rule
-            own = base._route(params, batch_size).current_steps
-            if ran == 0 and own > 0:
-                return  # speculation was off for this step: no acceptance to learn from
-            if ran > own > 0:  # chain drafting: accepted at depth d = min(accepted, d)
-                drafts = [d if d <= own else own for d in drafts]
-            sglang_verify(params, drafts, batch_size)
 
         def _table_steps(self, local: RuleMarker, batch_size: int) -> int:
             cached, sizes, steps = self._specctl_table
@@ -189,6 +202,6 @@ def make_policy_class(base: type, runtime: Runtime) -> type:
     if runtime.clock is not None:  # SPECCTL_HOOK_TIMING: count these on the scheduler thread
         for name in ("get_steps_for_batch", "on_verify_complete"):
             setattr(SpecctlAdaptiveParams, name,
-                    runtime.clock.plain(getattr(SpecctlAdaptiveParams, name)))
+                    runtime.clock.plain(getattr(SpecctlAdaptiveParams, name), name))
     return SpecctlAdaptiveParams
 

@@ -37,7 +37,7 @@ from env.traces.schema import RequestRecord, StepRecord
 
 log = logging.getLogger(__name__)
 
-_STEP, _ARRIVAL, _FINISH, _FINISHED = 0, 1, 2, 3
+_STEP, _ARRIVAL, _FINISH, _FINISHED, _TELEMETRY = 0, 1, 2, 3, 4
 _CHUNK = 256  # records converted between GIL yields
 _MAX_OPEN_REQUESTS = 1_000_000
 
@@ -140,6 +140,17 @@ class Recorder:
                             kv_capacity, prefill_tokens, steps_used, accepted, latency_s,
                             request_ids))
 
+    def add_telemetry(self, telemetry: tuple, request_ids: list | None) -> None:
+        """Queue one step as the hooks send it to the controller: the arguments of
+        :func:`sglang_hooks.client.telemetry_frame` (server, rank, step index, launch
+        time, batch size, waiting, running, KV used, KV capacity, prefill tokens, steps
+        used, accepted drafts, latency), as one tuple; ``request_ids`` as in
+        :meth:`add_step`. The scheduler thread builds the tuple once for both."""
+        if len(self._queue) >= self._max_queue:
+            self.counters["dropped"] += 1
+            return
+        self._queue.append((_TELEMETRY, telemetry, request_ids))
+
     def add_arrival(self, request_id: str, time_s: float, prompt_tokens: int) -> None:
         """Queue a request's arrival at the scheduler."""
         if len(self._queue) < self._max_queue:
@@ -220,7 +231,10 @@ class Recorder:
 
     def _convert(self, item: tuple) -> None:
         kind = item[0]
-        if kind == _STEP:
+        if kind == _TELEMETRY:
+            _, telemetry, rids = item
+            self._writer.add_step(self._step_record((_STEP, *telemetry[2:], rids)))
+        elif kind == _STEP:
             self._writer.add_step(self._step_record(item))
         elif kind == _FINISHED:
             for req in item[1]:

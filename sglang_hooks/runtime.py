@@ -162,7 +162,9 @@ class Runtime:
         }
         clock = self.clock
         if clock is not None:
-            table = {name: (clock.around(hook) if kind == "AROUND" else clock.plain(hook), kind)
+            # The input hook runs once per loop iteration: it tells idle iterations apart.
+            table = {name: (clock.around(hook, name) if kind == "AROUND" else
+                            clock.plain(hook, name, name == "process_input_requests"), kind)
                      for name, (hook, kind) in table.items()}
         return table
 
@@ -265,6 +267,11 @@ class Runtime:
             now = self.monotonic()
             if now >= self._next_summary:
                 self._summary(now)
+            client = self.client
+            # The common case, nothing new to say, without a method call.
+            if (not self._broken and (client is None or client.marker is None
+                                      or client.marker is self._last_marker)):
+                return None
             marker = self._source_marker()
             if marker is not None:
                 result.append(marker)
@@ -365,7 +372,8 @@ class Runtime:
                 self._send(slot, now)
             self._last_result_end = now
             if self.recorder is not None and batch is not None:
-                self._record_finished(batch)
+                # A copy of the list: the recorder's thread finds the finished requests.
+                self.recorder.add_finished(batch.reqs[:])
         except Exception as exc:
             self.fault("result", exc)
         return result
@@ -452,18 +460,15 @@ class Runtime:
             start = t_launch
         latency = now - start
         # The accepted drafts go as SGLang gave them (a fresh list per step): the
-        # client's I/O thread and the recorder's thread turn them into bytes.
-        step, steps_used, accepted = slot.step, slot.steps_used, slot.accepted
+        # client's I/O thread and the recorder's thread turn them into bytes. One tuple
+        # for both.
+        step = slot.step
+        telemetry = (self.server, self.rank, step, t_launch, batch_size, waiting, running,
+                     kv_used, kv_capacity, prefill, slot.steps_used, slot.accepted, latency)
         if self.client is not None:
-            self.client.send_telemetry((
-                self.server, self.rank, step, t_launch, batch_size, waiting, running,
-                kv_used, kv_capacity, prefill, steps_used, accepted, latency,
-            ), step, now)
+            self.client.send_telemetry(telemetry, step, now)
         if self.recorder is not None:
-            self.recorder.add_step(
-                step, t_launch, batch_size, waiting, running, kv_used, kv_capacity, prefill,
-                steps_used, accepted, latency, slot.request_ids,
-            )
+            self.recorder.add_telemetry(telemetry, slot.request_ids)
 
     def _record_arrivals(self, recv_reqs: Any) -> None:
         now = self.monotonic()
@@ -473,10 +478,6 @@ class Runtime:
                 ids = getattr(req, "input_ids", None)
                 if isinstance(rid, str) and ids is not None:
                     self.recorder.add_arrival(rid, now, len(ids))
-
-    def _record_finished(self, batch: Any) -> None:
-        # A copy of the list: the recorder's thread finds the finished requests in it.
-        self.recorder.add_finished(batch.reqs[:])
 
     def _summary(self, now: float) -> None:
         first = self._next_summary == 0.0

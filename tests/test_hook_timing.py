@@ -21,6 +21,14 @@ def test_a_duration_falls_in_its_bucket(ns):
     assert bucket_low(index + 1) - bucket_low(index) <= max(1, bucket_low(index) // 16)
 
 
+@given(st.integers(-10**6, 2**63 - 1))
+def test_a_histogram_counts_a_duration_in_its_bucket(ns):
+    histogram = timing.Histogram()
+    histogram.add(ns)
+    assert histogram.counts[bucket_of(max(ns, 0))] == 1 == sum(histogram.counts)
+    assert histogram.max_ns == histogram.total_ns == max(ns, 0)
+
+
 def test_percentiles_are_within_one_bucket_of_the_exact_ones():
     rng = np.random.default_rng(0)
     values = rng.lognormal(np.log(20_000), 1.0, size=5000).astype(np.int64)
@@ -122,3 +130,141 @@ def test_the_wrappers_own_cost_is_measured_and_subtracted(monkeypatch):
     assert clock.max_ns == 10_000 and clock.total_ns == 10_000
     assert clock.summary()["subtracted_per_call_us"] == {"plain": 0.1, "around": 0.2,
                                                          "outside": 0.1}
+
+
+def _spending(fake: FakeClock, ns: int):
+    def hook(*args):
+        fake.now += ns
+    return hook
+
+
+def test_idle_loop_iterations_are_counted_apart_not_added_to_the_next_step(monkeypatch):
+    """The server idle between requests spins its loop, calling the input hooks each
+    time: those iterations are idle time, not one long step at the next launch."""
+    fake = FakeClock(tick=0)  # readings cost nothing: nothing is subtracted
+    monkeypatch.setattr(timing.time, "perf_counter_ns", fake)
+    clock = HookClock("unused", write_every_s=0)
+    pull = clock.plain(_spending(fake, 500), "_pull_raw_reqs")
+    inputs = clock.plain(_spending(fake, 1_000), "process_input_requests",
+                         starts_iteration=True)
+
+    def launch(original, *args):
+        clock.end_step()  # as the runtime's run_batch hook does
+        fake.now += 2_000
+        return original(*args)
+
+    run_batch = clock.around(launch, "run_batch")
+    for _ in range(5):
+        pull(), inputs(), run_batch(lambda: None)
+    for _ in range(100):  # idle: no batch launched
+        pull(), inputs()
+    for _ in range(3):
+        pull(), inputs(), run_batch(lambda: None)
+    summary = clock.summary()
+    assert summary["steps"] == 8
+    # every step is one iteration's hooks (the first launch closes a step of 1,500)
+    assert clock.max_ns == 3_500 and summary["p50_us"] == bucket_low(bucket_of(3_500)) / 1e3
+    assert summary["idle_iterations"] == {"n": 100, "total_us": 150.0, "max_us": 1.5}
+    assert {name: hook["n"] for name, hook in summary["per_hook"].items()} == {
+        "_pull_raw_reqs": 108, "process_input_requests": 108, "run_batch": 8}
+    assert summary["per_hook"]["run_batch"]["mean_us"] == 2.0
+
+
+def test_without_idle_iterations_every_step_keeps_its_whole_time(monkeypatch):
+    fake = FakeClock(tick=0)
+    monkeypatch.setattr(timing.time, "perf_counter_ns", fake)
+    clock = HookClock("unused", write_every_s=0)
+    inputs = clock.plain(_spending(fake, 1_000), "process_input_requests",
+                         starts_iteration=True)
+    result = clock.plain(_spending(fake, 700), "process_batch_result")
+    for _ in range(10):
+        inputs()
+        clock.end_step()
+        result()
+    assert clock.total_steps == 10 and clock.total_ns == 9 * 1_700 + 1_000
+    assert clock.idle_iterations == 0
+
+
+def test_collections_while_a_hook_runs_are_counted_as_the_hooks(tmp_path):
+    import gc
+
+    clock = HookClock(str(tmp_path / "hooks.json"), write_every_s=0)  # close() writes
+    clock.end_step()  # the first step registers the collector's callback
+    try:
+        clock.plain(lambda: gc.collect(), "process_input_requests")()
+        in_hooks = clock.summary()["gc"]["in_hooks"]["n"]
+        everything = clock.summary()["gc"]["all"]["n"]
+        assert in_hooks >= 1 and everything >= in_hooks
+        gc.collect()  # SGLang's (or anyone's) collection, outside the plugin's hooks
+        gc_summary = clock.summary()["gc"]
+        assert gc_summary["in_hooks"]["n"] == in_hooks
+        assert gc_summary["all"]["n"] > everything
+        # inside an AROUND hook's original it is SGLang's time, not the hook's
+        clock.around(lambda original: original(), "run_batch")(gc.collect)
+        assert clock.summary()["gc"]["in_hooks"]["n"] == in_hooks
+    finally:
+        clock.close()
+    assert clock.depth == 0
+
+
+def test_sglangs_rule_is_counted_apart(monkeypatch):
+    fake = FakeClock(tick=0)
+    monkeypatch.setattr(timing.time, "perf_counter_ns", fake)
+    clock = HookClock("unused", write_every_s=0)
+    rule = clock.outside(_spending(fake, 4_000))
+    clock.plain(lambda: rule(), "on_verify_complete")()
+    clock.end_step()
+    summary = clock.summary()
+    assert summary["sglang_rule"] == {"calls": 1, "mean_us": 4.0}
+    assert summary["steps"] == 1 and clock.max_ns == 0
+
+
+def test_the_wrappers_cost_in_situ_beyond_the_calibration_is_probed(monkeypatch):
+    """Calibrated warm, the wrappers can cost more where the hooks run (cold caches):
+    probes of do-nothing hooks, at the top of every 8th loop iteration, say how much."""
+    fake = FakeClock(tick=100)
+    monkeypatch.setattr(timing.time, "perf_counter_ns", fake)
+    clock = HookClock("unused", write_every_s=0)
+    fake.tick = 300  # in situ every reading costs 3x what it did at calibration
+    inputs = clock.plain(lambda: None, "process_input_requests", starts_iteration=True)
+    for _ in range(16):
+        inputs()
+        clock.end_step()
+    in_situ = clock.summary()["instrument_in_situ"]
+    assert in_situ["probes"] == 2
+    # plain: 2 readings (300 ns) less the 100 calibrated; AROUND: 4 readings (900 ns)
+    # less the original's 300 and the 200 calibrated; outside: a plain around it records
+    # 4 readings (less 100) less its window (300) and its 100 calibrated, 400 ns, of which
+    # the plain's excess is 200
+    assert in_situ["excess_per_call_p50_us"] == {"plain": 0.2, "around": 0.4, "outside": 0.2}
+    # one plain hook per step, nothing else: 16 input calls over 16 steps
+    assert in_situ["excess_per_step_us"] == 0.2
+    assert clock.summary()["per_hook"]["process_input_requests"]["n"] == 16
+
+
+def test_closing_a_step_inside_the_launch_hook_is_not_the_hooks_time(monkeypatch):
+    """end_step runs inside run_batch's timed window: its bookkeeping is the clock's."""
+    fake = FakeClock(tick=0)
+    monkeypatch.setattr(timing.time, "perf_counter_ns", fake)
+    clock = HookClock("unused", write_every_s=0)
+    add = timing.Histogram.add
+
+    def slow_add(self, ns: int) -> None:  # the histograms on cold caches
+        fake.now += 5_000
+        add(self, ns)
+
+    monkeypatch.setattr(timing.Histogram, "add", slow_add)
+
+    def launch(original, *args):
+        clock.end_step()
+        fake.now += 2_000  # the hook's own work
+        return original(*args)
+
+    run_batch = clock.around(launch, "run_batch")
+    for _ in range(3):
+        run_batch(lambda: None)
+    clock.end_step()  # outside any hook: nothing is left over for the next one
+    run_batch(lambda: None)
+    hook = clock.summary()["per_hook"]["run_batch"]
+    assert hook["n"] == 4 and hook["max_us"] == hook["mean_us"] == 2.0
+    assert clock.max_ns == 2_000

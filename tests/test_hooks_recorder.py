@@ -159,3 +159,24 @@ def test_a_step_keeps_the_requests_it_launched_with(tmp_path):
     trace = read_trace(rt.recorder.files)
     assert trace.steps[0].request_ids == ["a", "b"]
     assert rt.counters == {}
+
+
+def test_a_step_given_as_the_controllers_telemetry_is_the_same_record(tmp_path):
+    # The hooks build one tuple for the controller and the recorder (the arguments of
+    # telemetry_frame); the trace holds what add_step's arguments give.
+    recorder = Recorder(tmp_path, "srv", 0, flush_s=60.0)
+    reqs = [ReqStandIn(rid) for rid in ("a", "b", "c")]
+    values = (recorder.t0 + 0.5, 3, 1, 3, 900, 10_000, 0, 2, [1, 2, 0], 0.01)
+    recorder.add_step(1, *values, reqs[:])
+    recorder.add_telemetry(("srv", 0, 2, *values), reqs[:])
+    recorder.add_telemetry(("srv", 0, 3, *values), None)
+    recorder.close()
+    first, second, third = read_trace(recorder.files).steps
+    assert (second.step_index, third.step_index) == (2, 3)
+    for field in ("time_s", "batch_size", "waiting_requests", "running_requests",
+                  "kv_used_tokens", "kv_capacity_tokens", "prefill_tokens", "steps_used",
+                  "step_latency_s", "request_ids"):
+        assert getattr(second, field) == getattr(first, field), field
+    assert list(second.accepted_drafts) == list(first.accepted_drafts) == [1, 2, 0]
+    assert third.request_ids is None
+    assert recorder.counters["bad_records"] == 0

@@ -60,6 +60,10 @@ class RecorderStandIn:
     def add_step(self, *args: object) -> None:
         self.steps.append(args)
 
+    def add_telemetry(self, telemetry: tuple, request_ids: object) -> None:
+        # As add_step's arguments: the telemetry less server and rank, then the ids.
+        self.steps.append((*telemetry[2:], request_ids))
+
     def add_arrival(self, *args: object) -> None:
         self.arrivals.append(args)
 

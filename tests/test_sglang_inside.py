@@ -443,6 +443,37 @@ def test_sglangs_rule_keeps_learning_while_the_controller_is_in_charge():
         "the fallback starts from live acceptance, not from where it was left"
 
 
+def test_sglangs_rule_is_fed_where_sglang_routes_after_its_cuda_graph_sizes_change():
+    """The feed looks SGLang's routing up once per batch size; when SGLang sets its CUDA
+    graph sizes (again), a batch of 3 pads to 8 and feeds the default tiers' slot 8."""
+    rt = runtime(fallback="sglang", min_switch_steps=1)
+    loop = build_rank(rt, is_source=True)
+    ours = loop.scheduler.adaptive.params
+    reference = ORIGINAL["params"](initial_steps=7, cfg_path=None)
+    rt.controller = DecisionMarker(1, "controller", 0, (1,), (7,))
+
+    def feed(steps: int) -> None:
+        for _ in range(steps):
+            rt.verify_steps = 7
+            drafts = [1, 0, 2]  # poor acceptance at depth 7
+            ours.on_verify_complete(drafts, 3)
+            own = reference._route(3).current_steps
+            reference.on_verify_complete([min(d, own) for d in drafts], 3)
+
+    feed(30)
+    at_eight = reference.get_steps_for_batch(8)
+    ours.set_cuda_graph_bs([8, 16])
+    reference.set_cuda_graph_bs([8, 16])
+    feed(60)
+    rt.controller = None
+    assert reference.get_steps_for_batch(8) != at_eight, "slot 8 should have learnt"
+    for size in (1, 3, 8, 12):
+        assert ours.get_steps_for_batch(size) == reference.get_steps_for_batch(size), size
+    # what each slot learnt, exactly (fed at the wrong slot's depth, slot 8's would differ)
+    assert ([slot.ema_accept_len for slot in ours._specctl_rule._slots.values()]
+            == [slot.ema_accept_len for slot in reference._slots.values()])
+
+
 def test_table_rule_and_clamping_to_candidate_steps():
     rt = runtime(fallback="table", table=((1, 3), (16, 1), (64, 0)), min_switch_steps=1)
     loop = build_rank(rt, is_source=True)
