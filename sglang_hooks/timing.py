@@ -56,6 +56,8 @@ _PROBE_EVERY = 8
 #: Step totals left unbinned before the scheduler thread bins them itself (the writer
 #: thread, every few seconds, normally does).
 _MAX_PENDING = 50_000
+#: Durations the writer thread bins between two yields of the GIL.
+_FOLD_CHUNK = 1024
 #: The hooks timed as AROUND hooks (the others are plain).
 _AROUND = ("run_batch", "process_batch_result")
 
@@ -94,11 +96,12 @@ class Histogram:
         #: Durations appended by the timed code, not binned yet.
         self.pending: list[int] = []
 
-    def fold(self) -> None:
-        """Bin the pending durations (from any thread: the list is never replaced, and
-        what is appended while this runs stays after the part taken and deleted here)."""
+    def fold(self, limit: int | None = None) -> None:
+        """Bin the pending durations, at most ``limit`` of them (from any thread: the list
+        is never replaced, and what is appended while this runs stays after the part taken
+        and deleted here)."""
         pending = self.pending
-        taken = pending[:len(pending)]
+        taken = pending[:len(pending) if limit is None else limit]
         del pending[:len(taken)]
         for ns in taken:
             self.add(ns)
@@ -406,8 +409,17 @@ class HookClock:
 
     def _write_loop(self) -> None:
         while not self._stop.wait(self._write_every_s):
+            self._fold_in_chunks()
             self.write()
         self.write()
+
+    def _fold_in_chunks(self) -> None:
+        """Bin the backlog a chunk at a time, letting go of the GIL in between: a few
+        seconds of a busy server are tens of thousands of durations."""
+        for hist in [self.steps, *list(self.hooks.values())]:
+            while len(hist.pending) > _FOLD_CHUNK:
+                hist.fold(_FOLD_CHUNK)
+                time.sleep(0)
 
     # -- wrappers -------------------------------------------------------------------------
     # Each keeps two (AROUND: four) clock readings around the timed code, as the

@@ -315,3 +315,14 @@ def test_without_a_writer_the_scheduler_thread_bins_a_long_backlog(monkeypatch):
         clock.end_step()
         assert len(clock.steps.pending) <= 11
     assert clock.total_steps == 25 and clock.max_ns == 25_000
+
+
+def test_the_writer_bins_a_backlog_in_chunks(monkeypatch):
+    monkeypatch.setattr(timing, "_FOLD_CHUNK", 7)
+    clock = HookClock("unused", write_every_s=0)
+    for i in range(30):
+        clock.current_ns = 100 * i
+        clock.end_step()
+    clock._fold_in_chunks()
+    assert 0 < len(clock.steps.pending) <= 7  # the rest is binned by the write's summary
+    assert clock.summary()["steps"] == 30 and clock.max_ns == 2_900
