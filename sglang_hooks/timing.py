@@ -53,6 +53,11 @@ _SUB = 1 << _SUB_BITS
 _BUCKETS = _SUB * (64 - _SUB_BITS + 1)
 #: Every this many loop iterations the wrappers' in-situ cost is probed.
 _PROBE_EVERY = 8
+#: Step totals left unbinned before the scheduler thread bins them itself (the writer
+#: thread, every few seconds, normally does).
+_MAX_PENDING = 50_000
+#: Durations the writer thread bins between two yields of the GIL.
+_FOLD_CHUNK = 1024
 #: The hooks timed as AROUND hooks (the others are plain).
 _AROUND = ("run_batch", "process_batch_result")
 
@@ -75,15 +80,31 @@ def bucket_low(index: int) -> int:
 
 
 class Histogram:
-    """Durations (ns) in log-linear buckets: O(1) to add, percentiles within 6.25%."""
+    """Durations (ns) in log-linear buckets: O(1) to add, percentiles within 6.25%.
 
-    __slots__ = ("counts", "max_ns", "n", "total_ns")
+    The scheduler thread only appends to :attr:`pending` (one C call, no Python frame);
+    :meth:`fold` bins what is pending, on the writer's thread (or when a reader asks).
+    """
+
+    __slots__ = ("counts", "max_ns", "n", "pending", "total_ns")
 
     def __init__(self) -> None:
         self.counts = [0] * _BUCKETS
         self.n = 0
         self.total_ns = 0
         self.max_ns = 0
+        #: Durations appended by the timed code, not binned yet.
+        self.pending: list[int] = []
+
+    def fold(self, limit: int | None = None) -> None:
+        """Bin the pending durations, at most ``limit`` of them (from any thread: the list
+        is never replaced, and what is appended while this runs stays after the part taken
+        and deleted here)."""
+        pending = self.pending
+        taken = pending[:len(pending) if limit is None else limit]
+        del pending[:len(taken)]
+        for ns in taken:
+            self.add(ns)
 
     def add(self, ns: int) -> None:
         """Count one duration (negative ones, an over-subtracted tiny call, as 0)."""
@@ -104,7 +125,7 @@ class Histogram:
 
     def summary(self) -> dict[str, float]:
         """``n``, p50/p90/p99 (lower bucket edges, us), exact max and mean (us)."""
-        # A copy first: the scheduler thread keeps adding while this runs elsewhere.
+        self.fold()
         counts = np.array(self.counts, dtype=np.int64)
         n = int(counts.sum())
         if not n:
@@ -170,28 +191,35 @@ class HookClock:
             return None
 
         untimed = self.outside(nothing)
-        self._probes = ((self.plain(nothing), (), Histogram()),
-                        (self.around(lambda original: original()), (nothing,), Histogram()),
-                        (self.plain(lambda: untimed()), (), Histogram()))
+        self._probes = ((self.plain(nothing, "_probe"), (), Histogram()),
+                        (self.around(lambda original: original(), "_probe"), (nothing,),
+                         Histogram()),
+                        (self.plain(lambda: untimed(), "_probe"), (), Histogram()))
         self._probe_count = 0
+        # The probe wrappers' own per-hook histogram: emptied after every probe.
+        self._probe_scratch = self.hooks["_probe"]
         self.hooks.clear()  # the calibration's and the probes' calls are not the plugin's
         self.rule_calls = self.rule_ns = 0
 
     # Kept for readers of the step totals (tests, benchmarks).
     @property
     def counts(self) -> list[int]:
+        self.steps.fold()
         return self.steps.counts
 
     @property
     def total_steps(self) -> int:
+        self.steps.fold()
         return self.steps.n
 
     @property
     def total_ns(self) -> int:
+        self.steps.fold()
         return self.steps.total_ns
 
     @property
     def max_ns(self) -> int:
+        self.steps.fold()
         return self.steps.max_ns
 
     def _calibrate(self, calls: int = 2000) -> tuple[int, int, int]:
@@ -273,6 +301,7 @@ class HookClock:
             self.current_ns = 0
             wrapped(*args)
             hist.add(self.current_ns)
+        self._probe_scratch.pending.clear()
         self.current_ns = saved
         self.rule_calls, self.rule_ns = rule
 
@@ -285,10 +314,18 @@ class HookClock:
         ns = self.current_ns
         self.current_ns = 0
         self._launched = True
-        self.steps.add(ns)  # the subtracted overhead can exceed a tiny step: 0 then
+        steps = self.steps.pending
+        steps.append(ns)  # the subtracted overhead can exceed a tiny step: 0 when binned
+        if len(steps) > _MAX_PENDING:  # no writer thread folds them: do it here, rarely
+            self._fold_all()
         if not self._started:
             self._start()
         self._excluded_ns += time.perf_counter_ns() - start
+
+    def _fold_all(self) -> None:
+        self.steps.fold()
+        for hist in list(self.hooks.values()):
+            hist.fold()
 
     def summary(self) -> dict:
         """Percentiles (microseconds) of the per-step totals so far, and where they went.
@@ -372,8 +409,17 @@ class HookClock:
 
     def _write_loop(self) -> None:
         while not self._stop.wait(self._write_every_s):
+            self._fold_in_chunks()
             self.write()
         self.write()
+
+    def _fold_in_chunks(self) -> None:
+        """Bin the backlog a chunk at a time, letting go of the GIL in between: a few
+        seconds of a busy server are tens of thousands of durations."""
+        for hist in [self.steps, *list(self.hooks.values())]:
+            while len(hist.pending) > _FOLD_CHUNK:
+                hist.fold(_FOLD_CHUNK)
+                time.sleep(0)
 
     # -- wrappers -------------------------------------------------------------------------
     # Each keeps two (AROUND: four) clock readings around the timed code, as the
@@ -412,7 +458,7 @@ class HookClock:
                          - self._excluded_ns)
                 self.depth -= 1
                 self.current_ns += spent
-                hist.add(spent)
+                hist.pending.append(spent)
         return timed
 
     def outside(self, sglang: Callable) -> Callable:
@@ -449,5 +495,5 @@ class HookClock:
                 spent = time.perf_counter_ns() - start - self.plain_overhead_ns
                 self.depth -= 1
                 self.current_ns += spent
-                hist.add(spent)
+                hist.pending.append(spent)
         return timed

@@ -268,3 +268,61 @@ def test_closing_a_step_inside_the_launch_hook_is_not_the_hooks_time(monkeypatch
     hook = clock.summary()["per_hook"]["run_batch"]
     assert hook["n"] == 4 and hook["max_us"] == hook["mean_us"] == 2.0
     assert clock.max_ns == 2_000
+
+
+def test_durations_appended_while_a_fold_runs_are_kept():
+    histogram = timing.Histogram()
+    histogram.pending.extend([1_000, 2_000])
+
+    class Appending(list):  # the scheduler thread appends (once) while the writer folds
+        appended = False
+
+        def __getitem__(self, index):
+            taken = super().__getitem__(index)
+            if not self.appended:
+                self.appended = True
+                self.append(5_000)
+            return taken
+
+    histogram.pending = Appending(histogram.pending)
+    histogram.fold()
+    assert histogram.n == 2 and list(histogram.pending) == [5_000]
+    histogram.fold()
+    assert histogram.n == 3 and histogram.max_ns == 5_000 and not histogram.pending
+
+
+def test_nothing_accumulates_unread_on_the_scheduler_thread():
+    """Every list the wrappers append to is binned by the writer (or reset): a server
+    running for days must not grow them."""
+    clock = HookClock("unused", write_every_s=0)
+    inputs = clock.plain(lambda: None, "process_input_requests", starts_iteration=True)
+    run_batch = clock.around(lambda original: (clock.end_step(), original())[1], "run_batch")
+    for _ in range(800):
+        inputs()
+        run_batch(lambda: None)
+    clock.summary()  # what the writer thread does every few seconds
+    assert not clock.steps.pending and clock.total_steps == 800
+    assert all(not hist.pending for hist in clock.hooks.values())
+    assert not clock._probe_scratch.pending  # the probes ran 100 times
+    assert clock.summary()["instrument_in_situ"]["probes"] == 100
+
+
+def test_without_a_writer_the_scheduler_thread_bins_a_long_backlog(monkeypatch):
+    monkeypatch.setattr(timing, "_MAX_PENDING", 10)
+    clock = HookClock("unused", write_every_s=0)
+    for i in range(25):
+        clock.current_ns = 1_000 * (i + 1)
+        clock.end_step()
+        assert len(clock.steps.pending) <= 11
+    assert clock.total_steps == 25 and clock.max_ns == 25_000
+
+
+def test_the_writer_bins_a_backlog_in_chunks(monkeypatch):
+    monkeypatch.setattr(timing, "_FOLD_CHUNK", 7)
+    clock = HookClock("unused", write_every_s=0)
+    for i in range(30):
+        clock.current_ns = 100 * i
+        clock.end_step()
+    clock._fold_in_chunks()
+    assert 0 < len(clock.steps.pending) <= 7  # the rest is binned by the write's summary
+    assert clock.summary()["steps"] == 30 and clock.max_ns == 2_900
