@@ -10,7 +10,7 @@ every rank should apply. The scheduler thread only appends telemetry to one
 deque and reads one attribute (:attr:`ControllerClient.marker`); it never waits.
 
 While telemetry flows (any in the last :data:`_ACTIVE_S`), the I/O thread looks
-at the outbox and the socket every :data:`_POLL_S` (0.25 ms; 0.1 ms in local
+at the outbox and the socket every :data:`_POLL_S` (5 ms; 0.1 ms in local
 decision mode, :data:`_LOCAL_POLL_S`; sleeping with the GIL released in between),
 so queuing telemetry costs the scheduler thread no system call. Otherwise it
 blocks in ``zmq.Poller`` on the socket and on a wake-up pipe, with no timer but
@@ -66,8 +66,14 @@ _SENT_WINDOW = 1024  # telemetry send times kept to age decisions
 _OUTBOX_LIMIT = 256  # telemetry waiting for the I/O thread (then: dropped)
 #: While telemetry flows (some in the last _ACTIVE_S), the I/O thread looks at the outbox
 #: and the socket every _POLL_S instead of being woken: a wake-up (a pipe write, waking a
-#: thread) cost the scheduler thread about 8 us per step, the look costs it nothing.
-_POLL_S = 0.00025
+#: thread) cost the scheduler thread about 8 us per step. A look costs the hooks nothing,
+#: but it takes the GIL, and SGLang's own work on the scheduler thread waits for it: on
+#: the H200 (runs 10-11, one lease, the same code, dense model at acceptance 3.5, static
+#: depth 3) looks every 0.25 ms gave 431-447 tok/s at one client (TPOT 2.00-2.06 ms),
+#: every 5 ms 475 (1.89 ms; run 9's code at 0.25 ms 473), and 2-5% more at 16 and 64
+#: clients. A decision then waits up to a look longer (the controller's timeout is 100
+#: ms; depth switches are at least 4 steps apart). SPECCTL_IO_POLL_US overrides it.
+_POLL_S = 0.005
 #: The same in local decision mode, where the look is the decision's whole wait (no
 #: network round trip follows): 0.1 ms measured 507-536 us telemetry to decision (p50)
 #: against 804-999 us at 0.25 ms, alternating runs on the shared 2-core machine (a

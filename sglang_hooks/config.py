@@ -18,7 +18,7 @@ SPECCTL_TIMEOUT_MS          a telemetry message unanswered this long means the
                             controller is gone: fall back (default 100, at least 10)
 SPECCTL_IO_POLL_US          how often the plugin's I/O thread looks for telemetry to
                             send and decisions to read while telemetry flows (default
-                            250, local mode 100; 10-20000): each look takes the GIL
+                            5000, local mode 100; 10-20000): each look takes the GIL
                             from the scheduler thread, a longer one delays decisions
 SPECCTL_OFF_PATH            what a step decided 0 runs: ``decode`` (default: the
                             target's plain decode CUDA graph, no draft work; see
@@ -132,7 +132,7 @@ def from_env(env: Mapping[str, str] | None = None) -> PluginConfig | None:
         # Below ~10 ms, scheduling jitter of the client's I/O thread alone could look
         # like silence.
         timeout_s=_number(env, "SPECCTL_TIMEOUT_MS", 100.0, lo=10.0) / 1e3,
-        io_poll_s=(_number(env, "SPECCTL_IO_POLL_US", 250.0, lo=10.0, hi=20_000.0) / 1e6
+        io_poll_s=(_number(env, "SPECCTL_IO_POLL_US", 5000.0, lo=10.0, hi=20_000.0) / 1e6
                    if env.get("SPECCTL_IO_POLL_US") else None),
         record_dir=record_dir,
         record_explore=explore,

@@ -39,10 +39,10 @@ def test_the_io_threads_look_interval_is_the_clients_default_unless_set():
     from sglang_hooks.client import _POLL_S, ControllerClient, Hello
 
     assert from_env({"SPECCTL_CONTROLLER": "ipc:///x"}).io_poll_s is None
-    cfg = from_env({"SPECCTL_CONTROLLER": "ipc:///x", "SPECCTL_IO_POLL_US": "5000"})
-    assert cfg.io_poll_s == pytest.approx(0.005)
+    cfg = from_env({"SPECCTL_CONTROLLER": "ipc:///x", "SPECCTL_IO_POLL_US": "1000"})
+    assert cfg.io_poll_s == pytest.approx(0.001) != _POLL_S
     hello = Hello("s", 0, [0, 3], "test")
-    for poll_s, expected in ((None, _POLL_S), (cfg.io_poll_s, 0.005)):
+    for poll_s, expected in ((None, _POLL_S), (cfg.io_poll_s, 0.001)):
         client = ControllerClient(None, hello, 0.1, poll_s=poll_s)
         try:
             assert client._poll_s == pytest.approx(expected)
