@@ -609,7 +609,7 @@ def test_the_source_builds_its_client_with_the_servers_hello(monkeypatch):
     built = Built()
     monkeypatch.setattr(runtime_module, "ControllerClient", built)
     cfg = PluginConfig(server="srv", controller="ipc:///nowhere", timeout_s=0.25,
-                       curve_server_key="K", curve_client_cert="C")
+                       curve_server_key="K", curve_client_cert="C", io_poll_s=0.002)
     clock = ManualClock(T0)
     rt = Runtime(cfg, "9.9", ranks=Ranks(0, 2, 0, 1, 1, False), monotonic=clock)
     rt.policy = SimpleNamespace(candidate_steps=[0, 1, 3])
@@ -618,7 +618,7 @@ def test_the_source_builds_its_client_with_the_servers_hello(monkeypatch):
     [(args, kwargs)] = built.calls
     assert args == ("ipc:///nowhere", Hello("srv", 2, (0, 1, 3), client_name("9.9")), 0.25,
                     "K", "C", None)
-    assert kwargs == {"monotonic": clock}
+    assert kwargs == {"monotonic": clock, "poll_s": 0.002}
 
 
 def test_local_mode_builds_the_local_decisions_from_the_policy_file(monkeypatch):
