@@ -18,32 +18,19 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib
 import sys
 import tempfile
 import time
 import warnings
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
+from source_trees import load_tree
 
 REPO = Path(__file__).resolve().parents[1]
-_PACKAGES = ("controller", "env", "benchmarks", "sglang_hooks", "agents")
-
-
-def load_tree(root: Path) -> dict[str, ModuleType]:
-    """Import ``root``'s daemon modules afresh; returns every module of its packages."""
-    for name in [n for n in sys.modules if n.split(".")[0] in _PACKAGES]:
-        del sys.modules[name]
-    sys.path.insert(0, str(root))
-    try:
-        for name in ("controller.server", "controller.policy_file", "controller.reload",
-                     "controller.streams", "env.features_compiled", "benchmarks.bench_online"):
-            importlib.import_module(name)
-    finally:
-        sys.path.remove(str(root))
-    return {n: m for n, m in sys.modules.items() if n.split(".")[0] in _PACKAGES}
+#: What each tree imports (``source_trees.load_tree``).
+DAEMON_MODULES = ("controller.server", "controller.policy_file", "controller.reload",
+                  "controller.streams", "env.features_compiled", "benchmarks.bench_online")
 
 
 def measure(trees: dict[str, Path], streams: int, polls: int) -> dict[str, np.ndarray]:
@@ -51,7 +38,7 @@ def measure(trees: dict[str, Path], streams: int, polls: int) -> dict[str, np.nd
     tmp = Path(tempfile.mkdtemp(prefix="sc-ab-"))
     servers, modules = {}, {}
     for tag, root in trees.items():
-        mods = modules[tag] = load_tree(root)
+        mods = modules[tag] = load_tree(root, DAEMON_MODULES)
         server_mod = mods["controller.server"]
         path = tmp / f"{tag}.npz"
         mods["controller.policy_file"].ExportedPolicy.random(seed=1).save(path)

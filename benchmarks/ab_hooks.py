@@ -17,7 +17,6 @@ the two trees take turns (the order alternates). Printed: each tree's clock per 
 from __future__ import annotations
 
 import argparse
-import importlib
 import itertools
 import json
 import os
@@ -28,25 +27,15 @@ import time
 from pathlib import Path
 from types import ModuleType
 
+from source_trees import load_tree
+
 REPO = Path(__file__).resolve().parents[1]
-_PACKAGES = ("controller", "env", "benchmarks", "sglang_hooks", "agents")
-
-
-def load_tree(root: Path) -> dict[str, ModuleType]:
-    """Import ``root``'s plugin modules afresh; returns every module of its packages."""
-    for name in [n for n in sys.modules if n.split(".")[0] in _PACKAGES]:
-        del sys.modules[name]
-    sys.path.insert(0, str(root))
-    try:
-        for name in ("sglang_hooks.runtime", "sglang_hooks.policy", "sglang_hooks.testing",
-                     "sglang_hooks.recorder", "sglang_hooks.client", "sglang_hooks.compat",
-                     "sglang_hooks.config", "benchmarks.bench_online",
-                     "benchmarks.bench_hook_server", "controller.policy_file",
-                     "env.traces.trace_format"):
-            importlib.import_module(name)
-    finally:
-        sys.path.remove(str(root))
-    return {n: m for n, m in sys.modules.items() if n.split(".")[0] in _PACKAGES}
+#: What each tree imports (``source_trees.load_tree``).
+PLUGIN_MODULES = ("sglang_hooks.runtime", "sglang_hooks.policy", "sglang_hooks.testing",
+                  "sglang_hooks.recorder", "sglang_hooks.client", "sglang_hooks.compat",
+                  "sglang_hooks.config", "benchmarks.bench_online",
+                  "benchmarks.bench_hook_server", "controller.policy_file",
+                  "env.traces.trace_format")
 
 
 def main() -> None:
@@ -62,7 +51,7 @@ def main() -> None:
     modules, loops, runtimes, works = {}, {}, {}, {}
     controller = None
     for tag, root in trees.items():
-        mods = modules[tag] = load_tree(root)
+        mods = modules[tag] = load_tree(root, PLUGIN_MODULES)
         bench = mods["benchmarks.bench_online"]
         server = mods["benchmarks.bench_hook_server"]
         options = server_options(server, rest)
