@@ -475,9 +475,9 @@ class Simulator:
         depth = min(max(int(depth), 0), cfg.max_depth)
         # A batch of finished requests only (their ride, ``finish_lag_steps``) was launched
         # before they were known finished and keeps nothing it computes: no room to make.
-        riding_only = cfg.finish_lag_steps and (self._run_linger[:self._n_run] >= 0).all()
         if (self.kv_used + self._n_run * (depth + 1) > cfg.kv_capacity_tokens
-                and not riding_only):
+                and not (cfg.finish_lag_steps
+                         and (self._run_linger[:self._n_run] >= 0).all())):
             self._make_room(depth)
         n = self._n_run
         pos = self._run_pos[:n]
