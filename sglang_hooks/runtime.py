@@ -268,11 +268,11 @@ class Runtime:
             if now >= self._next_summary:
                 self._summary(now)
             client = self.client
+            marker = client.marker if client is not None else None
             # The common case, nothing new to say, without a method call.
-            if (not self._broken and (client is None or client.marker is None
-                                      or client.marker is self._last_marker)):
+            if not self._broken and (marker is None or marker is self._last_marker):
                 return None
-            marker = self._source_marker()
+            marker = self._source_marker(marker)
             if marker is not None:
                 result.append(marker)
         except Exception as exc:
@@ -390,22 +390,18 @@ class Runtime:
 
     # -- source rank internals -----------------------------------------------------------
 
-    def _source_marker(self) -> DecisionMarker | None:
-        """The marker to attach for every rank if what they should run has changed.
+    def _source_marker(self, marker: DecisionMarker | None) -> DecisionMarker | None:
+        """The marker to attach for every rank: ``marker``, the client's newest (the
+        caller has checked that it is new), or once the plugin is broken one last
+        fallback marker if the controller was in charge.
 
-        The client's I/O thread ages decisions and builds the markers; here it is one
-        attribute read and an identity check.
+        The client's I/O thread ages decisions and builds the markers.
         """
-        if self._broken:  # one last fallback marker if the controller was in charge
+        if self._broken:
             last = self._last_marker
             if last is None or last.mode != CONTROLLER:
                 return None
             marker = DecisionMarker(last.seq + 1, FALLBACK, 0)
-        else:
-            client = self.client
-            marker = client.marker if client is not None else None
-            if marker is None or marker is self._last_marker:
-                return None
         self._last_marker = marker
         self.counters[f"markers_{marker.mode}"] += 1
         if marker.mode == FALLBACK and not marker.policy:
