@@ -432,6 +432,16 @@ def test_leases_of_one_configuration_are_ranked_apart_unless_pooled(tmp_path, po
     assert len(compare.ranking_groups(rows)) == (1 if pool else 2)
 
 
+def test_pooled_leases_keep_different_trained_policies_apart():
+    """Two leases' ``ppo`` cells ran different exported policies: not one policy's samples."""
+    rows = closed_rows({"ppo": [(1000.0, 1000.0), (900.0, 1000.0)], "static_3": [(950.0, 950.0)]})
+    rows[0]["policy_sha256"], rows[1]["policy_sha256"] = "aa" * 32, "bb" * 32
+    assert sorted(compare.samples(rows, "measured_tok_s")) == ["ppo:aaaaaaaa", "ppo:bbbbbbbb",
+                                                               "static_3"]
+    rows[1]["policy_sha256"] = "aa" * 32
+    assert compare.samples(rows, "measured_tok_s")["ppo:aaaaaaaa"] == [1000.0, 900.0]
+
+
 def test_ppo_cells_run_the_policy_their_run_recorded(tmp_path, capsys):
     import hashlib
 

@@ -255,7 +255,7 @@ def ranking_groups(rows: list[dict]) -> dict[str, list[dict]]:
             load = r["cell"].split(" ")[1:3]
             groups.setdefault(f"{r['group']} {' '.join(load)}", []).append(r)
     return {name: members for name, members in groups.items()
-            if len({m["policy"] for m in members}) >= 2}
+            if len({policy_name(m) for m in members}) >= 2}
 
 
 def rankings(rows: list[dict]) -> dict[str, tuple[list[str], list[str]]]:
@@ -273,11 +273,19 @@ TIE = 0.01
 REPEAT_NOISE = 0.06
 
 
+def policy_name(row: dict) -> str:
+    """A row's policy as rankings name it: ``ppo`` with the first 8 hex digits of the
+    exported policy its run recorded, so that leases pooled with ``--pool-leases`` that
+    served different trained policies do not pool them."""
+    sha = row.get("policy_sha256")
+    return f"ppo:{sha[:8]}" if row["policy"] == "ppo" and sha else row["policy"]
+
+
 def samples(members: list[dict], key: str) -> dict[str, list[float]]:
     """Every serving's ``key`` per policy of one ranking group (``measured_runs.Cell.serving``)."""
     out: dict[str, list[float]] = {}
     for m in members:
-        out.setdefault(m["policy"], []).append(float(m[key]))
+        out.setdefault(policy_name(m), []).append(float(m[key]))
     return out
 
 
