@@ -1,6 +1,6 @@
 """Recording design for the next GPU session: the steps a load-aware cost model needs.
 
-Not run yet (written without a GPU; see docs/FIDELITY.md). Phases, each its own server
+``record`` ran on the H200 in the eighth session (docs/FIDELITY.md "Run 12"). Phases,
 with ``offswitch.py``'s flags (``--disable-radix-cache``, ``--max-running-requests 48``,
 ``--context-length 4096``), writing ``$OUT/fidelity_<phase>.json`` and, where recorded,
 ``$OUT/fidelity_<phase>_trace.tar.gz``:
@@ -50,7 +50,13 @@ URL, RUN = session.URL, session.RUN
 CONCURRENCY = [1, 8, 32, 48]
 PROMPTS = [64, 512, 1536, 3584]  # + 128 output tokens stays under --context-length 4096
 PREFILLS = [16, 64, 256, 512, 1024, 2048, 3968]
-BACKGROUND = [0, 16, 40]
+BACKGROUND = [int(b) for b in os.environ.get("BACKGROUND", "0,16,40").split(",")]
+#: Output tokens of a background request: long enough to outlast the probe, short enough
+#: that the closed loop's drain (it waits for its last answer) costs seconds, not tens.
+BACKGROUND_OUTPUT = 512
+#: Seconds the phase may use after its server is up; probes past it are skipped (and
+#: named in the output), so a call's time limit never loses what was measured.
+BUDGET_S = float(os.environ.get("BUDGET_S", "1e9"))
 #: One fresh seed per request batch: prompt ids are drawn from it (loadgen).
 SEEDS = itertools.count(int(os.environ.get("SEED0", "10000")))
 
@@ -60,7 +66,7 @@ def with_background(batch: int, seconds: float, work) -> dict:
     result: dict = {}
     if batch:
         thread = threading.Thread(target=lambda: result.update(background=loadgen.closed_loop(
-            URL, batch, seconds, prompt=256, output=1024, seed=next(SEEDS))))
+            URL, batch, seconds, prompt=256, output=BACKGROUND_OUTPUT, seed=next(SEEDS))))
         thread.start()
         time.sleep(1.0)  # the background batch is decoding before the probe starts
     result["probe"] = work()
@@ -72,22 +78,36 @@ def with_background(batch: int, seconds: float, work) -> dict:
 def phase_record() -> None:
     session.CANDIDATES = offswitch.CANDIDATES
     env = {**offswitch.plugin_env("trace-fidelity"), "SPECCTL_RECORD_EXPLORE": "1",
-           "SPECCTL_EXPLORE_DWELL": "4"}  # no controller runs: every rank explores
+           "SPECCTL_EXPLORE_DWELL": "4",  # no controller runs: every rank explores
+           # The held-out runs' acceptance and real tokens (an MoE's routing follows them).
+           "SGLANG_SIMULATE_ACC_LEN": offswitch.ACC,
+           "SGLANG_SIMULATE_ACC_TOKEN_MODE": offswitch.TOKEN_MODE}
     server = offswitch.start("record", spec=True, env=env)
-    out: dict = {"model": offswitch.MODELS.name, "kv_grid": {}, "prefill": {}, "state": {}}
+    name = f"fidelity_record_{offswitch.MODELS.name}.json"
+    out: dict = {"model": offswitch.MODELS.name, "acceptance": float(offswitch.ACC),
+                 "kv_grid": {}, "prefill": {}, "state": {}, "skipped": []}
+    deadline = time.time() + BUDGET_S
+
+    def probe(section: str, key: str, work) -> None:
+        if time.time() > deadline:
+            out["skipped"].append(f"{section}/{key}")
+            return
+        out[section][key] = work()
+        session.save(name, out)  # after every probe: a cut-off call keeps what ran
+
     try:
         for prompt, c in itertools.product(PROMPTS, CONCURRENCY):
-            out["kv_grid"][f"{prompt}x{c}"] = loadgen.one_batch(URL, c, prompt=prompt,
-                                                                 output=128, seed=next(SEEDS))
+            probe("kv_grid", f"{prompt}x{c}", lambda c=c, p=prompt: loadgen.one_batch(
+                URL, c, prompt=p, output=128, seed=next(SEEDS)))
         for batch, length in itertools.product(BACKGROUND, PREFILLS):
-            out["prefill"][f"{length}@{batch}"] = with_background(
-                batch, 4.0, lambda n=length: loadgen.one_batch(URL, 1, prompt=n, output=8,
-                                                               seed=next(SEEDS)))
-        for batch in BACKGROUND[1:]:
-            arrivals = [0.5 * i for i in range(12)]
-            out["state"][str(batch)] = with_background(batch, 8.0, lambda a=arrivals: (
-                loadgen.replay(URL, a, [256] * len(a), [8] * len(a), seed=next(SEEDS))))
-        session.save(f"fidelity_record_{offswitch.MODELS.name}.json", out)
+            probe("prefill", f"{length}@{batch}", lambda b=batch, n=length: with_background(
+                b, 4.0, lambda: loadgen.one_batch(URL, 1, prompt=n, output=8, seed=next(SEEDS))))
+        arrivals = [0.5 * i for i in range(12)]
+        for batch in [b for b in BACKGROUND if b]:
+            probe("state", str(batch), lambda b=batch: with_background(b, 8.0, lambda: (
+                loadgen.replay(URL, arrivals, [256] * len(arrivals), [8] * len(arrivals),
+                               seed=next(SEEDS)))))
+        session.save(name, out)
     finally:
         session.stop(server, "record")
         if (RUN / "trace-fidelity").exists():
