@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from env.sim.cost_model import prefill_pairs
 from env.sim.simulator import SchedulerConfig, Simulator
 
 
@@ -34,8 +35,10 @@ class _RandomAcceptance:
 class _LinearCost:
     """A simple positive step cost; the invariants must hold for any."""
 
-    def step_latency_s(self, batch, depth, kv, prefill, draft_extend=True, speculative_path=True):
+    def step_latency_s(self, batch, depth, kv, prefill, draft_extend=True, speculative_path=True,
+                       prefill_pairs=0.0):
         return 1e-3 * (5 + 0.1 * batch * (depth + 1) + 0.4 * depth + 1e-4 * kv + 1e-3 * prefill
+                       + 1e-7 * prefill_pairs
                        + (0.3 if draft_extend else 0.0)
                        + (0.2 * batch if speculative_path or depth else 0.0))
 
@@ -443,3 +446,36 @@ def test_request_larger_than_kv_cache_is_rejected_with_its_index():
     with pytest.raises(ValueError, match="request 1 needs"):
         Simulator(_LinearCost(), _RandomAcceptance(), workload,
                   SchedulerConfig(kv_capacity_tokens=1000))
+
+
+class _PairCounter(_LinearCost):
+    """Remembers the attention token pairs each prefill step was charged."""
+
+    def __init__(self) -> None:
+        self.pairs: list[float] = []
+
+    def step_latency_s(self, batch, depth, kv, prefill, draft_extend=True, speculative_path=True,
+                       prefill_pairs=0.0):
+        if prefill:
+            self.pairs.append(prefill_pairs)
+        return super().step_latency_s(batch, depth, kv, prefill, draft_extend, speculative_path,
+                                      prefill_pairs)
+
+
+def test_a_chunked_prompt_pays_its_attention_pairs_once_each():
+    """A 1,000-token prompt in chunks of 300: each chunk's tokens attend to the chunks
+    before it, so the steps are charged 300*301/2, then 300*300 + 300*301/2, ... and
+    1000*1001/2 in all, as if it were one step; two whole prompts in one step add up."""
+    cost = _PairCounter()
+    workload = _Workload(np.array([0.0]), np.array([1000]), np.array([5]))
+    sim = Simulator(cost, _RandomAcceptance(), workload, SchedulerConfig(
+        chunked_prefill_tokens=300), seed=0)
+    _drain(sim, [1])
+    assert cost.pairs == [prefill_pairs(300, done) for done in (0, 300, 600)] + [
+        prefill_pairs(100, 900)]
+    assert sum(cost.pairs) == pytest.approx(1000 * 1001 / 2)
+
+    cost = _PairCounter()
+    two = _Workload(np.array([0.0, 0.0]), np.array([40, 70]), np.array([5, 5]))
+    _drain(Simulator(cost, _RandomAcceptance(), two, SchedulerConfig(), seed=0), [1])
+    assert cost.pairs == [40 * 41 / 2 + 70 * 71 / 2]

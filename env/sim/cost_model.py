@@ -9,6 +9,7 @@ With ``T = batch * (depth + 1) + prefill_tokens`` target tokens::
             + c_request * batch                         # per-request scheduler/sampling work
             + c_token * T                               # target compute per token
             + c_prefill_token * prefill_tokens          # prompt compute beyond that
+            + c_prefill_pair * prefill_pairs            # prompt attention (token pairs)
             + c_moe * (1 - (1 - f)**T_moe)              # MoE expert weights read (f = k/E)
             + c_kv * kv_tokens                          # attention reads the KV cache
             + [depth > 0] * (c_verify + c_verify_token * batch)   # verify-path overhead
@@ -32,6 +33,13 @@ Every coefficient is in seconds (per unit of its term) and non-negative:
   them give a small ``c_token``; a prefill chunk of thousands of tokens is
   compute-bound (about 2 x parameters FLOPs per token at the GPU's achievable
   rate). Fitted to prefill steps where a trace has them.
+* ``c_prefill_pair``: per *token pair* of a prompt's attention: each prompt token
+  computed attends to every earlier token of its own prompt (cached prefix and earlier
+  chunks included), so a prompt of ``n`` new tokens after ``p`` already in the cache
+  has ``n * (p + n / 2)`` pairs (:func:`prefill_pairs`). Quadratic in the prompt: on
+  the H200's Triton attention backend a lone 3,968-token prefill took 120 ms where
+  the per-token terms fitted on prompts of at most 1,024 tokens gave 66 ms
+  (``docs/FIDELITY.md`` run 12). Zero in a profile fitted without long prompts.
 * ``c_moe``: time to read *all* routed experts' weights once; a step touching
   ``T_moe`` tokens, each routed to ``k`` of ``E`` experts, reads the expected
   fraction ``1 - (1 - k/E)**T_moe`` of them (uniform, independent routing). Zero for
@@ -107,6 +115,9 @@ import yaml
 
 log = logging.getLogger(__name__)
 
+#: Coefficients a profile file may leave out when they are 0 (read as 0).
+_OPTIONAL_COEFFICIENTS = frozenset({"c_prefill_pair"})
+
 #: Coefficient names, in the order of :func:`design_matrix` columns.
 COEFFICIENTS: tuple[str, ...] = (
     "c_fixed",
@@ -123,6 +134,7 @@ COEFFICIENTS: tuple[str, ...] = (
     "c_eager",
     "c_eager_token",
     "c_prefill_token",
+    "c_prefill_pair",
     "c_steps0",
     "c_steps0_request",
     "c_steps0_kv",
@@ -210,6 +222,7 @@ class CostProfile:
     c_eager: float = 0.0
     c_eager_token: float = 0.0
     c_prefill_token: float = 0.0
+    c_prefill_pair: float = 0.0
     c_steps0: float = 0.0
     c_steps0_request: float = 0.0
     c_steps0_kv: float = 0.0
@@ -263,6 +276,7 @@ class CostProfile:
         prefill_tokens: int = 0,
         draft_extend: bool = True,
         speculative_path: bool = True,
+        prefill_pairs: float = 0.0,
     ) -> float:
         """Latency (s) of one step; plain ``math`` so a Python loop can call it per step.
 
@@ -275,6 +289,8 @@ class CostProfile:
             speculative_path: Whether a ``depth == 0`` decode step still runs on the
                 speculative path (SGLang's steps=0: ``c_steps0`` terms); False is a
                 server without speculation. Always True at ``depth > 0``.
+            prefill_pairs: Attention token pairs of the prompts computed in the step
+                (:func:`prefill_pairs`, summed over them).
         """
         tokens = batch_size * (depth + 1) + prefill_tokens
         latency = (
@@ -302,7 +318,7 @@ class CostProfile:
             latency += (self.c_steps0 + self.c_steps0_request * batch_size
                         + self.c_steps0_kv * kv_tokens)
         if prefill_tokens:
-            latency += self.c_prefill_token * prefill_tokens
+            latency += self.c_prefill_token * prefill_tokens + self.c_prefill_pair * prefill_pairs
         return latency
 
     def step_latency_array(
@@ -313,6 +329,7 @@ class CostProfile:
         prefill_tokens: np.ndarray | int = 0,
         draft_extend: np.ndarray | bool = True,
         speculative_path: np.ndarray | bool = True,
+        prefill_pairs: np.ndarray | float = 0.0,
     ) -> np.ndarray:
         """Vectorised :meth:`step_latency_s` (arguments broadcast)."""
         design = design_matrix(
@@ -322,6 +339,7 @@ class CostProfile:
             prefill_tokens,
             draft_extend,
             speculative_path,
+            prefill_pairs,
             moe_active_fraction=self.moe_active_fraction,
             cuda_graph_max_bs=self.server.cuda_graph_max_bs,
             moe_draft_token_share=self.moe_draft_token_share,
@@ -339,12 +357,25 @@ class CostProfile:
         cost: dict[str, Any] = {"moe_active_fraction": self.moe_active_fraction}
         if self.moe_draft_token_share != 1.0:
             cost["moe_draft_token_share"] = self.moe_draft_token_share
-        cost.update(self.coefficients)
+        # A term most profiles do not fit stays out of their files (shipped files unchanged).
+        cost.update({k: v for k, v in self.coefficients.items()
+                     if v or k not in _OPTIONAL_COEFFICIENTS})
         data["cost"] = cost
         if self.acceptance is not None:
             data["acceptance"] = dict(self.acceptance)
         data["provenance"] = dict(self.provenance)
         return data
+
+
+def prefill_pairs(new_tokens: np.ndarray | int, done_tokens: np.ndarray | int = 0
+                  ) -> np.ndarray | float:
+    """Attention token pairs of computing ``new_tokens`` of a prompt whose first
+    ``done_tokens`` are already in the KV cache (a cached prefix, earlier chunks): each new
+    token attends to every earlier token of its prompt and to itself,
+    ``new * done + new * (new + 1) / 2``. Sum it over a step's prompts for
+    :meth:`CostProfile.step_latency_s`'s ``prefill_pairs``."""
+    # Plain arithmetic: numbers in, a number out (the simulator's per-step path).
+    return new_tokens * done_tokens + new_tokens * (new_tokens + 1.0) / 2.0
 
 
 def design_matrix(
@@ -354,6 +385,7 @@ def design_matrix(
     prefill_tokens: np.ndarray | int = 0,
     draft_extend: np.ndarray | bool = True,
     speculative_path: np.ndarray | bool = True,
+    prefill_pairs: np.ndarray | float = 0.0,
     *,
     moe_active_fraction: float = 0.0,
     cuda_graph_max_bs: int | None = None,
@@ -363,15 +395,17 @@ def design_matrix(
 
     ``latency = design_matrix(...) @ coefficients``; shape ``(n, len(COEFFICIENTS))``.
     """
-    b, d, kv, pf, ext, sp = np.broadcast_arrays(
+    b, d, kv, pf, ext, sp, pairs = np.broadcast_arrays(
         np.asarray(batch_size, dtype=np.float64),
         np.asarray(depth, dtype=np.float64),
         np.asarray(kv_tokens, dtype=np.float64),
         np.asarray(prefill_tokens, dtype=np.float64),
         np.asarray(draft_extend, dtype=bool),
         np.asarray(speculative_path, dtype=bool),
+        np.asarray(prefill_pairs, dtype=np.float64),
     )
-    b, d, kv, pf, ext, sp = (np.atleast_1d(x).ravel() for x in (b, d, kv, pf, ext, sp))
+    b, d, kv, pf, ext, sp, pairs = (np.atleast_1d(x).ravel()
+                                    for x in (b, d, kv, pf, ext, sp, pairs))
     tokens = b * (d + 1.0) + pf
     spec = (d > 0).astype(np.float64)
     n_draft = np.maximum(d - 1.0, 0.0)
@@ -400,6 +434,7 @@ def design_matrix(
         "c_eager": eager,
         "c_eager_token": eager * b,
         "c_prefill_token": pf,
+        "c_prefill_pair": np.where(pf > 0, pairs, 0.0),
         "c_steps0": spec_path,
         "c_steps0_request": spec_path * b,
         "c_steps0_kv": spec_path * kv,
@@ -560,6 +595,7 @@ class LatencyPoints:
         draft_extend: Whether the draft extend ran at depth 0; default True.
         speculative_path: Whether a depth-0 decode step ran on the speculative path
             (SGLang's steps=0) rather than a plain decode; default True.
+        prefill_pairs: Attention token pairs of each step's prompts; default 0.
     """
 
     batch_size: np.ndarray
@@ -570,6 +606,7 @@ class LatencyPoints:
     weight: np.ndarray | None = None
     draft_extend: np.ndarray | None = None
     speculative_path: np.ndarray | None = None
+    prefill_pairs: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = np.asarray(self.latency_s).size
@@ -590,8 +627,8 @@ class LatencyPoints:
             raise ValueError("no points to fit")
         if (self.latency_s <= 0).any():
             raise ValueError("points.latency_s must be > 0")
-        for name in ("batch_size", "depth", "kv_tokens", "prefill_tokens"):
-            if (getattr(self, name) < 0).any():
+        for name in ("batch_size", "depth", "kv_tokens", "prefill_tokens", "prefill_pairs"):
+            if getattr(self, name) is not None and (getattr(self, name) < 0).any():
                 raise ValueError(f"points.{name} must be >= 0")
         if self.weight is not None and (self.weight < 0).any():
             raise ValueError("points.weight must be >= 0")
@@ -647,8 +684,10 @@ class FitReport:
         """Errors of ``profile`` on ``points``."""
         ext = points.draft_extend if points.draft_extend is not None else True
         sp = points.speculative_path if points.speculative_path is not None else True
+        pairs = points.prefill_pairs if points.prefill_pairs is not None else 0.0
         predicted = profile.step_latency_array(
-            points.batch_size, points.depth, points.kv_tokens, points.prefill_tokens, ext, sp
+            points.batch_size, points.depth, points.kv_tokens, points.prefill_tokens, ext, sp,
+            pairs,
         )
         rel = (predicted - points.latency_s) / points.latency_s
         abs_rel = np.abs(rel)
@@ -825,6 +864,7 @@ _IDENTIFIED_BY = {
     "c_eager": "batch sizes above and below cuda_graph_max_bs",
     "c_eager_token": "several batch sizes above cuda_graph_max_bs",
     "c_prefill_token": "prefill steps of several lengths",
+    "c_prefill_pair": "prefill steps of prompts from hundreds to thousands of tokens",
     "c_steps0_kv": "KV use that varies apart from the batch size on speculative-path steps",
 }
 
@@ -907,6 +947,7 @@ def fit_profile(
         pts.prefill_tokens,
         ext,
         sp,
+        pts.prefill_pairs if pts.prefill_pairs is not None else 0.0,
         moe_active_fraction=template.moe_active_fraction,
         cuda_graph_max_bs=template.server.cuda_graph_max_bs,
         moe_draft_token_share=template.moe_draft_token_share,

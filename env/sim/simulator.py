@@ -58,6 +58,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from env.sim.cost_model import prefill_pairs
 from env.traces.schema import StepRecord
 
 _EMPTY_I8 = np.zeros(0, dtype=np.int8)
@@ -605,10 +606,14 @@ class Simulator:
         waiting_before = self.waiting_requests
         running_before = self.running_requests
 
+        pairs = 0.0  # the prompts' attention token pairs (cost_model.prefill_pairs)
+
         def prefill(rid: int, length: int) -> None:
             """Compute up to the remaining budget of a prompt; chunk what is left over."""
-            nonlocal budget, prefill_tokens, batch
+            nonlocal budget, prefill_tokens, batch, pairs
             take = min(length, budget)
+            # Tokens of this prompt in the KV cache already: a cached prefix, earlier chunks.
+            pairs += prefill_pairs(take, self._prefill_length(rid) - length)
             budget -= take
             prefill_tokens += take
             batch += 1
@@ -634,7 +639,7 @@ class Simulator:
         skip_draft = (cfg.zero_step == "off" and cfg.skip_prefill_while_off
                       and self._stale_draft)
         latency = self.profile.step_latency_s(0, 0, kv_before, prefill_tokens,
-                                              draft_extend=not skip_draft)
+                                              draft_extend=not skip_draft, prefill_pairs=pairs)
         record = StepRecord(
             server=self.server, rank=0, step_index=self.step_index, time_s=self.time_s,
             batch_size=batch, waiting_requests=waiting_before, running_requests=running_before,

@@ -1,0 +1,94 @@
+"""Fit a profile's prefill terms, per token and per attention token pair, to long prompts.
+
+A prompt's attention grows with its square (:func:`env.sim.cost_model.prefill_pairs`), so
+the per-token prefill term that :mod:`env.sim.load_fit` fits on prompts of at most 1,024
+tokens underprices long ones: on the H200 a lone 3,968-token prefill took 120 ms against
+66 ms from that term (``docs/FIDELITY.md`` run 12). :func:`fit_prefill_terms` keeps every
+other coefficient of a profile and refits ``c_prefill_token`` and ``c_prefill_pair`` on
+the prefill steps of a trace that recorded prompts of tens to thousands of tokens
+(``scripts/h200/fidelity_explore.py record``).
+
+**Which steps.** A trace records a prefill step's tokens and requests, not each prompt's
+length or cached prefix, so only steps whose pairs are known are used: every prompt in
+the step is whole (the step is not a full chunk and does not follow one, so it neither
+ends a chunked prompt nor starts one) and the prompts in a step are of one length (true of
+the recording design: every batch is of one prompt length), so a step of ``T`` tokens over
+``b`` prompts has ``b * prefill_pairs(T / b)`` pairs. Radix-cache hits would break the
+second assumption: the recording runs with ``--disable-radix-cache``. Steps are grouped
+by (tokens, requests); a group's point is its mean latency after
+:func:`env.sim.load_fit.prefill_attributed` (what a prefill costs its neighbours moved
+onto it), as :func:`env.sim.load_fit.load_points` does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from env.sim.cost_model import CostProfile, FitReport, LatencyPoints, fit_profile, prefill_pairs
+from env.sim.load_fit import OUTLIER_RATIO, StepArrays, prefill_attributed
+
+#: The coefficients :func:`fit_prefill_terms` fits.
+PREFILL_TERMS = ("c_prefill_token", "c_prefill_pair")
+
+
+def whole_prompt_steps(run: StepArrays, chunk_tokens: int) -> np.ndarray:
+    """Mask of ``run``'s prefill steps whose prompts are all computed whole in the step.
+
+    A step of ``chunk_tokens`` (the server's ``--chunked-prefill-size``) may end with a
+    chunk of a longer prompt, and the next prefill step may start with that prompt's
+    rest (whose pairs include the earlier chunk): both are left out.
+    """
+    prefill = run.prefill_tokens > 0
+    full = prefill & (run.prefill_tokens >= chunk_tokens)
+    previous_full = np.zeros_like(full)
+    last_full = False
+    for i in np.flatnonzero(prefill):  # the prefill step before, decode steps between or not
+        previous_full[i] = last_full
+        last_full = bool(full[i])
+    return prefill & ~full & ~previous_full
+
+
+def prefill_points(steps: StepArrays | Sequence[StepArrays], chunk_tokens: int,
+                   min_steps: int = 2) -> LatencyPoints:
+    """One point per (tokens, requests) group of whole-prompt prefill steps."""
+    runs = [steps] if isinstance(steps, StepArrays) else list(steps)
+    groups: dict[tuple[int, int], list[tuple[float, float]]] = {}
+    for run in runs:
+        latency = prefill_attributed(run)
+        use = whole_prompt_steps(run, chunk_tokens) & (latency > 0) & (run.batch_size > 0)
+        use &= run.prefills_measured
+        for i in np.flatnonzero(use):
+            key = (int(run.prefill_tokens[i]), int(run.batch_size[i]))
+            groups.setdefault(key, []).append((float(run.kv_tokens[i]), float(latency[i])))
+    rows = []
+    for (tokens, requests), members in sorted(groups.items()):
+        if len(members) < min_steps:
+            continue
+        kv, latency = (np.array(col) for col in zip(*members, strict=True))
+        work = latency <= OUTLIER_RATIO * np.median(latency)  # idle time before a step
+        pairs = requests * prefill_pairs(tokens / requests)
+        rows.append((np.median(kv), tokens, pairs, latency[work].mean(), np.sqrt(len(members))))
+    if len(rows) < len(PREFILL_TERMS):
+        raise ValueError(f"{len(rows)} group(s) of whole-prompt prefill steps with at least "
+                         f"{min_steps} steps each: the prefill terms need prompts of several "
+                         "lengths (scripts/h200/fidelity_explore.py record)")
+    kv, tokens, pairs, latency, weight = (np.array(col, dtype=np.float64)
+                                          for col in zip(*rows, strict=True))
+    zeros = np.zeros_like(tokens)
+    return LatencyPoints(batch_size=zeros, depth=zeros, kv_tokens=kv, prefill_tokens=tokens,
+                         latency_s=latency, weight=weight, draft_extend=np.ones_like(tokens, bool),
+                         prefill_pairs=pairs)
+
+
+def fit_prefill_terms(profile: CostProfile, steps: StepArrays | Sequence[StepArrays],
+                      chunk_tokens: int | None = None) -> tuple[CostProfile, FitReport]:
+    """``profile`` with ``c_prefill_token`` and ``c_prefill_pair`` fitted to ``steps``'
+    whole-prompt prefill steps (NNLS on relative errors, every other coefficient kept).
+
+    ``chunk_tokens`` defaults to the profile's ``server.chunked_prefill_tokens``.
+    """
+    chunk = chunk_tokens or profile.server.chunked_prefill_tokens
+    points = prefill_points(steps, chunk)
+    return fit_profile(points, template=profile, free=PREFILL_TERMS, ties={})
