@@ -416,6 +416,33 @@ def test_prefix_runs_are_read_with_the_radix_cache_on_and_simulated_with_it(tmp_
     assert without["mean_tpot_ms"] == pytest.approx(unique["mean_tpot_ms"], rel=0.05)
 
 
+def test_a_prefix_run_at_another_rate_is_simulated_at_its_rate(tmp_path):
+    """``PREFIX_RATE`` runs: the file's rate reaches the cell and the simulated arrivals."""
+    from omegaconf import OmegaConf
+
+    from env.sim.cost_model import CostProfile, ServerLimits
+
+    summary = {"throughput_tok_s": 600.0, "mean_tpot_ms": 6.0}
+    for name, rate in (("dense_prefix_run10.json", None), ("dense_prefix_run12.json", 2.0)):
+        data = {"radix_cache": True, "seconds": 10.0, "unique_prefix": summary}
+        if rate is not None:
+            data["rate"] = rate
+        (tmp_path / name).write_text(json.dumps(data))
+    cells = {c.source.split(":")[0]: c for c in read_run_dir(tmp_path)[0]}
+    default, slow = cells["dense_prefix_run10.json"], cells["dense_prefix_run12.json"]
+    assert (default.rate, slow.rate) == (None, 2.0)
+    assert slow.key() == "nospec unique_prefix 2/s 10s no_spec"
+    profile = CostProfile("p", ServerLimits(48, 700_000, 8192), c_fixed=5e-3, c_request=1e-5,
+                          c_prefill_token=1e-6)
+    client = OmegaConf.create({"start_interval_s": 0.0, "client_overhead_s": 0.0})
+    tok_s = {c.rate: compare.simulate(c, profile, profile, client)["throughput_tok_s"]
+             for c in (default, slow)}
+    import prefix_workload as pw
+
+    # an unsaturated server's throughput follows the arrival rate (10/s by default)
+    assert tok_s[2.0] == pytest.approx(tok_s[None] * 2.0 / pw.RATE, rel=0.25)
+
+
 @pytest.mark.parametrize("pool", [False, True])
 def test_leases_of_one_configuration_are_ranked_apart_unless_pooled(tmp_path, pool):
     summary = {"throughput_tok_s": 100.0, "mean_tpot_ms": 5.0}

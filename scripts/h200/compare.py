@@ -80,7 +80,8 @@ def workload_of(cell: Cell, client) -> tuple[object, float | None]:
                         np.asarray(outputs, np.int32)), None
     if cell.workload in PREFIX_WORKLOADS:
         arrivals, blocks, outputs = prefix_workload.prefix_workload(
-            cell.workload == "shared_prefix", seconds=cell.seconds)
+            cell.workload == "shared_prefix", seconds=cell.seconds,
+            rate=cell.rate if cell.rate is not None else prefix_workload.RATE)
         return Workload(cell.workload, np.asarray(arrivals),
                         np.asarray([prefix_workload.prompt_tokens(b) for b in blocks], np.int32),
                         np.asarray(outputs, np.int32), prefix_blocks=blocks,

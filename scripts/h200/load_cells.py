@@ -27,7 +27,8 @@ default ``run6``),
 unrecorded closed loop at the first C right after each policy is served, so the first
 recorded loop does not start from the previous policy's state; run 6 had none, and the
 policy's C = 1 loop on the MoE began with 3.5 s at depth 1 carried over from static 3 at
-C = 64, ``docs/FIDELITY.md``).
+C = 64, ``docs/FIDELITY.md``), ``PREFIX_RATE`` (prefix phase: arrivals per second, default
+``prefix_workload.RATE``).
 """
 
 from __future__ import annotations
@@ -152,16 +153,17 @@ def phase_plugin() -> None:
 def phase_prefix() -> None:
     """The radix cache, measured: one server with it on, the same arrivals and lengths with
     every prompt its own (nothing to reuse) and with prefixes shared by groups."""
+    rate = float(os.environ.get("PREFIX_RATE", prefix_workload.RATE))
     server = offswitch.start("prefix", spec=False, env={}, radix_cache=True)
     result: dict = {"model": offswitch.MODELS.name, "radix_cache": True,
-                    "seconds": prefix_workload.SECONDS, "rate": prefix_workload.RATE,
+                    "seconds": prefix_workload.SECONDS, "rate": rate,
                     "groups": prefix_workload.GROUPS,
                     "shared_blocks": prefix_workload.SHARED_BLOCKS,
                     "own_blocks": prefix_workload.OWN_BLOCKS,
                     "block_tokens": prefix_workload.BLOCK_TOKENS}
     try:
         for shared in (False, True):  # unique first: the shared run's prefixes start cold
-            arrivals, blocks, outputs = prefix_workload.prefix_workload(shared)
+            arrivals, blocks, outputs = prefix_workload.prefix_workload(shared, rate=rate)
             ids = [prefix_workload.token_ids(b) for b in blocks]
             key = "shared_prefix" if shared else "unique_prefix"
             result[key] = loadgen.replay(URL, arrivals, [len(i) for i in ids], outputs,

@@ -108,6 +108,9 @@ class Cell:
     #: A closed loop's output tokens within its sending window per second
     #: (:func:`window_throughput`), where the run kept each request's times; else None.
     window_tok_s: float | None = None
+    #: A prefix replay's arrival rate (requests/s; ``prefix_workload.RATE`` where the run
+    #: file does not say).
+    rate: float | None = None
 
     def key(self) -> str:
         """A short unique label of the cell (without the source)."""
@@ -115,7 +118,8 @@ class Cell:
                 else f"{self.seconds:g}s")
         acc = "" if self.acceptance is None else f"@{self.acceptance:g}"
         again = f" #{self.serving}" if self.serving > 1 else ""
-        return f"{self.server}{acc} {self.workload} {load} {self.policy}{again}"
+        rate = f" {self.rate:g}/s" if self.rate is not None else ""
+        return f"{self.server}{acc} {self.workload}{rate} {load} {self.policy}{again}"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -263,9 +267,11 @@ def _prefix(path: Path, data: dict) -> list[Cell]:
             "concurrency": None, "policy": "no_spec"}
     try:
         seconds = float(data["seconds"])
+        rate = float(data["rate"]) if "rate" in data else None
     except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"{path.name}: needs the replay's seconds ({exc})") from exc
-    return [_cell(base, data[w], f"{path.name}:{w}", workload=w, seconds=seconds)
+        raise ValueError(f"{path.name}: needs the replay's seconds and a numeric rate "
+                         f"({exc})") from exc
+    return [_cell(base, data[w], f"{path.name}:{w}", workload=w, seconds=seconds, rate=rate)
             for w in PREFIX_WORKLOADS if w in data]
 
 
