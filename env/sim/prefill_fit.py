@@ -15,9 +15,12 @@ ends a chunked prompt nor starts one) and the prompts in a step are of one lengt
 the recording design: every batch is of one prompt length), so a step of ``T`` tokens over
 ``b`` prompts has ``b * prefill_pairs(T / b)`` pairs. Radix-cache hits would break the
 second assumption: the recording runs with ``--disable-radix-cache``. Steps are grouped
-by (tokens, requests); a group's point is its mean latency after
-:func:`env.sim.load_fit.prefill_attributed` (what a prefill costs its neighbours moved
-onto it), as :func:`env.sim.load_fit.load_points` does.
+by (tokens, requests) after :func:`env.sim.load_fit.prefill_attributed` (what a prefill
+costs the decode steps next to it moved onto it). A group's point is its *median*, not the
+mean :func:`env.sim.load_fit.load_points` takes: with overlap scheduling part of one step's
+time lands on the next, and a prefill next to another prefill is not corrected (the MoE's
+record trace: lone 3,584-token prefills of 81 and 269 ms, the step after the slow one 11
+ms), so a group's mean carries its neighbours' time.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from env.sim.cost_model import CostProfile, FitReport, LatencyPoints, fit_profile, prefill_pairs
-from env.sim.load_fit import OUTLIER_RATIO, StepArrays, prefill_attributed
+from env.sim.load_fit import StepArrays, prefill_attributed
 
 #: The coefficients :func:`fit_prefill_terms` fits.
 PREFILL_TERMS = ("c_prefill_token", "c_prefill_pair")
@@ -67,9 +70,8 @@ def prefill_points(steps: StepArrays | Sequence[StepArrays], chunk_tokens: int,
         if len(members) < min_steps:
             continue
         kv, latency = (np.array(col) for col in zip(*members, strict=True))
-        work = latency <= OUTLIER_RATIO * np.median(latency)  # idle time before a step
         pairs = requests * prefill_pairs(tokens / requests)
-        rows.append((np.median(kv), tokens, pairs, latency[work].mean(), np.sqrt(len(members))))
+        rows.append((np.median(kv), tokens, pairs, np.median(latency), np.sqrt(len(members))))
     if len(rows) < len(PREFILL_TERMS):
         raise ValueError(f"{len(rows)} group(s) of whole-prompt prefill steps with at least "
                          f"{min_steps} steps each: the prefill terms need prompts of several "

@@ -1,0 +1,68 @@
+"""Tests of env.sim.prefill_fit: the per-token and per-pair prefill terms from a trace."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from env.sim.cost_model import CostProfile, ServerLimits, prefill_pairs
+from env.sim.load_fit import StepArrays
+from env.sim.prefill_fit import fit_prefill_terms, prefill_points, whole_prompt_steps
+
+CHUNK = 8192
+TRUE = {"c_prefill_token": 10e-6, "c_prefill_pair": 5e-9}
+
+
+def _server_profile(**coefficients: float) -> CostProfile:
+    return CostProfile("t", ServerLimits(48, 500_000, CHUNK), c_fixed=5e-3, c_request=2e-5,
+                       c_kv=4e-8, **coefficients)
+
+
+def _steps(seed: int = 0) -> StepArrays:
+    """Decode steps between lone prompts and one-length batches of prompts, priced by the
+    true terms; then a long prompt in two chunks (its rest has pairs a whole-prompt
+    estimate gets wrong, so the fit must leave both chunk steps out)."""
+    rng = np.random.default_rng(seed)
+    truth = _server_profile(**TRUE)
+    rows = []  # batch, kv, prefill, latency
+    for prompt, requests in [(256, 1), (512, 1), (1024, 1), (2048, 1), (3968, 1), (256, 16),
+                             (512, 8)] * 3:
+        tokens = prompt * requests
+        rows.append((8, 3000, 0, truth.step_latency_s(8, 0, 3000)))
+        pairs = requests * prefill_pairs(prompt)
+        latency = truth.step_latency_s(0, 0, 3000, tokens, prefill_pairs=pairs)
+        rows.append((requests, 3000, tokens, latency * rng.uniform(0.99, 1.01)))
+    rows.append((1, 3000, CHUNK, 10.0))  # absurd latencies: used, they would wreck the fit
+    rows.append((1, 3000, 1808, 10.0))
+    batch, kv, prefill, latency = (np.array(col) for col in zip(*rows, strict=True))
+    return StepArrays(batch_size=batch, depth=np.zeros_like(batch), kv_tokens=kv,
+                      prefill_tokens=prefill, latency_s=latency)
+
+
+def test_the_fit_recovers_both_prefill_terms_and_keeps_every_other():
+    start = _server_profile(c_prefill_token=30e-6)
+    fitted, report = fit_prefill_terms(start, _steps())
+    assert fitted.c_prefill_token == pytest.approx(TRUE["c_prefill_token"], rel=0.05)
+    assert fitted.c_prefill_pair == pytest.approx(TRUE["c_prefill_pair"], rel=0.05)
+    assert report.median_abs_error < 0.02
+    assert {k: v for k, v in fitted.coefficients.items() if k not in TRUE} == {
+        k: v for k, v in start.coefficients.items() if k not in TRUE}
+
+
+def test_chunked_prompts_are_left_out_and_prompts_in_a_step_share_its_tokens():
+    steps = _steps()
+    use = whole_prompt_steps(steps, CHUNK)
+    assert not use[-2:].any(), "a full chunk and the step after it"
+    assert use[steps.prefill_tokens > 0][:-2].all()
+    points = prefill_points(steps, CHUNK)
+    four_k = points.prefill_tokens == 4096  # 16 prompts of 256 tokens, 8 of 512
+    assert sorted(points.prefill_pairs[four_k]) == pytest.approx(
+        [16 * prefill_pairs(256), 8 * prefill_pairs(512)])
+
+
+def test_too_few_prompt_lengths_is_a_clear_error():
+    steps = _steps()
+    one_length = StepArrays(*(getattr(steps, f)[:6] for f in (
+        "batch_size", "depth", "kv_tokens", "prefill_tokens", "latency_s")))
+    with pytest.raises(ValueError, match="prompts of several lengths"):
+        fit_prefill_terms(_server_profile(), one_length)
