@@ -66,3 +66,18 @@ def test_too_few_prompt_lengths_is_a_clear_error():
         "batch_size", "depth", "kv_tokens", "prefill_tokens", "latency_s")))
     with pytest.raises(ValueError, match="prompts of several lengths"):
         fit_prefill_terms(_server_profile(), one_length)
+
+
+def test_a_group_carrying_its_neighbours_time_is_trimmed():
+    """Every 1,024-token step twice as slow (a neighbour's time on it): the second fit
+    leaves that group out and recovers the terms; the report says so."""
+    steps = _steps()
+    slow = (steps.prefill_tokens == 1024) & (steps.batch_size == 1)
+    latency = np.where(slow, 2.0 * steps.latency_s, steps.latency_s)
+    steps = StepArrays(steps.batch_size, steps.depth, steps.kv_tokens, steps.prefill_tokens,
+                       latency)
+    fitted, report = fit_prefill_terms(_server_profile(), steps)
+    assert 1024 not in report.points.prefill_tokens
+    assert any("left out" in note for note in report.notes)
+    assert fitted.c_prefill_token == pytest.approx(TRUE["c_prefill_token"], rel=0.05)
+    assert fitted.c_prefill_pair == pytest.approx(TRUE["c_prefill_pair"], rel=0.05)

@@ -3,12 +3,14 @@
     python scripts/h200/fit_prefill_profiles.py \
         --trace dense=docs/results/h200/fidelity_record/fidelity_record_models_trace.tar.gz \
         --trace moe=docs/results/h200/fidelity_record/fidelity_record_models_moe_trace.tar.gz \
-        docs/results/h200/fidelity/{dense_spec,dense_nospec,moe_spec,moe_real_spec,moe_real_nospec}.yaml
+        docs/results/h200/fidelity/{dense_spec,dense_nospec,moe_real_spec,moe_real_nospec}.yaml
 
 Runs after ``fit_load_profiles.py`` (which fits every term on traces of prompts of at most
 1,024 tokens): each profile keeps its other coefficients and gets ``c_prefill_token`` and
 ``c_prefill_pair`` from its model's record trace (``env.sim.prefill_fit``), rewritten in
 place with the fit in its provenance. A profile's model is the start of its file name.
+``moe_spec.yaml`` is left as it is: it prices runs whose every token was id 100 (another
+expert routing), and the record decoded real tokens.
 """
 
 from __future__ import annotations
