@@ -20,6 +20,12 @@ Keys:
 * ``per_cell``: fit the median latency of each (batch size, depth) with at least
   5 steps (default ``true``) rather than every step (``false``).
 
+Prefill: where the trace has whole-prompt prefill steps from under 512 to at least
+:data:`LONG_PROMPT_TOKENS` tokens (``scripts/h200/fidelity_explore.py record`` records
+them), ``c_prefill_token`` and the attention term ``c_prefill_pair`` are fitted on them
+(:mod:`env.sim.prefill_fit`); otherwise ``c_prefill_token`` is the per-token cost of
+prefill steps of at least 1,000 tokens and ``c_prefill_pair`` stays the template's.
+
 Prints the per-point errors, the median and the worst, and how many decode steps
 were left out as non-physical (more than 100x the median step). Refuses (exit
 status 2, naming the coefficients and the data they need) a trace that cannot
@@ -38,11 +44,20 @@ from agents.cli import UsageError, reported
 from env.sim.cost_model import (
     COEFFICIENTS,
     DEFAULT_FREE,
+    CostProfile,
+    FitReport,
     fit_profile_from_trace,
     load_profile,
     save_profile,
 )
-from env.traces.trace_format import read_trace
+from env.sim.load_fit import StepArrays
+from env.sim.prefill_fit import PREFILL_TERMS, fit_prefill_terms, whole_prompt_steps
+from env.traces.trace_format import Trace, read_trace
+
+#: A trace identifies the prefill attention term when its whole-prompt prefill steps
+#: reach this many tokens (and start under 512): the term is a third of a 4,096-token
+#: prompt's prefill on the H200 8B and a few percent of a 512-token one.
+LONG_PROMPT_TOKENS = 2048
 
 _KEYS = {"trace", "out", "template", "draft_extend", "free", "name", "per_cell"}
 _TRUE = {"true", "1", "yes", "on"}
@@ -95,6 +110,11 @@ def _fit(args: dict[str, str]) -> int:
     # Nothing to fit (e.g. one cell for six coefficients) is a property of the trace.
     profile, report = checks.setting("trace", args["trace"], lambda: fit_profile_from_trace(
         trace, template, draft_extend=draft_extend, free=free, per_cell=per_cell))
+    prefill = _long_prompt_fit(trace, profile)
+    if prefill is not None:
+        profile, prefill_report = prefill
+        print(prefill_report)
+        free = (*free, *PREFILL_TERMS)
     if "name" in args:
         profile = profile.replace(name=args["name"])
     provenance = dict(profile.provenance)
@@ -103,12 +123,29 @@ def _fit(args: dict[str, str]) -> int:
     profile = profile.replace(provenance=provenance)
     print(report)
     for key in free:
-        print(f"  {key} = {getattr(profile, key) * 1e3:.6f} ms")
+        print(f"  {key} = {getattr(profile, key) * 1e3:.6g} ms")
     if "out" in args:
         path = save_profile(profile, args["out"])
         print(f"wrote {path}")
     return 0
 
+
+def _long_prompt_fit(trace: Trace, profile: CostProfile) -> tuple[CostProfile, FitReport] | None:
+    """The prefill terms fitted on the trace's whole prompts, where they span short to
+    long (see the module docstring); None where they do not."""
+    try:
+        steps = StepArrays.from_trace(trace)
+    except ValueError as exc:  # e.g. several recording sessions in one folder
+        print(f"prefill attention term (c_prefill_pair) not fitted: {exc}")
+        return None
+    whole = whole_prompt_steps(steps, profile.server.chunked_prefill_tokens)
+    whole &= steps.batch_size > 0
+    if not whole.any():
+        return None
+    prompt = steps.prefill_tokens[whole] / steps.batch_size[whole]
+    if prompt.min() >= 512 or prompt.max() < LONG_PROMPT_TOKENS:
+        return None
+    return fit_prefill_terms(profile, steps)
 
 if __name__ == "__main__":
     raise SystemExit(main())
