@@ -9,6 +9,8 @@ writes ``$OUT/<model>_<kind>_$TAG.json`` in a layout ``measured_runs.py`` reads)
     python scripts/h200/load_cells.py sglang   # EAGLE-3 with SGLang's own --speculative-adaptive
                                                # and 0.5.23's default config (depth up to 7), no
                                                # plugin, at $ACC: the 40-s headline, closed loops
+    python scripts/h200/load_cells.py local    # the plugin in local decision mode
+                                               # (SPECCTL_POLICY), one server per policy
     python scripts/h200/load_cells.py prefix   # no speculation, radix cache ON: the shared-
                                                # prefix workload (prefix_workload.py) with its
                                                # prefixes unique, then shared
@@ -150,6 +152,39 @@ def phase_plugin() -> None:
             session.pack(RUN / "trace-load", f"{MODEL}_acc{ACC}_load_trace_{TAG}.tar.gz")
 
 
+def phase_local() -> None:
+    """The plugin in local decision mode (``SPECCTL_POLICY``: the exported policy evaluated
+    on the plugin's I/O thread in the scheduler process, no controller), one server per
+    policy of ``POLICIES`` (default ``static_3``): closed loops and the hooks' timing, to
+    set beside the plugin phase's remote decisions in the same lease (issue 12)."""
+    session.CANDIDATES = offswitch.CANDIDATES
+    policies = session.write_policies()
+    result: dict = {"model": offswitch.MODELS.name, "acceptance": float(ACC),
+                    "mode": "local", "profile": offswitch.PROFILE,
+                    "io_poll_us": os.environ.get("SPECCTL_IO_POLL_US", "default"),
+                    "closed_seconds": CLOSED_SECONDS, "warmup_seconds": WARMUP_SECONDS,
+                    "hook_timing": {}}
+    for k, name in enumerate(os.environ.get("POLICIES", "static_3").split(",")):
+        timing = session.fresh(OUT / f"hooks_{MODEL}_{TAG}_local_{name}")
+        env = {key: value for key, value in offswitch.plugin_env("trace-local").items()
+               if key != "SPECCTL_CONTROLLER"}  # no controller: the plugin decides
+        env.update(sim_env(), SPECCTL_POLICY=str(policies[name]),
+                   SPECCTL_PROFILE=offswitch.PROFILE,
+                   SPECCTL_HOOK_TIMING=str(timing / "hooks"))
+        server = offswitch.start(f"local-{name}", spec=True, env=env)
+        try:
+            if WARMUP_SECONDS > 0:
+                loadgen.closed_loop(URL, CLOSED_C[0], WARMUP_SECONDS, seed=1690 + 100 * k)
+            result[f"closed_{name}"] = closed_loops(seed=1700 + 100 * k)
+            save(f"acc{ACC}_local", result)
+        finally:
+            session.stop(server, f"local-{name}")
+            offswitch.save_log(RUN / f"server-local-{name}.log")
+            result["hook_timing"][name] = [json.loads(p.read_text())
+                                           for p in timing.glob("hooks.*.json")]
+            save(f"acc{ACC}_local", result)
+
+
 def phase_prefix() -> None:
     """The radix cache, measured: one server with it on, the same arrivals and lengths with
     every prompt its own (nothing to reuse) and with prefixes shared by groups."""
@@ -199,6 +234,6 @@ if __name__ == "__main__":
     RUN.mkdir(parents=True, exist_ok=True)
     for phase in sys.argv[1:]:
         {"nospec": phase_nospec, "plugin": phase_plugin, "sglang": phase_sglang,
-         "prefix": phase_prefix}[phase]()
+         "prefix": phase_prefix, "local": phase_local}[phase]()
         time.sleep(2)
     session.log("done")
