@@ -278,6 +278,9 @@ def main() -> None:
                         help="interleave: every 50 steps switch the plugin's look interval "
                         "between its default and this; SGLang's work reported per interval")
     parser.add_argument("--no-plain", action="store_true")
+    parser.add_argument("--plain-looks", action="store_true",
+                        help="the client's looks as before the lean ones "
+                        "(SPECCTL_IO_PLAIN_LOOKS=1)")
     parser.add_argument("--tree", type=Path, default=None,
                         help="another checkout whose plugin (sglang_hooks, controller, env) "
                         "runs in the loop; the benchmark and specctl-serve stay this tree's")
@@ -311,6 +314,8 @@ def main() -> None:
         endpoint = f"ipc://{workdir}/hooks.sock"
         controller = start_controller(policy, endpoint)
         extra = {} if args.no_recording else {"record_dir": str(workdir / "rec")}
+        if args.plain_looks:
+            extra["io_plain_looks"] = True
         rt = Runtime(PluginConfig(server="h", controller=endpoint,
                                   hook_timing=str(workdir / "timing"), **extra),
                      installed_version(), ranks=Ranks(0, 1, 0, 1, 0, False))

@@ -155,9 +155,11 @@ class HeldCalls:
     fails, pyzmq's calls.
     """
 
-    def __init__(self, sock: zmq.Socket) -> None:
+    def __init__(self, sock: zmq.Socket, pyzmq: bool = False) -> None:
         self._sock = sock
         self._c = None
+        if pyzmq:  # asked for pyzmq's calls (A/B runs)
+            return
         with contextlib.suppress(Exception):
             lib = ctypes.PyDLL(_pyzmq_extension(sock), use_errno=True)
             send, recv = lib.zmq_send, lib.zmq_msg_recv
@@ -325,13 +327,15 @@ class ControllerClient:
         poll_s: How often the I/O thread looks at the outbox and the socket while
             telemetry flows (default ``_POLL_S``, in local mode ``_LOCAL_POLL_S``): each
             look takes the GIL, which the scheduler thread's own work then waits for.
+        plain_looks: Look as before the lean looks (EVENTS asked every look, pyzmq's
+            send and receive): for A/B measurements.
     """
 
     def __init__(self, endpoint: str | None, hello: Hello, timeout_s: float,
                  curve_server_key: str | None = None,
                  curve_client_cert: str | None = None, local: object = None,
                  monotonic: Callable[[], float] = time.monotonic,
-                 poll_s: float | None = None) -> None:
+                 poll_s: float | None = None, plain_looks: bool = False) -> None:
         self.endpoint = endpoint
         self.timeout_s = timeout_s
         self._monotonic = monotonic
@@ -354,6 +358,8 @@ class ControllerClient:
         os.set_blocking(self._wake_w, False)
         self._local = local
         self._poll_s = poll_s or (_POLL_S if local is None else _LOCAL_POLL_S)
+        self._plain_looks = plain_looks
+        self._held: HeldCalls | None = None  # the I/O thread's socket calls (set there)
         self._context = zmq.Context(io_threads=1)
         self._sock = (self._socket(endpoint, curve_server_key, curve_client_cert)
                       if endpoint else None)
@@ -453,8 +459,10 @@ class ControllerClient:
         # ZeroMQ's notification descriptor: readable once the socket's state may have
         # changed (a decision arrived) until EVENTS is asked. A send may take in what
         # arrived without it turning readable, so after sending EVENTS is asked.
-        arrived = FdWait([sock.get(zmq.FD)], hold_gil=True) if sock is not None else None
-        self._held = held = HeldCalls(sock) if sock is not None else None
+        arrived = (FdWait([sock.get(zmq.FD)], hold_gil=True)
+                   if sock is not None and not self._plain_looks else None)
+        self._held = held = (HeldCalls(sock, pyzmq=self._plain_looks) if sock is not None
+                             else None)
         try:
             while not self._stop:
                 counters["io_wakeups"] += 1
@@ -466,8 +474,8 @@ class ControllerClient:
                     # few us, the descriptor's check one).
                     if pause.wait(self._poll_s):  # GIL released
                         self._drain_wake()
-                    if arrived is not None and arrived.wait(0.0):
-                        self._receive(sock)
+                    if sock is not None and (arrived is None or arrived.wait(0.0)):
+                        self._receive(sock)  # (plain looks: EVENTS every look)
                 else:
                     self._block(poller, sock, wake, next_hello)
                 now = time.monotonic()

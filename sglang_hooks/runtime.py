@@ -217,7 +217,8 @@ class Runtime:
             hello = Hello(self.server, self.rank, candidates, client_name(self.version))
             self.client = ControllerClient(cfg.controller, hello, cfg.timeout_s,
                                            cfg.curve_server_key, cfg.curve_client_cert, local,
-                                           monotonic=self.monotonic, poll_s=cfg.io_poll_s)
+                                           monotonic=self.monotonic, poll_s=cfg.io_poll_s,
+                                           plain_looks=cfg.io_plain_looks)
         if cfg.record_dir:
             from sglang_hooks.recorder import start_recorder
 
