@@ -22,7 +22,8 @@ SPECCTL_IO_POLL_US          how often the plugin's I/O thread looks for telemetr
                             from the scheduler thread, a longer one delays decisions
 SPECCTL_IO_PLAIN_LOOKS      1: the I/O thread looks as before 2 December midday (asks
                             ZeroMQ's EVENTS every look, pyzmq's send and receive, which
-                            let go of the GIL per frame), for A/B runs (default 0)
+                            let go of the GIL per frame, every decision decoded in full),
+                            for A/B runs (default 0)
 SPECCTL_OFF_PATH            what a step decided 0 runs: ``decode`` (default: the
                             target's plain decode CUDA graph, no draft work; see
                             :mod:`sglang_hooks.offswitch`) or ``sglang`` (SGLang's

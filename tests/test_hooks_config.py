@@ -90,6 +90,7 @@ def test_local_mode_takes_a_policy_file_and_its_profile(tmp_path):
 
 
 def test_plain_looks_are_asked_for_by_a_flag_and_reach_the_client():
+    from controller.wire import DecisionDecoder
     from sglang_hooks.client import ControllerClient, Hello
 
     assert from_env({"SPECCTL_CONTROLLER": "ipc:///x"}).io_plain_looks is False
@@ -103,5 +104,6 @@ def test_plain_looks_are_asked_for_by_a_flag_and_reach_the_client():
         try:
             wait_until(lambda c=client: c._held is not None, "the I/O thread started")
             assert (client._held._c is None) == plain
+            assert isinstance(client._decode, DecisionDecoder) != plain
         finally:
             client.close()
