@@ -37,7 +37,10 @@ import random
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import numpy as np
 
@@ -108,12 +111,92 @@ def work_summary(work: SGLangWork) -> dict[str, float]:
             "mean": float(spent.mean())}
 
 
+class _LookTimer:
+    """Times each of the client I/O thread's looks (from the return of its wait between
+    looks, the GIL taken again, to the next wait), wall clock and the thread's CPU. The
+    wait is ``FdWait.wait`` in this tree, ``time.sleep`` in older ones (``--tree``)."""
+
+    def __init__(self, module: ModuleType) -> None:
+        self.looks: list[tuple[int, int]] = []  # (wall ns, thread CPU ns) per look
+        self._woke: tuple[int, int] | None = None
+        if hasattr(module, "FdWait"):
+            wait = module.FdWait.wait  # also a zero-time check inside a look: not timed
+            module.FdWait.wait = lambda fd_wait, seconds: (
+                self._timed(wait, fd_wait, seconds) if seconds > 0 else wait(fd_wait, seconds))
+        else:  # the running thread looks ``time`` up per call
+            module.time = self
+
+    def _timed(self, wait: Callable, *args: Any) -> Any:
+        woke = self._woke
+        if woke is not None:
+            self.looks.append((time.perf_counter_ns() - woke[0], time.thread_time_ns() - woke[1]))
+        try:
+            return wait(*args)
+        finally:
+            self._woke = (time.perf_counter_ns(), time.thread_time_ns())
+
+    def sleep(self, seconds: float) -> None:
+        self._timed(time.sleep, seconds)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
+class LookCost:
+    """The client's I/O thread per look interval: its looks (wall time holding the GIL,
+    less any release inside, and thread CPU, per look) and its CPU from Linux's
+    per-thread ``schedstat`` (everything it did, HELLOs and GIL waits included)."""
+
+    def __init__(self, client) -> None:
+        import sglang_hooks.client
+
+        self.client = client
+        self.timer = _LookTimer(sglang_hooks.client)
+        self.path = f"/proc/self/task/{client._thread.native_id}/schedstat"
+        self.looks: dict[str, list[tuple[int, int]]] = {}
+        self.totals: dict[str, list[float]] = {}  # name: [cpu ns, timeslices, seconds]
+        self._mark: tuple[int, int, float, int] | None = None
+
+    def _read(self) -> tuple[int, int, float, int]:
+        with open(self.path) as f:
+            cpu, _, slices = (int(x) for x in f.read().split())
+        return cpu, slices, time.perf_counter(), len(self.timer.looks)
+
+    def start(self) -> None:
+        self._mark = self._read()
+
+    def stop(self, name: str) -> None:
+        now, mark = self._read(), self._mark
+        total = self.totals.setdefault(name, [0, 0, 0.0])
+        for k in range(3):
+            total[k] += now[k] - mark[k]
+        self.looks.setdefault(name, []).extend(self.timer.looks[mark[3]:now[3]])
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        """Per interval: looks per second, a look's wall time and CPU (us: p50, mean), the
+        thread's CPU per look and share of the wall time, its timeslices per look."""
+        out = {}
+        for name, (cpu, slices, seconds) in self.totals.items():
+            looks = np.asarray(self.looks[name], dtype=float).reshape(-1, 2) / 1e3
+            n = max(len(looks), 1)
+            out[name] = {"looks_per_s": len(looks) / seconds,
+                         "look_wall_p50_us": float(np.median(looks[:, 0])),
+                         "look_wall_mean_us": float(looks[:, 0].mean()),
+                         "look_cpu_p50_us": float(np.median(looks[:, 1])),
+                         "look_cpu_mean_us": float(looks[:, 1].mean()),
+                         "thread_cpu_per_look_us": cpu / n / 1e3,
+                         "thread_cpu_share": cpu / 1e9 / seconds,
+                         "timeslices_per_look": slices / n}
+        return out
+
+
 def run_loop(loop, work: SGLangWork, steps: int, args: argparse.Namespace,
              client=None) -> np.ndarray:
     """The loop in overlap order with SGLang's work between the hooks; returns the wall
     time (ns) of each iteration that launched a batch. With ``client`` and
     ``--alternate-poll-us``, its look interval alternates every 50 steps and each work
-    slice is also kept under the interval it ran with (``work.by_poll``)."""
+    slice is also kept under the interval it ran with (``work.by_poll``), and the I/O
+    thread's CPU per look too (``work.look_cost``)."""
     from sglang_hooks.testing import ReqStandIn
 
     reqs = [ReqStandIn(f"r{i}") for i in range(args.batch)]
@@ -124,14 +207,19 @@ def run_loop(loop, work: SGLangWork, steps: int, args: argparse.Namespace,
                  for v in (client._poll_s, args.alternate_poll_us / 1e6)]
     if modes is not None:
         work.by_poll = {name: [] for name, _ in modes}
+        work.look_cost = LookCost(client)
     for i in range(steps):
         if modes is not None:
             name, setter = modes[(i // 50) % 2]
+            settled = i >= steps // 10
             if i % 50 == 0:
                 setter()
                 mark = len(work.spent_ns)
-            elif i % 50 == 49 and i >= steps // 10:  # a block's slices, once settled
+            elif i % 50 == 8 and settled:  # the new interval in force (a look has passed)
+                work.look_cost.start()
+            elif i % 50 == 49 and settled:  # a block's slices, once settled
                 work.by_poll[name].extend(work.spent_ns[mark + 8:])
+                work.look_cost.stop(name)
         if args.idle_every and i % args.idle_every == args.idle_every - 1:
             loop.drain()  # the batch in flight finishes, then the loop idles
             for _ in range(args.idle_iterations):
@@ -160,6 +248,16 @@ def run_loop(loop, work: SGLangWork, steps: int, args: argparse.Namespace,
     return np.asarray(walls[len(walls) // 10:])
 
 
+def use_tree(root: Path) -> None:
+    """From now on, import the plugin's packages from ``root`` (this module and
+    ``bench_online``, already imported, stay this tree's: their functions import the
+    plugin when called)."""
+    for name in [n for n in sys.modules if n.split(".")[0] in ("sglang_hooks", "controller",
+                                                              "env")]:
+        del sys.modules[name]
+    sys.path.insert(0, str(root))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=6000)
@@ -180,11 +278,19 @@ def main() -> None:
                         help="interleave: every 50 steps switch the plugin's look interval "
                         "between its default and this; SGLang's work reported per interval")
     parser.add_argument("--no-plain", action="store_true")
+    parser.add_argument("--plain-looks", action="store_true",
+                        help="the client's looks as before the lean ones "
+                        "(SPECCTL_IO_PLAIN_LOOKS=1)")
+    parser.add_argument("--tree", type=Path, default=None,
+                        help="another checkout whose plugin (sglang_hooks, controller, env) "
+                        "runs in the loop; the benchmark and specctl-serve stay this tree's")
     parser.add_argument("--sglang", type=Path, default=REPO / ".sglang" / "0.5.23")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     result: dict = {"args": {k: str(v) for k, v in vars(args).items()},
                     "load_average_1min_before": os.getloadavg()[0]}
+    if args.tree is not None:
+        use_tree(args.tree.resolve())
     with tempfile.TemporaryDirectory(prefix="sc-hs-", ignore_cleanup_errors=True) as tmp:
         workdir = Path(tmp)
         build = rank_loop_builder(args.sglang, workdir)
@@ -208,6 +314,8 @@ def main() -> None:
         endpoint = f"ipc://{workdir}/hooks.sock"
         controller = start_controller(policy, endpoint)
         extra = {} if args.no_recording else {"record_dir": str(workdir / "rec")}
+        if args.plain_looks:
+            extra["io_plain_looks"] = True
         rt = Runtime(PluginConfig(server="h", controller=endpoint,
                                   hook_timing=str(workdir / "timing"), **extra),
                      installed_version(), ranks=Ranks(0, 1, 0, 1, 0, False))
@@ -222,8 +330,10 @@ def main() -> None:
                     name: {"p50": float(np.percentile(spent, 50)) / 1e3,
                            "mean": float(np.mean(spent)) / 1e3, "n": len(spent)}
                     for name, spent in work.by_poll.items()}
+                result["io_thread_by_look"] = work.look_cost.summary()
                 print("SGLang's work per slice by the client's look interval (us):",
                       result["sglang_work_by_look_us"])
+                print("The client's I/O thread by look interval:", result["io_thread_by_look"])
             result["plugin_wall_us"] = {"p50": float(np.percentile(walls, 50)) / 1e3,
                                         "p99": float(np.percentile(walls, 99)) / 1e3}
             result["clock"] = rt.clock.summary()
@@ -238,13 +348,15 @@ def main() -> None:
     print(f"plugin's clock per step: p50 {clock['p50_us']:.1f} us, p90 {clock['p90_us']:.1f}, "
           f"p99 {clock['p99_us']:.1f}, max {clock['max_us']:.0f}, mean {clock['mean_us']:.1f}"
           f" ({clock['steps']} steps)")
-    for name, hook in clock["per_hook"].items():
+    # An older tree's clock (--tree) may lack the fields below.
+    for name, hook in clock.get("per_hook", {}).items():
         print(f"  {name:24s} calls {hook['n']:6d}  p50 {hook['p50_us']:6.1f}  "
               f"p99 {hook['p99_us']:7.1f}  mean {hook['mean_us']:6.1f}")
-    idle, gcs = clock["idle_iterations"], clock["gc"]
-    print(f"idle iterations {idle['n']} ({idle['total_us']:.0f} us); gc in hooks "
-          f"{gcs['in_hooks'].get('n', 0)} (mean {gcs['in_hooks'].get('mean_us', 0):.1f} us) "
-          f"of {gcs['all'].get('n', 0)}")
+    if "idle_iterations" in clock:
+        idle, gcs = clock["idle_iterations"], clock["gc"]
+        print(f"idle iterations {idle['n']} ({idle['total_us']:.0f} us); gc in hooks "
+              f"{gcs['in_hooks'].get('n', 0)} (mean {gcs['in_hooks'].get('mean_us', 0):.1f} "
+              f"us) of {gcs['all'].get('n', 0)}")
     for key in ("plain_wall_us", "plugin_wall_us"):
         if key in result:
             print(f"loop wall per step, {key[:-8]}: p50 {result[key]['p50']:.0f} us, "

@@ -11,8 +11,10 @@ deque and reads one attribute (:attr:`ControllerClient.marker`); it never waits.
 
 While telemetry flows (any in the last :data:`_ACTIVE_S`), the I/O thread looks
 at the outbox and the socket every :data:`_POLL_S` (5 ms; 0.1 ms in local
-decision mode, :data:`_LOCAL_POLL_S`; sleeping with the GIL released in between),
-so queuing telemetry costs the scheduler thread no system call. Otherwise it
+decision mode, :data:`_LOCAL_POLL_S`; waiting with the GIL released in between),
+so queuing telemetry costs the scheduler thread no system call. Each look holds
+the GIL, so one with nothing to do is kept short: it asks ZeroMQ nothing unless
+the socket's descriptor turned readable or the look sent something. Otherwise it
 blocks in ``zmq.Poller`` on the socket and on a wake-up pipe, with no timer but
 the next HELLO (at most :data:`HELLO_INTERVAL_S`) and, while telemetry awaits its answer, that
 telemetry's deadline; the first telemetry after such a pause writes one byte to
@@ -31,8 +33,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import errno
+import functools
 import logging
 import os
+import sys
 import threading
 import time
 from collections import Counter, deque
@@ -45,6 +50,7 @@ from controller.policy_file import PolicyFileError
 from controller.wire import (
     DECISION_LAG,
     Decision,
+    DecisionDecoder,
     Hello,
     PolicyPush,
     WireError,
@@ -84,6 +90,134 @@ _ACTIVE_S = 0.5
 #: The default 50 us made a 0.1 ms look last 189 us (p50; 138 us at 1 us of slack).
 _TIMER_SLACK_NS = 1000
 _PR_SET_TIMERSLACK = 29  # linux/prctl.h
+
+
+class _PollFd(ctypes.Structure):
+    _fields_ = [("fd", ctypes.c_int), ("events", ctypes.c_short), ("revents", ctypes.c_short)]
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+class FdWait:
+    """Wait up to a given time for one of some descriptors to turn readable (Linux
+    ``ppoll``: microsecond timeouts, no descriptor-number limit; ``select`` stops at
+    1,024 and ``poll``/``epoll`` round up to milliseconds).
+
+    ``hold_gil``: call it without letting go of the GIL (for a zero timeout: a check that
+    takes about a microsecond, where letting go would let the scheduler thread take the
+    GIL and make this thread wait for it back). Otherwise the GIL is released while
+    waiting. Where ``ppoll`` is missing: ``time.sleep``, after which every descriptor
+    counts as maybe readable.
+    """
+
+    def __init__(self, fds: list[int], hold_gil: bool = False) -> None:
+        self._fds = (_PollFd * len(fds))(*(_PollFd(fd, 1, 0) for fd in fds))  # POLLIN
+        self._timeout = _Timespec(0, 0)
+        self._failed = False
+        try:
+            ppoll = (ctypes.PyDLL if hold_gil else ctypes.CDLL)(None).ppoll
+        except (OSError, AttributeError):  # not Linux
+            self._ppoll = None
+            return
+        ppoll.argtypes = (ctypes.c_void_p, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_void_p)
+        ppoll.restype = ctypes.c_int
+        self._ppoll = ppoll
+        self._args = (ctypes.addressof(self._fds), len(fds), ctypes.addressof(self._timeout),
+                      None)
+
+    def wait(self, seconds: float) -> bool:
+        """Wait; True if a descriptor may be readable (or an error cut the wait short)."""
+        ppoll = self._ppoll
+        if ppoll is None:
+            if seconds > 0:
+                time.sleep(seconds)
+            self._failed = True
+            return len(self._fds) > 0
+        self._timeout.tv_sec, self._timeout.tv_nsec = divmod(int(seconds * 1e9), 1_000_000_000)
+        rc = ppoll(*self._args)
+        self._failed = rc < 0  # EINTR: a signal; look at everything
+        return rc != 0
+
+    def ready(self, index: int) -> bool:
+        """Whether the last wait found descriptor ``index`` (maybe) readable."""
+        return self._failed or self._fds[index].revents != 0
+
+
+class HeldCalls:
+    """A socket's send and receive through libzmq's C calls without letting go of the GIL.
+
+    pyzmq lets go of the GIL for every send and receive. On the I/O thread that hands
+    the GIL to the scheduler thread, which then runs until its next release point while
+    this thread waits to take it back: one more hand-over per frame, each of which the
+    scheduler thread pays for when it wants the GIL back. A non-blocking send or receive
+    is a few microseconds, cheaper held. The C functions are the ones pyzmq's own
+    extension uses (looked up from it, so never another copy of libzmq); where that
+    fails, pyzmq's calls.
+    """
+
+    def __init__(self, sock: zmq.Socket, pyzmq: bool = False) -> None:
+        self._sock = sock
+        self._c = None
+        if pyzmq:  # asked for pyzmq's calls (A/B runs)
+            return
+        with contextlib.suppress(Exception):
+            lib = ctypes.PyDLL(_pyzmq_extension(sock), use_errno=True)
+            send, recv = lib.zmq_send, lib.zmq_msg_recv
+            init, close, data, size = (lib.zmq_msg_init, lib.zmq_msg_close, lib.zmq_msg_data,
+                                       lib.zmq_msg_size)
+            send.argtypes = (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int)
+            recv.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int)
+            for f in (init, close, data, size):
+                f.argtypes = (ctypes.c_void_p,)
+            send.restype = recv.restype = init.restype = close.restype = ctypes.c_int
+            data.restype, size.restype = ctypes.c_void_p, ctypes.c_size_t
+            self._msg = (ctypes.c_uint64 * 8)()  # zmq_msg_t: 64 bytes, pointer-aligned
+            self._c = (send, recv, init, close, data, size, sock.underlying,
+                       ctypes.addressof(self._msg))
+
+    def send(self, frame: bytes) -> bool:
+        """Queue ``frame`` without blocking; False where pyzmq would raise ``zmq.Again``."""
+        c = self._c
+        if c is None:
+            try:
+                self._sock.send(frame, zmq.NOBLOCK)
+            except zmq.Again:
+                return False
+            return True
+        while c[0](c[6], frame, len(frame), zmq.NOBLOCK) < 0:
+            err = ctypes.get_errno()
+            if err == errno.EAGAIN:
+                return False
+            if err != errno.EINTR:
+                raise zmq.ZMQError(err)
+        return True
+
+    def recv(self) -> bytes:
+        """The next frame (the caller has seen EVENTS say one is waiting)."""
+        c = self._c
+        if c is None:
+            return self._sock.recv(zmq.NOBLOCK)
+        _, recv, init, close, data, size, handle, msg = c
+        init(msg)
+        try:
+            while recv(msg, handle, zmq.NOBLOCK) < 0:
+                err = ctypes.get_errno()
+                if err != errno.EINTR:
+                    raise zmq.Again() if err == errno.EAGAIN else zmq.ZMQError(err)
+            return ctypes.string_at(data(msg), size(msg))
+        finally:
+            close(msg)
+
+
+def _pyzmq_extension(sock: zmq.Socket) -> str:
+    """The file of pyzmq's compiled extension that defines ``sock``'s base class."""
+    for cls in type(sock).__mro__:
+        path = getattr(sys.modules.get(cls.__module__), "__file__", None) or ""
+        if path.endswith(".so"):
+            return path
+    raise LookupError("pyzmq's extension module not found")
 
 
 def _punctual_sleeps() -> bool:
@@ -195,13 +329,16 @@ class ControllerClient:
         poll_s: How often the I/O thread looks at the outbox and the socket while
             telemetry flows (default ``_POLL_S``, in local mode ``_LOCAL_POLL_S``): each
             look takes the GIL, which the scheduler thread's own work then waits for.
+        plain_looks: Look as before the lean looks (EVENTS asked every look, pyzmq's
+            send and receive, every decision through :func:`~controller.wire.decode`):
+            for A/B measurements.
     """
 
     def __init__(self, endpoint: str | None, hello: Hello, timeout_s: float,
                  curve_server_key: str | None = None,
                  curve_client_cert: str | None = None, local: object = None,
                  monotonic: Callable[[], float] = time.monotonic,
-                 poll_s: float | None = None) -> None:
+                 poll_s: float | None = None, plain_looks: bool = False) -> None:
         self.endpoint = endpoint
         self.timeout_s = timeout_s
         self._monotonic = monotonic
@@ -224,6 +361,12 @@ class ControllerClient:
         os.set_blocking(self._wake_w, False)
         self._local = local
         self._poll_s = poll_s or (_POLL_S if local is None else _LOCAL_POLL_S)
+        self._plain_looks = plain_looks
+        self._held: HeldCalls | None = None  # the I/O thread's socket calls (set there)
+        # A repeated decision (the same policy, grid and steps) is read without msgpack's
+        # general path: the same result, a fraction of the time the GIL is held for it.
+        self._decode = (functools.partial(decode, accept_policy=True) if plain_looks
+                        else DecisionDecoder(accept_policy=True))
         self._context = zmq.Context(io_threads=1)
         self._sock = (self._socket(endpoint, curve_server_key, curve_client_cert)
                       if endpoint else None)
@@ -318,44 +461,59 @@ class ControllerClient:
         next_hello = 0.0 if sock is not None else float("inf")
         hello_frame, said = None, ""
         last_telemetry = -_ACTIVE_S
+        # Between looks: the wake-up pipe (close() is not left waiting for a long look).
+        pause = FdWait([wake])
+        # ZeroMQ's notification descriptor: readable once the socket's state may have
+        # changed (a decision arrived) until EVENTS is asked. A send may take in what
+        # arrived without it turning readable, so after sending EVENTS is asked.
+        arrived = (FdWait([sock.get(zmq.FD)], hold_gil=True)
+                   if sock is not None and not self._plain_looks else None)
+        self._held = held = (HeldCalls(sock, pyzmq=self._plain_looks) if sock is not None
+                             else None)
         try:
             while not self._stop:
                 counters["io_wakeups"] += 1
                 if time.monotonic() - last_telemetry < _ACTIVE_S:
                     # Serving: look every _POLL_S instead of being woken, so queuing
-                    # telemetry costs the scheduler thread no system call.
-                    time.sleep(self._poll_s)  # GIL released
-                    if sock is not None and sock.get(zmq.EVENTS) & zmq.POLLIN:
-                        self._receive(sock)
+                    # telemetry costs the scheduler thread no system call. A look holds
+                    # the GIL, which SGLang's work on the scheduler thread may then wait
+                    # for: a look with nothing to do asks ZeroMQ nothing (EVENTS costs a
+                    # few us, the descriptor's check one).
+                    if pause.wait(self._poll_s):  # GIL released
+                        self._drain_wake()
+                    if sock is not None and (arrived is None or arrived.wait(0.0)):
+                        self._receive(sock)  # (plain looks: EVENTS every look)
                 else:
                     self._block(poller, sock, wake, next_hello)
                 now = time.monotonic()
-                if now >= next_hello:
+                sent = now >= next_hello
+                if sent:
                     if hello_frame is None or (local is not None and local.digest != said):
                         # Local mode: the HELLO says which policy decides (the hub pushes
                         # its own when they differ).
                         said = local.digest if local is not None else ""
                         hello_frame = encode_hello(dataclasses.replace(hello,
                                                                        policy_digest=said))
-                    try:
-                        sock.send(hello_frame, zmq.NOBLOCK)
-                        next_hello = now + HELLO_INTERVAL_S
-                    except zmq.Again:  # not connected (yet): try again soon
-                        next_hello = now + HELLO_RETRY_S
-                if outbox:
-                    last_telemetry = now
+                    # False: not connected (yet): try again soon
+                    next_hello = now + (HELLO_INTERVAL_S if held.send(hello_frame)
+                                        else HELLO_RETRY_S)
                 while outbox:
+                    # Per frame: telemetry queued after a check before the loop would be
+                    # sent without the thread knowing that it is serving.
+                    last_telemetry = now
+                    sent = True
                     payload, step, queued = outbox.popleft()
                     age.sent(step, queued)
                     frame = payload if type(payload) is bytes else telemetry_frame(*payload)
                     if sock is not None:
-                        try:
-                            sock.send(frame, zmq.NOBLOCK)
+                        if held.send(frame):
                             counters["telemetry_sent"] += 1
-                        except zmq.Again:
+                        else:
                             counters["telemetry_dropped"] += 1
                     if local is not None:
                         self._decide_locally(frame)
+                if sent and sock is not None:
+                    self._receive(sock)  # what the sends took in (the descriptor won't say)
                 self._publish(self._monotonic())
         except Exception:  # never let a bug here go unnoticed, nor reach SGLang
             counters["client_thread_failed"] += 1
@@ -425,9 +583,9 @@ class ControllerClient:
         """Take the decisions waiting on the socket (aged by their arrival time)."""
         counters = self.counters
         while sock.get(zmq.EVENTS) & zmq.POLLIN:
-            frame = sock.recv(zmq.NOBLOCK)
+            frame = self._held.recv()
             try:
-                message = decode(frame, accept_policy=True)
+                message = self._decode(frame)
             except WireError as exc:
                 counters[f"wire_error_{exc.kind}"] += 1
                 continue

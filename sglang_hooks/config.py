@@ -20,6 +20,10 @@ SPECCTL_IO_POLL_US          how often the plugin's I/O thread looks for telemetr
                             send and decisions to read while telemetry flows (default
                             5000, local mode 100; 10-20000): each look takes the GIL
                             from the scheduler thread, a longer one delays decisions
+SPECCTL_IO_PLAIN_LOOKS      1: the I/O thread looks as before 2 December midday (asks
+                            ZeroMQ's EVENTS every look, pyzmq's send and receive, which
+                            let go of the GIL per frame, every decision decoded in full),
+                            for A/B runs (default 0)
 SPECCTL_OFF_PATH            what a step decided 0 runs: ``decode`` (default: the
                             target's plain decode CUDA graph, no draft work; see
                             :mod:`sglang_hooks.offswitch`) or ``sglang`` (SGLang's
@@ -77,6 +81,8 @@ class PluginConfig:
     timeout_s: float = 0.1
     #: The I/O thread's look interval while telemetry flows (None: the client's default).
     io_poll_s: float | None = None
+    #: The I/O thread's looks as before the lean ones (SPECCTL_IO_PLAIN_LOOKS): A/B runs.
+    io_plain_looks: bool = False
     record_dir: str | None = None
     record_explore: bool = False
     explore_dwell: int = 4
@@ -134,6 +140,7 @@ def from_env(env: Mapping[str, str] | None = None) -> PluginConfig | None:
         timeout_s=_number(env, "SPECCTL_TIMEOUT_MS", 100.0, lo=10.0) / 1e3,
         io_poll_s=(_number(env, "SPECCTL_IO_POLL_US", 5000.0, lo=10.0, hi=20_000.0) / 1e6
                    if env.get("SPECCTL_IO_POLL_US") else None),
+        io_plain_looks=_flag(env, "SPECCTL_IO_PLAIN_LOOKS"),
         record_dir=record_dir,
         record_explore=explore,
         explore_dwell=int(_number(env, "SPECCTL_EXPLORE_DWELL", 4, lo=1)),

@@ -140,16 +140,20 @@ class Recorder:
                             kv_capacity, prefill_tokens, steps_used, accepted, latency_s,
                             request_ids))
 
-    def add_telemetry(self, telemetry: tuple, request_ids: list | None) -> None:
+    def add_telemetry(self, telemetry: tuple, request_ids: list | None,
+                      finished: list | None = None) -> None:
         """Queue one step as the hooks send it to the controller: the arguments of
         :func:`sglang_hooks.client.telemetry_frame` (server, rank, step index, launch
         time, batch size, waiting, running, KV used, KV capacity, prefill tokens, steps
         used, accepted drafts, latency), as one tuple; ``request_ids`` as in
-        :meth:`add_step`. The scheduler thread builds the tuple once for both."""
+        :meth:`add_step`. The scheduler thread builds the tuple once for both.
+        ``finished``: the processed batch's requests, as :meth:`add_finished` takes them
+        (one queue item for both: the same trace as the two calls, one call fewer on the
+        scheduler thread)."""
         if len(self._queue) >= self._max_queue:
             self.counters["dropped"] += 1
             return
-        self._queue.append((_TELEMETRY, telemetry, request_ids))
+        self._queue.append((_TELEMETRY, telemetry, request_ids, finished))
 
     def add_arrival(self, request_id: str, time_s: float, prompt_tokens: int) -> None:
         """Queue a request's arrival at the scheduler."""
@@ -232,8 +236,10 @@ class Recorder:
     def _convert(self, item: tuple) -> None:
         kind = item[0]
         if kind == _TELEMETRY:
-            _, telemetry, rids = item
+            _, telemetry, rids, finished = item
             self._writer.add_step(self._step_record((_STEP, *telemetry[2:], rids)))
+            if finished is not None:
+                self._convert((_FINISHED, finished))
         elif kind == _STEP:
             self._writer.add_step(self._step_record(item))
         elif kind == _FINISHED:

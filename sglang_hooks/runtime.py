@@ -217,7 +217,8 @@ class Runtime:
             hello = Hello(self.server, self.rank, candidates, client_name(self.version))
             self.client = ControllerClient(cfg.controller, hello, cfg.timeout_s,
                                            cfg.curve_server_key, cfg.curve_client_cert, local,
-                                           monotonic=self.monotonic, poll_s=cfg.io_poll_s)
+                                           monotonic=self.monotonic, poll_s=cfg.io_poll_s,
+                                           plain_looks=cfg.io_plain_looks)
         if cfg.record_dir:
             from sglang_hooks.recorder import start_recorder
 
@@ -368,12 +369,14 @@ class Runtime:
         self._processing = None
         try:
             now = self.monotonic()
+            # A copy of the list: the recorder's thread finds the finished requests.
+            finished = (batch.reqs[:] if self.recorder is not None and batch is not None
+                        else None)
             if slot is not None and not slot.sent:
-                self._send(slot, now)
+                self._send(slot, now, finished)  # handed over with the step's telemetry
+            elif finished is not None:
+                self.recorder.add_finished(finished)
             self._last_result_end = now
-            if self.recorder is not None and batch is not None:
-                # A copy of the list: the recorder's thread finds the finished requests.
-                self.recorder.add_finished(batch.reqs[:])
         except Exception as exc:
             self.fault("result", exc)
         return result
@@ -443,7 +446,7 @@ class Runtime:
         slot.sent = False
         return slot
 
-    def _send(self, slot: _Slot, now: float) -> None:
+    def _send(self, slot: _Slot, now: float, finished: list | None = None) -> None:
         slot.sent = True
         t_launch, batch_size, waiting, running, kv_used, kv_capacity, prefill = slot.launch
         # A step's latency is the time between consecutive results. Under overlap
@@ -464,7 +467,7 @@ class Runtime:
         if self.client is not None:
             self.client.send_telemetry(telemetry, step, now)
         if self.recorder is not None:
-            self.recorder.add_telemetry(telemetry, slot.request_ids)
+            self.recorder.add_telemetry(telemetry, slot.request_ids, finished)
 
     def _record_arrivals(self, recv_reqs: Any) -> None:
         now = self.monotonic()

@@ -7,6 +7,7 @@ import contextlib
 import errno
 import logging
 import os
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -761,5 +762,154 @@ def test_the_io_threads_sleeps_get_a_microsecond_of_timer_slack(monkeypatch):
         raise OSError("no such library")
 
     monkeypatch.setattr(client_module.ctypes, "CDLL", no_libc)
+    monkeypatch.setattr(client_module.ctypes, "PyDLL", no_libc)
     assert client_module._punctual_sleeps() is False
 
+
+
+# -- the serving look (while telemetry flows) ------------------------------------------------
+
+
+def test_the_wake_up_pipe_ends_a_serving_look(monkeypatch):
+    """The look interval is an hour: only the wake-up pipe can end the wait (a wake-up's,
+    then close's)."""
+    quiet(monkeypatch, active_s=3600.0)
+    clock = ManualClock()
+    with connected(3600.0, monotonic=clock, poll_s=3600.0) as (router, client):
+        router.receive()  # HELLO
+        client.send_telemetry(frame(1), 1, clock())  # from now on the thread is serving
+        router.telemetry()
+        looks = client.counters["io_wakeups"]
+        client._wake()  # ends the look that follows the send, or the one it is in
+        wait_until(lambda: client.counters["io_wakeups"] > looks, "the look ended")
+        client.close()
+        assert not client._thread.is_alive()
+
+
+@pytest.mark.parametrize("plain", [False, True])
+def test_a_serving_look_with_nothing_to_do_asks_zeromq_nothing(monkeypatch, plain):
+    """EVENTS (a system call, with the GIL held) only after a send or once the socket's
+    descriptor turned readable: not once per look (plain looks, for A/B runs: every
+    look, as before)."""
+    quiet(monkeypatch, active_s=3600.0)
+    asked = Counter()
+    get = zmq.Socket.get
+
+    def counting_get(sock, option):
+        if option == zmq.EVENTS:
+            asked[threading.current_thread().name == "specctl-client"] += 1
+        return get(sock, option)
+
+    monkeypatch.setattr(zmq.Socket, "get", counting_get)
+    clock = ManualClock()
+    with connected(3600.0, monotonic=clock, poll_s=0.001, plain_looks=plain) as (router,
+                                                                               client):
+        router.receive()
+        client.send_telemetry(frame(1), 1, clock())
+        identity, _ = router.telemetry()
+        router.answer(identity, 1)
+        wait_until(lambda: client.counters["decisions"] == 1, "the decision taken")
+        looks, before = client.counters["io_wakeups"], asked[True]
+        wait_until(lambda: client.counters["io_wakeups"] >= looks + 40, "40 more looks")
+        if plain:
+            assert asked[True] - before >= 40
+        else:
+            assert asked[True] - before <= 2  # the old look asked once per look: 40
+
+
+def test_fd_wait_wakes_on_a_readable_descriptor_and_says_which():
+    r1, w1 = os.pipe()
+    r2, w2 = os.pipe()
+    try:
+        wait = client_module.FdWait([r1, r2])
+        assert not wait.wait(0.0)
+        os.write(w2, b"x")
+        assert wait.wait(3600.0)  # at once: readable
+        assert not wait.ready(0) and wait.ready(1)
+        check = client_module.FdWait([r1], hold_gil=True)
+        assert not check.wait(0.0)
+        os.write(w1, b"x")
+        assert check.wait(0.0) and check.ready(0)
+        assert not client_module.FdWait([]).wait(0.0)  # nothing to watch: a sleep
+    finally:
+        for fd in (r1, w1, r2, w2):
+            os.close(fd)
+
+
+def test_fd_wait_without_ppoll_sleeps_and_calls_everything_maybe_readable(monkeypatch):
+    def no_libc(*args, **kwargs):
+        raise OSError("no libc")
+
+    monkeypatch.setattr(client_module.ctypes, "CDLL", no_libc)
+    monkeypatch.setattr(client_module.ctypes, "PyDLL", no_libc)
+    slept = []
+    monkeypatch.setattr(client_module.time, "sleep", slept.append)
+    wait = client_module.FdWait([5, 6])
+    assert wait.wait(0.25) and slept == [0.25]
+    assert wait.ready(0) and wait.ready(1)
+    assert client_module.FdWait([5], hold_gil=True).wait(0.0) and slept == [0.25]
+    assert not client_module.FdWait([]).wait(0.5)
+
+
+@pytest.mark.parametrize("held", [True, False])
+def test_held_calls_send_and_receive_as_pyzmq_does(monkeypatch, held):
+    """libzmq's own calls (the GIL kept), or pyzmq's where they cannot be found: frames
+    both ways, and 'would block' as pyzmq says it."""
+    if not held:
+        def not_found(sock):
+            raise LookupError("no extension")
+
+        monkeypatch.setattr(client_module, "_pyzmq_extension", not_found)
+    endpoint = ipc()
+    router = Router(endpoint)
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.IMMEDIATE, 1)
+    lonely = zmq.Context.instance().socket(zmq.DEALER)
+    lonely.setsockopt(zmq.LINGER, 0)
+    lonely.setsockopt(zmq.IMMEDIATE, 1)
+    lonely.connect(ipc())  # nobody there: a send would block
+    try:
+        calls = client_module.HeldCalls(sock)
+        assert (calls._c is not None) == held
+        sock.connect(endpoint)
+        wait_until(lambda: calls.send(encode_hello(HELLO)), "connected")
+        identity, hello = router.receive()
+        assert hello == HELLO
+        big = b"\x01" * 300_000
+        router.sock.send_multipart([identity, big])
+        wait_until(lambda: sock.get(zmq.EVENTS) & zmq.POLLIN, "the frame arrived")
+        assert calls.recv() == big
+        with pytest.raises(zmq.Again):
+            calls.recv()
+        assert client_module.HeldCalls(lonely).send(b"x") is False
+    finally:
+        sock.close(0)
+        lonely.close(0)
+        router.close()
+
+
+@pytest.mark.parametrize("plain", [False, True])
+def test_the_io_thread_sends_and_receives_without_pyzmq_letting_go_of_the_gil(monkeypatch,
+                                                                              plain):
+    """pyzmq's send and recv let go of the GIL (one more hand-over to the scheduler
+    thread per frame): the I/O thread calls libzmq itself (plain looks: pyzmq)."""
+    used = Counter()
+    for name in ("send", "recv"):
+        original = getattr(zmq.Socket, name)
+
+        def counting(sock, *args, _original=original, _name=name, **kwargs):
+            used[_name, threading.current_thread().name] += 1
+            return _original(sock, *args, **kwargs)
+
+        monkeypatch.setattr(zmq.Socket, name, counting)
+    clock = ManualClock()
+    with connected(3600.0, monotonic=clock, plain_looks=plain) as (router, client):
+        identity, _ = router.receive()  # HELLO
+        client.send_telemetry(frame(1), 1, clock())
+        assert router.telemetry()[1].step_index == 1
+        router.answer(identity, 1)
+        handled(client, 1)
+        assert client.current.steps == (4,)
+    pyzmq = {name for name, thread in used if thread == "specctl-client"}
+    assert pyzmq == ({"send", "recv"} if plain else set())

@@ -6,6 +6,7 @@ import pytest
 
 from sglang_hooks import config
 from sglang_hooks.config import ConfigError, PluginConfig, from_env
+from sglang_hooks.testing import wait_until
 
 
 def test_nothing_set_means_disabled():
@@ -86,3 +87,23 @@ def test_local_mode_takes_a_policy_file_and_its_profile(tmp_path):
         from_env({"SPECCTL_POLICY": str(tmp_path / "missing.npz")})
     with pytest.raises(ConfigError, match="SPECCTL_PROFILE"):
         from_env({"SPECCTL_CONTROLLER": "ipc:///tmp/x", "SPECCTL_PROFILE": "h200_llama31_8b"})
+
+
+def test_plain_looks_are_asked_for_by_a_flag_and_reach_the_client():
+    from controller.wire import DecisionDecoder
+    from sglang_hooks.client import ControllerClient, Hello
+
+    assert from_env({"SPECCTL_CONTROLLER": "ipc:///x"}).io_plain_looks is False
+    cfg = from_env({"SPECCTL_CONTROLLER": "ipc:///x", "SPECCTL_IO_PLAIN_LOOKS": "1"})
+    assert cfg.io_plain_looks is True
+    with pytest.raises(ConfigError, match="SPECCTL_IO_PLAIN_LOOKS"):
+        from_env({"SPECCTL_CONTROLLER": "ipc:///x", "SPECCTL_IO_PLAIN_LOOKS": "maybe"})
+    hello = Hello("s", 0, [0, 3], "test")
+    for plain in (False, True):
+        client = ControllerClient("ipc:///nowhere-plain", hello, 0.1, plain_looks=plain)
+        try:
+            wait_until(lambda c=client: c._held is not None, "the I/O thread started")
+            assert (client._held._c is None) == plain
+            assert isinstance(client._decode, DecisionDecoder) != plain
+        finally:
+            client.close()

@@ -180,3 +180,27 @@ def test_a_step_given_as_the_controllers_telemetry_is_the_same_record(tmp_path):
     assert list(second.accepted_drafts) == list(first.accepted_drafts) == [1, 2, 0]
     assert third.request_ids is None
     assert recorder.counters["bad_records"] == 0
+
+
+def test_finished_requests_given_with_the_telemetry_are_the_same_trace(tmp_path):
+    # add_telemetry(..., finished) is add_telemetry then add_finished, in one queue item.
+    traces = []
+    for together in (False, True):
+        recorder = Recorder(tmp_path / str(together), "srv", 0, flush_s=60.0)
+        reqs = [ReqStandIn(rid, prompt_tokens=p) for rid, p in (("a", 7), ("b", 5))]
+        for req in reqs:
+            recorder.add_arrival(req.rid, recorder.t0 + 0.25, len(req.origin_input_ids))
+        values = (recorder.t0 + 0.5, 2, 0, 2, 900, 10_000, 0, 2, [1, 2], 0.01)
+        reqs[1].output_ids, reqs[1].finished_reason = [9] * 6, "stop"
+        if together:
+            recorder.add_telemetry(("srv", 0, 1, *values), reqs[:], reqs[:])
+        else:
+            recorder.add_telemetry(("srv", 0, 1, *values), reqs[:])
+            recorder.add_finished(reqs[:])
+        recorder.close()
+        trace = read_trace(recorder.files)
+        traces.append(([(s.step_index, s.request_ids) for s in trace.steps],
+                       [(r.request_id, r.prompt_tokens, r.output_tokens)
+                        for r in trace.requests.records()]))
+        assert recorder.counters["bad_records"] == 0
+    assert traces[0] == traces[1] == ([(1, ["a", "b"])], [("b", 5, 6)])

@@ -56,13 +56,18 @@ class RecorderStandIn:
         self.finished: list[list] = []
         self.counters: Counter[str] = Counter({"written": 3})
         self.closed = 0
+        self.calls: Counter[str] = Counter()  # add_telemetry and add_finished
 
     def add_step(self, *args: object) -> None:
         self.steps.append(args)
 
-    def add_telemetry(self, telemetry: tuple, request_ids: object) -> None:
+    def add_telemetry(self, telemetry: tuple, request_ids: object,
+                      finished: list | None = None) -> None:
         # As add_step's arguments: the telemetry less server and rank, then the ids.
+        self.calls["add_telemetry"] += 1
         self.steps.append((*telemetry[2:], request_ids))
+        if finished is not None:  # as add_finished
+            self.finished.append(finished)
 
     def add_arrival(self, *args: object) -> None:
         self.arrivals.append(args)
@@ -71,6 +76,7 @@ class RecorderStandIn:
         self.finishes.append(args)
 
     def add_finished(self, requests: list) -> None:
+        self.calls["add_finished"] += 1
         self.finished.append(requests)
 
     def close(self) -> None:
@@ -250,6 +256,22 @@ def test_the_idle_gap_is_fifty_milliseconds():
     clock.advance(0.015625)
     finish(rt, sched, batches[2])
     assert [sent[0][-1] for sent in client.sent] == [0.125, 0.0625, 0.015625]
+
+
+def test_a_steps_finished_requests_go_to_the_recorder_with_its_telemetry():
+    # One call per step on the scheduler thread; a result without telemetry to send (here
+    # the same batch processed again) still hands its requests over alone.
+    clock = ManualClock(T0)
+    recorder = RecorderStandIn()
+    rt = source(clock, ClientStandIn(), recorder)
+    sched, batch = scheduler(), decode_batch(2)
+    launch(rt, sched, batch, 2)
+    finish(rt, sched, batch, [1, 2])
+    assert recorder.calls == {"add_telemetry": 1}
+    assert recorder.finished == [batch.reqs] and recorder.finished[0] is not batch.reqs
+    finish(rt, sched, batch, [1, 2])
+    assert recorder.calls == {"add_telemetry": 1, "add_finished": 1}
+    assert recorder.finished == [batch.reqs, batch.reqs]
 
 
 def test_only_the_recorder_gets_the_step_without_a_client():
@@ -618,7 +640,7 @@ def test_the_source_builds_its_client_with_the_servers_hello(monkeypatch):
     [(args, kwargs)] = built.calls
     assert args == ("ipc:///nowhere", Hello("srv", 2, (0, 1, 3), client_name("9.9")), 0.25,
                     "K", "C", None)
-    assert kwargs == {"monotonic": clock, "poll_s": 0.002}
+    assert kwargs == {"monotonic": clock, "poll_s": 0.002, "plain_looks": False}
 
 
 def test_local_mode_builds_the_local_decisions_from_the_policy_file(monkeypatch):

@@ -858,3 +858,64 @@ def test_inside_a_policy_push_strings_and_arrays_keep_the_frame_limit(decoder):
         with pytest.raises(WireError, match=r"^malformed: ") as info:
             decoder(_push(**changes), accept_policy=True)
         assert info.value.field == field
+
+
+# -- DecisionDecoder: decode's results, cheaper on repeated decision tails ---------------------
+
+_TAILS = [("p", 1, [1, 8, 32], [3, 2, 0]), ("p", 1, [1, 8, 32], [3, 2, 1]), ("q", 0, [], []),
+          ("p", 1, [8, 1], [3, 2]), ("p", 1, [1], [200]), ("", 2, [1], [1]), ("p", 0, [1], [3])]
+
+
+def _uint_bytes(value: int, wide: bool) -> bytes:
+    """``value`` as msgpack writes it, or in its widest unsigned form."""
+    if wide and 0 <= value < 1 << 64:
+        return b"\xcf" + value.to_bytes(8, "big")
+    return msgpack.packb(value)
+
+
+@st.composite
+def _decision_frames(draw) -> bytes:
+    # Mostly valid, from few tails, so that tails repeat within a list of frames.
+    tail = msgpack.packb(list(draw(st.sampled_from(_TAILS[:3] * 3 + _TAILS[3:]))))[1:]
+    ints = b"".join(
+        _uint_bytes(draw(st.one_of(st.integers(0, 300),
+                                   st.integers((1 << 63) - 2, (1 << 64) - 1),
+                                   st.integers(-5, -1))), draw(st.booleans()))
+        for _ in range(2))
+    good = bytes([0x98, wire.WIRE_VERSION, int(Kind.DECISION)])
+    head = draw(st.sampled_from([good] * 4 + [
+        bytes([0x98, wire.WIRE_VERSION + 1, int(Kind.DECISION)]),
+        bytes([0x97, wire.WIRE_VERSION, int(Kind.DECISION)])]))
+    frame = head + ints + tail
+    if draw(st.integers(0, 9)) == 0:
+        frame += b"\x00"  # trailing bytes
+    if draw(st.integers(0, 9)) == 0:
+        frame = frame[:-1]  # cut short
+    return frame
+
+
+def _decoded(decoder, frame: bytes) -> object:
+    try:
+        return decoder(frame)
+    except WireError as exc:
+        return ("error", exc.kind, str(exc))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_decision_frames(), min_size=1, max_size=12))
+def test_the_decision_decoder_gives_decodes_result_for_every_frame(frames):
+    cached = wire.DecisionDecoder(accept_policy=True)
+    for frame in frames:
+        assert _decoded(cached, frame) == _decoded(
+            lambda f: decode(f, accept_policy=True), frame)
+
+
+def test_the_decision_decoder_reads_only_the_ints_of_a_repeated_tail(monkeypatch):
+    cached = wire.DecisionDecoder()
+    first = encode_decision(Decision(1, 3, "p", (1, 8), (3, 1)))
+    assert cached(first) == decode(first)
+    monkeypatch.setattr(wire, "decode", None)  # a repeated tail must not get there
+    again = encode_decision(Decision(2, 1 << 40, "p", (1, 8), (3, 1)))
+    assert cached(again) == Decision(2, 1 << 40, "p", (1, 8), (3, 1))
+    with pytest.raises(TypeError):  # another tail goes to decode
+        cached(encode_decision(Decision(3, 5, "p", (1, 8), (3, 2))))
