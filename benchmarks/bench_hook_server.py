@@ -281,6 +281,8 @@ def main() -> None:
     parser.add_argument("--plain-looks", action="store_true",
                         help="the client's looks as before the lean ones "
                         "(SPECCTL_IO_PLAIN_LOOKS=1)")
+    parser.add_argument("--held-send", action="store_true",
+                        help="the client's sends keep the GIL (SPECCTL_IO_HELD_SEND=1)")
     parser.add_argument("--tree", type=Path, default=None,
                         help="another checkout whose plugin (sglang_hooks, controller, env) "
                         "runs in the loop; the benchmark and specctl-serve stay this tree's")
@@ -316,6 +318,8 @@ def main() -> None:
         extra = {} if args.no_recording else {"record_dir": str(workdir / "rec")}
         if args.plain_looks:
             extra["io_plain_looks"] = True
+        if args.held_send:
+            extra["io_held_send"] = True
         rt = Runtime(PluginConfig(server="h", controller=endpoint,
                                   hook_timing=str(workdir / "timing"), **extra),
                      installed_version(), ranks=Ranks(0, 1, 0, 1, 0, False))

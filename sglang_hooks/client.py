@@ -151,15 +151,19 @@ class HeldCalls:
     pyzmq lets go of the GIL for every send and receive. On the I/O thread that hands
     the GIL to the scheduler thread, which then runs until its next release point while
     this thread waits to take it back: one more hand-over per frame, each of which the
-    scheduler thread pays for when it wants the GIL back. A non-blocking send or receive
-    is a few microseconds, cheaper held. The C functions are the ones pyzmq's own
-    extension uses (looked up from it, so never another copy of libzmq); where that
-    fails, pyzmq's calls.
+    scheduler thread pays for when it wants the GIL back. A non-blocking receive is a few
+    microseconds, cheaper held. (A send wakes ZeroMQ's own I/O thread, which on a busy
+    host can take the core of a thread holding the GIL: ``pyzmq_send`` keeps pyzmq's.)
+    The C functions are the ones pyzmq's own extension uses (looked up from it, so never
+    another copy of libzmq); where that fails, pyzmq's calls.
     """
 
-    def __init__(self, sock: zmq.Socket, pyzmq: bool = False) -> None:
+    def __init__(self, sock: zmq.Socket, pyzmq: bool = False, pyzmq_send: bool = False
+                 ) -> None:
         self._sock = sock
         self._c = None
+        #: Sends through pyzmq all the same (the default on the I/O thread, see client).
+        self._pyzmq_send = pyzmq_send
         if pyzmq:  # asked for pyzmq's calls (A/B runs)
             return
         with contextlib.suppress(Exception):
@@ -180,7 +184,7 @@ class HeldCalls:
     def send(self, frame: bytes) -> bool:
         """Queue ``frame`` without blocking; False where pyzmq would raise ``zmq.Again``."""
         c = self._c
-        if c is None:
+        if c is None or self._pyzmq_send:
             try:
                 self._sock.send(frame, zmq.NOBLOCK)
             except zmq.Again:
@@ -332,13 +336,16 @@ class ControllerClient:
         plain_looks: Look as before the lean looks (EVENTS asked every look, pyzmq's
             send and receive, every decision through :func:`~controller.wire.decode`):
             for A/B measurements.
+        held_send: Send through libzmq with the GIL kept too (receives always are, unless
+            ``plain_looks``): for A/B measurements.
     """
 
     def __init__(self, endpoint: str | None, hello: Hello, timeout_s: float,
                  curve_server_key: str | None = None,
                  curve_client_cert: str | None = None, local: object = None,
                  monotonic: Callable[[], float] = time.monotonic,
-                 poll_s: float | None = None, plain_looks: bool = False) -> None:
+                 poll_s: float | None = None, plain_looks: bool = False,
+                 held_send: bool = False) -> None:
         self.endpoint = endpoint
         self.timeout_s = timeout_s
         self._monotonic = monotonic
@@ -362,6 +369,7 @@ class ControllerClient:
         self._local = local
         self._poll_s = poll_s or (_POLL_S if local is None else _LOCAL_POLL_S)
         self._plain_looks = plain_looks
+        self._held_send = held_send and not plain_looks
         self._held: HeldCalls | None = None  # the I/O thread's socket calls (set there)
         # A repeated decision (the same policy, grid and steps) is read without msgpack's
         # general path: the same result, a fraction of the time the GIL is held for it.
@@ -468,8 +476,13 @@ class ControllerClient:
         # arrived without it turning readable, so after sending EVENTS is asked.
         arrived = (FdWait([sock.get(zmq.FD)], hold_gil=True)
                    if sock is not None and not self._plain_looks else None)
-        self._held = held = (HeldCalls(sock, pyzmq=self._plain_looks) if sock is not None
-                             else None)
+        # Sends through pyzmq unless asked (held_send): a send wakes ZeroMQ's own I/O
+        # thread, and on a busy host the woken thread can take this one's core while it
+        # holds the GIL (wall 68-300 us per held send against 10-25 us of CPU, measured
+        # on the shared 2-core machine); a receive wakes nobody.
+        self._held = held = (HeldCalls(sock, pyzmq=self._plain_looks,
+                                       pyzmq_send=not self._held_send)
+                             if sock is not None else None)
         try:
             while not self._stop:
                 counters["io_wakeups"] += 1

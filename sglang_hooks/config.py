@@ -24,6 +24,9 @@ SPECCTL_IO_PLAIN_LOOKS      1: the I/O thread looks as before 2 December midday 
                             ZeroMQ's EVENTS every look, pyzmq's send and receive, which
                             let go of the GIL per frame, every decision decoded in full),
                             for A/B runs (default 0)
+SPECCTL_IO_HELD_SEND        1: the I/O thread's sends keep the GIL too, as its receives
+                            do (default 0: pyzmq's send, which lets go of it), for A/B
+                            runs
 SPECCTL_OFF_PATH            what a step decided 0 runs: ``decode`` (default: the
                             target's plain decode CUDA graph, no draft work; see
                             :mod:`sglang_hooks.offswitch`) or ``sglang`` (SGLang's
@@ -83,6 +86,8 @@ class PluginConfig:
     io_poll_s: float | None = None
     #: The I/O thread's looks as before the lean ones (SPECCTL_IO_PLAIN_LOOKS): A/B runs.
     io_plain_looks: bool = False
+    #: The I/O thread's sends keep the GIL (SPECCTL_IO_HELD_SEND): A/B runs.
+    io_held_send: bool = False
     record_dir: str | None = None
     record_explore: bool = False
     explore_dwell: int = 4
@@ -141,6 +146,7 @@ def from_env(env: Mapping[str, str] | None = None) -> PluginConfig | None:
         io_poll_s=(_number(env, "SPECCTL_IO_POLL_US", 5000.0, lo=10.0, hi=20_000.0) / 1e6
                    if env.get("SPECCTL_IO_POLL_US") else None),
         io_plain_looks=_flag(env, "SPECCTL_IO_PLAIN_LOOKS"),
+        io_held_send=_flag(env, "SPECCTL_IO_HELD_SEND"),
         record_dir=record_dir,
         record_explore=explore,
         explore_dwell=int(_number(env, "SPECCTL_EXPLORE_DWELL", 4, lo=1)),

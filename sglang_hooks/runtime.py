@@ -218,7 +218,8 @@ class Runtime:
             self.client = ControllerClient(cfg.controller, hello, cfg.timeout_s,
                                            cfg.curve_server_key, cfg.curve_client_cert, local,
                                            monotonic=self.monotonic, poll_s=cfg.io_poll_s,
-                                           plain_looks=cfg.io_plain_looks)
+                                           plain_looks=cfg.io_plain_looks,
+                                           held_send=cfg.io_held_send)
         if cfg.record_dir:
             from sglang_hooks.recorder import start_recorder
 

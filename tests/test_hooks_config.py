@@ -96,6 +96,9 @@ def test_plain_looks_are_asked_for_by_a_flag_and_reach_the_client():
     assert from_env({"SPECCTL_CONTROLLER": "ipc:///x"}).io_plain_looks is False
     cfg = from_env({"SPECCTL_CONTROLLER": "ipc:///x", "SPECCTL_IO_PLAIN_LOOKS": "1"})
     assert cfg.io_plain_looks is True
+    assert from_env({"SPECCTL_CONTROLLER": "ipc:///x"}).io_held_send is False
+    assert from_env({"SPECCTL_CONTROLLER": "ipc:///x",
+                     "SPECCTL_IO_HELD_SEND": "1"}).io_held_send is True
     with pytest.raises(ConfigError, match="SPECCTL_IO_PLAIN_LOOKS"):
         from_env({"SPECCTL_CONTROLLER": "ipc:///x", "SPECCTL_IO_PLAIN_LOOKS": "maybe"})
     hello = Hello("s", 0, [0, 3], "test")

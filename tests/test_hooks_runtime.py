@@ -640,7 +640,8 @@ def test_the_source_builds_its_client_with_the_servers_hello(monkeypatch):
     [(args, kwargs)] = built.calls
     assert args == ("ipc:///nowhere", Hello("srv", 2, (0, 1, 3), client_name("9.9")), 0.25,
                     "K", "C", None)
-    assert kwargs == {"monotonic": clock, "poll_s": 0.002, "plain_looks": False}
+    assert kwargs == {"monotonic": clock, "poll_s": 0.002, "plain_looks": False,
+                      "held_send": False}
 
 
 def test_local_mode_builds_the_local_decisions_from_the_policy_file(monkeypatch):
