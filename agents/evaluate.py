@@ -236,6 +236,23 @@ def speculation_pays_in_latency(runs: Mapping[str, Mapping]) -> bool:
     return False
 
 
+def _missed_never_pays(windows: Sequence[dict], policy: str) -> list[dict]:
+    """The never-pays windows where ``policy`` was off on under 90% of its steps, the
+    costliest first: its off share and its throughput over no speculation's. Most misses
+    cost nothing (speculating where it neither pays nor costs); the ratio tells them from
+    the ones that do."""
+    missed = []
+    for d in windows:
+        run = d["runs"][policy]
+        if run["off_share"] >= 0.9:
+            continue
+        base = d["runs"].get("no_spec", {}).get("throughput_tok_s") or 0.0
+        missed.append({"scenario": d["scenario"], "off_share": round(run["off_share"], 4),
+                       "vs_no_spec": round(run["throughput_tok_s"] / base, 4) if base > 0
+                       else None})
+    return sorted(missed, key=lambda m: (m["vs_no_spec"] is None, m["vs_no_spec"] or 0.0))
+
+
 def target_checks(document: dict, policy: str = "ppo",
                   held_out_families: Sequence[str] = (),
                   held_out_workloads: Sequence[str] = ()) -> dict:
@@ -306,7 +323,8 @@ def target_checks(document: dict, policy: str = "ppo",
                                 "oracle_off_but_speculation_pays_in_latency":
                                     len(latency_pays),
                                 "speculation_pays_in_latency_windows":
-                                    [d["scenario"] for d in latency_pays]}
+                                    [d["scenario"] for d in latency_pays],
+                                "missed_windows": _missed_never_pays(never_pays, policy)}
         by_family: dict[str, dict[str, int]] = {}
         for d in never_pays:
             row = by_family.setdefault(d.get("family", "?"),
@@ -394,6 +412,18 @@ def write_report(document: dict, out_dir: Path, title: str) -> None:
                   f"throughput at a mean TPOT >= {LATENCY_PAYS_MARGIN:.0%} lower).", ""]
         lines += [f"  * {label}" for label in never["speculation_pays_in_latency_windows"]]
         lines += [""] if never["speculation_pays_in_latency_windows"] else []
+        missed = never.get("missed_windows", [])
+        if missed:
+            costly = sum(1 for m in missed if m["vs_no_spec"] is not None
+                         and m["vs_no_spec"] < 0.98)
+            lines += [f"Never-pays windows where `ppo` is off on under 90% of steps: "
+                      f"{len(missed)}, {costly} of them below 0.98x no speculation's "
+                      "throughput (the costliest first):", ""]
+            for m in missed[:10]:
+                ratio = "-" if m["vs_no_spec"] is None else f"{m['vs_no_spec']:.3f}x"
+                lines.append(f"  * {m['scenario']}: off {m['off_share']:.2f}, {ratio} "
+                             "no speculation")
+            lines.append("")
     left_out = document.get("left_out_empty", [])
     lines += [f"Windows left out as empty (oracle served nothing or under {MIN_DECISIONS} "
               f"decisions): {len(left_out)}", ""]

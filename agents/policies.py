@@ -261,12 +261,20 @@ class _GreedyRule:
       cost of ``probe_steps`` steps at ``probe_depth``, the rule speculates for
       that many steps (the first one back drafts from a cold state and the
       feature module leaves it out, so a probe is two steps).
+    * Leaving speculation for off needs off to beat the running depth by
+      ``off_hysteresis`` (0: the plain hysteresis): where the server makes requests
+      that decoded while off lose acceptance for good, or the first step back keeps
+      few of its drafts, a myopic step out of speculation near break-even is not
+      undone (the H200 MoE at acceptance 2.5, 64 clients, with a stale-acceptance loss
+      of 0.25: the rule went off on 45% of steps, 0.970x no speculation, where static 3
+      serves 1.027x).
     """
 
     def __init__(self, max_depth: int, hysteresis: float = 0.03, probe_share: float = 0.01,
-                 probe_depth: int = 1, probe_steps: int = 2) -> None:
+                 probe_depth: int = 1, probe_steps: int = 2, off_hysteresis: float = 0.0) -> None:
         self.max_depth = max_depth
         self.hysteresis = hysteresis
+        self.off_hysteresis = off_hysteresis
         self.probe_share = probe_share
         self.probe_depth = min(probe_depth, max_depth)
         self.probe_steps = probe_steps
@@ -280,8 +288,12 @@ class _GreedyRule:
         """The depth to run, given the expected rate and latency of every depth and the
         depth the server ran last as telemetry shows it (observable, unlike this rule's
         own last choice, so a policy imitating the rule can see what it reacts to)."""
-        best = int(np.argmax(rate))
         current = min(max(current, 0), len(rate) - 1)
+        if (current > 0 and self.off_hysteresis > 0.0 and rate[0] >= rate.max()
+                and rate[0] <= rate[current] * (1.0 + self.off_hysteresis)):
+            rate = rate.copy()
+            rate[0] = -np.inf  # off does not beat the running depth by enough: stay on
+        best = int(np.argmax(rate))
         if rate[best] <= rate[current] * (1.0 + self.hysteresis):
             best = current
         if self._probing:
@@ -361,6 +373,9 @@ class GoodputExplorePolicy(Policy):
     escapes such a state only on a probe budget the student cannot see (a closed
     loop starting at batch 32 on the H200 kept the student off, 18% below static 3).
 
+    ``off_hysteresis``: the greedy rule's margin for leaving speculation for off
+    (:class:`_GreedyRule`; 0, the default, keeps the teacher as it was).
+
     Every input of these decisions is in the observation vector (relative goodput,
     cost and acceptance confidence, the depth running and the cost-profile error),
     so a student can learn them.
@@ -371,8 +386,12 @@ class GoodputExplorePolicy(Policy):
     def __init__(self, profile, max_depth: int, sim_config: SchedulerConfig | None = None,
                  margin: float = 0.1, min_samples: float = 1.0,
                  contradiction: float = 0.25, accept_margin: float = 0.05,
-                 accept_prior_strength: float | None = None) -> None:
+                 accept_prior_strength: float | None = None,
+                 off_hysteresis: float = 0.0) -> None:
+        if not off_hysteresis >= 0.0:
+            raise ValueError(f"off_hysteresis must be >= 0, got {off_hysteresis}")
         self.greedy = GoodputGreedyPolicy(profile, max_depth, sim_config)
+        self.greedy.rule.off_hysteresis = float(off_hysteresis)
         self.max_depth = max_depth
         self.margin = margin
         self.min_samples = min_samples

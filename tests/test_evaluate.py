@@ -59,7 +59,9 @@ def test_per_cell_targets_depend_on_held_out_and_profile_mode():
                                     "at_least_90pct_off": 0,
                                     "oracle_off_but_speculation_pays": 1,
                                     "oracle_off_but_speculation_pays_in_latency": 0,
-                                    "speculation_pays_in_latency_windows": []}
+                                    "speculation_pays_in_latency_windows": [],
+                                    "missed_windows": [{"scenario": "s", "off_share": 0.8,
+                                                        "vs_no_spec": 1.0}]}
     assert checks["left_out_empty_windows"] == 1
 
 
@@ -146,7 +148,29 @@ def test_windows_where_speculation_pays_in_latency_leave_the_never_pays_set_and_
                                     "at_least_90pct_off": 2,
                                     "oracle_off_but_speculation_pays": 0,
                                     "oracle_off_but_speculation_pays_in_latency": 1,
-                                    "speculation_pays_in_latency_windows": ["latency"]}
+                                    "speculation_pays_in_latency_windows": ["latency"],
+                                    "missed_windows": [{"scenario": "never-b",
+                                                        "off_share": 0.5,
+                                                        "vs_no_spec": 1.0}]}
     assert checks["never_pays_by_family"] == {
         "a": {"scenarios": 1, "at_least_90pct_off": 1},
         "b": {"scenarios": 2, "at_least_90pct_off": 1}}
+
+
+def test_missed_never_pays_windows_are_listed_costliest_first_and_reported(tmp_path):
+    """A miss that costs (0.9x no speculation) comes before one that does not (1.0x); a
+    window off on >= 90% of steps is no miss; the report names the costly count."""
+    from agents.evaluate import write_report
+
+    cheap = _window("cheap", "a", 80.0, 12.0, ppo_off=0.3)
+    costly = _window("costly", "a", 80.0, 12.0, ppo_off=0.6)
+    costly["runs"]["ppo"]["throughput_tok_s"] = 90.0
+    kept = _window("kept", "a", 80.0, 12.0, ppo_off=0.9)
+    checks = target_checks({"cells": {}, "scenarios": [cheap, costly, kept]})
+    assert checks["never_pays"]["missed_windows"] == [
+        {"scenario": "costly", "off_share": 0.6, "vs_no_spec": 0.9},
+        {"scenario": "cheap", "off_share": 0.3, "vs_no_spec": 1.0}]
+    write_report({"workloads": {}, "checks": checks}, tmp_path, "t")
+    report = (tmp_path / "report.md").read_text()
+    assert "off on under 90% of steps: 2, 1 of them below 0.98x" in report
+    assert report.index("* costly: off 0.60, 0.900x") < report.index("* cheap: off 0.30, 1.000x")

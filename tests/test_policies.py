@@ -273,3 +273,31 @@ def test_make_policy_options_reach_goodput_explore_only():
         make_policy("goodput_greedy", profile=h200, options={"accept_prior_strength": 1.0})
     with pytest.raises(ValueError, match=r"bad options.*nosuch"):
         make_policy("goodput_explore", profile=h200, options={"nosuch": 1})
+
+
+def test_off_hysteresis_keeps_speculation_on_near_break_even_only():
+    from agents.policies import _GreedyRule
+
+    latency = np.full(8, 0.01)
+    near = np.array([1.04, 1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4])  # off 4% above depth 1
+    far = near.copy()
+    far[0] = 1.06  # off 6% above depth 1
+    plain = _GreedyRule(7)
+    assert plain.choose(near, latency, current=1) == 0  # beyond the 3% hysteresis: off
+    sticky = _GreedyRule(7, off_hysteresis=0.05)
+    assert sticky.choose(near, latency, current=1) == 1
+    assert sticky.choose(far, latency, current=1) == 0
+    # It holds only a running depth: from off, off stays the choice.
+    assert sticky.choose(near, latency, current=0) == 0
+    # Kept on, the best speculative depth still wins where it beats the running one.
+    deeper = np.array([1.045, 1.0, 1.035, 0.8, 0.7, 0.6, 0.5, 0.4])
+    assert sticky.choose(deeper, latency, current=1) == 2
+
+
+def test_off_hysteresis_reaches_goodput_explore_and_is_checked():
+    h200 = load_profile("h200_llama31_8b")
+    teacher = make_policy("goodput_explore", profile=h200, options={"off_hysteresis": 0.05})
+    assert teacher.greedy.rule.off_hysteresis == 0.05
+    assert make_policy("goodput_explore", profile=h200).greedy.rule.off_hysteresis == 0.0
+    with pytest.raises(ValueError, match="off_hysteresis must be >= 0"):
+        make_policy("goodput_explore", profile=h200, options={"off_hysteresis": -0.1})
