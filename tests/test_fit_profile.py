@@ -128,24 +128,30 @@ def test_a_directory_of_two_recording_runs_is_fitted(tmp_path):
 
 
 @pytest.mark.parametrize("longest", [1024, 4096])
-def test_long_prompts_fit_the_prefill_attention_term(tmp_path, longest, capsys):
-    """Whole prompts from 128 to 4,096 tokens identify the per-pair prefill term; up to
-    1,024 they do not, and it stays the template's (0)."""
+def test_long_prompts_fit_the_prefill_attention_term_when_asked(tmp_path, longest, capsys):
+    """prefill_pairs=true: whole prompts from 128 to 4,096 tokens identify the per-pair
+    prefill term; up to 1,024 they do not, and the fit is refused saying why. Without
+    the key the term stays the template's (0)."""
     truth = TRUTH.replace(c_prefill_pair=5e-9)
-    path = decode_trace(tmp_path, SPREAD)
-    trace = read_trace(path)
-    steps = list(trace.steps)
+    steps = list(read_trace(decode_trace(tmp_path, SPREAD)).steps)
     lengths = [n for n in (128, 256, 512, 1024, 2048, 4096) if n <= longest] * 3
     for k, n in enumerate(lengths):
         latency = truth.step_latency_s(0, 0, 1000, n, prefill_pairs=prefill_pairs(n))
         steps.append(StepRecord("s", 0, len(steps), 100.0 + k, 1, 0, 1, 1000, 10**6, n, 0,
                                 np.array([], np.int8), latency))
+    trace = write_trace(tmp_path / "mixed.parquet", [], steps, {})
     out = tmp_path / "fitted.yaml"
-    write_trace(tmp_path / "mixed.parquet", [], steps, {})
-    assert fit_profile_main([f"trace={tmp_path / 'mixed.parquet'}", f"out={out}"]) == 0
-    fitted = load_profile(out)
+    assert fit_profile_main([f"trace={trace}", f"out={out}"]) == 0
+    assert load_profile(out).c_prefill_pair == 0.0
+    asked = [f"trace={trace}", f"out={out}", "prefill_pairs=true"]
     if longest == 4096:
-        assert fitted.c_prefill_pair == pytest.approx(5e-9, rel=0.1)
+        assert fit_profile_main(asked) == 0
+        assert load_profile(out).c_prefill_pair == pytest.approx(5e-9, rel=0.1)
         assert "c_prefill_pair = " in capsys.readouterr().out
     else:
-        assert fitted.c_prefill_pair == 0.0
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exit_:
+            fit_profile_main(asked)
+        assert exit_.value.code == 2
+        assert "prefill_pairs=true needs whole prompts from under 512 to at least 2048" in (
+            capsys.readouterr().err)

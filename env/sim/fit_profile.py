@@ -20,11 +20,15 @@ Keys:
 * ``per_cell``: fit the median latency of each (batch size, depth) with at least
   5 steps (default ``true``) rather than every step (``false``).
 
-Prefill: where the trace has whole-prompt prefill steps from under 512 to at least
-:data:`LONG_PROMPT_TOKENS` tokens (``scripts/h200/fidelity_explore.py record`` records
-them), ``c_prefill_token`` and the attention term ``c_prefill_pair`` are fitted on them
-(:mod:`env.sim.prefill_fit`); otherwise ``c_prefill_token`` is the per-token cost of
-prefill steps of at least 1,000 tokens and ``c_prefill_pair`` stays the template's.
+* ``prefill_pairs``: also fit the prefill's attention term ``c_prefill_pair`` with
+  ``c_prefill_token`` (:mod:`env.sim.prefill_fit`; default ``false``). Only for a trace
+  recorded with ``--disable-radix-cache`` whose prefill steps each hold prompts of one
+  length, from under 512 to at least :data:`LONG_PROMPT_TOKENS` tokens, as
+  ``scripts/h200/fidelity_explore.py record`` records them: a step's attention pairs are
+  not in the trace and are reckoned from its tokens and requests, which a cached prefix or
+  prompts of mixed lengths in one step would make wrong. A trace that does not span short
+  to long prompts is refused. Without it ``c_prefill_token`` is the per-token cost of
+  prefill steps of at least 1,000 tokens and ``c_prefill_pair`` stays the template's.
 
 Prints the per-point errors, the median and the worst, and how many decode steps
 were left out as non-physical (more than 100x the median step). Refuses (exit
@@ -59,7 +63,8 @@ from env.traces.trace_format import Trace, read_trace
 #: prompt's prefill on the H200 8B and a few percent of a 512-token one.
 LONG_PROMPT_TOKENS = 2048
 
-_KEYS = {"trace", "out", "template", "draft_extend", "free", "name", "per_cell"}
+_KEYS = {"trace", "out", "template", "draft_extend", "free", "name", "per_cell",
+         "prefill_pairs"}
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
 
@@ -78,8 +83,8 @@ def _parse(argv: Sequence[str]) -> dict[str, str]:
     return args
 
 
-def _flag(args: dict[str, str], key: str) -> bool:
-    value = args.get(key, "true").lower()
+def _flag(args: dict[str, str], key: str, default: bool = True) -> bool:
+    value = args.get(key, str(default)).lower()
     if value not in _TRUE | _FALSE:
         raise UsageError(f"{key}={value}: expected true or false")
     return value in _TRUE
@@ -110,9 +115,9 @@ def _fit(args: dict[str, str]) -> int:
     # Nothing to fit (e.g. one cell for six coefficients) is a property of the trace.
     profile, report = checks.setting("trace", args["trace"], lambda: fit_profile_from_trace(
         trace, template, draft_extend=draft_extend, free=free, per_cell=per_cell))
-    prefill = _long_prompt_fit(trace, profile)
-    if prefill is not None:
-        profile, prefill_report = prefill
+    if _flag(args, "prefill_pairs", default=False):
+        profile, prefill_report = checks.setting(
+            "trace", args["trace"], lambda: _long_prompt_fit(trace, profile))
         print(prefill_report)
         free = (*free, *PREFILL_TERMS)
     if "name" in args:
@@ -130,22 +135,19 @@ def _fit(args: dict[str, str]) -> int:
     return 0
 
 
-def _long_prompt_fit(trace: Trace, profile: CostProfile) -> tuple[CostProfile, FitReport] | None:
-    """The prefill terms fitted on the trace's whole prompts, where they span short to
-    long (see the module docstring); None where they do not."""
-    try:
-        steps = StepArrays.from_trace(trace)
-    except ValueError as exc:  # e.g. several recording sessions in one folder
-        print(f"prefill attention term (c_prefill_pair) not fitted: {exc}")
-        return None
+def _long_prompt_fit(trace: Trace, profile: CostProfile) -> tuple[CostProfile, FitReport]:
+    """The prefill terms fitted on the trace's whole prompts (see ``prefill_pairs`` in the
+    module docstring); a ValueError says why where they cannot be."""
+    steps = StepArrays.from_trace(trace)
     whole = whole_prompt_steps(steps, profile.server.chunked_prefill_tokens)
     whole &= steps.batch_size > 0
-    if not whole.any():
-        return None
-    prompt = steps.prefill_tokens[whole] / steps.batch_size[whole]
-    if prompt.min() >= 512 or prompt.max() < LONG_PROMPT_TOKENS:
-        return None
+    prompt = steps.prefill_tokens[whole] / steps.batch_size[whole] if whole.any() else [0.0]
+    if min(prompt) >= 512 or max(prompt) < LONG_PROMPT_TOKENS:
+        raise ValueError(f"prefill_pairs=true needs whole prompts from under 512 to at least "
+                         f"{LONG_PROMPT_TOKENS} tokens in prefill steps of their own; this "
+                         f"trace's span {min(prompt):.0f}-{max(prompt):.0f}")
     return fit_prefill_terms(profile, steps)
+
 
 if __name__ == "__main__":
     raise SystemExit(main())
