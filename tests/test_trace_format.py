@@ -616,6 +616,10 @@ def test_writer_errors_name_the_file_row_and_field(tmp_path):
         ("request_ids", 6, ["r0", None], "row 6, field 'request_ids': holds a null id$"),
         # a null entry used to read back as an arbitrary number (a NaN cast to int8)
         ("accepted_drafts", 6, [1, None], "row 6, field 'accepted_drafts': entry 1 is null$"),
+        ("prefill_pairs", 3, -1.0, "row 3, field 'prefill_pairs': must be finite and >= 0, "
+         "got -1.0$"),
+        ("prefill_pairs", 4, float("inf"), "row 4, field 'prefill_pairs': must be finite and "
+         ">= 0, got inf$"),
     ],
 )
 def test_validation_errors_name_file_row_field(tmp_path, column, row, value, expected):
@@ -1037,3 +1041,16 @@ def test_step_columns_with_int64_accepted_values_are_stored(tmp_path):
     back = read_trace(write_trace(tmp_path / "t.parquet", [], cols)).step_columns()
     assert back.accepted_values.tolist() == [int(x) for s in steps for x in s.accepted_drafts]
     assert back.accepted_values.dtype == np.int8
+
+
+def test_prefill_pairs_round_trip_and_a_file_written_before_the_column_reads_as_none(tmp_path):
+    steps = make_steps(6)
+    steps[0].prefill_pairs = 2080.0  # a 64-token prompt: 64 * 65 / 2
+    path = write_trace(tmp_path / "t.parquet", make_requests(), steps)
+    read = read_trace(path).steps
+    assert [s.prefill_pairs for s in read] == [2080.0, None, None, None, None, None]
+    assert np.isnan(read_trace(path).step_columns().prefill_pairs[1:]).all()
+    table = pq.read_table(path)
+    meta = table.schema.metadata
+    pq.write_table(table.drop_columns(["prefill_pairs"]).replace_schema_metadata(meta), path)
+    assert [s.prefill_pairs for s in read_trace(path).steps] == [None] * 6

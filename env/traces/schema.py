@@ -44,6 +44,10 @@ class StepRecord:
             to this step's (under overlap scheduling, launch-to-launch would time the
             step before).
         request_ids: Request ids of the batch, in order (recorded traces only).
+        prefill_pairs: A prefill step's attention token pairs, summed over its prompts
+            (each new token attends to every earlier token of its prompt, cached prefix
+            and earlier chunks included: ``env.sim.cost_model.prefill_pairs``); None
+            where not recorded.
     """
 
     server: str
@@ -60,6 +64,7 @@ class StepRecord:
     accepted_drafts: np.ndarray
     step_latency_s: float
     request_ids: list[str] | None = field(default=None)
+    prefill_pairs: float | None = field(default=None)
 
     @property
     def is_decode(self) -> bool:

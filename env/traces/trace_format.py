@@ -43,6 +43,9 @@ step_latency_s      float64        S      wall time of the step (s), finite and 
                                           previous step's result to this step's
 request_ids         list<string>   S      optional: ids of the batch, ``batch_size`` of
                                           them, aligned with ``accepted_drafts``
+prefill_pairs       float64        S      optional: a prefill step's attention token
+                                          pairs over its prompts, finite and >= 0; the
+                                          column may be absent (files written before it)
 ==================  =============  =====  ==============================================
 
 Request rows must be sorted by ``arrival_s`` within a file (the writer sorts
@@ -109,8 +112,11 @@ SCHEMA = pa.schema(
         ("accepted_drafts", pa.list_(pa.int8())),
         ("step_latency_s", pa.float64()),
         ("request_ids", pa.list_(pa.string())),
+        ("prefill_pairs", pa.float64()),
     ]
 )
+#: Columns a file may lack (written before they existed): read as all null.
+_OPTIONAL_COLUMNS = ("prefill_pairs",)
 
 _REQUEST_REQUIRED = ("request_id", "arrival_s", "prompt_tokens", "output_tokens")
 _STEP_SCALARS = (
@@ -289,6 +295,12 @@ class StepColumns:
     accepted_offsets: np.ndarray  # int64, len n + 1
     accepted_values: np.ndarray  # int8
     request_ids: list[list[str] | None]
+    #: float64; NaN where a step's pairs were not recorded.
+    prefill_pairs: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.prefill_pairs is None:
+            self.prefill_pairs = np.full(len(self.step_index), np.nan)
 
     def __len__(self) -> int:
         return int(self.step_index.size)
@@ -336,6 +348,8 @@ class StepColumns:
             accepted_offsets=offsets,
             accepted_values=values.astype(np.int8, copy=False),
             request_ids=[None if r.request_ids is None else list(r.request_ids) for r in records],
+            prefill_pairs=np.array([np.nan if r.prefill_pairs is None else r.prefill_pairs
+                                    for r in records], dtype=np.float64),
         )
 
     def accepted(self, i: int) -> np.ndarray:
@@ -364,6 +378,8 @@ class StepColumns:
                     accepted_drafts=vals[off[i] : off[i + 1]],
                     step_latency_s=float(self.step_latency_s[i]),
                     request_ids=self.request_ids[i],
+                    prefill_pairs=(None if np.isnan(self.prefill_pairs[i])
+                                   else float(self.prefill_pairs[i])),
                 )
             )
         return out
@@ -468,6 +484,9 @@ def _build_table(requests: RequestColumns, steps: StepColumns) -> pa.Table:
     columns["request_ids"] = _list_array(
         ids_off, pa.array(flat, type=pa.string()), ids_valid, pa.string()
     )
+    # prefill_pairs: null on request rows and where a step has none (NaN).
+    pairs = np.concatenate([np.full(n_req, np.nan), steps.prefill_pairs])
+    columns["prefill_pairs"] = pa.array(pairs, type=pa.float64(), mask=np.isnan(pairs))
     return pa.table([columns[f.name] for f in SCHEMA], schema=SCHEMA)
 
 
@@ -489,11 +508,14 @@ def _conform_schema(table: pa.Table, file: str) -> pa.Table:
     unknown = [c for c in names if c not in SCHEMA.names]
     if unknown:
         raise TraceFormatError(file, None, unknown[0], "unknown column")
-    missing = [c for c in SCHEMA.names if c not in names]
+    missing = [c for c in SCHEMA.names if c not in names and c not in _OPTIONAL_COLUMNS]
     if missing:
         raise TraceFormatError(file, None, missing[0], "missing column")
     columns = []
     for f in SCHEMA:
+        if f.name not in names:  # an optional column the file predates
+            columns.append(pa.nulls(table.num_rows, type=f.type))
+            continue
         col = table.column(f.name)
         if col.type != f.type:
             try:
@@ -674,6 +696,14 @@ def _split_table(table: pa.Table, file: str) -> tuple[RequestColumns, StepColumn
             raise TraceFormatError(file, int(step_rows[owner[k]]), "request_ids", "holds a null id")
     request_ids: list[list[str] | None] = ids_arr.to_pylist()
 
+    pairs = np.array(column("prefill_pairs", step_rows).to_numpy(zero_copy_only=False),
+                     dtype=np.float64)  # null -> NaN; a copy (arrow's buffer is read-only)
+    pairs_null = np.asarray(column("prefill_pairs", step_rows).is_null().to_numpy(
+        zero_copy_only=False), dtype=bool)
+    _check(file, step_rows, ~pairs_null & ~(np.isfinite(pairs) & (pairs >= 0)), "prefill_pairs",
+           lambda i: f"must be finite and >= 0, got {pairs[i]}")
+    pairs[pairs_null] = np.nan
+
     steps = StepColumns(
         server=server,
         rank=rank.astype(np.int32, copy=False),
@@ -690,6 +720,7 @@ def _split_table(table: pa.Table, file: str) -> tuple[RequestColumns, StepColumn
         accepted_offsets=acc_off,
         accepted_values=acc_val,
         request_ids=request_ids,
+        prefill_pairs=pairs,
     )
     return req, steps, step_rows
 
