@@ -141,7 +141,8 @@ class Recorder:
                             request_ids))
 
     def add_telemetry(self, telemetry: tuple, request_ids: list | None,
-                      finished: list | None = None) -> None:
+                      finished: list | None = None,
+                      prefill_lens: tuple[list, list] | None = None) -> None:
         """Queue one step as the hooks send it to the controller: the arguments of
         :func:`sglang_hooks.client.telemetry_frame` (server, rank, step index, launch
         time, batch size, waiting, running, KV used, KV capacity, prefill tokens, steps
@@ -149,11 +150,13 @@ class Recorder:
         :meth:`add_step`. The scheduler thread builds the tuple once for both.
         ``finished``: the processed batch's requests, as :meth:`add_finished` takes them
         (one queue item for both: the same trace as the two calls, one call fewer on the
-        scheduler thread)."""
+        scheduler thread). ``prefill_lens``: an extend step's cached prefix and new tokens
+        per request (SGLang's ``prefix_lens`` and ``extend_lens``), for the step's
+        attention pairs (``StepRecord.prefill_pairs``)."""
         if len(self._queue) >= self._max_queue:
             self.counters["dropped"] += 1
             return
-        self._queue.append((_TELEMETRY, telemetry, request_ids, finished))
+        self._queue.append((_TELEMETRY, telemetry, request_ids, finished, prefill_lens))
 
     def add_arrival(self, request_id: str, time_s: float, prompt_tokens: int) -> None:
         """Queue a request's arrival at the scheduler."""
@@ -236,8 +239,11 @@ class Recorder:
     def _convert(self, item: tuple) -> None:
         kind = item[0]
         if kind == _TELEMETRY:
-            _, telemetry, rids, finished = item
-            self._writer.add_step(self._step_record((_STEP, *telemetry[2:], rids)))
+            _, telemetry, rids, finished, lens = item
+            record = self._step_record((_STEP, *telemetry[2:], rids))
+            if lens is not None and record.prefill_tokens > 0:
+                record.prefill_pairs = _attention_pairs(*lens)
+            self._writer.add_step(record)
             if finished is not None:
                 self._convert((_FINISHED, finished))
         elif kind == _STEP:
@@ -276,6 +282,14 @@ class Recorder:
             step_latency_s=max(0.0, latency),
             request_ids=_ids(rids) if rids is not None and len(rids) == batch else None,
         )
+
+
+def _attention_pairs(prefix_lens: list, extend_lens: list) -> float:
+    """An extend step's attention token pairs: each new token attends to its prompt's
+    cached prefix and to the new tokens up to itself (``env.sim.cost_model.prefill_pairs``,
+    summed over the requests)."""
+    return float(sum(e * p + e * (e + 1) / 2 for p, e in zip(prefix_lens, extend_lens,
+                                                             strict=True)))
 
 
 def _ids(requests: list) -> list[str]:

@@ -79,7 +79,8 @@ _IDLE_GAP_S = 0.05
 class _Slot:
     """What the source rank knows about one launched step, until it is sent."""
 
-    __slots__ = ("accepted", "is_decode", "launch", "request_ids", "sent", "step", "steps_used")
+    __slots__ = ("accepted", "is_decode", "launch", "prefill_lens", "request_ids", "sent",
+                 "step", "steps_used")
 
     def __init__(self) -> None:
         self.step = -1
@@ -444,6 +445,12 @@ class Runtime:
         # A copy of the list (its ids are read on the recorder's thread): SGLang may
         # extend the batch's list in place before the step's result is processed.
         slot.request_ids = reqs[:] if self.recorder is not None else None
+        # An extend step's cached prefix and new tokens per request, copied for the trace
+        # (its attention pairs are reckoned on the recorder's thread).
+        slot.prefill_lens = (
+            (batch.prefix_lens[:], batch.extend_lens[:])
+            if self.recorder is not None and not is_decode and batch.extend_lens is not None
+            and batch.prefix_lens is not None else None)
         slot.sent = False
         return slot
 
@@ -468,7 +475,8 @@ class Runtime:
         if self.client is not None:
             self.client.send_telemetry(telemetry, step, now)
         if self.recorder is not None:
-            self.recorder.add_telemetry(telemetry, slot.request_ids, finished)
+            self.recorder.add_telemetry(telemetry, slot.request_ids, finished,
+                                        slot.prefill_lens)
 
     def _record_arrivals(self, recv_reqs: Any) -> None:
         now = self.monotonic()

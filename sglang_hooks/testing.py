@@ -155,17 +155,22 @@ class ReqStandIn:
 
 
 class BatchStandIn:
-    """``ScheduleBatch``: reqs, mode, prefill tokens; ``copy()`` keeps ``forward_iter``."""
+    """``ScheduleBatch``: reqs, mode, prefill tokens (and per request: cached prefix, new
+    tokens); ``copy()`` keeps ``forward_iter``."""
 
     def __init__(self, reqs: list[ReqStandIn], forward_mode: ForwardModeStandIn,
-                 extend_num_tokens: int | None = None) -> None:
+                 extend_num_tokens: int | None = None, prefix_lens: list[int] | None = None,
+                 extend_lens: list[int] | None = None) -> None:
         self.reqs = reqs
         self.forward_mode = forward_mode
         self.extend_num_tokens = extend_num_tokens
+        self.prefix_lens = prefix_lens
+        self.extend_lens = extend_lens
         self.forward_iter: int | None = None
 
     def copy(self) -> BatchStandIn:
-        other = BatchStandIn(self.reqs[:], self.forward_mode, self.extend_num_tokens)
+        other = BatchStandIn(self.reqs[:], self.forward_mode, self.extend_num_tokens,
+                             self.prefix_lens, self.extend_lens)
         other.forward_iter = self.forward_iter
         if hasattr(self, "done_at"):
             other.done_at = self.done_at

@@ -204,3 +204,19 @@ def test_finished_requests_given_with_the_telemetry_are_the_same_trace(tmp_path)
                         for r in trace.requests.records()]))
         assert recorder.counters["bad_records"] == 0
     assert traces[0] == traces[1] == ([(1, ["a", "b"])], [("b", 5, 6)])
+
+
+def test_an_extend_steps_attention_pairs_reach_the_trace(tmp_path):
+    """prefix_lens / extend_lens of a prefill step become its prefill_pairs (each new token
+    attends to its prompt's cached prefix and to the new tokens up to itself); a step
+    without them, or a decode step, records none."""
+    recorder = Recorder(tmp_path, "srv", 0, flush_s=60.0)
+    prefill = (recorder.t0 + 0.5, 2, 0, 2, 900, 10_000, 300, 0, None, 0.02)
+    decode = (recorder.t0 + 0.6, 2, 0, 2, 1200, 10_000, 0, 2, [1, 2], 0.01)
+    recorder.add_telemetry(("srv", 0, 1, *prefill), None, None, ([0, 512], [100, 200]))
+    recorder.add_telemetry(("srv", 0, 2, *prefill), None)
+    recorder.add_telemetry(("srv", 0, 3, *decode), None, None, ([0, 0], [1, 1]))
+    recorder.close()
+    with_lens, without, decoded = read_trace(recorder.files).steps
+    assert with_lens.prefill_pairs == 100 * 101 / 2 + 200 * 512 + 200 * 201 / 2
+    assert without.prefill_pairs is None and decoded.prefill_pairs is None

@@ -57,14 +57,16 @@ class RecorderStandIn:
         self.counters: Counter[str] = Counter({"written": 3})
         self.closed = 0
         self.calls: Counter[str] = Counter()  # add_telemetry and add_finished
+        self.prefill_lens: list[tuple | None] = []  # add_telemetry's, per step
 
     def add_step(self, *args: object) -> None:
         self.steps.append(args)
 
     def add_telemetry(self, telemetry: tuple, request_ids: object,
-                      finished: list | None = None) -> None:
+                      finished: list | None = None, prefill_lens: tuple | None = None) -> None:
         # As add_step's arguments: the telemetry less server and rank, then the ids.
         self.calls["add_telemetry"] += 1
+        self.prefill_lens.append(prefill_lens)
         self.steps.append((*telemetry[2:], request_ids))
         if finished is not None:  # as add_finished
             self.finished.append(finished)
@@ -1150,3 +1152,27 @@ def test_finished_requests_without_a_recorder_are_no_fault():
     launch(rt, sched, batch, 1)
     finish(rt, sched, batch)
     assert rt.counters == Counter()
+
+
+def test_an_extend_steps_prefix_and_new_tokens_per_request_go_to_the_recorder_as_copies():
+    """The trace's attention pairs need each request's cached prefix and new tokens at
+    launch; SGLang may change the batch's lists before the result. Decode steps and a
+    batch without the lists give none."""
+    clock = ManualClock(T0)
+    recorder = RecorderStandIn()
+    rt = source(clock, ClientStandIn(), recorder)
+    sched = scheduler()
+    extend = BatchStandIn([ReqStandIn("a"), ReqStandIn("b")], EXTEND, 300,
+                          prefix_lens=[0, 512], extend_lens=[100, 200])
+    launch(rt, sched, extend, steps=0)
+    extend.prefix_lens.append(7)
+    extend.extend_lens[0] = 1
+    finish(rt, sched, extend)
+    bare = BatchStandIn([ReqStandIn("c")], EXTEND, 50)
+    launch(rt, sched, bare, steps=0)
+    finish(rt, sched, bare)
+    decode = decode_batch(2)
+    decode.prefix_lens, decode.extend_lens = [0, 0], [1, 1]
+    launch(rt, sched, decode, 2)
+    finish(rt, sched, decode, [1, 2])
+    assert recorder.prefill_lens == [([0, 512], [100, 200]), None, None]
