@@ -155,3 +155,19 @@ def test_long_prompts_fit_the_prefill_attention_term_when_asked(tmp_path, longes
         assert exit_.value.code == 2
         assert "prefill_pairs=true needs whole prompts from under 512 to at least 2048" in (
             capsys.readouterr().err)
+
+
+def test_a_trace_with_recorded_pairs_fits_them_whatever_its_prompts(tmp_path, capsys):
+    """The plugin's prefill_pairs column: prompts after cached prefixes and mixed lengths,
+    none of which the reckoned pairs would take, fit the term."""
+    truth = TRUTH.replace(c_prefill_pair=5e-9)
+    steps = list(read_trace(decode_trace(tmp_path, SPREAD)).steps)
+    for k, (new, done) in enumerate([(512, 3072), (256, 0), (3000, 1000), (1024, 0)] * 3):
+        pairs = prefill_pairs(new, done)
+        latency = truth.step_latency_s(0, 0, 1000, new, prefill_pairs=pairs)
+        steps.append(StepRecord("s", 0, len(steps), 100.0 + k, 1, 0, 1, 1000, 10**6, new, 0,
+                                np.array([], np.int8), latency, prefill_pairs=pairs))
+    trace = write_trace(tmp_path / "recorded.parquet", [], steps, {})
+    out = tmp_path / "fitted.yaml"
+    assert fit_profile_main([f"trace={trace}", f"out={out}", "prefill_pairs=true"]) == 0
+    assert load_profile(out).c_prefill_pair == pytest.approx(5e-9, rel=0.05)

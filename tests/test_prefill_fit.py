@@ -81,3 +81,28 @@ def test_a_group_carrying_its_neighbours_time_is_trimmed():
     assert any("left out" in note for note in report.notes)
     assert fitted.c_prefill_token == pytest.approx(TRUE["c_prefill_token"], rel=0.05)
     assert fitted.c_prefill_pair == pytest.approx(TRUE["c_prefill_pair"], rel=0.05)
+
+
+def test_recorded_pairs_let_chunked_prompts_and_cached_prefixes_in():
+    """A trace with each prefill step's pairs (the plugin records them) serves as it is:
+    a 12,000-token prompt in two chunks, and prompts after a cached prefix, enter the fit
+    with their own pairs, which no reckoning from tokens and requests could give."""
+    truth = _server_profile(**TRUE)
+    rows = []  # batch, kv, prefill, pairs, latency
+    for _ in range(3):
+        for new, done in [(CHUNK, 0), (12_000 - CHUNK, CHUNK), (512, 3072), (256, 0),
+                          (2048, 0), (1024, 2048)]:
+            pairs = prefill_pairs(new, done)
+            rows.append((1, 4000, new, pairs,
+                         truth.step_latency_s(0, 0, 4000, new, prefill_pairs=pairs)))
+    batch, kv, prefill, pairs, latency = (np.array(col) for col in zip(*rows, strict=True))
+    steps = StepArrays(batch_size=batch, depth=np.zeros_like(batch), kv_tokens=kv,
+                       prefill_tokens=prefill, latency_s=latency, prefill_pairs=pairs)
+    points = prefill_points(steps, CHUNK)
+    assert CHUNK in points.prefill_tokens and 12_000 - CHUNK in points.prefill_tokens
+    assert sorted(points.prefill_pairs) == pytest.approx(sorted(set(pairs.tolist())))
+    fitted, _ = fit_prefill_terms(_server_profile(), steps)
+    for name, value in TRUE.items():
+        assert getattr(fitted, name) == pytest.approx(value, rel=0.02), name
+    unknown = StepArrays(batch, np.zeros_like(batch), kv, prefill, latency)
+    assert CHUNK not in prefill_points(unknown, CHUNK).prefill_tokens

@@ -21,13 +21,15 @@ Keys:
   5 steps (default ``true``) rather than every step (``false``).
 
 * ``prefill_pairs``: also fit the prefill's attention term ``c_prefill_pair`` with
-  ``c_prefill_token`` (:mod:`env.sim.prefill_fit`; default ``false``). Only for a trace
-  recorded with ``--disable-radix-cache`` whose prefill steps each hold prompts of one
+  ``c_prefill_token`` (:mod:`env.sim.prefill_fit`; default ``false``). A trace the plugin
+  recorded with each prefill step's attention pairs (``prefill_pairs`` column, eighth
+  session on) serves as it is, radix cache on or off. An older trace only where it was
+  recorded with ``--disable-radix-cache`` and each prefill step holds prompts of one
   length, from under 512 to at least :data:`LONG_PROMPT_TOKENS` tokens, as
-  ``scripts/h200/fidelity_explore.py record`` records them: a step's attention pairs are
-  not in the trace and are reckoned from its tokens and requests, which a cached prefix or
-  prompts of mixed lengths in one step would make wrong. A trace that does not span short
-  to long prompts is refused. Without it ``c_prefill_token`` is the per-token cost of
+  ``scripts/h200/fidelity_explore.py record`` records them: its pairs are reckoned from
+  a step's tokens and requests, which a cached prefix or prompts of mixed lengths in one
+  step would make wrong. Such a trace that does not span short to long prompts is
+  refused. Without it ``c_prefill_token`` is the per-token cost of
   prefill steps of at least 1,000 tokens and ``c_prefill_pair`` stays the template's.
 
 Prints the per-point errors, the median and the worst, and how many decode steps
@@ -42,6 +44,8 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+
+import numpy as np
 
 from agents import checks
 from agents.cli import UsageError, reported
@@ -139,6 +143,8 @@ def _long_prompt_fit(trace: Trace, profile: CostProfile) -> tuple[CostProfile, F
     """The prefill terms fitted on the trace's whole prompts (see ``prefill_pairs`` in the
     module docstring); a ValueError says why where they cannot be."""
     steps = StepArrays.from_trace(trace)
+    if np.isfinite(steps.prefill_pairs[steps.prefill_tokens > 0]).any():
+        return fit_prefill_terms(profile, steps)  # recorded pairs: any prefill step serves
     whole = whole_prompt_steps(steps, profile.server.chunked_prefill_tokens)
     whole &= steps.batch_size > 0
     prompt = steps.prefill_tokens[whole] / steps.batch_size[whole] if whole.any() else [0.0]

@@ -83,10 +83,13 @@ class StepArrays:
     prefills_measured: bool = True
     time_s: np.ndarray | None = None
     decodes_measured: bool = True
+    #: Each prefill step's recorded attention token pairs (NaN where not recorded).
+    prefill_pairs: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = len(self.latency_s)
-        for name in ("batch_size", "depth", "kv_tokens", "prefill_tokens", "time_s"):
+        for name in ("batch_size", "depth", "kv_tokens", "prefill_tokens", "time_s",
+                     "prefill_pairs"):
             if getattr(self, name) is not None and len(getattr(self, name)) != n:
                 raise ValueError(f"StepArrays.{name} has {len(getattr(self, name))} entries, "
                                  f"expected {n} (one per step)")
@@ -132,7 +135,8 @@ class StepArrays:
                    cols.kv_used_tokens[keep][order].astype(np.float64),
                    cols.prefill_tokens[keep][order].astype(np.int64),
                    cols.step_latency_s[keep][order].astype(np.float64), prefills_measured,
-                   cols.time_s[keep][order].astype(np.float64))
+                   cols.time_s[keep][order].astype(np.float64),
+                   prefill_pairs=cols.prefill_pairs[keep][order].astype(np.float64))
 
     def phases(self, count: int, edge: float = 0.05) -> list[StepArrays]:
         """The trace cut into ``count`` runs at its ``count - 1`` longest pauses between steps.
@@ -154,7 +158,7 @@ class StepArrays:
         return [dataclasses.replace(
                     self, **{name: getattr(self, name)[a:b] for name in
                              ("batch_size", "depth", "kv_tokens", "prefill_tokens", "latency_s",
-                              "time_s")})
+                              "time_s", "prefill_pairs") if getattr(self, name) is not None})
                 for a, b in itertools.pairwise(bounds)]
 
 

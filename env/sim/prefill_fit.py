@@ -8,8 +8,11 @@ other coefficient of a profile and refits ``c_prefill_token`` and ``c_prefill_pa
 the prefill steps of a trace that recorded prompts of tens to thousands of tokens
 (``scripts/h200/fidelity_explore.py record``).
 
-**Which steps.** A trace records a prefill step's tokens and requests, not each prompt's
-length or cached prefix, so only steps whose pairs are known are used: every prompt in
+**Which steps.** A trace recorded by the plugin since the eighth session holds each prefill
+step's attention pairs (``prefill_pairs``, from SGLang's ``prefix_lens`` and
+``extend_lens``): every such step is used. Older traces record a step's tokens and
+requests, not each prompt's length or cached prefix, so only steps whose pairs can be
+reckoned are used: every prompt in
 the step is whole (the step is not a full chunk and does not follow one, so it neither
 ends a chunked prompt nor starts one) and the prompts in a step are of one length (true of
 the recording design: every batch is of one prompt length), so a step of ``T`` tokens over
@@ -59,27 +62,33 @@ def whole_prompt_steps(run: StepArrays, chunk_tokens: int) -> np.ndarray:
 
 def prefill_points(steps: StepArrays | Sequence[StepArrays], chunk_tokens: int,
                    min_steps: int = 2) -> LatencyPoints:
-    """One point per (tokens, requests) group of whole-prompt prefill steps."""
+    """One point per (tokens, requests, pairs) group of prefill steps whose pairs are known:
+    recorded in the trace (any prefill step: chunked, after a cached prefix, prompts of
+    mixed lengths), else reckoned for whole prompts of one length per step."""
     runs = [steps] if isinstance(steps, StepArrays) else list(steps)
-    groups: dict[tuple[int, int], list[tuple[float, float]]] = {}
+    groups: dict[tuple[int, int, int], list[tuple[float, float]]] = {}
     for run in runs:
         latency = prefill_attributed(run)
-        use = whole_prompt_steps(run, chunk_tokens) & (latency > 0) & (run.batch_size > 0)
-        use &= run.prefills_measured
+        recorded = (run.prefill_pairs if run.prefill_pairs is not None
+                    else np.full(len(latency), np.nan))
+        known = np.isfinite(recorded) & (run.prefill_tokens > 0)
+        whole = whole_prompt_steps(run, chunk_tokens) & run.prefills_measured
+        use = (known | whole) & (latency > 0) & (run.batch_size > 0)
         for i in np.flatnonzero(use):
-            key = (int(run.prefill_tokens[i]), int(run.batch_size[i]))
-            groups.setdefault(key, []).append((float(run.kv_tokens[i]), float(latency[i])))
+            tokens, requests = int(run.prefill_tokens[i]), int(run.batch_size[i])
+            pairs = recorded[i] if known[i] else requests * prefill_pairs(tokens / requests)
+            groups.setdefault((tokens, requests, round(pairs)), []).append(
+                (float(run.kv_tokens[i]), float(latency[i])))
     rows = []
-    for (tokens, requests), members in sorted(groups.items()):
+    for (tokens, _, pairs), members in sorted(groups.items()):
         if len(members) < min_steps:
             continue
         kv, latency = (np.array(col) for col in zip(*members, strict=True))
-        pairs = requests * prefill_pairs(tokens / requests)
         rows.append((np.median(kv), tokens, pairs, np.median(latency), np.sqrt(len(members))))
     if len(rows) < len(PREFILL_TERMS):
-        raise ValueError(f"{len(rows)} group(s) of whole-prompt prefill steps with at least "
-                         f"{min_steps} steps each: the prefill terms need prompts of several "
-                         "lengths (scripts/h200/fidelity_explore.py record)")
+        raise ValueError(f"{len(rows)} group(s) of prefill steps with known attention pairs "
+                         f"and at least {min_steps} steps each: the prefill terms need prompts "
+                         "of several lengths (scripts/h200/fidelity_explore.py record)")
     kv, tokens, pairs, latency, weight = (np.array(col, dtype=np.float64)
                                           for col in zip(*rows, strict=True))
     zeros = np.zeros_like(tokens)

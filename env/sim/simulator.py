@@ -645,7 +645,7 @@ class Simulator:
             batch_size=batch, waiting_requests=waiting_before, running_requests=running_before,
             kv_used_tokens=kv_before, kv_capacity_tokens=cfg.kv_capacity_tokens,
             prefill_tokens=prefill_tokens, steps_used=0, accepted_drafts=_EMPTY_I8,
-            step_latency_s=latency,
+            step_latency_s=latency, prefill_pairs=pairs,
         )
         self.kv_used += prefill_tokens
         if self._cache_tokens:
