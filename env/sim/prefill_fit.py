@@ -12,14 +12,14 @@ the prefill steps of a trace that recorded prompts of tens to thousands of token
 step's attention pairs (``prefill_pairs``, from SGLang's ``prefix_lens`` and
 ``extend_lens``): every such step is used. Older traces record a step's tokens and
 requests, not each prompt's length or cached prefix, so only steps whose pairs can be
-reckoned are used: every prompt in
-the step is whole (the step is not a full chunk and does not follow one, so it neither
-ends a chunked prompt nor starts one) and the prompts in a step are of one length (true of
-the recording design: every batch is of one prompt length), so a step of ``T`` tokens over
-``b`` prompts has ``b * prefill_pairs(T / b)`` pairs. Radix-cache hits would break the
-second assumption: the recording runs with ``--disable-radix-cache``. Steps are grouped
-by (tokens, requests) after :func:`env.sim.load_fit.prefill_attributed` (what a prefill
-costs the decode steps next to it moved onto it). A group's point is its *median*, not the
+reckoned are used: every prompt in the step is whole (the step is not a full chunk and
+does not follow one, so it neither ends a chunked prompt nor starts one) and the prompts
+in a step are of one length (true of the recording design: every batch is of one prompt
+length), so a step of ``T`` tokens over ``b`` prompts has ``b * prefill_pairs(T / b)``
+pairs. Radix-cache hits would break the second assumption: the recording runs with
+``--disable-radix-cache``. Steps are grouped by (tokens, requests, pairs) after
+:func:`env.sim.load_fit.prefill_attributed` (what a prefill costs the decode steps next
+to it moved onto it). A group's point is its *median*, not the
 mean :func:`env.sim.load_fit.load_points` takes: with overlap scheduling part of one step's
 time lands on the next, and a prefill next to another prefill is not corrected (the MoE's
 record trace: lone 3,584-token prefills of 81 and 269 ms, the step after the slow one 11
