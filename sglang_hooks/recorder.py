@@ -285,11 +285,14 @@ class Recorder:
 
 
 def _attention_pairs(prefix_lens: list, extend_lens: list) -> float:
-    """An extend step's attention token pairs: each new token attends to its prompt's
-    cached prefix and to the new tokens up to itself (``env.sim.cost_model.prefill_pairs``,
-    summed over the requests)."""
-    return float(sum(e * p + e * (e + 1) / 2 for p, e in zip(prefix_lens, extend_lens,
-                                                             strict=True)))
+    """An extend step's attention token pairs, summed over its requests (the cost model's
+    definition, :func:`env.sim.cost_model.prefill_pairs`)."""
+    # Imported here: on the recorder's thread at the first prefill, not when SGLang loads
+    # the plugin (the cost model brings yaml along).
+    from env.sim.cost_model import prefill_pairs
+
+    return float(sum(prefill_pairs(e, p) for p, e in zip(prefix_lens, extend_lens,
+                                                         strict=True)))
 
 
 def _ids(requests: list) -> list[str]:

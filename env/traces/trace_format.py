@@ -696,10 +696,10 @@ def _split_table(table: pa.Table, file: str) -> tuple[RequestColumns, StepColumn
             raise TraceFormatError(file, int(step_rows[owner[k]]), "request_ids", "holds a null id")
     request_ids: list[list[str] | None] = ids_arr.to_pylist()
 
-    pairs = np.array(column("prefill_pairs", step_rows).to_numpy(zero_copy_only=False),
+    pairs_arr = column("prefill_pairs", step_rows)
+    pairs = np.array(pairs_arr.to_numpy(zero_copy_only=False),
                      dtype=np.float64)  # null -> NaN; a copy (arrow's buffer is read-only)
-    pairs_null = np.asarray(column("prefill_pairs", step_rows).is_null().to_numpy(
-        zero_copy_only=False), dtype=bool)
+    pairs_null = np.asarray(pairs_arr.is_null().to_numpy(zero_copy_only=False), dtype=bool)
     _check(file, step_rows, ~pairs_null & ~(np.isfinite(pairs) & (pairs >= 0)), "prefill_pairs",
            lambda i: f"must be finite and >= 0, got {pairs[i]}")
     pairs[pairs_null] = np.nan
