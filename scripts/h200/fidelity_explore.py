@@ -1,6 +1,7 @@
 """Recording design for the next GPU session: the steps a load-aware cost model needs.
 
-``record`` ran on the H200 in the eighth session (docs/FIDELITY.md "Run 12"). Phases,
+``record`` ran on the H200 in the eighth session (docs/FIDELITY.md "Run 12"); with
+``RADIX=1`` in the ninth (run 14). Phases,
 with ``offswitch.py``'s flags (``--disable-radix-cache``, ``--max-running-requests 48``,
 ``--context-length 4096``), writing ``$OUT/fidelity_<phase>.json`` and, where recorded,
 ``$OUT/fidelity_<phase>_trace.tar.gz``:
@@ -20,6 +21,15 @@ with ``offswitch.py``'s flags (``--disable-radix-cache``, ``--max-running-reques
     B in {0, 16, 40} long-output requests decodes;
   - **state after a prefill** (the MoE's 1.14-1.54x slower speculative steps until a steps-0
     step ran): the same background batches with one 256-token prompt every 0.5 s.
+  - **prefill after a cached prefix** (``RADIX=1`` only: the server keeps SGLang's radix
+    cache): a prefix of P in {512, 1536, 2560} tokens is sent alone (its prefill caches
+    it), then the prefix with N in {64, 512, 1024} new tokens of its own, alone and under a
+    background batch of 16; and 8 prompts at once sharing a cached 2,560-token prefix with
+    512 tokens each of their own. The plugin records each step's attention pairs
+    (``prefill_pairs``), so ``env.sim.prefill_fit`` takes these steps as they are.
+
+``SECTIONS`` (comma-separated; default ``kv_grid,prefill,state``, and ``prefix`` with
+``RADIX=1``) picks what ``record`` runs.
 * ``nospec``: a server without speculation, the same record-free workloads end to end
   (the plugin records only on speculative servers, so its steps are the off path's).
 * ``holdout``: end-to-end runs never used by a fit: the 40 s headline at two fresh seeds and
@@ -35,6 +45,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import random
 import shutil
 import sys
 import threading
@@ -57,6 +68,12 @@ BACKGROUND_OUTPUT = 512
 #: Seconds the phase may use after its server is up; probes past it are skipped (and
 #: named in the output), so a call's time limit never loses what was measured.
 BUDGET_S = float(os.environ.get("BUDGET_S", "1e9"))
+#: ``RADIX=1``: the record's server keeps the radix cache (the ``prefix`` section needs it).
+RADIX = os.environ.get("RADIX", "0") == "1"
+SECTIONS = os.environ.get("SECTIONS", "kv_grid,prefill,state" + (",prefix" if RADIX else "")
+                          ).split(",")
+CACHED_PREFIXES = [512, 1536, 2560]
+NEW_AFTER_PREFIX = [64, 512, 1024]  # 2,560 + 1,024 + 8 output tokens < 4,096
 #: One fresh seed per request batch: prompt ids are drawn from it (loadgen).
 SEEDS = itertools.count(int(os.environ.get("SEED0", "10000")))
 
@@ -75,20 +92,43 @@ def with_background(batch: int, seconds: float, work) -> dict:
     return result
 
 
+def random_ids(tokens: int) -> list[int]:
+    """``tokens`` prompt ids from a fresh seed (ids never sent before in this session)."""
+    rng = random.Random(next(SEEDS))
+    return [rng.randrange(1000, 100_000) for _ in range(tokens)]
+
+
+def after_prefix(prefix_tokens: int, new_tokens: int, requests: int = 1) -> dict:
+    """Cache a prefix of ``prefix_tokens`` (sent alone, one output token), then send
+    ``requests`` prompts at once of that prefix and ``new_tokens`` of their own each."""
+    prefix = random_ids(prefix_tokens)
+    warm = loadgen.replay(URL, [0.0], [prefix_tokens], [1], prompt_ids=[prefix])
+    prompts = [prefix + random_ids(new_tokens) for _ in range(requests)]
+    probe = loadgen.replay(URL, [0.0] * requests, [len(p) for p in prompts], [8] * requests,
+                           prompt_ids=prompts)
+    return {"warm": warm, "probe": probe}
+
+
 def phase_record() -> None:
+    if "prefix" in SECTIONS and not RADIX:
+        raise SystemExit("SECTIONS includes prefix, which needs RADIX=1 (the radix cache on)")
     session.CANDIDATES = offswitch.CANDIDATES
     env = {**offswitch.plugin_env("trace-fidelity"), "SPECCTL_RECORD_EXPLORE": "1",
            "SPECCTL_EXPLORE_DWELL": "4",  # no controller runs: every rank explores
            # The held-out runs' acceptance and real tokens (an MoE's routing follows them).
            "SGLANG_SIMULATE_ACC_LEN": offswitch.ACC,
            "SGLANG_SIMULATE_ACC_TOKEN_MODE": offswitch.TOKEN_MODE}
-    server = offswitch.start("record", spec=True, env=env)
-    name = f"fidelity_record_{offswitch.MODELS.name}.json"
+    server = offswitch.start("record", spec=True, env=env, radix_cache=RADIX)
+    suffix = "_radix" if RADIX else ""
+    name = f"fidelity_record_{offswitch.MODELS.name}{suffix}.json"
     out: dict = {"model": offswitch.MODELS.name, "acceptance": float(offswitch.ACC),
-                 "kv_grid": {}, "prefill": {}, "state": {}, "skipped": []}
+                 "radix_cache": RADIX, "sections": SECTIONS,
+                 "kv_grid": {}, "prefill": {}, "state": {}, "prefix": {}, "skipped": []}
     deadline = time.time() + BUDGET_S
 
     def probe(section: str, key: str, work) -> None:
+        if section not in SECTIONS:
+            return
         if time.time() > deadline:
             out["skipped"].append(f"{section}/{key}")
             return
@@ -107,12 +147,16 @@ def phase_record() -> None:
             probe("state", str(batch), lambda b=batch: with_background(b, 8.0, lambda: (
                 loadgen.replay(URL, arrivals, [256] * len(arrivals), [8] * len(arrivals),
                                seed=next(SEEDS)))))
+        for prefix, new, batch in itertools.product(CACHED_PREFIXES, NEW_AFTER_PREFIX, (0, 16)):
+            probe("prefix", f"{prefix}+{new}@{batch}", lambda p=prefix, n=new, b=batch: (
+                with_background(b, 4.0, lambda: after_prefix(p, n))))
+        probe("prefix", "2560+512x8", lambda: after_prefix(2560, 512, requests=8))
         session.save(name, out)
     finally:
         session.stop(server, "record")
         if (RUN / "trace-fidelity").exists():
             session.pack(RUN / "trace-fidelity",
-                         f"fidelity_record_{offswitch.MODELS.name}_trace.tar.gz")
+                         f"fidelity_record_{offswitch.MODELS.name}{suffix}_trace.tar.gz")
 
 
 def end_to_end() -> dict:

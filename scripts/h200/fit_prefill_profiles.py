@@ -7,8 +7,9 @@
 
 Runs after ``fit_load_profiles.py`` (which fits every term on traces of prompts of at most
 1,024 tokens): each profile keeps its other coefficients and gets ``c_prefill_token`` and
-``c_prefill_pair`` from its model's record trace (``env.sim.prefill_fit``), rewritten in
-place with the fit in its provenance. A profile's model is the start of its file name.
+``c_prefill_pair`` from its model's record traces (``env.sim.prefill_fit``; a model may
+have several ``--trace``, fitted together), rewritten in place with the fit in its
+provenance. A profile's model is the start of its file name.
 ``moe_spec.yaml`` is left as it is: it prices runs whose every token was id 100 (another
 expert routing), and the record decoded real tokens.
 """
@@ -26,15 +27,17 @@ from env.sim.prefill_fit import fit_prefill_terms
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace", action="append", default=[], metavar="MODEL=TRACE",
-                        help="a model's record trace (folder or .tar.gz)")
+                        help="a model's record trace (folder or .tar.gz); repeat for several")
     parser.add_argument("profiles", nargs="+", help="profile files, rewritten in place")
     args = parser.parse_args(argv)
-    traces = {}
+    traces: dict[str, list[StepArrays]] = {}
+    paths: dict[str, list[str]] = {}
     for item in args.trace:
         model, sep, path = item.partition("=")
         if not sep:
             parser.error(f"--trace {item!r}: expected MODEL=TRACE")
-        traces[model] = StepArrays.load(path)
+        traces.setdefault(model, []).append(StepArrays.load(path))
+        paths.setdefault(model, []).append(path)
     for name in args.profiles:
         path = Path(name)
         model = path.stem.split("_")[0]
@@ -45,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         # The profile's own fit stays its provenance; this one is added beside it.
         provenance = {**before.provenance, "prefill_fit": {
             "free": list(report.free),
-            "trace": next(t for t in args.trace if t.startswith(f"{model}=")).split("=", 1)[1],
+            "trace": paths[model][0] if len(paths[model]) == 1 else paths[model],
             "points": len(report.points),
             "median_abs_rel_error": round(report.median_abs_error, 4)}}
         save_profile(profile.replace(provenance=provenance), path)
