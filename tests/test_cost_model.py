@@ -424,7 +424,7 @@ def test_design_matrix_shape_and_eager():
 # -- the latency formula, term by term, from the module docstring -----------------------
 
 
-def _documented_terms(b, d, kv, pf, ext, sp, f, cg, pairs=0.0) -> dict[str, float]:
+def _documented_terms(b, d, kv, pf, ext, sp, f, cg, pairs=0.0, cached=0.0) -> dict[str, float]:
     """Each coefficient's term as env/cost_model.py's docstring writes the formula."""
     t = b * (d + 1) + pf
     spec, drafts = float(d > 0), max(d - 1, 0)
@@ -433,7 +433,7 @@ def _documented_terms(b, d, kv, pf, ext, sp, f, cg, pairs=0.0) -> dict[str, floa
     path = float(b > 0 and (d > 0 or sp))  # a decode step on the speculative path
     return {
         "c_fixed": 1.0, "c_request": b, "c_token": t, "c_prefill_token": pf,
-        "c_prefill_pair": pairs if pf else 0.0,
+        "c_prefill_pair": pairs if pf else 0.0, "c_prefill_cached_token": cached if pf else 0.0,
         "c_moe": 1.0 - (1.0 - f) ** t, "c_kv": kv,
         "c_verify": spec, "c_verify_token": spec * b,
         "c_draft": drafts, "c_draft_token": drafts * b,
@@ -447,23 +447,23 @@ def _documented_terms(b, d, kv, pf, ext, sp, f, cg, pairs=0.0) -> dict[str, floa
 @given(
     batch=st.integers(0, 300), depth=st.integers(0, 7), kv=st.integers(0, 500_000),
     prefill=st.sampled_from([0, 0, 1, 700, 8192]), pairs=st.floats(0.0, 1e8),
-    extend=st.booleans(),
+    cached=st.sampled_from([0.0, 1.0, 3072.0]), extend=st.booleans(),
     path=st.booleans(), moe=st.sampled_from([0.0, 1.0, 0.125, 0.5]),
     cg=st.sampled_from([None, 0, 8, 64, 160]),
     coefficients=st.lists(st.floats(0.0, 1.0), min_size=len(COEFFICIENTS),
                           max_size=len(COEFFICIENTS)),
 )
-def test_latency_is_the_documented_sum_of_terms(batch, depth, kv, prefill, pairs, extend, path,
-                                                moe, cg, coefficients):
+def test_latency_is_the_documented_sum_of_terms(batch, depth, kv, prefill, pairs, cached, extend,
+                                                path, moe, cg, coefficients):
     """Any coefficients, any server: the scalar and the vectorised latency both equal
     sum(c_i * term_i) with the docstring's terms (the shipped profiles leave several
     coefficients at 0, so only random ones reach every term)."""
     server = ServerLimits(256, 10**6, 8192, cuda_graph_max_bs=cg)
     c = dict(zip(COEFFICIENTS, coefficients, strict=True))
     profile = CostProfile("r", server, moe_active_fraction=moe, **c)
-    terms = _documented_terms(batch, depth, kv, prefill, extend, path, moe, cg, pairs)
+    terms = _documented_terms(batch, depth, kv, prefill, extend, path, moe, cg, pairs, cached)
     expected = sum(c[name] * terms[name] for name in COEFFICIENTS)
-    args = (batch, depth, kv, prefill, extend, path, pairs)
+    args = (batch, depth, kv, prefill, extend, path, pairs, cached)
     assert profile.step_latency_s(*args) == pytest.approx(expected, rel=1e-9, abs=1e-12)
     assert float(profile.step_latency_array(*args)[0]) == pytest.approx(expected, rel=1e-9,
                                                                         abs=1e-12)

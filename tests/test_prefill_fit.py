@@ -7,7 +7,12 @@ import pytest
 
 from env.sim.cost_model import CostProfile, ServerLimits, prefill_pairs
 from env.sim.load_fit import StepArrays
-from env.sim.prefill_fit import fit_prefill_terms, prefill_points, whole_prompt_steps
+from env.sim.prefill_fit import (
+    cached_tokens,
+    fit_prefill_terms,
+    prefill_points,
+    whole_prompt_steps,
+)
 
 CHUNK = 8192
 TRUE = {"c_prefill_token": 10e-6, "c_prefill_pair": 5e-9}
@@ -106,3 +111,40 @@ def test_recorded_pairs_let_chunked_prompts_and_cached_prefixes_in():
         assert getattr(fitted, name) == pytest.approx(value, rel=0.02), name
     unknown = StepArrays(batch, np.zeros_like(batch), kv, prefill, latency)
     assert CHUNK not in prefill_points(unknown, CHUNK).prefill_tokens
+
+
+def test_cached_tokens_are_read_back_from_a_steps_pairs():
+    """One prompt: exact; prompts of one new length: their cached tokens summed; whole
+    prompts: none; prompts of unequal lengths read as a little cached prefix."""
+    assert cached_tokens(65, 1, prefill_pairs(65, 511)) == 511
+    assert cached_tokens(8 * 513, 8, 8 * prefill_pairs(513, 2559)) == 8 * 2559
+    assert cached_tokens(15 * 256, 15, 15 * prefill_pairs(256)) == 0
+    assert cached_tokens(400, 2, prefill_pairs(100) + prefill_pairs(300)) == 50
+    assert cached_tokens(0, 0, 0.0) == 0
+
+
+def test_the_cached_token_term_is_fitted_where_prompts_follow_cached_prefixes():
+    """A server that pays per cached token of a prompt (on top of its pairs): lone prompts
+    and batches of eight after cached prefixes of several lengths recover all three terms;
+    a trace without cached prefixes leaves the term as it was."""
+    true = {**TRUE, "c_prefill_cached_token": 6e-6}
+    truth = _server_profile(**true)
+    rows = []  # batch, kv, prefill, pairs, latency
+    for _ in range(3):
+        for new, done, requests in [(64, 512, 1), (64, 2560, 1), (512, 1536, 1), (1024, 512, 1),
+                                    (1024, 2560, 1), (512, 2560, 8), (256, 0, 1), (2048, 0, 1),
+                                    (3968, 0, 1)]:
+            pairs = requests * prefill_pairs(new, done)
+            rows.append((requests, 9000, new * requests, pairs, truth.step_latency_s(
+                0, 0, 9000, new * requests, prefill_pairs=pairs,
+                prefill_cached_tokens=requests * done)))
+    batch, kv, prefill, pairs, latency = (np.array(col) for col in zip(*rows, strict=True))
+    steps = StepArrays(batch_size=batch, depth=np.zeros_like(batch), kv_tokens=kv,
+                       prefill_tokens=prefill, latency_s=latency, prefill_pairs=pairs)
+    fitted, report = fit_prefill_terms(_server_profile(), steps)
+    assert "c_prefill_cached_token" in report.free
+    for name, value in true.items():
+        assert getattr(fitted, name) == pytest.approx(value, rel=0.02), name
+    fitted, report = fit_prefill_terms(_server_profile(c_prefill_cached_token=1e-6), _steps())
+    assert "c_prefill_cached_token" not in report.free
+    assert fitted.c_prefill_cached_token == 1e-6

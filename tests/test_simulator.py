@@ -36,9 +36,9 @@ class _LinearCost:
     """A simple positive step cost; the invariants must hold for any."""
 
     def step_latency_s(self, batch, depth, kv, prefill, draft_extend=True, speculative_path=True,
-                       prefill_pairs=0.0):
+                       prefill_pairs=0.0, prefill_cached_tokens=0.0):
         return 1e-3 * (5 + 0.1 * batch * (depth + 1) + 0.4 * depth + 1e-4 * kv + 1e-3 * prefill
-                       + 1e-7 * prefill_pairs
+                       + 1e-7 * prefill_pairs + 1e-5 * prefill_cached_tokens
                        + (0.3 if draft_extend else 0.0)
                        + (0.2 * batch if speculative_path or depth else 0.0))
 
@@ -449,17 +449,19 @@ def test_request_larger_than_kv_cache_is_rejected_with_its_index():
 
 
 class _PairCounter(_LinearCost):
-    """Remembers the attention token pairs each prefill step was charged."""
+    """Remembers the attention token pairs and cached tokens each prefill step was charged."""
 
     def __init__(self) -> None:
         self.pairs: list[float] = []
+        self.cached: list[float] = []
 
     def step_latency_s(self, batch, depth, kv, prefill, draft_extend=True, speculative_path=True,
-                       prefill_pairs=0.0):
+                       prefill_pairs=0.0, prefill_cached_tokens=0.0):
         if prefill:
             self.pairs.append(prefill_pairs)
+            self.cached.append(prefill_cached_tokens)
         return super().step_latency_s(batch, depth, kv, prefill, draft_extend, speculative_path,
-                                      prefill_pairs)
+                                      prefill_pairs, prefill_cached_tokens)
 
 
 def test_a_chunked_prompt_pays_its_attention_pairs_once_each():
@@ -474,8 +476,25 @@ def test_a_chunked_prompt_pays_its_attention_pairs_once_each():
     assert cost.pairs == [prefill_pairs(300, done) for done in (0, 300, 600)] + [
         prefill_pairs(100, 900)]
     assert sum(cost.pairs) == pytest.approx(1000 * 1001 / 2)
+    assert cost.cached == [0, 300, 600, 900]  # each chunk reads the chunks before it
 
     cost = _PairCounter()
     two = _Workload(np.array([0.0, 0.0]), np.array([40, 70]), np.array([5, 5]))
     _drain(Simulator(cost, _RandomAcceptance(), two, SchedulerConfig(), seed=0), [1])
     assert cost.pairs == [40 * 41 / 2 + 70 * 71 / 2]
+    assert cost.cached == [0]
+
+
+def test_a_prompt_after_a_cached_prefix_is_charged_its_cached_tokens():
+    """With the radix cache on, the second prompt of one prefix computes only its last
+    token (SGLang computes at least one) and is charged the 299 cached tokens it reads
+    and their pairs with it; without the cache it reads none."""
+    for cache, want_cached in ((True, [0, 299]), (False, [0, 0])):
+        cost = _PairCounter()
+        wl = _Workload(np.array([0.0, 10.0]), np.array([300, 300]), np.array([4, 4]),
+                       prefix_blocks=[np.arange(1, 6), np.arange(1, 6)])
+        sim = Simulator(cost, _ConstantAcceptance(0), wl,
+                        SchedulerConfig(kv_capacity_tokens=100_000, prefix_cache=cache), seed=0)
+        _drain(sim, [1])
+        assert cost.cached == want_cached
+        assert cost.pairs[1] == (prefill_pairs(1, 299) if cache else prefill_pairs(300))

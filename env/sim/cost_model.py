@@ -10,6 +10,7 @@ With ``T = batch * (depth + 1) + prefill_tokens`` target tokens::
             + c_token * T                               # target compute per token
             + c_prefill_token * prefill_tokens          # prompt compute beyond that
             + c_prefill_pair * prefill_pairs            # prompt attention (token pairs)
+            + c_prefill_cached_token * cached_tokens    # cached prefixes the prompts read
             + c_moe * (1 - (1 - f)**T_moe)              # MoE expert weights read (f = k/E)
             + c_kv * kv_tokens                          # attention reads the KV cache
             + [depth > 0] * (c_verify + c_verify_token * batch)   # verify-path overhead
@@ -40,6 +41,13 @@ Every coefficient is in seconds (per unit of its term) and non-negative:
   the H200's Triton attention backend a lone 3,968-token prefill took 120 ms where
   the per-token terms fitted on prompts of at most 1,024 tokens gave 66 ms
   (``docs/FIDELITY.md`` run 12). Zero in a profile fitted without long prompts.
+* ``c_prefill_cached_token``: per token already in the cache (a cached prefix, earlier
+  chunks) of each prompt computed in the step, on top of its pairs. The extend-attention
+  kernel walks a prompt's cached part block by block for each block of new tokens, so
+  a few new tokens after a long prefix cost far more than their pairs: on the H200 MoE a
+  64-token prompt's time to first token rose 7.4 ms per 1,000 cached tokens (0.12 us
+  per pair; ``docs/FIDELITY.md`` run 14). Zero in a profile fitted without cached
+  prefixes.
 * ``c_moe``: time to read *all* routed experts' weights once; a step touching
   ``T_moe`` tokens, each routed to ``k`` of ``E`` experts, reads the expected
   fraction ``1 - (1 - k/E)**T_moe`` of them (uniform, independent routing). Zero for
@@ -116,7 +124,7 @@ import yaml
 log = logging.getLogger(__name__)
 
 #: Coefficients a profile file may leave out when they are 0 (read as 0).
-_OPTIONAL_COEFFICIENTS = frozenset({"c_prefill_pair"})
+_OPTIONAL_COEFFICIENTS = frozenset({"c_prefill_pair", "c_prefill_cached_token"})
 
 #: Coefficient names, in the order of :func:`design_matrix` columns.
 COEFFICIENTS: tuple[str, ...] = (
@@ -138,6 +146,8 @@ COEFFICIENTS: tuple[str, ...] = (
     "c_steps0",
     "c_steps0_request",
     "c_steps0_kv",
+    # Last, so the columns before it keep their places.
+    "c_prefill_cached_token",
 )
 
 #: Coefficients :func:`fit_profile` fits by default (the rest keep the template's values).
@@ -226,6 +236,7 @@ class CostProfile:
     c_steps0: float = 0.0
     c_steps0_request: float = 0.0
     c_steps0_kv: float = 0.0
+    c_prefill_cached_token: float = 0.0
     #: Experts per token over experts (k/E) of an MoE model; 0 for a dense one.
     moe_active_fraction: float = 0.0
     #: The experts a verified draft token adds, as a share of a fresh token's (``T_moe``).
@@ -277,6 +288,7 @@ class CostProfile:
         draft_extend: bool = True,
         speculative_path: bool = True,
         prefill_pairs: float = 0.0,
+        prefill_cached_tokens: float = 0.0,
     ) -> float:
         """Latency (s) of one step; plain ``math`` so a Python loop can call it per step.
 
@@ -291,6 +303,8 @@ class CostProfile:
                 server without speculation. Always True at ``depth > 0``.
             prefill_pairs: Attention token pairs of the prompts computed in the step
                 (:func:`prefill_pairs`, summed over them).
+            prefill_cached_tokens: Tokens already in the cache of the prompts computed
+                in the step, summed over them.
         """
         tokens = batch_size * (depth + 1) + prefill_tokens
         latency = (
@@ -318,7 +332,8 @@ class CostProfile:
             latency += (self.c_steps0 + self.c_steps0_request * batch_size
                         + self.c_steps0_kv * kv_tokens)
         if prefill_tokens:
-            latency += self.c_prefill_token * prefill_tokens + self.c_prefill_pair * prefill_pairs
+            latency += (self.c_prefill_token * prefill_tokens + self.c_prefill_pair * prefill_pairs
+                        + self.c_prefill_cached_token * prefill_cached_tokens)
         return latency
 
     def step_latency_array(
@@ -330,6 +345,7 @@ class CostProfile:
         draft_extend: np.ndarray | bool = True,
         speculative_path: np.ndarray | bool = True,
         prefill_pairs: np.ndarray | float = 0.0,
+        prefill_cached_tokens: np.ndarray | float = 0.0,
     ) -> np.ndarray:
         """Vectorised :meth:`step_latency_s` (arguments broadcast)."""
         design = design_matrix(
@@ -340,6 +356,7 @@ class CostProfile:
             draft_extend,
             speculative_path,
             prefill_pairs,
+            prefill_cached_tokens,
             moe_active_fraction=self.moe_active_fraction,
             cuda_graph_max_bs=self.server.cuda_graph_max_bs,
             moe_draft_token_share=self.moe_draft_token_share,
@@ -386,6 +403,7 @@ def design_matrix(
     draft_extend: np.ndarray | bool = True,
     speculative_path: np.ndarray | bool = True,
     prefill_pairs: np.ndarray | float = 0.0,
+    prefill_cached_tokens: np.ndarray | float = 0.0,
     *,
     moe_active_fraction: float = 0.0,
     cuda_graph_max_bs: int | None = None,
@@ -395,7 +413,7 @@ def design_matrix(
 
     ``latency = design_matrix(...) @ coefficients``; shape ``(n, len(COEFFICIENTS))``.
     """
-    b, d, kv, pf, ext, sp, pairs = np.broadcast_arrays(
+    b, d, kv, pf, ext, sp, pairs, cached = np.broadcast_arrays(
         np.asarray(batch_size, dtype=np.float64),
         np.asarray(depth, dtype=np.float64),
         np.asarray(kv_tokens, dtype=np.float64),
@@ -403,9 +421,10 @@ def design_matrix(
         np.asarray(draft_extend, dtype=bool),
         np.asarray(speculative_path, dtype=bool),
         np.asarray(prefill_pairs, dtype=np.float64),
+        np.asarray(prefill_cached_tokens, dtype=np.float64),
     )
-    b, d, kv, pf, ext, sp, pairs = (np.atleast_1d(x).ravel()
-                                    for x in (b, d, kv, pf, ext, sp, pairs))
+    b, d, kv, pf, ext, sp, pairs, cached = (np.atleast_1d(x).ravel()
+                                            for x in (b, d, kv, pf, ext, sp, pairs, cached))
     tokens = b * (d + 1.0) + pf
     spec = (d > 0).astype(np.float64)
     n_draft = np.maximum(d - 1.0, 0.0)
@@ -435,6 +454,7 @@ def design_matrix(
         "c_eager_token": eager * b,
         "c_prefill_token": pf,
         "c_prefill_pair": np.where(pf > 0, pairs, 0.0),
+        "c_prefill_cached_token": np.where(pf > 0, cached, 0.0),
         "c_steps0": spec_path,
         "c_steps0_request": spec_path * b,
         "c_steps0_kv": spec_path * kv,
@@ -596,6 +616,7 @@ class LatencyPoints:
         speculative_path: Whether a depth-0 decode step ran on the speculative path
             (SGLang's steps=0) rather than a plain decode; default True.
         prefill_pairs: Attention token pairs of each step's prompts; default 0.
+        prefill_cached_tokens: Cached tokens of each step's prompts; default 0.
     """
 
     batch_size: np.ndarray
@@ -607,6 +628,7 @@ class LatencyPoints:
     draft_extend: np.ndarray | None = None
     speculative_path: np.ndarray | None = None
     prefill_pairs: np.ndarray | None = None
+    prefill_cached_tokens: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = np.asarray(self.latency_s).size
@@ -627,7 +649,8 @@ class LatencyPoints:
             raise ValueError("no points to fit")
         if (self.latency_s <= 0).any():
             raise ValueError("points.latency_s must be > 0")
-        for name in ("batch_size", "depth", "kv_tokens", "prefill_tokens", "prefill_pairs"):
+        for name in ("batch_size", "depth", "kv_tokens", "prefill_tokens", "prefill_pairs",
+                     "prefill_cached_tokens"):
             if getattr(self, name) is not None and (getattr(self, name) < 0).any():
                 raise ValueError(f"points.{name} must be >= 0")
         if self.weight is not None and (self.weight < 0).any():
@@ -685,9 +708,10 @@ class FitReport:
         ext = points.draft_extend if points.draft_extend is not None else True
         sp = points.speculative_path if points.speculative_path is not None else True
         pairs = points.prefill_pairs if points.prefill_pairs is not None else 0.0
+        cached = points.prefill_cached_tokens if points.prefill_cached_tokens is not None else 0.0
         predicted = profile.step_latency_array(
             points.batch_size, points.depth, points.kv_tokens, points.prefill_tokens, ext, sp,
-            pairs,
+            pairs, cached,
         )
         rel = (predicted - points.latency_s) / points.latency_s
         abs_rel = np.abs(rel)
@@ -865,6 +889,7 @@ _IDENTIFIED_BY = {
     "c_eager_token": "several batch sizes above cuda_graph_max_bs",
     "c_prefill_token": "prefill steps of several lengths",
     "c_prefill_pair": "prefill steps of prompts from hundreds to thousands of tokens",
+    "c_prefill_cached_token": "prefill steps after cached prefixes of several lengths",
     "c_steps0_kv": "KV use that varies apart from the batch size on speculative-path steps",
 }
 
@@ -948,6 +973,7 @@ def fit_profile(
         ext,
         sp,
         pts.prefill_pairs if pts.prefill_pairs is not None else 0.0,
+        pts.prefill_cached_tokens if pts.prefill_cached_tokens is not None else 0.0,
         moe_active_fraction=template.moe_active_fraction,
         cuda_graph_max_bs=template.server.cuda_graph_max_bs,
         moe_draft_token_share=template.moe_draft_token_share,

@@ -23,7 +23,9 @@ Keys:
 * ``prefill_pairs``: also fit the prefill's attention term ``c_prefill_pair`` with
   ``c_prefill_token`` (:mod:`env.sim.prefill_fit`; default ``false``). A trace the plugin
   recorded with each prefill step's attention pairs (``prefill_pairs`` column, eighth
-  session on) serves as it is, radix cache on or off. An older trace only where it was
+  session on) serves as it is, radix cache on or off; where its prompts followed cached
+  prefixes, ``c_prefill_cached_token`` (per cached token a prompt reads) is fitted too.
+  An older trace only where it was
   recorded with ``--disable-radix-cache`` and each prefill step holds prompts of one
   length, from under 512 to at least :data:`LONG_PROMPT_TOKENS` tokens, as
   ``scripts/h200/fidelity_explore.py record`` records them: its pairs are reckoned from

@@ -1,4 +1,5 @@
-"""Fit a profile's prefill terms, per token and per attention token pair, to long prompts.
+"""Fit a profile's prefill terms, per token and per attention token pair, to long prompts
+(and per cached token, where prompts followed cached prefixes).
 
 A prompt's attention grows with its square (:func:`env.sim.cost_model.prefill_pairs`), so
 the per-token prefill term that :mod:`env.sim.load_fit` fits on prompts of at most 1,024
@@ -38,6 +39,8 @@ from env.sim.load_fit import StepArrays, prefill_attributed
 
 #: The coefficients :func:`fit_prefill_terms` fits.
 PREFILL_TERMS = ("c_prefill_token", "c_prefill_pair")
+#: Also fitted where some steps computed prompts after a cached prefix.
+CACHED_TERM = "c_prefill_cached_token"
 #: Groups whose error in a first fit is over this many times the median are left out of
 #: the second.
 TRIM_RATIO = 3.0
@@ -80,27 +83,43 @@ def prefill_points(steps: StepArrays | Sequence[StepArrays], chunk_tokens: int,
             groups.setdefault((tokens, requests, round(pairs)), []).append(
                 (float(run.kv_tokens[i]), float(latency[i])))
     rows = []
-    for (tokens, _, pairs), members in sorted(groups.items()):
+    for (tokens, requests, pairs), members in sorted(groups.items()):
         if len(members) < min_steps:
             continue
         kv, latency = (np.array(col) for col in zip(*members, strict=True))
-        rows.append((np.median(kv), tokens, pairs, np.median(latency), np.sqrt(len(members))))
+        rows.append((np.median(kv), tokens, pairs, cached_tokens(tokens, requests, pairs),
+                     np.median(latency), np.sqrt(len(members))))
     if len(rows) < len(PREFILL_TERMS):
         raise ValueError(f"{len(rows)} group(s) of prefill steps with known attention pairs "
                          f"and at least {min_steps} steps each: the prefill terms need prompts "
                          "of several lengths (scripts/h200/fidelity_explore.py record)")
-    kv, tokens, pairs, latency, weight = (np.array(col, dtype=np.float64)
-                                          for col in zip(*rows, strict=True))
+    kv, tokens, pairs, cached, latency, weight = (np.array(col, dtype=np.float64)
+                                                  for col in zip(*rows, strict=True))
     zeros = np.zeros_like(tokens)
     return LatencyPoints(batch_size=zeros, depth=zeros, kv_tokens=kv, prefill_tokens=tokens,
                          latency_s=latency, weight=weight, draft_extend=np.ones_like(tokens, bool),
-                         prefill_pairs=pairs)
+                         prefill_pairs=pairs, prefill_cached_tokens=cached)
+
+
+def cached_tokens(tokens: int, requests: int, pairs: float) -> float:
+    """The cached tokens (prefixes, earlier chunks) behind a prefill step of ``tokens`` new
+    tokens over ``requests`` prompts with ``pairs`` attention pairs, were every prompt's new
+    part of one length ``n = tokens / requests``: ``pairs = cached * n + requests * n (n + 1)
+    / 2`` (:func:`env.sim.cost_model.prefill_pairs`). Exact for one prompt per step and for
+    the recording design; prompts of unequal new lengths read as a little cached prefix
+    (two prompts of 100 and 300 new tokens: 50)."""
+    if tokens <= 0 or requests <= 0:
+        return 0.0
+    new = tokens / requests
+    return max(0.0, round((pairs - requests * new * (new + 1.0) / 2.0) / new))
 
 
 def fit_prefill_terms(profile: CostProfile, steps: StepArrays | Sequence[StepArrays],
                       chunk_tokens: int | None = None) -> tuple[CostProfile, FitReport]:
     """``profile`` with ``c_prefill_token`` and ``c_prefill_pair`` fitted to ``steps``'
-    whole-prompt prefill steps (NNLS on relative errors, every other coefficient kept),
+    prefill steps whose pairs are known, and ``c_prefill_cached_token`` where some of them
+    computed prompts after cached prefixes (:func:`cached_tokens`; NNLS on relative
+    errors, every other coefficient kept),
     then again without the groups the first fit misses by over ``TRIM_RATIO`` x its median
     error (the report's notes say how many).
 
@@ -108,17 +127,19 @@ def fit_prefill_terms(profile: CostProfile, steps: StepArrays | Sequence[StepArr
     """
     chunk = chunk_tokens or profile.server.chunked_prefill_tokens
     points = prefill_points(steps, chunk)
-    fitted, report = fit_profile(points, template=profile, free=PREFILL_TERMS, ties={})
+    free = PREFILL_TERMS + ((CACHED_TERM,) if (points.prefill_cached_tokens > 0).any() else ())
+    fitted, report = fit_profile(points, template=profile, free=free, ties={})
     # One trimming pass: a group whose steps mostly carry a neighbour's time (the MoE
     # record's lone 3,584-token prompts: 180 ms where the lone-prompt probes' time to first
     # token says about 95) would pull two coefficients fitted on a dozen groups.
     errors = np.abs(report.relative_errors)
     keep = errors <= TRIM_RATIO * np.median(errors)
-    if keep.all() or keep.sum() < len(PREFILL_TERMS) + 1:
+    if keep.all() or keep.sum() < len(free) + 1:
         return fitted, report
     trimmed = LatencyPoints(**{name: None if value is None else value[keep] for name, value in (
         (f.name, getattr(points, f.name)) for f in dataclasses.fields(points))})
-    fitted, report = fit_profile(trimmed, template=profile, free=PREFILL_TERMS, ties={})
+    free = PREFILL_TERMS + ((CACHED_TERM,) if (trimmed.prefill_cached_tokens > 0).any() else ())
+    fitted, report = fit_profile(trimmed, template=profile, free=free, ties={})
     note = (f"{int((~keep).sum())} group(s) over {TRIM_RATIO:g}x the first fit's median "
             "|error| left out")
     return fitted, dataclasses.replace(report, notes=(*report.notes, note))

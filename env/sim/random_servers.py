@@ -112,11 +112,19 @@ def random_scheduler_overrides(rng: np.random.Generator) -> dict[str, float]:
     }
 
 
+#: Coefficients :func:`perturbed` leaves as they are: terms added after the evaluation's
+#: scenarios were drawn, zero in every training profile (a factor would multiply 0), and
+#: out of the draw so that every later random number, and so every scenario, stays the same.
+UNPERTURBED_COEFFICIENTS = frozenset({"c_prefill_cached_token"})
+
+
 def perturbed(profile: CostProfile, rng: np.random.Generator, spread: float = 0.5) -> CostProfile:
-    """Every coefficient scaled by its own factor, uniform in ``[1 - spread, 1 + spread]``."""
-    factors = rng.uniform(1.0 - spread, 1.0 + spread, size=len(profile.coefficients))
-    return profile.replace(**{name: value * float(f) for (name, value), f
-                              in zip(profile.coefficients.items(), factors, strict=True)})
+    """Every coefficient (but :data:`UNPERTURBED_COEFFICIENTS`) scaled by its own factor,
+    uniform in ``[1 - spread, 1 + spread]``."""
+    names = [name for name in profile.coefficients if name not in UNPERTURBED_COEFFICIENTS]
+    factors = rng.uniform(1.0 - spread, 1.0 + spread, size=len(names))
+    return profile.replace(**{name: profile.coefficients[name] * float(f)
+                              for name, f in zip(names, factors, strict=True)})
 
 
 def handed_profile(truth: CostProfile, mode: str, rng: np.random.Generator,

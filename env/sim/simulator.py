@@ -607,13 +607,16 @@ class Simulator:
         running_before = self.running_requests
 
         pairs = 0.0  # the prompts' attention token pairs (cost_model.prefill_pairs)
+        cached = 0  # the prompts' tokens already in the KV cache (c_prefill_cached_token)
 
         def prefill(rid: int, length: int) -> None:
             """Compute up to the remaining budget of a prompt; chunk what is left over."""
-            nonlocal budget, prefill_tokens, batch, pairs
+            nonlocal budget, prefill_tokens, batch, pairs, cached
             take = min(length, budget)
             # Tokens of this prompt in the KV cache already: a cached prefix, earlier chunks.
-            pairs += prefill_pairs(take, self._prefill_length(rid) - length)
+            done = self._prefill_length(rid) - length
+            pairs += prefill_pairs(take, done)
+            cached += done
             budget -= take
             prefill_tokens += take
             batch += 1
@@ -639,7 +642,8 @@ class Simulator:
         skip_draft = (cfg.zero_step == "off" and cfg.skip_prefill_while_off
                       and self._stale_draft)
         latency = self.profile.step_latency_s(0, 0, kv_before, prefill_tokens,
-                                              draft_extend=not skip_draft, prefill_pairs=pairs)
+                                              draft_extend=not skip_draft, prefill_pairs=pairs,
+                                              prefill_cached_tokens=cached)
         record = StepRecord(
             server=self.server, rank=0, step_index=self.step_index, time_s=self.time_s,
             batch_size=batch, waiting_requests=waiting_before, running_requests=running_before,
