@@ -11,8 +11,10 @@ the prefill steps of a trace that recorded prompts of tens to thousands of token
 
 **Which steps.** A trace recorded by the plugin since the eighth session holds each prefill
 step's attention pairs (``prefill_pairs``, from SGLang's ``prefix_lens`` and
-``extend_lens``): every such step is used. Older traces record a step's tokens and
-requests, not each prompt's length or cached prefix, so only steps whose pairs can be
+``extend_lens``): every such step is used, and its prompts' cached tokens (for
+``c_prefill_cached_token``) are read back from its pairs (:func:`cached_tokens`). Older
+traces record a step's tokens and requests, not each prompt's length or cached prefix,
+so only steps whose pairs can be
 reckoned are used: every prompt in the step is whole (the step is not a full chunk and
 does not follow one, so it neither ends a chunked prompt nor starts one) and the prompts
 in a step are of one length (true of the recording design: every batch is of one prompt
