@@ -28,6 +28,11 @@ with ``offswitch.py``'s flags (``--disable-radix-cache``, ``--max-running-reques
     512 tokens each of their own. The plugin records each step's attention pairs
     (``prefill_pairs``), so ``env.sim.prefill_fit`` takes these steps as they are.
 
+  - **small batches** (``small_batch``, not in the default sections): a closed loop of C
+    clients for each C in 1..7 (256-token prompts, 128 output tokens, 6 s each), the
+    decode batches between the record's 1, 8, 16 and 48, where the MoE profile prices the
+    off path 14-26% under the records (``docs/FIDELITY.md`` run 14).
+
 ``SECTIONS`` (comma-separated; default ``kv_grid,prefill,state``, and ``prefix`` with
 ``RADIX=1``) picks what ``record`` runs.
 * ``nospec``: a server without speculation, the same record-free workloads end to end
@@ -123,7 +128,8 @@ def phase_record() -> None:
     name = f"fidelity_record_{offswitch.MODELS.name}{suffix}.json"
     out: dict = {"model": offswitch.MODELS.name, "acceptance": float(offswitch.ACC),
                  "radix_cache": RADIX, "sections": SECTIONS,
-                 "kv_grid": {}, "prefill": {}, "state": {}, "prefix": {}, "skipped": []}
+                 "kv_grid": {}, "prefill": {}, "state": {}, "prefix": {}, "small_batch": {},
+                 "skipped": []}
     deadline = time.time() + BUDGET_S
 
     def probe(section: str, key: str, work) -> None:
@@ -151,6 +157,9 @@ def phase_record() -> None:
             probe("prefix", f"{prefix}+{new}@{batch}", lambda p=prefix, n=new, b=batch: (
                 with_background(b, 4.0, lambda: after_prefix(p, n))))
         probe("prefix", "2560+512x8", lambda: after_prefix(2560, 512, requests=8))
+        for c in range(1, 8):
+            probe("small_batch", str(c), lambda c=c: loadgen.closed_loop(
+                URL, c, 6.0, prompt=256, output=128, seed=next(SEEDS)))
         session.save(name, out)
     finally:
         session.stop(server, "record")
