@@ -241,6 +241,42 @@ def test_goodput_explore_measures_acceptance_it_never_saw_when_speculating_looks
     assert teacher.act(obs) == greedy.act(obs) > 0
 
 
+def test_goodput_explore_accept_margin_measures_acceptance_at_a_full_batch():
+    from agents.policies import GoodputExplorePolicy
+
+    # 64 clients on the H200 run at its cap, batch 48: on the features' acceptance prior
+    # the best depth looks about 20% below off, outside the default 5% margin, so the
+    # teacher stays off (greedy too: it escapes on a hidden budget only, after hundreds
+    # of steps) where the first position accepts 0.99 and depth 3 is 7% faster.
+    # accept_margin=0.25 measures at depth 1; once measured, greedy's choice again.
+    h200 = load_profile("h200_llama31_8b")
+    kv = 48 * 384
+
+    def at(depth: int, accepted: int, start: int, n: int) -> list[StepRecord]:
+        latency = h200.step_latency_s(48, depth, kv, 0, draft_extend=depth > 0,
+                                      speculative_path=depth > 0)
+        return [dataclasses.replace(_timed(start + i, 48, depth, accepted, latency),
+                                    kv_used_tokens=kv) for i in range(n)]
+
+    builder = FeatureBuilder(cost_prior=h200)
+    builder.update_many(at(0, 0, 0, 20))
+    obs = builder.observation(48)
+    for options in ({}, {"accept_prior_strength": 1.0}):
+        default = GoodputExplorePolicy(h200, max_depth=7, **options)
+        wide = GoodputExplorePolicy(h200, max_depth=7, accept_margin=0.25, **options)
+        expected = default.measured_expected(obs)
+        rate = (1 + expected) / obs.latency_pred_s
+        assert 0.75 * rate[0] < rate[1:].max() < 0.9 * rate[0]
+        assert default.act(obs) == 0
+        assert wide.act(obs) == 1
+    builder.update_many(at(3, 3, 20, 2) + at(3, 3, 22, 4))  # the first one back is left out
+    obs = builder.observation(48)
+    assert wide.act(obs) == GoodputGreedyPolicy(h200, max_depth=7).act(obs) > 0
+    for bad in (-0.1, 1.0):
+        with pytest.raises(ValueError, match="accept_margin must lie in"):
+            make_policy("goodput_explore", profile=h200, options={"accept_margin": bad})
+
+
 def test_goodput_explore_weaker_acceptance_prior_reads_the_measured_rate():
     from agents.policies import GoodputExplorePolicy
 
