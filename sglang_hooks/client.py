@@ -61,6 +61,7 @@ from controller.wire import (
     telemetry_bytes,
 )
 from sglang_hooks.marker import CONTROLLER, FALLBACK, DecisionMarker
+from sglang_hooks.raw_step import telemetry_of
 
 log = logging.getLogger(__name__)
 
@@ -399,6 +400,18 @@ class ControllerClient:
         if self._sleeping:
             self._wake()
 
+    def send_step(self, step: tuple) -> None:
+        """Queue one step's values as the hooks read them (:data:`raw_step.STEP_FIELDS`):
+        the I/O thread makes its telemetry (:func:`~sglang_hooks.raw_step.telemetry_of`)
+        under this client's server name and rank (its HELLO's)."""
+        outbox = self._outbox
+        if len(outbox) >= _OUTBOX_LIMIT:  # the I/O thread is not keeping up
+            self.counters["telemetry_backlog_dropped"] += 1
+            return
+        outbox.append(step)
+        if self._sleeping:
+            self._wake()
+
     def close(self) -> None:
         """Stop the I/O thread, close the socket (drops anything unsent)."""
         if self._stop:
@@ -515,9 +528,16 @@ class ControllerClient:
                     # sent without the thread knowing that it is serving.
                     last_telemetry = now
                     sent = True
-                    payload, step, queued = outbox.popleft()
+                    item = outbox.popleft()
+                    if len(item) == 3:  # send_telemetry's (payload, step, queued)
+                        payload, step, queued = item
+                        frame = (payload if type(payload) is bytes
+                                 else telemetry_frame(*payload))
+                    else:  # send_step's values as read
+                        telemetry = telemetry_of(hello.server, hello.rank, item)
+                        step, queued = telemetry[2], item[3]
+                        frame = telemetry_frame(*telemetry)
                     age.sent(step, queued)
-                    frame = payload if type(payload) is bytes else telemetry_frame(*payload)
                     if sock is not None:
                         if held.send(frame):
                             counters["telemetry_sent"] += 1

@@ -178,7 +178,7 @@ def make_policy_class(base: type, runtime: Runtime) -> type:
                         sglang_verify(params, drafts, batch_size)
                 except Exception as exc:
                     rt.fault("policy", exc)
-            rt.on_verify(num_correct_drafts_per_req)
+            rt.accepted = num_correct_drafts_per_req  # Runtime.on_verify, without the call
             return None
 
         def _table_steps(self, local: RuleMarker, batch_size: int) -> int:
