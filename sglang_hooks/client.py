@@ -376,6 +376,8 @@ class ControllerClient:
         # general path: the same result, a fraction of the time the GIL is held for it.
         self._decode = (functools.partial(decode, accept_policy=True) if plain_looks
                         else DecisionDecoder(accept_policy=True))
+        #: Work the I/O thread does after each look's telemetry (add_chore).
+        self._chores: list[Callable[[], None]] = []
         self._context = zmq.Context(io_threads=1)
         self._sock = (self._socket(endpoint, curve_server_key, curve_client_cert)
                       if endpoint else None)
@@ -411,6 +413,12 @@ class ControllerClient:
         outbox.append(step)
         if self._sleeping:
             self._wake()
+
+    def add_chore(self, chore: Callable[[], None]) -> None:
+        """Have the I/O thread call ``chore()`` after each look's telemetry (and before
+        it blocks): work taken off the scheduler thread (the policy feeding SGLang's
+        rule). An exception from it is counted (``chore_failed``), never fatal."""
+        self._chores.append(chore)
 
     def close(self) -> None:
         """Stop the I/O thread, close the socket (drops anything unsent)."""
@@ -547,6 +555,14 @@ class ControllerClient:
                         self._decide_locally(frame)
                 if sent and sock is not None:
                     self._receive(sock)  # what the sends took in (the descriptor won't say)
+                for chore in self._chores:
+                    try:
+                        chore()
+                    except Exception:
+                        counters["chore_failed"] += 1
+                        if counters["chore_failed"] == 1:
+                            log.exception("specctl: a chore of the controller client's "
+                                          "thread failed (counted)")
                 self._publish(self._monotonic())
         except Exception:  # never let a bug here go unnoticed, nor reach SGLang
             counters["client_thread_failed"] += 1

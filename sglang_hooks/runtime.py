@@ -111,6 +111,9 @@ class Runtime:
         #: Steps the policy returned for the batch being launched (-1: not asked).
         self.last_steps = -1
         self.policy: Any = None
+        #: SGLang's rule is fed by the client's I/O thread (and before it is asked), not
+        #: at every verify on the scheduler thread: set once that thread does it.
+        self.defer_rule_feed = False
         #: What steps=0 runs (every rank has one: the TP group agrees at start-up).
         self.offswitch = OffSwitch(self.counters, build=cfg.off_path == "decode",
                                    skip_prefill=cfg.off_prefill == "skip")
@@ -213,6 +216,10 @@ class Runtime:
                                            monotonic=self.monotonic, poll_s=cfg.io_poll_s,
                                            plain_looks=cfg.io_plain_looks,
                                            held_send=cfg.io_held_send)
+            feed = getattr(self.policy, "specctl_feed_rule", None)
+            if feed is not None:  # the rule's feeding moves to the client's thread
+                self.client.add_chore(feed)
+                self.defer_rule_feed = True
         if cfg.record_dir:
             from sglang_hooks.recorder import start_recorder
 

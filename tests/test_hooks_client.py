@@ -742,6 +742,30 @@ def test_a_step_as_read_becomes_its_telemetrys_frame_under_the_hellos_name():
         client.close()
 
 
+def test_the_io_thread_does_its_chores_after_telemetry_and_a_failing_one_is_counted():
+    threads, calls = [], []
+
+    def chore() -> None:
+        threads.append(threading.current_thread().name)
+
+    def failing() -> None:
+        calls.append(1)
+        raise RuntimeError("a bug's stand-in")
+
+    client = ControllerClient(None, HELLO, timeout_s=5.0, local=LocalStandIn(),
+                              monotonic=ManualClock())
+    try:
+        client.add_chore(failing)
+        client.add_chore(chore)
+        client.send_telemetry(("s", 0, 1, 0.0, 1, 0, 1, 0, 1, 0, 1, [0], 0.01), 1, 0.0)
+        wait_until(lambda: client.counters["chore_failed"] >= 2 and threads,
+                   "the chores, twice")
+        assert set(threads) == {"specctl-client"} and len(calls) >= 2
+        assert client._thread.is_alive()  # a failing chore is not the thread's end
+    finally:
+        client.close()
+
+
 def test_the_io_thread_asks_for_punctual_sleeps():
     """Linux ends the I/O thread's sleeps within 1 us of when asked (the slack is per
     thread: set on that thread, not on the scheduler's)."""

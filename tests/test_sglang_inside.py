@@ -474,6 +474,100 @@ def test_sglangs_rule_is_fed_where_sglang_routes_after_its_cuda_graph_sizes_chan
             == [slot.ema_accept_len for slot in reference._slots.values()])
 
 
+def _feed_reference(reference, drafts: list[int], size: int, ran: int) -> None:
+    """SGLang's rule fed as the policy feeds its own: at the rule's depth, nothing from a
+    step that did not speculate."""
+    own = reference._route(size).current_steps
+    if ran != 0 or own <= 0:
+        reference.on_verify_complete([min(d, own) for d in drafts] if ran > own > 0
+                                     else drafts, size)
+
+
+@pytest.mark.parametrize("io_thread", [False, True])
+def test_a_deferred_feed_leaves_sglangs_rule_where_feeding_every_verify_does(io_thread):
+    """With the feeding deferred (the source with a client), a verify only queues; the
+    client's thread (here a thread feeding at random moments) or the rule's next question
+    feeds the queue in order: at the fallback, and across a change of CUDA graph sizes,
+    the rule's every slot is where feeding at each verify leaves SGLang's own."""
+    rt = runtime(fallback="sglang", min_switch_steps=1)
+    loop = build_rank(rt, is_source=True)
+    rt.defer_rule_feed = True
+    ours = loop.scheduler.adaptive.params
+    reference = ORIGINAL["params"](initial_steps=7, cfg_path=None)
+    rt.controller = DecisionMarker(1, "controller", 0, (1,), (7,))
+    rng = random.Random(3)
+    stop = threading.Event()
+
+    def io() -> None:
+        while not stop.is_set():
+            ours.specctl_feed_rule()
+            time.sleep(rng.choice([0, 0.0001, 0.001]))
+
+    feeder = threading.Thread(target=io, daemon=True)
+    if io_thread:
+        feeder.start()
+    try:
+        for step in range(1, 300):
+            if step == 150:
+                ours.set_cuda_graph_bs([8, 16])
+                reference.set_cuda_graph_bs([8, 16])
+            size = rng.choice([1, 2, 3, 5, 9, 12, 20])
+            rt.launch_step = step
+            assert ours.get_steps_for_batch(size) == 7  # the controller's depth runs
+            ran = rt.verify_steps = 0 if step % 10 == 0 else 7
+            quality = 0.2 if step < 200 else 0.9  # the rule must move down, then up
+            drafts = [sum(1 for _ in range(ran) if rng.random() < quality)
+                      for _ in range(size)]
+            ours.on_verify_complete(drafts, size)
+            _feed_reference(reference, drafts, size, ran)
+    finally:
+        stop.set()
+        if io_thread:
+            feeder.join(10)
+    if not io_thread:
+        # Fed when SGLang set its CUDA graph sizes (at step 150): queued since.
+        assert len(ours._specctl_feeds) == 150, "every verify should have been queued"
+    rt.controller = None
+    for size in (1, 3, 8, 12, 20):
+        assert ours.get_steps_for_batch(size) == reference.get_steps_for_batch(size), size
+    assert not ours._specctl_feeds
+    assert ([(slot.ema_accept_len, slot._batch_count, slot.current_steps)
+             for slot in ours._specctl_rule._slots.values()]
+            == [(slot.ema_accept_len, slot._batch_count, slot.current_steps)
+                for slot in reference._slots.values()])
+
+
+def test_the_source_with_a_client_defers_the_feed_to_the_clients_thread(monkeypatch):
+    """A source that opens a client hands the feeding to it; without one, or on any
+    other rank, each verify feeds the rule at once."""
+    chores = []
+
+    class Client:
+        def __init__(self, *args, **kwargs) -> None:
+            pass
+
+        def add_chore(self, chore) -> None:
+            chores.append(chore)
+
+    monkeypatch.setattr("sglang_hooks.runtime.ControllerClient", Client)
+    with_client = runtime(fallback="sglang", controller="ipc:///nowhere")
+    without = runtime(fallback="sglang")
+    for rt in (with_client, without):
+        rt.attach(build_rank(rt, is_source=True).scheduler)
+        assert rt.is_source
+    assert with_client.defer_rule_feed and not without.defer_rule_feed
+    assert chores == [with_client.policy.specctl_feed_rule]
+    for rt in (with_client, without):
+        params = rt.policy
+        slot = params._specctl_rule._route(1)
+        before = slot.ema_accept_len
+        rt.verify_steps = 7
+        params.on_verify_complete([0, 0], 1)
+        assert (slot.ema_accept_len == before) == rt.defer_rule_feed
+    chores[0]()
+    assert with_client.policy._specctl_rule._route(1).ema_accept_len != before
+
+
 def test_table_rule_and_clamping_to_candidate_steps():
     rt = runtime(fallback="table", table=((1, 3), (16, 1), (64, 0)), min_switch_steps=1)
     loop = build_rank(rt, is_source=True)
