@@ -266,9 +266,6 @@ class Runtime:
             if not self._announced:  # the first thing every rank hears from the source
                 self._announced = True
                 result.append(self.local)
-            now = self.monotonic()
-            if now >= self._next_summary:
-                self._summary(now)
             client = self.client
             marker = client.marker if client is not None else None
             # The common case, nothing new to say, without a method call.
@@ -405,6 +402,8 @@ class Runtime:
             elif finished is not None:
                 self.recorder.add_finished(finished)
             self._last_result_end = now
+            if now >= self._next_summary:  # (here, where the time is read anyway)
+                self._summary(now)
         except Exception as exc:
             self.fault("result", exc)
         return result
