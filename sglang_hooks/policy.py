@@ -97,6 +97,8 @@ def make_policy_class(base: type, runtime: Runtime) -> type:
             #: Batch size -> the slot of SGLang's rule it routes to (fixed once SGLang has
             #: set its CUDA graph sizes; cleared when it sets them).
             self._specctl_rule_slots: dict[int, object] = {}
+            #: (decision, batch size -> (steps clamped, steps asked, the clamping table)).
+            self._specctl_memo: tuple[object, dict[int, tuple]] = (None, {})
             #: Verifies not fed to SGLang's rule yet: (drafts, batch size, depth run), in
             #: order. Fed at once unless :attr:`Runtime.defer_rule_feed` (then by the
             #: client's I/O thread, :meth:`specctl_feed_rule`, and before the rule is asked).
@@ -110,6 +112,7 @@ def make_policy_class(base: type, runtime: Runtime) -> type:
                 self._specctl_feed(sglang_verify)
                 super().set_cuda_graph_bs(cuda_graph_bs)
                 self._specctl_rule_slots = {}
+                self._specctl_memo = (None, {})  # the clamping follows the new routing
                 if self._specctl_rule is not self:  # route as SGLang would: padded sizes
                     base.set_cuda_graph_bs(self._specctl_rule, cuda_graph_bs)
 
@@ -123,7 +126,20 @@ def make_policy_class(base: type, runtime: Runtime) -> type:
                 decision = rt.controller
                 exploring = False
                 if decision is not None:
-                    want = decision.steps_for(batch_size)
+                    # The decision's steps for this batch size, as clamped below, looked up
+                    # once per decision and batch size (a decision holds for many steps).
+                    memo = self._specctl_memo
+                    if memo[0] is not decision:
+                        memo = self._specctl_memo = (decision, {})
+                    known = memo[1].get(batch_size)
+                    if known is None:
+                        want = decision.steps_for(batch_size)
+                        nearest = (self._specctl_uniform
+                                   or self._specctl_nearest[id(self._route(batch_size))])
+                        known = memo[1][batch_size] = (
+                            nearest[want if want < _STEP_RANGE else _STEP_RANGE - 1], want,
+                            nearest)
+                    steps, want, nearest = known
                 elif local.rule == "table":
                     want = self._table_steps(local, batch_size)
                 elif local.rule == "explore":
@@ -133,9 +149,10 @@ def make_policy_class(base: type, runtime: Runtime) -> type:
                     if self._specctl_feeds:  # the rule as if fed at every verify
                         self.specctl_feed_rule(sglang_verify)
                     want = sglang_steps(self._specctl_rule, batch_size)
-                nearest = (self._specctl_uniform
-                           or self._specctl_nearest[id(self._route(batch_size))])
-                steps = nearest[want if want < _STEP_RANGE else _STEP_RANGE - 1]
+                if decision is None:
+                    nearest = (self._specctl_uniform
+                               or self._specctl_nearest[id(self._route(batch_size))])
+                    steps = nearest[want if want < _STEP_RANGE else _STEP_RANGE - 1]
                 if steps != want:
                     rt.counters["clamped"] += 1
                 current = self._specctl_current

@@ -12,6 +12,7 @@ are the real ones; the scheduler is the stand-in of :mod:`sglang_hooks.testing`
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import os
 import pickle
@@ -575,6 +576,25 @@ def test_table_rule_and_clamping_to_candidate_steps():
     assert [params.get_steps_for_batch(b) for b in (1, 15, 16, 63, 64, 500)] == [3, 3, 1, 1, 0, 0]
     rt.controller = DecisionMarker(1, "controller", 0, (1,), (11,))
     assert params.get_steps_for_batch(4) == 7 and rt.counters["clamped"] == 1
+
+
+def test_a_decisions_steps_are_clamped_where_sglang_routes_after_its_graph_sizes_change(
+        tmp_path):
+    """The policy remembers a decision's clamped steps per batch size; when SGLang sets its
+    CUDA graph sizes a batch of 3 pads to 8 and is clamped to that slot's candidates."""
+    config = tmp_path / "tiers.json"
+    config.write_text(json.dumps({"1": {"candidate_steps": [1, 3, 7]},
+                                  "8": {"candidate_steps": [1, 2]}}))
+    rt = runtime(fallback="table", table=((1, 3),), min_switch_steps=1)
+    params = make_policy_class(ORIGINAL["params"], rt)(initial_steps=3, cfg_path=str(config))
+    rt.controller = DecisionMarker(1, "controller", 0, (1,), (7,))
+    assert [params.get_steps_for_batch(3) for _ in range(2)] == [7, 7]
+    assert params.get_steps_for_batch(9) == 2 and rt.counters["clamped"] == 1
+    params.set_cuda_graph_bs([8, 16])
+    assert params.get_steps_for_batch(3) == 2 and rt.counters["clamped"] == 2
+    rt.controller = DecisionMarker(2, "controller", 0, (1, 5), (1, 3))
+    assert params.get_steps_for_batch(3) == 1  # a new decision: looked up again
+    assert params.get_steps_for_batch(5) == 2 and rt.counters["clamped"] == 3
 
 
 # -- faults ---------------------------------------------------------------------------------
