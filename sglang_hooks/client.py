@@ -3,10 +3,13 @@
 ZeroMQ calls cost microseconds to hundreds of microseconds (each may wake
 ZeroMQ's own I/O thread), too much for the scheduler thread's per-step budget.
 So the socket lives on a daemon thread of its own, and so does everything else
-that need not happen on the scheduler thread: packing telemetry (the accepted
-drafts' byte conversion included), ageing decisions (:class:`DecisionAge`) and
-turning the one in charge into the :class:`~sglang_hooks.marker.DecisionMarker`
-every rank should apply. The scheduler thread only appends telemetry to one
+that need not happen on the scheduler thread: making a step's telemetry from the
+values the hooks read (:meth:`ControllerClient.send_step`,
+:func:`sglang_hooks.raw_step.telemetry_of`) and packing it (the accepted drafts'
+byte conversion included), ageing decisions (:class:`DecisionAge`), turning the
+one in charge into the :class:`~sglang_hooks.marker.DecisionMarker` every rank
+should apply, and other work handed to it (:meth:`ControllerClient.add_chore`:
+the policy feeding SGLang's rule). The scheduler thread only appends to one
 deque and reads one attribute (:attr:`ControllerClient.marker`); it never waits.
 
 While telemetry flows (any in the last :data:`_ACTIVE_S`), the I/O thread looks

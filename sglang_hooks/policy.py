@@ -17,7 +17,12 @@ offers one flat slot (the shipped one does: it would make SGLang's rule blind to
 batch size). It is fed every verify result, also while the controller is in
 charge, so that a fallback starts from live acceptance. A verify at a depth
 other than the rule's own is fed as SGLang would have seen it: accepted drafts
-capped at the rule's depth, and nothing from a step that did not speculate.
+capped at the rule's depth, and nothing from a step that did not speculate. On
+the source rank with a controller client the feeding is deferred: a verify is
+queued (one append on the scheduler thread) and the client's I/O thread feeds
+the queue in order, under a lock; the rule is fed whatever is still queued
+before it is asked and before SGLang sets its CUDA graph sizes, so it answers as
+if it had been fed at every verify. Every other rank feeds at once.
 
 The result is clamped to the candidate steps SGLang built runtime states for
 for this batch size (asking for another one would raise in

@@ -40,12 +40,14 @@ markers too.
 
 Hook cost matters (they run on the scheduler thread every step): no logging,
 no allocation beyond a few small objects, no pyarrow, no system call. What can
-happen elsewhere does: the client's I/O thread ages decisions, builds the
-markers and packs telemetry (the accepted drafts go as SGLang's list; the
-client's and the recorder's threads convert them); the recorder's thread reads
-the request ids and the finished requests from copies of the batch's request
-list. Every hook body is wrapped so that an exception is counted, logged once,
-and never reaches SGLang.
+happen elsewhere does: the launch keeps SGLang's values as it reads them (one
+tuple) and the result hands them over with its own (one tuple,
+:mod:`sglang_hooks.raw_step`); the client's I/O thread makes the telemetry of
+them, ages decisions, builds the markers, packs the frames and feeds SGLang's
+rule (:attr:`Runtime.defer_rule_feed`); the recorder's thread makes the same
+telemetry and reads the request ids and the finished requests from copies of
+the batch's request list. Every hook body is wrapped so that an exception is
+counted, logged once, and never reaches SGLang.
 """
 
 from __future__ import annotations
