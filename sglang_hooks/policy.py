@@ -205,6 +205,8 @@ def make_policy_class(base: type, runtime: Runtime) -> type:
             """Feed SGLang's rule every verify queued so far, in order (any thread: the
             client's I/O thread calls it with SGLang's method itself, the scheduler
             thread with ``sglang_verify``, which hook timing takes out)."""
+            if not self._specctl_feeds:  # nothing queued: no lock to take (most looks)
+                return
             with self._specctl_feed_lock:
                 self._specctl_feed(verify)
 
