@@ -3,10 +3,13 @@
 ZeroMQ calls cost microseconds to hundreds of microseconds (each may wake
 ZeroMQ's own I/O thread), too much for the scheduler thread's per-step budget.
 So the socket lives on a daemon thread of its own, and so does everything else
-that need not happen on the scheduler thread: packing telemetry (the accepted
-drafts' byte conversion included), ageing decisions (:class:`DecisionAge`) and
-turning the one in charge into the :class:`~sglang_hooks.marker.DecisionMarker`
-every rank should apply. The scheduler thread only appends telemetry to one
+that need not happen on the scheduler thread: making a step's telemetry from the
+values the hooks read (:meth:`ControllerClient.send_step`,
+:func:`sglang_hooks.raw_step.telemetry_of`) and packing it (the accepted drafts'
+byte conversion included), ageing decisions (:class:`DecisionAge`), turning the
+one in charge into the :class:`~sglang_hooks.marker.DecisionMarker` every rank
+should apply, and other work handed to it (:meth:`ControllerClient.add_chore`:
+the policy feeding SGLang's rule). The scheduler thread only appends to one
 deque and reads one attribute (:attr:`ControllerClient.marker`); it never waits.
 
 While telemetry flows (any in the last :data:`_ACTIVE_S`), the I/O thread looks
@@ -61,6 +64,7 @@ from controller.wire import (
     telemetry_bytes,
 )
 from sglang_hooks.marker import CONTROLLER, FALLBACK, DecisionMarker
+from sglang_hooks.raw_step import telemetry_of
 
 log = logging.getLogger(__name__)
 
@@ -375,6 +379,8 @@ class ControllerClient:
         # general path: the same result, a fraction of the time the GIL is held for it.
         self._decode = (functools.partial(decode, accept_policy=True) if plain_looks
                         else DecisionDecoder(accept_policy=True))
+        #: Work the I/O thread does after each look's telemetry (add_chore).
+        self._chores: list[Callable[[], None]] = []
         self._context = zmq.Context(io_threads=1)
         self._sock = (self._socket(endpoint, curve_server_key, curve_client_cert)
                       if endpoint else None)
@@ -398,6 +404,24 @@ class ControllerClient:
         outbox.append((payload, step_index, now))
         if self._sleeping:
             self._wake()
+
+    def send_step(self, step: tuple) -> None:
+        """Queue one step's values as the hooks read them (:data:`raw_step.STEP_FIELDS`):
+        the I/O thread makes its telemetry (:func:`~sglang_hooks.raw_step.telemetry_of`)
+        under this client's server name and rank (its HELLO's)."""
+        outbox = self._outbox
+        if len(outbox) >= _OUTBOX_LIMIT:  # the I/O thread is not keeping up
+            self.counters["telemetry_backlog_dropped"] += 1
+            return
+        outbox.append(step)
+        if self._sleeping:
+            self._wake()
+
+    def add_chore(self, chore: Callable[[], None]) -> None:
+        """Have the I/O thread call ``chore()`` after each look's telemetry (and before
+        it blocks): work taken off the scheduler thread (the policy feeding SGLang's
+        rule). An exception from it is counted (``chore_failed``), never fatal."""
+        self._chores.append(chore)
 
     def close(self) -> None:
         """Stop the I/O thread, close the socket (drops anything unsent)."""
@@ -515,9 +539,16 @@ class ControllerClient:
                     # sent without the thread knowing that it is serving.
                     last_telemetry = now
                     sent = True
-                    payload, step, queued = outbox.popleft()
+                    item = outbox.popleft()
+                    if len(item) == 3:  # send_telemetry's (payload, step, queued)
+                        payload, step, queued = item
+                        frame = (payload if type(payload) is bytes
+                                 else telemetry_frame(*payload))
+                    else:  # send_step's values as read
+                        telemetry = telemetry_of(hello.server, hello.rank, item)
+                        step, queued = telemetry[2], item[3]
+                        frame = telemetry_frame(*telemetry)
                     age.sent(step, queued)
-                    frame = payload if type(payload) is bytes else telemetry_frame(*payload)
                     if sock is not None:
                         if held.send(frame):
                             counters["telemetry_sent"] += 1
@@ -527,6 +558,14 @@ class ControllerClient:
                         self._decide_locally(frame)
                 if sent and sock is not None:
                     self._receive(sock)  # what the sends took in (the descriptor won't say)
+                for chore in self._chores:
+                    try:
+                        chore()
+                    except Exception:
+                        counters["chore_failed"] += 1
+                        if counters["chore_failed"] == 1:
+                            log.exception("specctl: a chore of the controller client's "
+                                          "thread failed (counted)")
                 self._publish(self._monotonic())
         except Exception:  # never let a bug here go unnoticed, nor reach SGLang
             counters["client_thread_failed"] += 1

@@ -17,7 +17,12 @@ offers one flat slot (the shipped one does: it would make SGLang's rule blind to
 batch size). It is fed every verify result, also while the controller is in
 charge, so that a fallback starts from live acceptance. A verify at a depth
 other than the rule's own is fed as SGLang would have seen it: accepted drafts
-capped at the rule's depth, and nothing from a step that did not speculate.
+capped at the rule's depth, and nothing from a step that did not speculate. On
+the source rank with a controller client the feeding is deferred: a verify is
+queued (one append on the scheduler thread) and the client's I/O thread feeds
+the queue in order, under a lock; the rule is fed whatever is still queued
+before it is asked and before SGLang sets its CUDA graph sizes, so it answers as
+if it had been fed at every verify. Every other rank feeds at once.
 
 The result is clamped to the candidate steps SGLang built runtime states for
 for this batch size (asking for another one would raise in
@@ -36,6 +41,8 @@ from __future__ import annotations
 
 import bisect
 import random
+import threading
+from collections import deque
 
 from sglang_hooks.marker import RuleMarker
 from sglang_hooks.runtime import Runtime
@@ -95,13 +102,24 @@ def make_policy_class(base: type, runtime: Runtime) -> type:
             #: Batch size -> the slot of SGLang's rule it routes to (fixed once SGLang has
             #: set its CUDA graph sizes; cleared when it sets them).
             self._specctl_rule_slots: dict[int, object] = {}
+            #: (decision, batch size -> (steps clamped, steps asked, the clamping table)).
+            self._specctl_memo: tuple[object, dict[int, tuple]] = (None, {})
+            #: Verifies not fed to SGLang's rule yet: (drafts, batch size, depth run), in
+            #: order. Fed at once unless :attr:`Runtime.defer_rule_feed` (then by the
+            #: client's I/O thread, :meth:`specctl_feed_rule`, and before the rule is asked).
+            self._specctl_feeds: deque[tuple[list[int], int, int]] = deque()
+            #: Held while feeding: the feeds go in order, whichever thread feeds them.
+            self._specctl_feed_lock = threading.Lock()
             self._specctl.attach_policy(self)
 
         def set_cuda_graph_bs(self, cuda_graph_bs: list[int] | None) -> None:
-            super().set_cuda_graph_bs(cuda_graph_bs)
-            self._specctl_rule_slots = {}
-            if self._specctl_rule is not self:  # route as SGLang would: padded batch sizes
-                base.set_cuda_graph_bs(self._specctl_rule, cuda_graph_bs)
+            with self._specctl_feed_lock:  # what was verified before goes where it routed
+                self._specctl_feed(sglang_verify)
+                super().set_cuda_graph_bs(cuda_graph_bs)
+                self._specctl_rule_slots = {}
+                self._specctl_memo = (None, {})  # the clamping follows the new routing
+                if self._specctl_rule is not self:  # route as SGLang would: padded sizes
+                    base.set_cuda_graph_bs(self._specctl_rule, cuda_graph_bs)
 
         def get_steps_for_batch(self, batch_size: int) -> int:
             rt = self._specctl
@@ -113,17 +131,33 @@ def make_policy_class(base: type, runtime: Runtime) -> type:
                 decision = rt.controller
                 exploring = False
                 if decision is not None:
-                    want = decision.steps_for(batch_size)
+                    # The decision's steps for this batch size, as clamped below, looked up
+                    # once per decision and batch size (a decision holds for many steps).
+                    memo = self._specctl_memo
+                    if memo[0] is not decision:
+                        memo = self._specctl_memo = (decision, {})
+                    known = memo[1].get(batch_size)
+                    if known is None:
+                        want = decision.steps_for(batch_size)
+                        nearest = (self._specctl_uniform
+                                   or self._specctl_nearest[id(self._route(batch_size))])
+                        known = memo[1][batch_size] = (
+                            nearest[want if want < _STEP_RANGE else _STEP_RANGE - 1], want,
+                            nearest)
+                    steps, want, nearest = known
                 elif local.rule == "table":
                     want = self._table_steps(local, batch_size)
                 elif local.rule == "explore":
                     want = self._explore(rt.launch_step, local.explore_dwell)
                     exploring = True
                 else:
+                    if self._specctl_feeds:  # the rule as if fed at every verify
+                        self.specctl_feed_rule(sglang_verify)
                     want = sglang_steps(self._specctl_rule, batch_size)
-                nearest = (self._specctl_uniform
-                           or self._specctl_nearest[id(self._route(batch_size))])
-                steps = nearest[want if want < _STEP_RANGE else _STEP_RANGE - 1]
+                if decision is None:
+                    nearest = (self._specctl_uniform
+                               or self._specctl_nearest[id(self._route(batch_size))])
+                    steps = nearest[want if want < _STEP_RANGE else _STEP_RANGE - 1]
                 if steps != want:
                     rt.counters["clamped"] += 1
                 current = self._specctl_current
@@ -140,6 +174,8 @@ def make_policy_class(base: type, runtime: Runtime) -> type:
                         rt.counters["switches"] += 1
             except Exception as exc:
                 rt.fault("policy", exc)
+                if self._specctl_feeds and self._specctl_rule is self:
+                    self.specctl_feed_rule(sglang_verify)
                 steps = sglang_steps(self, batch_size)
             # The off switch may turn the first step back on into SGLang's steps=0 (a
             # warm-up for the draft); telemetry reports the steps that actually ran.
@@ -156,30 +192,50 @@ def make_policy_class(base: type, runtime: Runtime) -> type:
                 return sglang_verify(self, num_correct_drafts_per_req, batch_size)
             if local.rule == "sglang":
                 # Keep SGLang's rule live, whoever is in charge: feed it what it would have
-                # seen at its own depth. (Inline, not a method: every decode step on the
-                # scheduler thread, where a call costs microseconds on cold caches.)
+                # seen at its own depth, in order (one append here; the feeding below, or
+                # on the client's I/O thread while the rule is not asked: deferred).
+                self._specctl_feeds.append((num_correct_drafts_per_req, batch_size,
+                                            rt.verify_steps))
+                if not rt.defer_rule_feed:  # only this thread feeds: no lock to take
+                    self._specctl_feed(sglang_verify)
+            rt.accepted = num_correct_drafts_per_req  # Runtime.on_verify, without the call
+            return None
+
+        def specctl_feed_rule(self, verify=base.on_verify_complete) -> None:
+            """Feed SGLang's rule every verify queued so far, in order (any thread: the
+            client's I/O thread calls it with SGLang's method itself, the scheduler
+            thread with ``sglang_verify``, which hook timing takes out)."""
+            if not self._specctl_feeds:  # nothing queued: no lock to take (most looks)
+                return
+            with self._specctl_feed_lock:
+                self._specctl_feed(verify)
+
+        def _specctl_feed(self, verify) -> None:
+            # The caller holds the lock (or is the only feeder): the rule's state is each
+            # feed's, in order, so a rule asked after them answers as if each had been fed
+            # at its verify.
+            feeds = self._specctl_feeds
+            rt = self._specctl
+            params = self._specctl_rule
+            routes = self._specctl_rule_slots
+            while feeds:
+                drafts, batch_size, ran = feeds.popleft()
                 try:
-                    drafts = num_correct_drafts_per_req
-                    params = self._specctl_rule
                     # SGLang's routing (padding to a CUDA graph size, then its tier) looked
                     # up once per batch size.
-                    slot = self._specctl_rule_slots.get(batch_size)
+                    slot = routes.get(batch_size)
                     if slot is None:
-                        slot = self._specctl_rule_slots[batch_size] = base._route(
-                            params, batch_size)
+                        slot = routes[batch_size] = base._route(params, batch_size)
                     own = slot.current_steps
-                    ran = rt.verify_steps
                     # A step that did not speculate has no acceptance to learn from.
                     if ran != 0 or own <= 0:
                         # Chain drafting: accepted at depth d = min(accepted, d). The copy
                         # only when some request accepted more than the rule's depth.
                         if ran > own > 0 and drafts and max(drafts) > own:
                             drafts = [d if d <= own else own for d in drafts]
-                        sglang_verify(params, drafts, batch_size)
+                        verify(params, drafts, batch_size)
                 except Exception as exc:
                     rt.fault("policy", exc)
-            rt.on_verify(num_correct_drafts_per_req)
-            return None
 
         def _table_steps(self, local: RuleMarker, batch_size: int) -> int:
             cached, sizes, steps = self._specctl_table

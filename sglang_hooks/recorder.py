@@ -34,10 +34,11 @@ import numpy as np
 
 from controller.wire import telemetry_bytes
 from env.traces.schema import RequestRecord, StepRecord
+from sglang_hooks.raw_step import request_copies, telemetry_of
 
 log = logging.getLogger(__name__)
 
-_STEP, _ARRIVAL, _FINISH, _FINISHED, _TELEMETRY = 0, 1, 2, 3, 4
+_STEP, _ARRIVAL, _FINISH, _FINISHED, _TELEMETRY, _VALUES = 0, 1, 2, 3, 4, 5
 _CHUNK = 256  # records converted between GIL yields
 _MAX_OPEN_REQUESTS = 1_000_000
 
@@ -158,6 +159,16 @@ class Recorder:
             return
         self._queue.append((_TELEMETRY, telemetry, request_ids, finished, prefill_lens))
 
+    def add_step_values(self, step: tuple, finished: list | None = None) -> None:
+        """Queue one step as the hooks read it (:data:`sglang_hooks.raw_step.STEP_FIELDS`:
+        its launch's copies of the request list and of an extend's lengths inside); its
+        telemetry is made on the recorder's thread (the trace is what
+        :meth:`add_telemetry` of that telemetry, those copies and ``finished`` gives)."""
+        if len(self._queue) >= self._max_queue:
+            self.counters["dropped"] += 1
+            return
+        self._queue.append((_VALUES, step, finished))
+
     def add_arrival(self, request_id: str, time_s: float, prompt_tokens: int) -> None:
         """Queue a request's arrival at the scheduler."""
         if len(self._queue) < self._max_queue:
@@ -238,7 +249,12 @@ class Recorder:
 
     def _convert(self, item: tuple) -> None:
         kind = item[0]
-        if kind == _TELEMETRY:
+        if kind == _VALUES:
+            _, step, finished = item
+            requests, lens = request_copies(step)
+            self._convert((_TELEMETRY, telemetry_of(self.server, self.rank, step), requests,
+                           finished, lens))
+        elif kind == _TELEMETRY:
             _, telemetry, rids, finished, lens = item
             record = self._step_record((_STEP, *telemetry[2:], rids))
             if lens is not None and record.prefill_tokens > 0:

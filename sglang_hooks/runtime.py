@@ -40,12 +40,14 @@ markers too.
 
 Hook cost matters (they run on the scheduler thread every step): no logging,
 no allocation beyond a few small objects, no pyarrow, no system call. What can
-happen elsewhere does: the client's I/O thread ages decisions, builds the
-markers and packs telemetry (the accepted drafts go as SGLang's list; the
-client's and the recorder's threads convert them); the recorder's thread reads
-the request ids and the finished requests from copies of the batch's request
-list. Every hook body is wrapped so that an exception is counted, logged once,
-and never reaches SGLang.
+happen elsewhere does: the launch keeps SGLang's values as it reads them (one
+tuple) and the result hands them over with its own (one tuple,
+:mod:`sglang_hooks.raw_step`); the client's I/O thread makes the telemetry of
+them, ages decisions, builds the markers, packs the frames and feeds SGLang's
+rule (:attr:`Runtime.defer_rule_feed`); the recorder's thread makes the same
+telemetry and reads the request ids and the finished requests from copies of
+the batch's request list. Every hook body is wrapped so that an exception is
+counted, logged once, and never reaches SGLang.
 """
 
 from __future__ import annotations
@@ -72,19 +74,6 @@ log = logging.getLogger(__name__)
 _RING = 16  # launched steps whose telemetry may still be pending
 _MAX_FAULTS = 1000  # then the source stops talking to the controller (fallback everywhere)
 _SUMMARY_EVERY_S = 60.0
-#: A launch this long after the previous step's result means the server sat idle.
-_IDLE_GAP_S = 0.05
-
-
-class _Slot:
-    """What the source rank knows about one launched step, until it is sent."""
-
-    __slots__ = ("accepted", "is_decode", "launch", "prefill_lens", "request_ids", "sent",
-                 "step", "steps_used")
-
-    def __init__(self) -> None:
-        self.step = -1
-        self.sent = True
 
 
 class Runtime:
@@ -124,6 +113,9 @@ class Runtime:
         #: Steps the policy returned for the batch being launched (-1: not asked).
         self.last_steps = -1
         self.policy: Any = None
+        #: SGLang's rule is fed by the client's I/O thread (and before it is asked), not
+        #: at every verify on the scheduler thread: set once that thread does it.
+        self.defer_rule_feed = False
         #: What steps=0 runs (every rank has one: the TP group agrees at start-up).
         self.offswitch = OffSwitch(self.counters, build=cfg.off_path == "decode",
                                    skip_prefill=cfg.off_prefill == "skip")
@@ -142,8 +134,13 @@ class Runtime:
         #: that flag says whether :meth:`attach` ran.
         self._last_marker: DecisionMarker | None = None
         self._broken = False
-        self._slots = [_Slot() for _ in range(_RING)]
-        self._processing: _Slot | None = None
+        #: Per ring slot: the launch tuple of a step not sent yet (``raw_step``), or None.
+        self._launches: list[tuple | None] = [None] * _RING
+        #: Per ring slot: the step index last captured there (-1: none).
+        self._launched = [-1] * _RING
+        #: SGLang's per-request accepted drafts of the batch being processed (the policy
+        #: stores them: one attribute store per verify).
+        self.accepted: list[int] | None = None
         #: When the previous step's result was processed (its completion, as seen here).
         self._last_result_end: float | None = None
         self._next_summary = 0.0
@@ -221,6 +218,10 @@ class Runtime:
                                            monotonic=self.monotonic, poll_s=cfg.io_poll_s,
                                            plain_looks=cfg.io_plain_looks,
                                            held_send=cfg.io_held_send)
+            feed = getattr(self.policy, "specctl_feed_rule", None)
+            if feed is not None:  # the rule's feeding moves to the client's thread
+                self.client.add_chore(feed)
+                self.defer_rule_feed = True
         if cfg.record_dir:
             from sglang_hooks.recorder import start_recorder
 
@@ -267,9 +268,6 @@ class Runtime:
             if not self._announced:  # the first thing every rank hears from the source
                 self._announced = True
                 result.append(self.local)
-            now = self.monotonic()
-            if now >= self._next_summary:
-                self._summary(now)
             client = self.client
             marker = client.marker if client is not None else None
             # The common case, nothing new to say, without a method call.
@@ -324,11 +322,37 @@ class Runtime:
             self._pending = None
             self.controller = pending if pending.mode == CONTROLLER else None
         self.last_steps = -1
-        slot = None
-        if self.is_source:
+        if self.is_source and not self._broken:
+            # What SGLang will have changed by the result, read now and kept as read (one
+            # tuple; what derives from it is computed off this thread: raw_step).
             try:
                 batch = args[0] if args else kwargs["batch"]
-                slot = self._capture_launch(scheduler, batch, step, self.monotonic())
+                mode = batch.forward_mode
+                is_decode = mode.is_decode()
+                # Idle, or a prebuilt (PD-disaggregation) placeholder: no step to report.
+                if is_decode or mode.is_extend():
+                    index = step % _RING
+                    if self._launches[index] is not None:
+                        self.counters["telemetry_overwritten"] += 1
+                    reqs = batch.reqs
+                    running_batch = scheduler.running_batch
+                    recording = self.recorder is not None
+                    self._launched[index] = step
+                    self._launches[index] = (
+                        step, self.monotonic(), is_decode, len(reqs), len(scheduler.waiting_queue),
+                        len(running_batch.reqs) if running_batch is not None else 0,
+                        scheduler.max_total_num_tokens,
+                        scheduler.token_to_kv_pool_allocator.available_size(),
+                        scheduler.tree_cache.evictable_size(),
+                        None if is_decode else batch.extend_num_tokens,
+                        # A copy of the list (its ids are read on the recorder's thread):
+                        # SGLang may extend the batch's list in place before the result.
+                        reqs[:] if recording else None,
+                        # An extend step's cached prefix and new tokens per request, for
+                        # the trace (the attention pairs are reckoned on its thread).
+                        *((batch.prefix_lens[:], batch.extend_lens[:])
+                          if recording and not is_decode and batch.extend_lens is not None
+                          and batch.prefix_lens is not None else (None, None)))
             except Exception as exc:
                 self.fault("launch", exc)
         previous = self._ran[(step - 1) % _RING]
@@ -340,8 +364,6 @@ class Runtime:
                 self.trimmer.trim()
             except Exception as exc:
                 self.fault("trim", exc)
-        if slot is not None:
-            slot.steps_used = steps if slot.is_decode and steps > 0 else 0
         return result
 
     def around_process_batch_result(self, original: Any, scheduler: Any, *args: Any,
@@ -350,48 +372,48 @@ class Runtime:
         try:
             batch = args[0] if args else kwargs["batch"]
             step = batch.forward_iter
-            self.verify_steps = self._ran[step % _RING]
+            index = step % _RING
+            ran = self.verify_steps = self._ran[index]
         except Exception as exc:  # same on every rank
             self.verify_steps = -1
             self.fault("result", exc)
             return original(scheduler, *args, **kwargs)
         if not self.is_source:
             return original(scheduler, *args, **kwargs)
-        slot = None
-        try:
-            candidate = self._slots[step % _RING]
-            if candidate.step != step:
-                self.counters["unmatched_results"] += 1  # launched before attach, or lost
-            elif not candidate.sent:
-                slot = candidate
-        except Exception as exc:
-            self.fault("result", exc)
-        self._processing = slot
+        self.accepted = None  # what the policy reports while this result is processed
         result = original(scheduler, *args, **kwargs)
-        self._processing = None
         try:
             now = self.monotonic()
             # A copy of the list: the recorder's thread finds the finished requests.
             finished = (batch.reqs[:] if self.recorder is not None and batch is not None
                         else None)
-            if slot is not None and not slot.sent:
-                self._send(slot, now, finished)  # handed over with the step's telemetry
+            launch = None
+            if self._launched[index] != step:
+                self.counters["unmatched_results"] += 1  # launched before attach, or lost
+            else:
+                launch = self._launches[index]
+            if launch is not None:
+                self._launches[index] = None  # sent
+                # The step as read (raw_step.STEP_FIELDS): the client's I/O thread and the
+                # recorder's thread make its telemetry; one tuple for both.
+                raw = (launch, ran, self.accepted, now, self._last_result_end)
+                if self.client is not None:
+                    self.client.send_step(raw)
+                if self.recorder is not None:
+                    self.recorder.add_step_values(raw, finished)
             elif finished is not None:
                 self.recorder.add_finished(finished)
             self._last_result_end = now
+            if now >= self._next_summary:  # (here, where the time is read anyway)
+                self._summary(now)
         except Exception as exc:
             self.fault("result", exc)
         return result
 
     def on_verify(self, num_correct_drafts_per_req: list[int]) -> None:
-        """Per-request accepted drafts of the batch being processed (from the policy)."""
-        slot = self._processing
-        if slot is None:
-            return
-        try:
-            slot.accepted = num_correct_drafts_per_req
-        except Exception as exc:
-            self.fault("verify", exc)
+        """Per-request accepted drafts of the batch being processed (the policy stores
+        :attr:`accepted` itself; drafts given outside a result are not sent)."""
+        self.accepted = num_correct_drafts_per_req
 
     # -- source rank internals -----------------------------------------------------------
 
@@ -412,71 +434,6 @@ class Runtime:
         if marker.mode == FALLBACK and not marker.policy:
             self.counters["timeouts"] += 1
         return marker
-
-    def _capture_launch(self, scheduler: Any, batch: Any, step: int, now: float) -> _Slot | None:
-        if self._broken:
-            return None
-        mode = batch.forward_mode
-        is_decode = mode.is_decode()
-        if not is_decode and not mode.is_extend():
-            return None  # idle, or a prebuilt (PD-disaggregation) placeholder: no step to report
-        slot = self._slots[step % _RING]
-        if not slot.sent:
-            self.counters["telemetry_overwritten"] += 1
-        reqs = batch.reqs
-        batch_size = len(reqs)
-        running_batch = scheduler.running_batch
-        running = len(running_batch.reqs) if running_batch is not None else 0
-        capacity = scheduler.max_total_num_tokens
-        free = (scheduler.token_to_kv_pool_allocator.available_size()
-                + scheduler.tree_cache.evictable_size())
-        slot.step = step
-        # (launch time, batch size, waiting, running, KV used, KV capacity, prefill
-        # tokens): one tuple, not seven attribute stores.
-        # An extend step computes at least one token per request (a record with no
-        # prefill tokens would read as a decode step).
-        slot.launch = (now, batch_size, len(scheduler.waiting_queue),
-                       running if is_decode else running + batch_size,
-                       max(0, capacity - free), capacity,
-                       0 if is_decode else (batch.extend_num_tokens or batch_size or 1))
-        slot.is_decode = is_decode
-        slot.steps_used = 0
-        slot.accepted = None
-        # A copy of the list (its ids are read on the recorder's thread): SGLang may
-        # extend the batch's list in place before the step's result is processed.
-        slot.request_ids = reqs[:] if self.recorder is not None else None
-        # An extend step's cached prefix and new tokens per request, copied for the trace
-        # (its attention pairs are reckoned on the recorder's thread).
-        slot.prefill_lens = (
-            (batch.prefix_lens[:], batch.extend_lens[:])
-            if self.recorder is not None and not is_decode and batch.extend_lens is not None
-            and batch.prefix_lens is not None else None)
-        slot.sent = False
-        return slot
-
-    def _send(self, slot: _Slot, now: float, finished: list | None = None) -> None:
-        slot.sent = True
-        t_launch, batch_size, waiting, running, kv_used, kv_capacity, prefill = slot.launch
-        # A step's latency is the time between consecutive results. Under overlap
-        # scheduling, step N+1 is launched before N's result is processed, so the
-        # launch-to-launch period would measure step N-1; result to result measures
-        # N (and equals the loop period without overlap). After an idle gap the
-        # step's own launch is its start.
-        start = self._last_result_end
-        if start is None or t_launch - start > _IDLE_GAP_S:
-            start = t_launch
-        latency = now - start
-        # The accepted drafts go as SGLang gave them (a fresh list per step): the
-        # client's I/O thread and the recorder's thread turn them into bytes. One tuple
-        # for both.
-        step = slot.step
-        telemetry = (self.server, self.rank, step, t_launch, batch_size, waiting, running,
-                     kv_used, kv_capacity, prefill, slot.steps_used, slot.accepted, latency)
-        if self.client is not None:
-            self.client.send_telemetry(telemetry, step, now)
-        if self.recorder is not None:
-            self.recorder.add_telemetry(telemetry, slot.request_ids, finished,
-                                        slot.prefill_lens)
 
     def _record_arrivals(self, recv_reqs: Any) -> None:
         now = self.monotonic()

@@ -40,6 +40,7 @@ from sglang_hooks.client import (
     marker_for,
 )
 from sglang_hooks.marker import CONTROLLER, FALLBACK
+from sglang_hooks.raw_step import telemetry_of
 from sglang_hooks.testing import HANG_GUARD_S, ManualClock, io_round, socket_dir, wait_until
 
 _SOCKETS = socket_dir()
@@ -712,6 +713,55 @@ def test_the_hooks_values_become_one_telemetry_frame():
                 record.kv_used_tokens, record.kv_capacity_tokens, record.prefill_tokens,
                 record.steps_used, record.step_latency_s) == (
                     "srv", 3, 14, 0.5, 2, 4, 5, 60, 100, 7, 2, 0.25)
+    finally:
+        client.close()
+
+
+def test_a_step_as_read_becomes_its_telemetrys_frame_under_the_hellos_name():
+    # send_step(step): the frame send_telemetry gives for telemetry_of(HELLO's server and
+    # rank, step), aged from the step's result time.
+    local = LocalStandIn()
+    clock = ManualClock()
+    client = ControllerClient(None, Hello("srv", 3, tuple(range(8))), timeout_s=5.0,
+                              local=local, monotonic=clock)
+    step = ((14, 0.5, True, 2, 4, 5, 100, 30, 10, None, None, None, None), 2, [1, 2], 0.75,
+            0.5)
+    try:
+        client.send_step(step)
+        client.send_telemetry(telemetry_of("srv", 3, step), 14, 0.75)
+        wait_until(lambda: client.counters["local_decisions"] == 2, "two local decisions")
+        assert local.frames[0] == local.frames[1]
+        record = decode(local.frames[0])
+        assert (record.server, record.rank, record.step_index, record.time_s,
+                record.batch_size, record.waiting_requests, record.running_requests,
+                record.kv_used_tokens, record.kv_capacity_tokens, record.prefill_tokens,
+                record.steps_used, record.accepted_drafts.tolist(),
+                record.step_latency_s) == ("srv", 3, 14, 0.5, 2, 4, 5, 60, 100, 0, 2, [1, 2],
+                                           0.25)
+    finally:
+        client.close()
+
+
+def test_the_io_thread_does_its_chores_after_telemetry_and_a_failing_one_is_counted():
+    threads, calls = [], []
+
+    def chore() -> None:
+        threads.append(threading.current_thread().name)
+
+    def failing() -> None:
+        calls.append(1)
+        raise RuntimeError("a bug's stand-in")
+
+    client = ControllerClient(None, HELLO, timeout_s=5.0, local=LocalStandIn(),
+                              monotonic=ManualClock())
+    try:
+        client.add_chore(failing)
+        client.add_chore(chore)
+        client.send_telemetry(("s", 0, 1, 0.0, 1, 0, 1, 0, 1, 0, 1, [0], 0.01), 1, 0.0)
+        wait_until(lambda: client.counters["chore_failed"] >= 2 and threads,
+                   "the chores, twice")
+        assert set(threads) == {"specctl-client"} and len(calls) >= 2
+        assert client._thread.is_alive()  # a failing chore is not the thread's end
     finally:
         client.close()
 

@@ -10,6 +10,7 @@ import pytest
 from env.traces.trace_format import read_trace
 from sglang_hooks.compat import Ranks
 from sglang_hooks.config import PluginConfig
+from sglang_hooks.raw_step import request_copies, telemetry_of
 from sglang_hooks.recorder import Recorder, start_recorder
 from sglang_hooks.runtime import Runtime
 from sglang_hooks.testing import DECODE, BatchStandIn, ReqStandIn, wait_until
@@ -204,6 +205,43 @@ def test_finished_requests_given_with_the_telemetry_are_the_same_trace(tmp_path)
                         for r in trace.requests.records()]))
         assert recorder.counters["bad_records"] == 0
     assert traces[0] == traces[1] == ([(1, ["a", "b"])], [("b", 5, 6)])
+
+
+def test_a_step_given_as_read_is_the_trace_of_its_telemetry(tmp_path):
+    # add_step_values(step, finished): what add_telemetry gives for telemetry_of(step),
+    # the launch's copies of the requests and of an extend's lengths, and finished.
+    traces = []
+    for as_read in (False, True):
+        recorder = Recorder(tmp_path / str(as_read), "srv", 0, flush_s=60.0)
+        reqs = [ReqStandIn(rid, prompt_tokens=p) for rid, p in (("a", 7), ("b", 5))]
+        for req in reqs:
+            recorder.add_arrival(req.rid, recorder.t0 + 0.25, len(req.origin_input_ids))
+        t = recorder.t0 + 0.5
+        extend = ((1, t, False, 2, 0, 3, 10_000, 6_000, 1_000, 300, reqs[:], [0, 512],
+                   [100, 200]), 3, None, t + 0.02, None)
+        decode = ((2, t + 0.03, True, 2, 0, 2, 10_000, 5_000, 1_000, None, reqs[:], None,
+                   None), 2, [1, 2], t + 0.04, t + 0.02)
+        reqs[1].output_ids, reqs[1].finished_reason = [9] * 6, "stop"
+        for step, finished in ((extend, None), (decode, reqs[:])):
+            if as_read:
+                recorder.add_step_values(step, finished)
+            else:
+                requests, lens = request_copies(step)
+                recorder.add_telemetry(telemetry_of("srv", 0, step), requests, finished, lens)
+        recorder.close()
+        trace = read_trace(recorder.files)
+        traces.append(([(s.step_index, s.time_s, s.batch_size, s.running_requests,
+                         s.kv_used_tokens, s.prefill_tokens, s.steps_used,
+                         list(s.accepted_drafts), s.step_latency_s, s.request_ids,
+                         s.prefill_pairs) for s in trace.steps],
+                       [(r.request_id, r.prompt_tokens, r.output_tokens)
+                        for r in trace.requests.records()]))
+        assert recorder.counters["bad_records"] == 0
+    assert traces[0] == traces[1]
+    steps, requests = traces[1]
+    assert [s[0] for s in steps] == [1, 2] and steps[0][3] == 5 and steps[1][6] == 2
+    assert steps[0][-1] == 100 * 101 / 2 + 200 * 512 + 200 * 201 / 2
+    assert requests == [("b", 5, 6)]
 
 
 def test_an_extend_steps_attention_pairs_reach_the_trace(tmp_path):

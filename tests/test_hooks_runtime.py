@@ -18,11 +18,13 @@ from types import SimpleNamespace
 import pytest
 
 from controller.wire import Hello
+from sglang_hooks import raw_step
 from sglang_hooks import runtime as runtime_module
 from sglang_hooks.client import client_name
 from sglang_hooks.compat import Ranks
 from sglang_hooks.config import PluginConfig
 from sglang_hooks.marker import CONTROLLER, FALLBACK, DecisionMarker, RuleMarker
+from sglang_hooks.raw_step import request_copies, telemetry_of
 from sglang_hooks.runtime import Runtime
 from sglang_hooks.testing import DECODE, EXTEND, BatchStandIn, ManualClock, ReqStandIn
 
@@ -36,11 +38,20 @@ class ClientStandIn:
     def __init__(self) -> None:
         self.marker: DecisionMarker | None = None
         self.sent: list[tuple] = []
+        self.raw: list[tuple] = []  # send_step's arguments
+        self.server, self.rank = "srv", 0  # its HELLO's (the runtime's at start_source)
         self.counters: Counter[str] = Counter({"telemetry_sent": 7})
         self.closed = 0
 
     def send_telemetry(self, payload: tuple, step_index: int, now: float) -> None:
         self.sent.append((payload, step_index, now))
+
+    def send_step(self, step: tuple) -> None:
+        # What the client's I/O thread makes of it (the HELLO's server and rank: the
+        # runtime's), recorded as send_telemetry's arguments.
+        self.raw.append(step)
+        telemetry = telemetry_of(self.server, self.rank, step)
+        self.send_telemetry(telemetry, telemetry[2], step[3])
 
     def close(self) -> None:
         self.closed += 1
@@ -64,12 +75,22 @@ class RecorderStandIn:
 
     def add_telemetry(self, telemetry: tuple, request_ids: object,
                       finished: list | None = None, prefill_lens: tuple | None = None) -> None:
-        # As add_step's arguments: the telemetry less server and rank, then the ids.
         self.calls["add_telemetry"] += 1
+        self._telemetry(telemetry, request_ids, finished, prefill_lens)
+
+    def _telemetry(self, telemetry: tuple, request_ids: object, finished: list | None,
+                   prefill_lens: tuple | None) -> None:
+        # As add_step's arguments: the telemetry less server and rank, then the ids.
         self.prefill_lens.append(prefill_lens)
         self.steps.append((*telemetry[2:], request_ids))
         if finished is not None:  # as add_finished
             self.finished.append(finished)
+
+    def add_step_values(self, step: tuple, finished: list | None = None) -> None:
+        # What the recorder's thread makes of it: add_telemetry's arguments.
+        self.calls["add_step_values"] += 1
+        requests, lens = request_copies(step)
+        self._telemetry(telemetry_of("srv", 0, step), requests, finished, lens)
 
     def add_arrival(self, *args: object) -> None:
         self.arrivals.append(args)
@@ -150,7 +171,7 @@ def test_a_decode_steps_telemetry_carries_the_schedulers_load_and_the_drafts():
     clock = ManualClock(T0)
     client, recorder = ClientStandIn(), RecorderStandIn()
     rt = source(clock, client, recorder)
-    rt.rank = 2
+    rt.rank = client.rank = 2
     sched = scheduler()
     batch = decode_batch(4)
     assert launch(rt, sched, batch, steps=3) == ("ran", 1)
@@ -216,7 +237,7 @@ def test_an_idle_batch_or_a_broken_runtime_sends_nothing():
 
 
 def test_latency_runs_from_the_previous_result_unless_the_server_sat_idle(monkeypatch):
-    monkeypatch.setattr(runtime_module, "_IDLE_GAP_S", 0.0625)
+    monkeypatch.setattr(raw_step, "IDLE_GAP_S", 0.0625)
     clock = ManualClock(T0)
     client = ClientStandIn()
     rt = source(clock, client)
@@ -269,10 +290,10 @@ def test_a_steps_finished_requests_go_to_the_recorder_with_its_telemetry():
     sched, batch = scheduler(), decode_batch(2)
     launch(rt, sched, batch, 2)
     finish(rt, sched, batch, [1, 2])
-    assert recorder.calls == {"add_telemetry": 1}
+    assert recorder.calls == {"add_step_values": 1}
     assert recorder.finished == [batch.reqs] and recorder.finished[0] is not batch.reqs
     finish(rt, sched, batch, [1, 2])
-    assert recorder.calls == {"add_telemetry": 1, "add_finished": 1}
+    assert recorder.calls == {"add_step_values": 1, "add_finished": 1}
     assert recorder.finished == [batch.reqs, batch.reqs]
 
 
@@ -340,13 +361,20 @@ def test_hooks_take_the_batch_as_a_keyword_too():
     assert client.sent[0][0][10] == 2 and rt.counters == Counter()
 
 
-def test_on_verify_outside_a_result_is_ignored():
-    rt = source(ManualClock(T0), ClientStandIn())
+def test_drafts_reported_outside_a_result_are_not_sent_with_the_next_step():
+    clock = ManualClock(T0)
+    client = ClientStandIn()
+    rt = source(clock, client)
+    sched, batch = scheduler(), decode_batch(2)
+    launch(rt, sched, batch, 2)
     rt.on_verify([1, 2])  # no batch result being processed: nothing to attach it to
-    assert rt._processing is None and rt.counters == Counter()
-
-
-# -- faults never reach SGLang --------------------------------------------------------------
+    finish(rt, sched, batch)
+    rt.on_verify([2, 2])  # after the result
+    assert client.sent[0][0][11] is None and rt.counters == Counter()
+    second = decode_batch(2)
+    launch(rt, sched, second, 2)
+    finish(rt, sched, second)
+    assert client.sent[1][0][11] is None
 
 
 def test_a_scheduler_without_forward_ct_still_runs_its_batch():
@@ -379,7 +407,7 @@ def test_a_launch_that_cannot_be_read_is_counted_and_the_batch_runs():
 def test_a_failing_send_is_counted_after_the_result():
     clock = ManualClock(T0)
     client = ClientStandIn()
-    client.send_telemetry = None  # not callable: the send raises
+    client.send_step = None  # not callable: the send raises
     rt = source(clock, client)
     sched, batch = scheduler(), decode_batch(1)
     launch(rt, sched, batch, 1)
@@ -578,22 +606,30 @@ def test_an_arrival_that_cannot_be_recorded_is_a_fault():
 # -- the periodic summary -------------------------------------------------------------------
 
 
-def test_the_summary_is_logged_every_minute_from_the_second_pull_on(caplog):
+def test_the_summary_is_logged_every_minute_from_the_second_result_on(caplog):
     clock = ManualClock(T0)
     client = ClientStandIn()
     rt = source(clock, client, RecorderStandIn())
     rt.counters["markers_controller"] = 2
+    client.counters = Counter()  # no telemetry count: the steps below send theirs
+
+    def step() -> None:
+        batch = decode_batch(1)
+        launch(rt, scheduler(), batch, 1)
+        finish(rt, scheduler(), batch)
+        rt.after_pull_raw_reqs([])  # pulls say nothing
+
     with caplog.at_level(logging.INFO, logger="sglang_hooks.runtime"):
-        rt.after_pull_raw_reqs([])  # the first: sets the clock, says nothing
+        step()  # the first: sets the clock, says nothing
         clock.advance(59.5)
-        rt.after_pull_raw_reqs([])
+        step()
         assert caplog.records == []
         clock.advance(0.5)  # exactly a minute
-        rt.after_pull_raw_reqs([])
+        step()
         rt.controller = marker(1)
         clock.advance(60.0)
-        rt.after_pull_raw_reqs([])
-    expected = str({"markers_controller": 2, "telemetry_sent": 7, "recorder_written": 3})
+        step()
+    expected = str({"markers_controller": 2, "recorder_written": 3})
     assert [r.getMessage() for r in caplog.records] == [
         f"specctl: {expected}; applied=sglang", f"specctl: {expected}; applied=controller"]
 
@@ -915,10 +951,12 @@ def test_a_step_the_policy_was_not_asked_about_reports_no_depth():
 
 def test_request_ids_are_kept_only_for_the_recorder():
     clock = ManualClock(T0)
-    rt = source(clock, ClientStandIn())
+    client = ClientStandIn()
+    rt = source(clock, client)
     sched, batch = scheduler(), decode_batch(2)
     launch(rt, sched, batch, 1)
-    assert rt._slots[1].request_ids is None and rt._slots[1].sent is False
+    finish(rt, sched, batch)
+    assert client.raw[0][0][10] is None  # the launch tuple's request list copy
 
 
 def test_hooks_pass_the_scheduler_and_keywords_on_to_sglang_even_on_a_fault():
@@ -975,15 +1013,12 @@ def test_faults_name_their_site_and_carry_the_exception(caplog):
     batch = decode_batch(1)
     batch.forward_iter = OddStep(3)
     rt.around_process_batch_result(lambda s, b: "done", sched, batch)  # lookup fails
-    rt._processing = object()  # a slot that cannot take the drafts
-    rt.on_verify([1])
-    rt._processing = None
     rt.trimmer = SimpleNamespace(trim=None)
     launch(rt, sched, decode_batch(1), 2)  # the trim fails
     rt.trimmer = None
     del sched.tree_cache
     launch(rt, sched, decode_batch(1), 3)  # the launch cannot be read
-    client.send_telemetry = None
+    client.send_step = None
     ok = decode_batch(1)
     sched.tree_cache = Pool(0, 1_000)
     launch(rt, sched, ok, 3)
@@ -993,8 +1028,7 @@ def test_faults_name_their_site_and_carry_the_exception(caplog):
     recorder.add_arrival = None
     rt.recorder = recorder
     rt.before_process_input_requests(sched, [SimpleNamespace(rid="a", input_ids=[1])])
-    assert faults == [("result", "TypeError"), ("verify", "AttributeError"),
-                      ("trim", "TypeError"), ("launch", "AttributeError"),
+    assert faults == [("result", "TypeError"), ("trim", "TypeError"), ("launch", "AttributeError"),
                       ("result", "TypeError"), ("pull", "AttributeError"),
                       ("arrivals", "TypeError")]
 

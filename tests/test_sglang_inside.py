@@ -12,6 +12,7 @@ are the real ones; the scheduler is the stand-in of :mod:`sglang_hooks.testing`
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import os
 import pickle
@@ -474,6 +475,100 @@ def test_sglangs_rule_is_fed_where_sglang_routes_after_its_cuda_graph_sizes_chan
             == [slot.ema_accept_len for slot in reference._slots.values()])
 
 
+def _feed_reference(reference, drafts: list[int], size: int, ran: int) -> None:
+    """SGLang's rule fed as the policy feeds its own: at the rule's depth, nothing from a
+    step that did not speculate."""
+    own = reference._route(size).current_steps
+    if ran != 0 or own <= 0:
+        reference.on_verify_complete([min(d, own) for d in drafts] if ran > own > 0
+                                     else drafts, size)
+
+
+@pytest.mark.parametrize("io_thread", [False, True])
+def test_a_deferred_feed_leaves_sglangs_rule_where_feeding_every_verify_does(io_thread):
+    """With the feeding deferred (the source with a client), a verify only queues; the
+    client's thread (here a thread feeding at random moments) or the rule's next question
+    feeds the queue in order: at the fallback, and across a change of CUDA graph sizes,
+    the rule's every slot is where feeding at each verify leaves SGLang's own."""
+    rt = runtime(fallback="sglang", min_switch_steps=1)
+    loop = build_rank(rt, is_source=True)
+    rt.defer_rule_feed = True
+    ours = loop.scheduler.adaptive.params
+    reference = ORIGINAL["params"](initial_steps=7, cfg_path=None)
+    rt.controller = DecisionMarker(1, "controller", 0, (1,), (7,))
+    rng = random.Random(3)
+    stop = threading.Event()
+
+    def io() -> None:
+        while not stop.is_set():
+            ours.specctl_feed_rule()
+            time.sleep(rng.choice([0, 0.0001, 0.001]))
+
+    feeder = threading.Thread(target=io, daemon=True)
+    if io_thread:
+        feeder.start()
+    try:
+        for step in range(1, 300):
+            if step == 150:
+                ours.set_cuda_graph_bs([8, 16])
+                reference.set_cuda_graph_bs([8, 16])
+            size = rng.choice([1, 2, 3, 5, 9, 12, 20])
+            rt.launch_step = step
+            assert ours.get_steps_for_batch(size) == 7  # the controller's depth runs
+            ran = rt.verify_steps = 0 if step % 10 == 0 else 7
+            quality = 0.2 if step < 200 else 0.9  # the rule must move down, then up
+            drafts = [sum(1 for _ in range(ran) if rng.random() < quality)
+                      for _ in range(size)]
+            ours.on_verify_complete(drafts, size)
+            _feed_reference(reference, drafts, size, ran)
+    finally:
+        stop.set()
+        if io_thread:
+            feeder.join(10)
+    if not io_thread:
+        # Fed when SGLang set its CUDA graph sizes (at step 150): queued since.
+        assert len(ours._specctl_feeds) == 150, "every verify should have been queued"
+    rt.controller = None
+    for size in (1, 3, 8, 12, 20):
+        assert ours.get_steps_for_batch(size) == reference.get_steps_for_batch(size), size
+    assert not ours._specctl_feeds
+    assert ([(slot.ema_accept_len, slot._batch_count, slot.current_steps)
+             for slot in ours._specctl_rule._slots.values()]
+            == [(slot.ema_accept_len, slot._batch_count, slot.current_steps)
+                for slot in reference._slots.values()])
+
+
+def test_the_source_with_a_client_defers_the_feed_to_the_clients_thread(monkeypatch):
+    """A source that opens a client hands the feeding to it; without one, or on any
+    other rank, each verify feeds the rule at once."""
+    chores = []
+
+    class Client:
+        def __init__(self, *args, **kwargs) -> None:
+            pass
+
+        def add_chore(self, chore) -> None:
+            chores.append(chore)
+
+    monkeypatch.setattr("sglang_hooks.runtime.ControllerClient", Client)
+    with_client = runtime(fallback="sglang", controller="ipc:///nowhere")
+    without = runtime(fallback="sglang")
+    for rt in (with_client, without):
+        rt.attach(build_rank(rt, is_source=True).scheduler)
+        assert rt.is_source
+    assert with_client.defer_rule_feed and not without.defer_rule_feed
+    assert chores == [with_client.policy.specctl_feed_rule]
+    for rt in (with_client, without):
+        params = rt.policy
+        slot = params._specctl_rule._route(1)
+        before = slot.ema_accept_len
+        rt.verify_steps = 7
+        params.on_verify_complete([0, 0], 1)
+        assert (slot.ema_accept_len == before) == rt.defer_rule_feed
+    chores[0]()
+    assert with_client.policy._specctl_rule._route(1).ema_accept_len != before
+
+
 def test_table_rule_and_clamping_to_candidate_steps():
     rt = runtime(fallback="table", table=((1, 3), (16, 1), (64, 0)), min_switch_steps=1)
     loop = build_rank(rt, is_source=True)
@@ -481,6 +576,25 @@ def test_table_rule_and_clamping_to_candidate_steps():
     assert [params.get_steps_for_batch(b) for b in (1, 15, 16, 63, 64, 500)] == [3, 3, 1, 1, 0, 0]
     rt.controller = DecisionMarker(1, "controller", 0, (1,), (11,))
     assert params.get_steps_for_batch(4) == 7 and rt.counters["clamped"] == 1
+
+
+def test_a_decisions_steps_are_clamped_where_sglang_routes_after_its_graph_sizes_change(
+        tmp_path):
+    """The policy remembers a decision's clamped steps per batch size; when SGLang sets its
+    CUDA graph sizes a batch of 3 pads to 8 and is clamped to that slot's candidates."""
+    config = tmp_path / "tiers.json"
+    config.write_text(json.dumps({"1": {"candidate_steps": [1, 3, 7]},
+                                  "8": {"candidate_steps": [1, 2]}}))
+    rt = runtime(fallback="table", table=((1, 3),), min_switch_steps=1)
+    params = make_policy_class(ORIGINAL["params"], rt)(initial_steps=3, cfg_path=str(config))
+    rt.controller = DecisionMarker(1, "controller", 0, (1,), (7,))
+    assert [params.get_steps_for_batch(3) for _ in range(2)] == [7, 7]
+    assert params.get_steps_for_batch(9) == 2 and rt.counters["clamped"] == 1
+    params.set_cuda_graph_bs([8, 16])
+    assert params.get_steps_for_batch(3) == 2 and rt.counters["clamped"] == 2
+    rt.controller = DecisionMarker(2, "controller", 0, (1, 5), (1, 3))
+    assert params.get_steps_for_batch(3) == 1  # a new decision: looked up again
+    assert params.get_steps_for_batch(5) == 2 and rt.counters["clamped"] == 3
 
 
 # -- faults ---------------------------------------------------------------------------------

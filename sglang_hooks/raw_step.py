@@ -1,0 +1,65 @@
+"""A step's values as the source rank's hooks read them, and the telemetry they make.
+
+The scheduler thread only reads what SGLang will have changed after the hook returns
+and keeps it as it read it: one tuple at launch (:data:`LAUNCH_FIELDS`), one at the
+result (:data:`STEP_FIELDS`, the launch's tuple inside). Everything derived from those
+values (running requests after an extend, KV use, prefill tokens, the steps a step
+used, its latency) is computed by :func:`telemetry_of` on the thread that consumes the
+step: the controller client's I/O thread and the recorder's thread. The telemetry is
+the same tuple the hooks built before (the arguments of
+:func:`sglang_hooks.client.telemetry_frame`).
+"""
+
+from __future__ import annotations
+
+#: A launch this long after the previous step's result means the server sat idle.
+IDLE_GAP_S = 0.05
+
+#: The launch tuple, in order. ``running``: the running batch's requests before this
+#: batch; ``available`` + ``evictable``: free KV (the allocator's, the tree cache's);
+#: ``extend_tokens``: an extend batch's ``extend_num_tokens`` (None for decode);
+#: ``requests``: a copy of the batch's request list (recording only); ``prefix_lens`` /
+#: ``extend_lens``: copies of an extend batch's lists (recording only, else None).
+LAUNCH_FIELDS = ("step", "time_s", "is_decode", "batch_size", "waiting", "running",
+                 "capacity", "available", "evictable", "extend_tokens", "requests",
+                 "prefix_lens", "extend_lens")
+#: The step tuple handed over after the result: its launch tuple, the depth the step
+#: ran (-1: the policy was not asked), SGLang's per-request accepted drafts (None: not
+#: verified), when its result was processed, and when the previous result was (None:
+#: no previous one).
+STEP_FIELDS = ("launch", "ran", "accepted", "result_s", "previous_result_s")
+
+
+def telemetry_of(server: str, rank: int, step: tuple) -> tuple:
+    """The telemetry tuple of a step tuple (:data:`STEP_FIELDS`): server, rank, step
+    index, launch time, batch size, waiting, running, KV used, KV capacity, prefill
+    tokens, steps used, accepted drafts, latency."""
+    launch, ran, accepted, now, start = step
+    (index, t_launch, is_decode, batch_size, waiting, running, capacity, available,
+     evictable, extend_tokens) = launch[:10]
+    # A step's latency is the time between consecutive results. Under overlap
+    # scheduling, step N+1 is launched before N's result is processed, so the
+    # launch-to-launch period would measure step N-1; result to result measures N (and
+    # equals the loop period without overlap). After an idle gap the step's own launch
+    # is its start.
+    if start is None or t_launch - start > IDLE_GAP_S:
+        start = t_launch
+    if is_decode:
+        return (server, rank, index, t_launch, batch_size, waiting, running,
+                max(0, capacity - (available + evictable)), capacity, 0,
+                ran if ran > 0 else 0, accepted, now - start)
+    # An extend step's requests are running too, it used no draft steps, and it computes
+    # at least one token per request (a record with no prefill tokens would read as a
+    # decode step).
+    return (server, rank, index, t_launch, batch_size, waiting, running + batch_size,
+            max(0, capacity - (available + evictable)), capacity,
+            extend_tokens or batch_size or 1, 0, accepted, now - start)
+
+
+def request_copies(step: tuple) -> tuple[list | None, tuple[list, list] | None]:
+    """What a step tuple holds for the recorder: the launch's request list copy (None:
+    not recording) and an extend step's (prefix lengths, new tokens) copies (None: a
+    decode step, not recording, or a batch without the lists)."""
+    launch = step[0]
+    prefix = launch[11]
+    return launch[10], (prefix, launch[12]) if prefix is not None else None
