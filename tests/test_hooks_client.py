@@ -679,6 +679,10 @@ def test_a_dead_io_thread_leaves_the_scheduler_thread_unblocked(caplog):
             client.send_telemetry(frame(step), step, clock())
         assert len(client._outbox) == 256
         assert client.counters["telemetry_backlog_dropped"] == 300 - 256
+        client.send_step(((1, 0.0, True, 1, 0, 1, 1, 1, 0, None, None, None, None), 1, [0],
+                          0.0, None))
+        assert len(client._outbox) == 256  # a step's values are bounded alike
+        assert client.counters["telemetry_backlog_dropped"] == 300 - 256 + 1
         for _ in range(70_000):  # more than a pipe holds (64 KiB)
             client._wake()
     finally:
@@ -724,11 +728,15 @@ def test_a_step_as_read_becomes_its_telemetrys_frame_under_the_hellos_name():
     clock = ManualClock()
     client = ControllerClient(None, Hello("srv", 3, tuple(range(8))), timeout_s=5.0,
                               local=local, monotonic=clock)
-    step = ((14, 0.5, True, 2, 4, 5, 100, 30, 10, None, None, None, None), 2, [1, 2], 0.75,
-            0.5)
+    # The server's first step (no previous result: its latency runs from its launch).
+    step = ((14, 999.5, True, 2, 4, 5, 100, 30, 10, None, None, None, None), 2, [1, 2],
+            999.75, None)  # the clock reads 1000.0
     try:
         client.send_step(step)
-        client.send_telemetry(telemetry_of("srv", 3, step), 14, 0.75)
+        wait_until(lambda: client.counters["local_decisions"] == 1, "a local decision")
+        # Aged as step 14's telemetry, queued at its result's time.
+        assert client.answered_step == 14 and client.counters["decisions"] == 1
+        client.send_telemetry(telemetry_of("srv", 3, step), 14, 999.75)
         wait_until(lambda: client.counters["local_decisions"] == 2, "two local decisions")
         assert local.frames[0] == local.frames[1]
         record = decode(local.frames[0])
@@ -736,34 +744,38 @@ def test_a_step_as_read_becomes_its_telemetrys_frame_under_the_hellos_name():
                 record.batch_size, record.waiting_requests, record.running_requests,
                 record.kv_used_tokens, record.kv_capacity_tokens, record.prefill_tokens,
                 record.steps_used, record.accepted_drafts.tolist(),
-                record.step_latency_s) == ("srv", 3, 14, 0.5, 2, 4, 5, 60, 100, 0, 2, [1, 2],
-                                           0.25)
+                record.step_latency_s) == ("srv", 3, 14, 999.5, 2, 4, 5, 60, 100, 0, 2,
+                                           [1, 2], 0.25)
     finally:
         client.close()
 
 
-def test_the_io_thread_does_its_chores_after_telemetry_and_a_failing_one_is_counted():
+def test_the_io_thread_does_its_chores_after_telemetry_and_a_failing_one_is_counted(caplog):
     threads, calls = [], []
 
     def chore() -> None:
         threads.append(threading.current_thread().name)
 
-    def failing() -> None:
+    def failing() -> None:  # fails on its first call only
         calls.append(1)
-        raise RuntimeError("a bug's stand-in")
+        if len(calls) == 1:
+            raise RuntimeError("a bug's stand-in")
 
     client = ControllerClient(None, HELLO, timeout_s=5.0, local=LocalStandIn(),
                               monotonic=ManualClock())
     try:
-        client.add_chore(failing)
-        client.add_chore(chore)
-        client.send_telemetry(("s", 0, 1, 0.0, 1, 0, 1, 0, 1, 0, 1, [0], 0.01), 1, 0.0)
-        wait_until(lambda: client.counters["chore_failed"] >= 2 and threads,
-                   "the chores, twice")
-        assert set(threads) == {"specctl-client"} and len(calls) >= 2
-        assert client._thread.is_alive()  # a failing chore is not the thread's end
+        with caplog.at_level(logging.ERROR, logger="sglang_hooks.client"):
+            client.add_chore(failing)
+            client.add_chore(chore)
+            client.send_telemetry(("s", 0, 1, 0.0, 1, 0, 1, 0, 1, 0, 1, [0], 0.01), 1, 0.0)
+            wait_until(lambda: len(calls) >= 2 and threads, "the chores, twice")
+            assert client._thread.is_alive()  # a failing chore is not the thread's end
     finally:
         client.close()
+    assert set(threads) == {"specctl-client"}
+    assert client.counters["chore_failed"] == 1  # its one failure, counted once
+    assert [r.getMessage() for r in caplog.records] == [  # and logged when it happened
+        "specctl: a chore of the controller client's thread failed (counted)"]
 
 
 def test_the_io_thread_asks_for_punctual_sleeps():

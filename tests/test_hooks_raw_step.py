@@ -37,11 +37,13 @@ def test_an_extend_step_counts_its_requests_as_running_and_at_least_a_token_each
                 T0 + 0.25, None)
         telemetry = telemetry_of("srv", 0, step)
         assert telemetry[6] == 3 + batch and telemetry[9:11] == (prefill, 0)
+        assert telemetry[7:9] == (3_000, 10_000)  # KV used: capacity less both free parts
 
 
 def test_kv_use_is_never_negative():
-    full = (*launch()[:7], 9_000, 2_000, *launch()[9:])
-    assert telemetry_of("srv", 0, (full, 1, None, T0, None))[7] == 0
+    for is_decode in (True, False):
+        full = (*launch(is_decode=is_decode)[:7], 9_000, 2_000, *launch()[9:])
+        assert telemetry_of("srv", 0, (full, 1, None, T0, None))[7] == 0
 
 
 def test_latency_runs_from_the_previous_result_unless_none_or_an_idle_gap_before_launch():
