@@ -61,15 +61,20 @@ class DecisionLoop:
         slo_tpot_s: per-token latency target for the SLO accounting (None: off).
         cost_prior: the cost profile the feature module assumes (what the
             controller would be configured with; None: telemetry only).
+        features: the feature builder to fold telemetry into (None: a new one from
+            ``feature_spec`` and ``cost_prior``); with :meth:`reset`'s ``keep_features``
+            one builder carries a controller stream's estimators from run to run.
     """
 
     def __init__(self, sim: Simulator, feature_spec: FeatureSpec | None = None,
                  feedback_lag: int = 3, horizon_s: float | None = None,
-                 slo_tpot_s: float | None = None, cost_prior=None) -> None:
+                 slo_tpot_s: float | None = None, cost_prior=None,
+                 features: FeatureBuilder | None = None) -> None:
         if feedback_lag < 1:
             raise ValueError("feedback_lag must be >= 1 (a step's own result is never known)")
         self.sim = sim
-        self.features = FeatureBuilder(feature_spec, cost_prior)
+        self.features = features if features is not None else FeatureBuilder(feature_spec,
+                                                                             cost_prior)
         self.feedback_lag = feedback_lag
         self.horizon_s = horizon_s
         self.slo_tpot_s = slo_tpot_s
@@ -80,13 +85,17 @@ class DecisionLoop:
         """Simulated time at which the episode ends."""
         return float("inf") if self.horizon_s is None else self.horizon_s
 
-    def reset(self, seed: int | None = None, observe: bool = True) -> Observation | None:
+    def reset(self, seed: int | None = None, observe: bool = True,
+              keep_features: bool = False) -> Observation | None:
         """Start an episode; returns the first observation (None if nothing to do).
 
-        With ``observe=False`` no observation is built (for fixed-depth replays).
+        With ``observe=False`` no observation is built (for fixed-depth replays);
+        ``keep_features=True`` keeps what the feature builder has seen (a real
+        controller's stream lives on from one load to the next on one server).
         """
         self.sim.reset(seed)
-        self.features.reset()
+        if not keep_features:
+            self.features.reset()
         self._pending.clear()
         self.tokens = 0.0
         self.elapsed_s = 0.0
@@ -192,9 +201,11 @@ class RunResult:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
-def rollout(loop: DecisionLoop, policy: Policy, seed: int | None = None) -> RunResult:
-    """Run ``policy`` for one episode of ``loop`` and summarise it."""
-    obs = loop.reset(seed)
+def rollout(loop: DecisionLoop, policy: Policy, seed: int | None = None,
+            keep_features: bool = False) -> RunResult:
+    """Run ``policy`` for one episode of ``loop`` and summarise it (``keep_features``:
+    see :meth:`DecisionLoop.reset`)."""
+    obs = loop.reset(seed, keep_features=keep_features)
     policy.reset(loop.sim)
     while obs is not None:
         obs, _ = loop.step(policy.act(obs))

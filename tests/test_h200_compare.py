@@ -492,3 +492,73 @@ def test_ppo_cells_run_the_policy_their_run_recorded(tmp_path, capsys):
     assert compare.policy_of(cell("ppo", None), by_sha, "x.npz") == "x.npz"
     assert compare.policy_of(cell("ppo", "0123456789"), by_sha, None) is None
     assert "policy 01234567 is not kept" in capsys.readouterr().err
+
+
+def test_a_plugin_runs_loops_are_listed_in_the_order_they_ran(tmp_path):
+    """``plugin_servings``: per serving, in the order served, its loops in the order run,
+    with the warm-up's seconds; files of other phases have none."""
+    from measured_runs import plugin_servings
+
+    summary = {"throughput_tok_s": 100.0, "mean_tpot_ms": 5.0}
+    loops = {"1": summary, "16": summary}
+    name = "dense_acc3.5_load_run15.json"
+    (tmp_path / name).write_text(json.dumps(
+        {"acceptance": 3.5, "closed_seconds": 10.0, "warmup_seconds": 5.0,
+         "closed_static_3": loops, "closed_ppo": loops, "repeat_closed_static_3": loops}))
+    assert plugin_servings(tmp_path / name) == (5.0, [
+        [f"{name}:closed_static_3.1", f"{name}:closed_static_3.16"],
+        [f"{name}:closed_ppo.1", f"{name}:closed_ppo.16"],
+        [f"{name}:repeat_closed_static_3.1", f"{name}:repeat_closed_static_3.16"]])
+    (tmp_path / "dense_nospec_run15.json").write_text(json.dumps({"closed": loops}))
+    assert plugin_servings(tmp_path / "dense_nospec_run15.json") is None
+    cells, _ = read_run_dir(tmp_path)
+    assert {c.source for c in cells} >= {s for serving in plugin_servings(tmp_path / name)[1]
+                                         for s in serving}
+
+
+def test_a_servings_loops_carry_the_controllers_state(tmp_path):
+    """Replayed in order, a loop starts from the feature builder the loops before it left
+    (acceptance measured by static 3's serving), where alone it starts cold; a static
+    policy's own loop is the same either way."""
+    from omegaconf import OmegaConf
+
+    from env.sim.cost_model import load_profile
+
+    profile = load_profile("h200_llama31_8b")
+    client = OmegaConf.create({"start_interval_s": 0.0, "client_overhead_s": 0.0})
+    summary = {"throughput_tok_s": 100.0, "mean_tpot_ms": 5.0}
+    name = "dense_acc3.5_load_run15.json"
+    (tmp_path / name).write_text(json.dumps(
+        {"acceptance": 3.5, "closed_seconds": 1.0, "warmup_seconds": 0.5,
+         "closed_static_3": {"1": summary}, "closed_ppo": {"1": summary}}))
+    cells, _ = read_run_dir(tmp_path)
+    by_source = {c.source: c for c in cells}
+    seen: list[int] = []
+
+    def policy_path(cell):
+        return None
+
+    original = compare.simulate
+
+    from env.features import FeatureSpec
+
+    confidence = FeatureSpec().names().index("accept_confidence_1")
+
+    def spy(cell, *args, features=None, **kwargs):
+        # how sure of the first draft's acceptance the stream was when this loop began
+        seen.append(features.observation(1).vector[confidence])
+        return original(cell, *args, features=features, **kwargs)
+
+    compare.simulate = spy
+    try:
+        out = compare.simulate_servings(tmp_path / name, by_source, {
+            "profile": profile, "prior": profile, "client": client,
+            "finish_lag_steps": 1, "policy_path": policy_path})
+    finally:
+        compare.simulate = original
+    assert sorted(out) == [f"{name}:closed_ppo.1", f"{name}:closed_static_3.1"]
+    # warm-up and loop of static 3 (the first from nothing), then the policy's: warm
+    assert seen[0] == 0.0 and 0.0 < seen[1] < seen[2] <= seen[3]
+    alone = compare.simulate(by_source[f"{name}:closed_static_3.1"], profile, profile, client)
+    assert alone["throughput_tok_s"] == pytest.approx(
+        out[f"{name}:closed_static_3.1"]["throughput_tok_s"])

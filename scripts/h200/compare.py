@@ -43,6 +43,7 @@ simulated, but marked ``apart`` and counted separately.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import re
@@ -55,10 +56,17 @@ from omegaconf import OmegaConf
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import prefix_workload
-from measured_runs import APART, PREFIX_WORKLOADS, Cell, read_run_dir, window_throughput
+from measured_runs import (
+    APART,
+    PREFIX_WORKLOADS,
+    Cell,
+    plugin_servings,
+    read_run_dir,
+    window_throughput,
+)
 
 from agents.policies import make_policy
-from env.features import FeatureSpec
+from env.features import FeatureBuilder, FeatureSpec
 from env.rollout import DecisionLoop, rollout
 from env.sim.acceptance import SGLangSimulatedAcceptance
 from env.sim.cost_model import CostProfile, load_profile
@@ -96,12 +104,14 @@ def workload_of(cell: Cell, client) -> tuple[object, float | None]:
 
 
 def simulate(cell: Cell, profile: CostProfile, prior: CostProfile, client, seed: int = 0,
-             policy_path: str | None = None, finish_lag_steps: int = 1) -> dict:
+             policy_path: str | None = None, finish_lag_steps: int = 1,
+             features: FeatureBuilder | None = None) -> dict:
     """Replay one cell; throughput (tok/s), mean TPOT (ms) and decisions per depth.
 
     ``policy_path``: the exported policy a ``ppo`` cell runs (default: the shipped one);
     ``finish_lag_steps``: ``SchedulerConfig.finish_lag_steps`` (1: SGLang's overlap
-    scheduler, which every recorded server ran).
+    scheduler, which every recorded server ran); ``features``: the controller stream's
+    feature builder, carried on from the loops before (None: a cold start).
     """
     workload, horizon = workload_of(cell, client)
     # A depth-0 step is a plain decode on a server without speculation and on the plugin's
@@ -122,7 +132,8 @@ def simulate(cell: Cell, profile: CostProfile, prior: CostProfile, client, seed:
     sim = Simulator(profile, acceptance, workload, config, seed=seed)
     policy = make_policy(cell.policy, profile=profile, sim_config=config,
                          policy_path=policy_path)
-    result = rollout(DecisionLoop(sim, FeatureSpec(), 3, horizon, cost_prior=prior), policy)
+    loop = DecisionLoop(sim, FeatureSpec(), 3, horizon, cost_prior=prior, features=features)
+    result = rollout(loop, policy, keep_features=features is not None)
     out = {"throughput_tok_s": result.throughput_tok_s, "mean_tpot_ms": result.mean_tpot_ms,
            "steps_chosen": list(result.steps_chosen), "window_tok_s": None}
     if cell.workload == "closed":
@@ -131,6 +142,35 @@ def simulate(cell: Cell, profile: CostProfile, prior: CostProfile, client, seed:
         out["window_tok_s"] = window_throughput(stats.first_token_s[done],
                                                 stats.finish_s[done],
                                                 stats.output_tokens[done], cell.seconds)
+    return out
+
+
+def simulate_servings(file: Path, cells: dict[str, Cell], run: dict) -> dict[str, dict]:
+    """Replay a ``load_cells.py plugin`` file's loops in the order they ran, one feature
+    builder carried through all of them (a warm-up loop before each serving), as the real
+    controller's stream lived through them on one server: a policy served after static 3
+    starts with acceptance measured, a loop at C = 64 after those at 1 and 16. Cells
+    simulated alone start cold instead (at batch 48 on the H200 the shipped policy then
+    never speculates, ``docs/FIDELITY.md`` run 15). ``run``: ``simulate``'s other
+    arguments by name (``profile``, ``prior``, ``client``, ``finish_lag_steps``) and
+    ``policy_path`` (cell -> path). Returns ``simulate``'s result per cell source."""
+    order = plugin_servings(file)
+    if order is None:
+        return {}
+    warmup_s, servings = order
+    if any(source not in cells for sources in servings for source in sources):
+        return {}  # a loop the reader did not take: the order cannot be replayed
+    features = FeatureBuilder(FeatureSpec(), run["prior"])
+    out: dict[str, dict] = {}
+    kwargs = {k: run[k] for k in ("profile", "prior", "client", "finish_lag_steps")}
+    for sources in servings:
+        head = cells[sources[0]]
+        if warmup_s > 0:  # unrecorded: at the first loop's C, right after the policy is served
+            simulate(dataclasses.replace(head, seconds=warmup_s),
+                     policy_path=run["policy_path"](head), features=features, **kwargs)
+        for source in sources:
+            out[source] = simulate(cells[source], policy_path=run["policy_path"](cells[source]),
+                                   features=features, **kwargs)
     return out
 
 
@@ -400,6 +440,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="an exported policy: PPO cells whose run recorded its sha256 run "
                              "it, as do those whose policy is not recorded or kept (default "
                              "for those: the shipped one)")
+    parser.add_argument("--cold-cells", action="store_true",
+                        help="simulate every closed loop of a plugin run from a cold start "
+                             "(before the ninth session), not in the order its loops ran with "
+                             "the controller's state carried over")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     names = profile_names(args.profile, parser)
@@ -420,6 +464,8 @@ def main(argv: list[str] | None = None) -> int:
         cells, skipped = read_run_dir(run)
         for name, why in skipped.items():
             print(f"skipped {run}/{name}: {why}", file=sys.stderr)
+        by_source = {cell.source: cell for cell in cells}
+        carried: dict[str, dict] = {}  # plugin files: the loops replayed in order
         for cell in cells:
             profile = profile_for(cell, profiles)
             if profile is None:
@@ -429,9 +475,15 @@ def main(argv: list[str] | None = None) -> int:
             prior_name = prior_files.get(file) or cell.prior or args.prior
             if prior_name not in priors:
                 priors[prior_name] = load_profile(prior_name)
-            sim = simulate(cell, profile, priors[prior_name], client,
-                           policy_path=policy_of(cell, policies, args.policy_file),
-                           finish_lag_steps=args.finish_lag_steps)
+            if cell.workload == "closed" and not args.cold_cells and cell.source not in carried:
+                carried.update(simulate_servings(Path(run) / file, by_source, {
+                    "profile": profile, "prior": priors[prior_name], "client": client,
+                    "finish_lag_steps": args.finish_lag_steps,
+                    "policy_path": lambda c: policy_of(c, policies, args.policy_file)}))
+            sim = carried.get(cell.source) or simulate(
+                cell, profile, priors[prior_name], client,
+                policy_path=policy_of(cell, policies, args.policy_file),
+                finish_lag_steps=args.finish_lag_steps)
             fitted = file in args.fitted_on or cell.source.split(" ")[0] in args.fitted_on
             per_model.setdefault(cell.model, []).append({
                 "cell": cell.key(), "use": "fit-run" if fitted else "held-out",

@@ -261,6 +261,21 @@ def _offswitch(path: Path, data: dict) -> list[Cell]:
     return cells
 
 
+def plugin_servings(path: str | Path) -> tuple[float, list[list[str]]] | None:
+    """How a ``load_cells.py plugin`` file's closed loops ran on its one server: the
+    warm-up loop's seconds (``warmup_seconds``; 0 where the file has none) and, per serving
+    in the order served, the sources of its loops (``Cell.source``) in the order run.
+    None for any other file. On the server one controller stream saw every loop of the
+    file, so a replay that carries its state from loop to loop follows this order."""
+    path = Path(path)
+    if not re.search(r"_load(_run\d+)?\.json$", path.name):
+        return None
+    data = json.loads(path.read_text())
+    servings = [[f"{path.name}:{key}.{c}" for c in loops]
+                for key, loops in data.items() if _serving(key, path.name) is not None]
+    return (float(data.get("warmup_seconds", 0.0)), servings) if servings else None
+
+
 def _prefix(path: Path, data: dict) -> list[Cell]:
     base = {"model": _model(path.name, data), "server": "nospec", "acceptance": None,
             "radix_cache": bool(data.get("radix_cache", True)), "max_running": 48,
