@@ -14,7 +14,10 @@ The client is modelled as the load generator drives the server (``loadgen.py``):
   per-request client overhead from ``--client``, default
   ``configs/workload/h200_measured.yaml``; ``fit_client.py`` fits them);
 * ``closed``: C clients back to back, sending for the run's seconds, then waiting for
-  every answer (throughput: every token over the time to the last answer);
+  every answer (throughput: every token over the time to the last answer); a
+  ``load_cells.py plugin`` run's loops are replayed in the order they ran on its server,
+  one controller stream's features carried through them (``simulate_servings``;
+  ``--cold-cells``: each loop from a cold start, as before the ninth session);
 * ``headline``: ``session.headline_workload(seconds)``, open-loop arrivals;
 * ``unique_prefix`` / ``shared_prefix``: ``prefix_workload.prefix_workload``, open-loop,
   with the radix cache modelled (``SchedulerConfig.prefix_cache``) as the run had it.
