@@ -14,6 +14,7 @@ from env.sim.random_servers import (
     OPTIMISTIC_FACTOR,
     PRIOR_MODES,
     SPECULATIVE_COEFFICIENTS,
+    UNPERTURBED_COEFFICIENTS,
     handed_profile,
     perturbed,
     random_server,
@@ -67,6 +68,25 @@ def test_optimistic_profile_prices_only_speculation_too_cheaply():
         assert cheap.step_latency_s(*off) == truth.step_latency_s(*off)
         assert cheap.step_latency_s(48, 3, 24_000) < truth.step_latency_s(48, 3, 24_000)
     assert max(factors) - min(factors) > 0.2
+
+
+def test_a_perturbed_profile_draws_as_many_numbers_as_the_shipped_policy_was_trained_with():
+    """The scenarios of training and evaluation are drawn from one stream: a coefficient
+    added to the cost model must not take a number from it (that moved every later
+    scenario once, docs: UNPERTURBED_COEFFICIENTS). 17 factors, in the coefficients'
+    order; the terms left out are kept as they are."""
+    truth = load_profile("h100_llama31_8b").replace(c_prefill_pair=1e-9,
+                                                    c_prefill_cached_token=1e-6)
+    rng = np.random.default_rng(3)
+    off = perturbed(truth, rng)
+    reference = np.random.default_rng(3)
+    factors = reference.uniform(0.5, 1.5, size=17)
+    assert rng.random() == reference.random()  # the stream continues where it would have
+    drawn = [name for name in truth.coefficients if name not in UNPERTURBED_COEFFICIENTS]
+    assert len(drawn) == 17
+    for name, factor in zip(drawn, factors, strict=True):
+        assert getattr(off, name) == pytest.approx(getattr(truth, name) * factor), name
+    assert (off.c_prefill_pair, off.c_prefill_cached_token) == (1e-9, 1e-6)
 
 
 def test_perturbed_spread_zero_is_identity():

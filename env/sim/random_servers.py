@@ -113,9 +113,12 @@ def random_scheduler_overrides(rng: np.random.Generator) -> dict[str, float]:
 
 
 #: Coefficients :func:`perturbed` leaves as they are: terms added after the evaluation's
-#: scenarios were drawn, zero in every training profile (a factor would multiply 0), and
-#: out of the draw so that every later random number, and so every scenario, stays the same.
-UNPERTURBED_COEFFICIENTS = frozenset({"c_prefill_cached_token"})
+#: scenarios and the shipped policy's training were drawn, zero in every training profile
+#: (a factor would multiply 0), and out of the draw so that every later random number, and
+#: so every scenario, stays the same. (``c_prefill_pair`` was drawn for from the eighth
+#: session's 12:15 commit to the ninth's fix: one more number per perturbed profile, which
+#: moved every later draw; evaluations and trainings of that span are on that stream.)
+UNPERTURBED_COEFFICIENTS = frozenset({"c_prefill_pair", "c_prefill_cached_token"})
 
 
 def perturbed(profile: CostProfile, rng: np.random.Generator, spread: float = 0.5) -> CostProfile:
