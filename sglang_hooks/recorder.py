@@ -148,10 +148,11 @@ class Recorder:
         :func:`sglang_hooks.client.telemetry_frame` (server, rank, step index, launch
         time, batch size, waiting, running, KV used, KV capacity, prefill tokens, steps
         used, accepted drafts, latency), as one tuple; ``request_ids`` as in
-        :meth:`add_step`. The scheduler thread builds the tuple once for both.
-        ``finished``: the processed batch's requests, as :meth:`add_finished` takes them
-        (one queue item for both: the same trace as the two calls, one call fewer on the
-        scheduler thread). ``prefill_lens``: an extend step's cached prefix and new tokens
+        :meth:`add_step`: for a caller that has the telemetry already (benchmarks, tests);
+        the hooks hand over the values they read (:meth:`add_step_values`), whose
+        telemetry is made on the recorder's thread. ``finished``: the processed batch's
+        requests, as :meth:`add_finished` takes them (one queue item for both: the same
+        trace as the two calls). ``prefill_lens``: an extend step's cached prefix and new tokens
         per request (SGLang's ``prefix_lens`` and ``extend_lens``), for the step's
         attention pairs (``StepRecord.prefill_pairs``)."""
         if len(self._queue) >= self._max_queue:

@@ -516,12 +516,13 @@ def test_a_plugin_runs_loops_are_listed_in_the_order_they_ran(tmp_path):
                                          for s in serving}
 
 
-def test_a_servings_loops_carry_the_controllers_state(tmp_path):
+def test_a_servings_loops_carry_the_controllers_state(tmp_path, monkeypatch):
     """Replayed in order, a loop starts from the feature builder the loops before it left
     (acceptance measured by static 3's serving), where alone it starts cold; a static
     policy's own loop is the same either way."""
     from omegaconf import OmegaConf
 
+    from env.features import FeatureSpec
     from env.sim.cost_model import load_profile
 
     profile = load_profile("h200_llama31_8b")
@@ -533,29 +534,19 @@ def test_a_servings_loops_carry_the_controllers_state(tmp_path):
          "closed_static_3": {"1": summary}, "closed_ppo": {"1": summary}}))
     cells, _ = read_run_dir(tmp_path)
     by_source = {c.source: c for c in cells}
-    seen: list[int] = []
-
-    def policy_path(cell):
-        return None
-
-    original = compare.simulate
-
-    from env.features import FeatureSpec
-
     confidence = FeatureSpec().names().index("accept_confidence_1")
+    seen: list[float] = []
+    original = compare.simulate
 
     def spy(cell, *args, features=None, **kwargs):
         # how sure of the first draft's acceptance the stream was when this loop began
         seen.append(features.observation(1).vector[confidence])
         return original(cell, *args, features=features, **kwargs)
 
-    compare.simulate = spy
-    try:
-        out = compare.simulate_servings(tmp_path / name, by_source, {
-            "profile": profile, "prior": profile, "client": client,
-            "finish_lag_steps": 1, "policy_path": policy_path})
-    finally:
-        compare.simulate = original
+    monkeypatch.setattr(compare, "simulate", spy)
+    out = compare.simulate_servings(tmp_path / name, by_source, profile, profile, client,
+                                    lambda cell: None)
+    monkeypatch.undo()
     assert sorted(out) == [f"{name}:closed_ppo.1", f"{name}:closed_static_3.1"]
     # warm-up and loop of static 3 (the first from nothing), then the policy's: warm
     assert seen[0] == 0.0 and 0.0 < seen[1] < seen[2] <= seen[3]

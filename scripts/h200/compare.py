@@ -51,6 +51,7 @@ import hashlib
 import json
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -148,32 +149,34 @@ def simulate(cell: Cell, profile: CostProfile, prior: CostProfile, client, seed:
     return out
 
 
-def simulate_servings(file: Path, cells: dict[str, Cell], run: dict) -> dict[str, dict]:
+def simulate_servings(file: Path, cells: dict[str, Cell], profile: CostProfile,
+                      prior: CostProfile, client, policy_path: Callable[[Cell], str | None],
+                      finish_lag_steps: int = 1) -> dict[str, dict]:
     """Replay a ``load_cells.py plugin`` file's loops in the order they ran, one feature
     builder carried through all of them (a warm-up loop before each serving), as the real
     controller's stream lived through them on one server: a policy served after static 3
     starts with acceptance measured, a loop at C = 64 after those at 1 and 16. Cells
     simulated alone start cold instead (at batch 48 on the H200 the shipped policy then
-    never speculates, ``docs/FIDELITY.md`` run 15). ``run``: ``simulate``'s other
-    arguments by name (``profile``, ``prior``, ``client``, ``finish_lag_steps``) and
-    ``policy_path`` (cell -> path). Returns ``simulate``'s result per cell source."""
+    never speculates, ``docs/FIDELITY.md`` run 15). ``policy_path`` gives a cell's
+    exported policy; the rest as :func:`simulate`. Returns its result per cell source
+    (empty for a file of another phase)."""
     order = plugin_servings(file)
     if order is None:
         return {}
     warmup_s, servings = order
     if any(source not in cells for sources in servings for source in sources):
         return {}  # a loop the reader did not take: the order cannot be replayed
-    features = FeatureBuilder(FeatureSpec(), run["prior"])
+    features = FeatureBuilder(FeatureSpec(), prior)
     out: dict[str, dict] = {}
-    kwargs = {k: run[k] for k in ("profile", "prior", "client", "finish_lag_steps")}
     for sources in servings:
-        head = cells[sources[0]]
-        if warmup_s > 0:  # unrecorded: at the first loop's C, right after the policy is served
-            simulate(dataclasses.replace(head, seconds=warmup_s),
-                     policy_path=run["policy_path"](head), features=features, **kwargs)
-        for source in sources:
-            out[source] = simulate(cells[source], policy_path=run["policy_path"](cells[source]),
-                                   features=features, **kwargs)
+        for k, source in enumerate(sources):
+            cell = cells[source]
+            if k == 0 and warmup_s > 0:  # unrecorded, at the first loop's C, once served
+                simulate(dataclasses.replace(cell, seconds=warmup_s), profile, prior, client,
+                         policy_path=policy_path(cell), finish_lag_steps=finish_lag_steps,
+                         features=features)
+            out[source] = simulate(cell, profile, prior, client, policy_path=policy_path(cell),
+                                   finish_lag_steps=finish_lag_steps, features=features)
     return out
 
 
@@ -469,6 +472,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"skipped {run}/{name}: {why}", file=sys.stderr)
         by_source = {cell.source: cell for cell in cells}
         carried: dict[str, dict] = {}  # plugin files: the loops replayed in order
+        replayed: set[str] = set()  # files whose order was read (once each)
         for cell in cells:
             profile = profile_for(cell, profiles)
             if profile is None:
@@ -478,11 +482,11 @@ def main(argv: list[str] | None = None) -> int:
             prior_name = prior_files.get(file) or cell.prior or args.prior
             if prior_name not in priors:
                 priors[prior_name] = load_profile(prior_name)
-            if cell.workload == "closed" and not args.cold_cells and cell.source not in carried:
-                carried.update(simulate_servings(Path(run) / file, by_source, {
-                    "profile": profile, "prior": priors[prior_name], "client": client,
-                    "finish_lag_steps": args.finish_lag_steps,
-                    "policy_path": lambda c: policy_of(c, policies, args.policy_file)}))
+            if cell.workload == "closed" and not args.cold_cells and file not in replayed:
+                replayed.add(file)
+                carried.update(simulate_servings(
+                    Path(run) / file, by_source, profile, priors[prior_name], client,
+                    lambda c: policy_of(c, policies, args.policy_file), args.finish_lag_steps))
             sim = carried.get(cell.source) or simulate(
                 cell, profile, priors[prior_name], client,
                 policy_path=policy_of(cell, policies, args.policy_file),
