@@ -107,6 +107,9 @@ def stop(process: subprocess.Popen, name: str) -> None:
 def start_controller(policy: Path, profile: str) -> subprocess.Popen:
     args = [sys.executable, "-m", "controller.cli", f"policy={policy}", f"profile={profile}",
             f"endpoint={SOCKET}", "reload_poll_s=0.2", "log_every_s=10"]
+    # More Hydra overrides for specctl-serve (space-separated), e.g. to A/B an option of the
+    # controller's on one server start.
+    args += os.environ.get("SPECCTL_SERVE_OVERRIDES", "").split()
     logfile = open(RUN / "controller.log", "a")  # noqa: SIM115
     process = subprocess.Popen(args, stdout=logfile, stderr=subprocess.STDOUT,
                                start_new_session=True, cwd=REPO)
