@@ -66,7 +66,8 @@ def request_copies(step: tuple) -> tuple[list | None, tuple[list, list] | None]:
     The launch kept the batch's list itself; its first ``batch_size`` entries are the
     requests launched however long ago that was, because SGLang changes a batch's list
     in place only by appending (:data:`sglang_hooks.contract.APPEND_ONLY`). The copy is
-    made here, on the consumer's thread, not by the hook."""
+    made here, on the consumer's thread, not by the hook (a slice is one C call under
+    the GIL: an append on the scheduler thread lands before or after it, not inside)."""
     launch = step[0]
     requests, prefix = launch[10], launch[11]
     return (None if requests is None else requests[:launch[3]],

@@ -346,8 +346,9 @@ class Runtime:
                         scheduler.token_to_kv_pool_allocator.available_size(),
                         scheduler.tree_cache.evictable_size(),
                         None if is_decode else batch.extend_num_tokens,
-                        # The list itself, not a copy (a copy touched every request's
-                        # reference count, 64 cold objects, the result's tail here): the
+                        # The list itself, not a copy (a copy touches every request's
+                        # reference count: with 64 cold requests, most of the recording's
+                        # p99 in a server-like loop, docs/ONLINE.md's tenth pass): the
                         # recorder's thread reads its first batch-size entries. SGLang
                         # changes a batch's list in place only by appending (0.5.15's
                         # merge_batch; sglang_hooks.contract checks both trees), so those
