@@ -8,16 +8,18 @@ them with :mod:`ast` on the installed source instead:
 
 * :func:`target_problems` -- the hook targets exist with the expected
   parameters (what :func:`sglang_hooks.plugin.register` checks before patching);
-* :func:`contract_problems` -- that, plus every attribute the hooks read, the
-  call paths the design depends on, and that no code changes a batch's request list
-  in place except by appending (:data:`APPEND_ONLY`; what
-  ``tests/test_sglang_contract.py`` checks).
+* :func:`contract_problems` -- that, plus every attribute the hooks read and the
+  call paths the design depends on (what ``tests/test_sglang_contract.py`` checks);
+* :func:`append_only_problems` -- that no code changes a batch's request list in place
+  except by appending (:data:`APPEND_ONLY`, which the recorder relies on). The contract
+  test checks it for every pinned version; the plugin does not at load: it parses ~90
+  of SGLang's modules, 1.2-1.4 s of CPU (measured here) in every scheduler process's
+  start-up, where the rest of the contract takes 0.3 s.
 """
 
 from __future__ import annotations
 
 import ast
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -185,7 +187,6 @@ _COMMON = (
                ("reqs", "forward_mode", "extend_num_tokens", "forward_iter", "prefix_lens",
                 "extend_lens")),
     Calls(BATCH, "ScheduleBatch.copy", ("forward_iter=self.forward_iter",)),
-    APPEND_ONLY,
     Attributes(BATCH, "Req", ("rid", "origin_input_ids", "output_ids", "finished_reason")),
     Method(FORWARD, "ForwardMode", "is_decode", ("self",)),
     Method(FORWARD, "ForwardMode", "is_extend", ("self",)),
@@ -310,9 +311,8 @@ def contract_problems(root: str | Path, version: str) -> list[str]:
 def append_only_problems(root: str | Path, item: AppendOnly = APPEND_ONLY) -> list[str]:
     """Where code under ``root`` changes a ``.<attr>`` list in place other than by
     appending (``path:line: code``; empty: nowhere). Only files that mention the
-    attribute (or ``init_new``) are parsed: a few dozen of SGLang's ~2,000."""
+    attribute (or ``init_new``) are parsed: 84-91 of SGLang's 1,530-2,141."""
     base = Path(root).joinpath(*item.package.split("."))
-    mentions = re.compile(rf"\.{item.attr}\b|\b{item.attr}\s*=|init_new\(")
     problems = []
     for path in sorted(base.rglob("*.py")):
         try:
@@ -320,7 +320,9 @@ def append_only_problems(root: str | Path, item: AppendOnly = APPEND_ONLY) -> li
         except (OSError, UnicodeDecodeError) as exc:
             problems.append(f"{path}: not readable ({exc})")
             continue
-        if not mentions.search(text):
+        # (A cheap filter: every form checked below mentions one of these.)
+        if f".{item.attr}" not in text and f"{item.attr}=" not in text and (
+                "init_new(" not in text):
             continue
         try:
             module = ast.parse(text, str(path))
@@ -380,10 +382,7 @@ def _in_place_changes(function: ast.AST, attr: str) -> list[tuple[int, str]]:
     return found
 
 
-def _check(tree: SourceTree, item: Method | Attributes | Calls | AppendOnly) -> str | None:
-    if isinstance(item, AppendOnly):
-        problems = append_only_problems(tree.root, item)
-        return "; ".join(problems) if problems else None
+def _check(tree: SourceTree, item: Method | Attributes | Calls) -> str | None:
     where = f"{item.module}.{getattr(item, 'cls', None) or getattr(item, 'function', '')}"
     if tree.module(item.module) is None:
         return f"{item.module}: module source not found under {tree.root}"

@@ -351,8 +351,8 @@ class Runtime:
                         # p99 in a server-like loop, docs/ONLINE.md's tenth pass): the
                         # recorder's thread reads its first batch-size entries. SGLang
                         # changes a batch's list in place only by appending (0.5.15's
-                        # merge_batch; sglang_hooks.contract checks both trees), so those
-                        # are the requests launched.
+                        # merge_batch; contract.APPEND_ONLY, tested on both pinned trees),
+                        # so those are the requests launched.
                         reqs if recording else None,
                         # An extend step's cached prefix and new tokens per request, for
                         # the trace (the attention pairs are reckoned on its thread).
