@@ -11,7 +11,8 @@ Each tree's ``sglang_hooks``, ``controller`` and ``env`` are imported as their o
 phase does (a live ``specctl-serve``, one for both; recording; ``SPECCTL_HOOK_TIMING``)
 in ``bench_hook_server``'s loop, with SGLang's work between the hooks; per launched step
 the two trees take turns (the order alternates). Printed: each tree's clock per step
-(p50/p90/p99, what the GPU server's JSON reports) and each hook's own time per call.
+(p50/p90/p99, what the GPU server's JSON reports) and each hook's own time per call
+(p50, mean, p99).
 """
 
 from __future__ import annotations
@@ -96,12 +97,13 @@ def main() -> None:
     for key in ("p50_us", "p90_us", "p99_us", "mean_us"):
         b, a = summaries["before"][key], summaries["after"][key]
         print(f"  {key:26s} {b:8.1f} {a:8.1f} {a / b:6.2f}")
-    print("per hook call, p50 (mean) us")
+    print("per hook call, p50 (mean) p99 us")
     for name in summaries["after"]["per_hook"]:
         b = summaries["before"]["per_hook"].get(name, {})
         a = summaries["after"]["per_hook"][name]
         print(f"  {name:26s} {b.get('p50_us', 0):6.1f} ({b.get('mean_us', 0):5.1f})"
-              f" {a.get('p50_us', 0):6.1f} ({a.get('mean_us', 0):5.1f})")
+              f" {b.get('p99_us', 0):6.1f}   {a.get('p50_us', 0):6.1f}"
+              f" ({a.get('mean_us', 0):5.1f}) {a.get('p99_us', 0):6.1f}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1))

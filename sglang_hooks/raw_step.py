@@ -18,8 +18,10 @@ IDLE_GAP_S = 0.05
 #: The launch tuple, in order. ``running``: the running batch's requests before this
 #: batch; ``available`` + ``evictable``: free KV (the allocator's, the tree cache's);
 #: ``extend_tokens``: an extend batch's ``extend_num_tokens`` (None for decode);
-#: ``requests``: a copy of the batch's request list (recording only); ``prefix_lens`` /
-#: ``extend_lens``: copies of an extend batch's lists (recording only, else None).
+#: ``requests``: the batch's request list itself (recording only; its first
+#: ``batch_size`` entries are the requests launched, see :func:`request_copies`);
+#: ``prefix_lens`` / ``extend_lens``: copies of an extend batch's lists (recording only,
+#: else None).
 LAUNCH_FIELDS = ("step", "time_s", "is_decode", "batch_size", "waiting", "running",
                  "capacity", "available", "evictable", "extend_tokens", "requests",
                  "prefix_lens", "extend_lens")
@@ -57,9 +59,16 @@ def telemetry_of(server: str, rank: int, step: tuple) -> tuple:
 
 
 def request_copies(step: tuple) -> tuple[list | None, tuple[list, list] | None]:
-    """What a step tuple holds for the recorder: the launch's request list copy (None:
+    """What a step tuple holds for the recorder: a copy of the requests launched (None:
     not recording) and an extend step's (prefix lengths, new tokens) copies (None: a
-    decode step, not recording, or a batch without the lists)."""
+    decode step, not recording, or a batch without the lists).
+
+    The launch kept the batch's list itself; its first ``batch_size`` entries are the
+    requests launched however long ago that was, because SGLang changes a batch's list
+    in place only by appending (:data:`sglang_hooks.contract.APPEND_ONLY`). The copy is
+    made here, on the consumer's thread, not by the hook (a slice is one C call under
+    the GIL: an append on the scheduler thread lands before or after it, not inside)."""
     launch = step[0]
-    prefix = launch[11]
-    return launch[10], (prefix, launch[12]) if prefix is not None else None
+    requests, prefix = launch[10], launch[11]
+    return (None if requests is None else requests[:launch[3]],
+            (prefix, launch[12]) if prefix is not None else None)

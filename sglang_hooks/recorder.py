@@ -1,9 +1,11 @@
 """Record mode: every step and every finished request, to a Parquet trace.
 
 The scheduler thread only appends plain tuples to a bounded deque (full: the
-record is dropped and counted, never waited for): a step's values, and copies of
-the request lists it saw (a list copy, not a scan of its requests). A daemon
-thread reads the requests' ids and finish state from those copies, turns
+record is dropped and counted, never waited for): a step's values, and the
+request lists it saw with their lengths (not a copy, nor a scan of its requests:
+SGLang changes a batch's list in place only by appending, so the first entries
+stay the batch's). A daemon thread reads the requests' ids and finish state from
+those, turns
 everything into :class:`env.traces.schema.StepRecord` /
 :class:`~env.traces.schema.RequestRecord` and hands them to
 :class:`env.traces.trace_format.TraceWriter`, writing a file at least every
@@ -160,15 +162,18 @@ class Recorder:
             return
         self._queue.append((_TELEMETRY, telemetry, request_ids, finished, prefill_lens))
 
-    def add_step_values(self, step: tuple, finished: list | None = None) -> None:
+    def add_step_values(self, step: tuple, finished: list | None = None,
+                        count: int | None = None) -> None:
         """Queue one step as the hooks read it (:data:`sglang_hooks.raw_step.STEP_FIELDS`:
-        its launch's copies of the request list and of an extend's lengths inside); its
+        its launch's request list and copies of an extend's lengths inside); its
         telemetry is made on the recorder's thread (the trace is what
-        :meth:`add_telemetry` of that telemetry, those copies and ``finished`` gives)."""
+        :meth:`add_telemetry` of that telemetry, :func:`~sglang_hooks.raw_step.request_copies`
+        of the step and ``finished[:count]`` gives). ``finished``, ``count``: as
+        :meth:`add_finished` takes them."""
         if len(self._queue) >= self._max_queue:
             self.counters["dropped"] += 1
             return
-        self._queue.append((_VALUES, step, finished))
+        self._queue.append((_VALUES, step, finished, count))
 
     def add_arrival(self, request_id: str, time_s: float, prompt_tokens: int) -> None:
         """Queue a request's arrival at the scheduler."""
@@ -180,10 +185,14 @@ class Recorder:
         if len(self._queue) < self._max_queue:
             self._queue.append((_FINISH, request_id, prompt_tokens, output_tokens))
 
-    def add_finished(self, requests: list) -> None:
-        """Queue a copy of a processed batch's requests: those finished are completions.
+    def add_finished(self, requests: list, count: int | None = None) -> None:
+        """Queue a processed batch's requests: those finished are completions.
 
-        The recorder's thread looks at them (``finished_reason``, ``rid``, the prompt's
+        ``requests``: the batch's list itself (or a copy) and ``count`` its length when
+        the batch was processed (None: all of it). Only its first ``count`` entries are
+        read, later: SGLang may append to the list meanwhile (0.5.15's ``merge_batch``
+        extends a running batch's list in place), never changes them. The recorder's
+        thread looks at them (``finished_reason``, ``rid``, the prompt's
         and the output's lengths), so the scheduler thread does not scan the batch. A
         request SGLang has marked finished has its last tokens already (SGLang sets
         ``finished_reason`` after appending them, and appends nothing after), so a later
@@ -192,7 +201,7 @@ class Recorder:
         written once, as before: its arrival is taken by the first.
         """
         if len(self._queue) < self._max_queue:
-            self._queue.append((_FINISHED, requests))
+            self._queue.append((_FINISHED, requests, count))
 
     # -- lifecycle ----------------------------------------------------------------
 
@@ -251,8 +260,10 @@ class Recorder:
     def _convert(self, item: tuple) -> None:
         kind = item[0]
         if kind == _VALUES:
-            _, step, finished = item
+            _, step, finished, count = item
             requests, lens = request_copies(step)
+            if finished is not None and count is not None:
+                finished = finished[:count]
             self._convert((_TELEMETRY, telemetry_of(self.server, self.rank, step), requests,
                            finished, lens))
         elif kind == _TELEMETRY:
@@ -262,11 +273,12 @@ class Recorder:
                 record.prefill_pairs = _attention_pairs(*lens)
             self._writer.add_step(record)
             if finished is not None:
-                self._convert((_FINISHED, finished))
+                self._convert((_FINISHED, finished, None))
         elif kind == _STEP:
             self._writer.add_step(self._step_record(item))
         elif kind == _FINISHED:
-            for req in item[1]:
+            _, requests, count = item
+            for req in (requests if count is None else requests[:count]):
                 if req.finished_reason is not None:
                     self._convert((_FINISH, req.rid, len(req.origin_input_ids),
                                    len(req.output_ids)))

@@ -45,8 +45,9 @@ tuple) and the result hands them over with its own (one tuple,
 :mod:`sglang_hooks.raw_step`); the client's I/O thread makes the telemetry of
 them, ages decisions, builds the markers, packs the frames and feeds SGLang's
 rule (:attr:`Runtime.defer_rule_feed`); the recorder's thread makes the same
-telemetry and reads the request ids and the finished requests from copies of
-the batch's request list. Every hook body is wrapped so that an exception is
+telemetry and reads the request ids and the finished requests from the batch's
+request lists, handed over with their lengths (not copied: SGLang only appends to
+a batch's list in place). Every hook body is wrapped so that an exception is
 counted, logged once, and never reaches SGLang.
 """
 
@@ -345,9 +346,14 @@ class Runtime:
                         scheduler.token_to_kv_pool_allocator.available_size(),
                         scheduler.tree_cache.evictable_size(),
                         None if is_decode else batch.extend_num_tokens,
-                        # A copy of the list (its ids are read on the recorder's thread):
-                        # SGLang may extend the batch's list in place before the result.
-                        reqs[:] if recording else None,
+                        # The list itself, not a copy (a copy touches every request's
+                        # reference count: with 64 cold requests, most of the recording's
+                        # p99 in a server-like loop, docs/ONLINE.md's tenth pass): the
+                        # recorder's thread reads its first batch-size entries. SGLang
+                        # changes a batch's list in place only by appending (0.5.15's
+                        # merge_batch; contract.APPEND_ONLY, tested on both pinned trees),
+                        # so those are the requests launched.
+                        reqs if recording else None,
                         # An extend step's cached prefix and new tokens per request, for
                         # the trace (the attention pairs are reckoned on its thread).
                         *((batch.prefix_lens[:], batch.extend_lens[:])
@@ -384,9 +390,12 @@ class Runtime:
         result = original(scheduler, *args, **kwargs)
         try:
             now = self.monotonic()
-            # A copy of the list: the recorder's thread finds the finished requests.
-            finished = (batch.reqs[:] if self.recorder is not None and batch is not None
-                        else None)
+            recorder = self.recorder
+            if recorder is not None:
+                # The processed batch's list and its length, not a copy (as at the
+                # launch): the recorder's thread finds the finished requests among them.
+                finished = batch.reqs
+                count = len(finished)
             launch = None
             if self._launched[index] != step:
                 self.counters["unmatched_results"] += 1  # launched before attach, or lost
@@ -399,10 +408,10 @@ class Runtime:
                 raw = (launch, ran, self.accepted, now, self._last_result_end)
                 if self.client is not None:
                     self.client.send_step(raw)
-                if self.recorder is not None:
-                    self.recorder.add_step_values(raw, finished)
-            elif finished is not None:
-                self.recorder.add_finished(finished)
+                if recorder is not None:
+                    recorder.add_step_values(raw, finished, count)
+            elif recorder is not None:
+                recorder.add_finished(finished, count)
             self._last_result_end = now
             if now >= self._next_summary:  # (here, where the time is read anyway)
                 self._summary(now)

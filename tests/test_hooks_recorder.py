@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -135,9 +136,14 @@ def test_the_recorders_thread_reads_ids_and_finished_requests_from_request_lists
     assert recorder.counters["requests"] == 1 and recorder.counters["bad_records"] == 0
 
 
-def test_a_step_keeps_the_requests_it_launched_with(tmp_path):
+def test_a_step_keeps_the_requests_it_launched_with(tmp_path, monkeypatch):
     # SGLang may extend a running batch's list in place (merge_batch) between a step's
-    # launch and its result: the step's ids are its launch's, from the runtime's copy.
+    # launch and its result, and after it: the step's ids are its launch's, its finished
+    # requests among those its result processed, though the recorder's thread reads the
+    # lists themselves later (held here until the last append).
+    appended = threading.Event()
+    drain = Recorder._drain
+    monkeypatch.setattr(Recorder, "_drain", lambda self: (appended.wait(10), drain(self)))
     rt = Runtime(PluginConfig(server="srv"), "test", ranks=Ranks(0, 1, 0, 1, 0, False))
     rt._attached = rt.is_source = True
     rt.recorder = Recorder(tmp_path, "srv", 0, flush_s=60.0)
@@ -153,12 +159,25 @@ def test_a_step_keeps_the_requests_it_launched_with(tmp_path):
         rt.last_steps = 1
         batch.reqs.append(ReqStandIn("late"))  # merged after the launch, same list
 
+    batch.reqs[0].output_ids, batch.reqs[0].finished_reason = [9] * 3, "length"
+    for rid in ("a", "later"):
+        rt.recorder.add_arrival(rid, rt.recorder.t0, 7)
     rt.around_run_batch(run_batch, sched, batch)
     rt.around_process_batch_result(lambda s, b: rt.on_verify([1, 0]), sched, batch)
-    batch.reqs.clear()  # and later changes to the list reach no copy either
+    # Processed again (overlap keeps a finished request in the next batch): the requests
+    # alone, no step.
+    rt.around_process_batch_result(lambda s, b: None, sched, batch)
+    # Merged again after the result, finished already: the recorder's thread reads the
+    # list after this (no copy on the scheduler thread), but only the entries it had.
+    later = ReqStandIn("later")
+    later.output_ids, later.finished_reason = [9] * 2, "length"
+    batch.reqs.append(later)
+    appended.set()
     rt.close()
     trace = read_trace(rt.recorder.files)
     assert trace.steps[0].request_ids == ["a", "b"]
+    # The result processed three requests (one merged during the launch): "a" finished.
+    assert [r.request_id for r in trace.requests.records()] == ["a"]
     assert rt.counters == {}
 
 

@@ -69,6 +69,8 @@ class RecorderStandIn:
         self.closed = 0
         self.calls: Counter[str] = Counter()  # add_telemetry and add_finished
         self.prefill_lens: list[tuple | None] = []  # add_telemetry's, per step
+        #: What the scheduler thread handed over: (step tuple or None, finished, count).
+        self.handed: list[tuple] = []
 
     def add_step(self, *args: object) -> None:
         self.steps.append(args)
@@ -86,10 +88,14 @@ class RecorderStandIn:
         if finished is not None:  # as add_finished
             self.finished.append(finished)
 
-    def add_step_values(self, step: tuple, finished: list | None = None) -> None:
+    def add_step_values(self, step: tuple, finished: list | None = None,
+                        count: int | None = None) -> None:
         # What the recorder's thread makes of it: add_telemetry's arguments.
         self.calls["add_step_values"] += 1
+        self.handed.append((step, finished, count))
         requests, lens = request_copies(step)
+        if finished is not None and count is not None:
+            finished = finished[:count]
         self._telemetry(telemetry_of("srv", 0, step), requests, finished, lens)
 
     def add_arrival(self, *args: object) -> None:
@@ -98,9 +104,10 @@ class RecorderStandIn:
     def add_finish(self, *args: object) -> None:
         self.finishes.append(args)
 
-    def add_finished(self, requests: list) -> None:
+    def add_finished(self, requests: list, count: int | None = None) -> None:
         self.calls["add_finished"] += 1
-        self.finished.append(requests)
+        self.handed.append((None, requests, count))
+        self.finished.append(requests if count is None else requests[:count])
 
     def close(self) -> None:
         self.closed += 1
@@ -182,10 +189,13 @@ def test_a_decode_steps_telemetry_carries_the_schedulers_load_and_the_drafts():
     assert client.sent == [(payload, 1, T0 + 0.015625)]
     assert recorder.steps == [(1, T0, 4, 3, 4, 3_000, 10_000, 0, 3, accepted, 0.015625,
                                batch.reqs)]
-    # The launch's requests as a copy (the recorder's thread reads their ids), and the
-    # processed batch's requests as another (it finds the finished ones in them).
-    assert recorder.steps[0][-1] is not batch.reqs
-    assert recorder.finished == [batch.reqs] and recorder.finished[0] is not batch.reqs
+    # The launch's request list and the processed batch's, not copies (the recorder's
+    # thread reads the ids of the first batch-size entries of one, finds the finished
+    # requests among the first `count` of the other): no copy on the scheduler thread.
+    [(step, finished, count)] = recorder.handed
+    assert step[0][10] is batch.reqs and step[0][3] == 4
+    assert finished is batch.reqs and count == 4
+    assert recorder.finished == [batch.reqs]
     # Processed once: processing the same batch again sends nothing more.
     finish(rt, sched, batch, accepted)
     assert len(client.sent) == 1 and len(recorder.steps) == 1
@@ -291,10 +301,32 @@ def test_a_steps_finished_requests_go_to_the_recorder_with_its_telemetry():
     launch(rt, sched, batch, 2)
     finish(rt, sched, batch, [1, 2])
     assert recorder.calls == {"add_step_values": 1}
-    assert recorder.finished == [batch.reqs] and recorder.finished[0] is not batch.reqs
+    assert recorder.finished == [batch.reqs]
     finish(rt, sched, batch, [1, 2])
     assert recorder.calls == {"add_step_values": 1, "add_finished": 1}
     assert recorder.finished == [batch.reqs, batch.reqs]
+    assert recorder.handed[1] == (None, batch.reqs, 2) and recorder.handed[1][1] is batch.reqs
+
+
+def test_requests_appended_to_a_batchs_list_later_are_not_the_steps():
+    # The recorder's thread reads the lists after the hooks returned; SGLang 0.5.15's
+    # merge_batch may have extended a batch's list in place by then (appending is the only
+    # change in place SGLang makes: sglang_hooks.contract.APPEND_ONLY). The step's ids and
+    # finished requests are those it had when the hooks saw it.
+    clock = ManualClock(T0)
+    recorder = RecorderStandIn()
+    rt = source(clock, None, recorder)
+    sched, batch = scheduler(), decode_batch(2)
+    launch(rt, sched, batch, 2)
+    finish(rt, sched, batch, [1, 2])
+    finish(rt, sched, batch, [1, 2])  # processed again: the finished requests alone
+    late = ReqStandIn("late")
+    late.finished_reason = "length"
+    batch.reqs.append(late)  # merged after the result
+    [(step, finished, count), (_, again, count_again)] = recorder.handed
+    requests, _ = request_copies(step)  # as the recorder's thread reads them, now
+    assert [r.rid for r in requests] == ["q0", "q1"]
+    assert finished[:count] == again[:count_again] == batch.reqs[:2]
 
 
 def test_only_the_recorder_gets_the_step_without_a_client():
