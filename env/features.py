@@ -407,15 +407,7 @@ class FeatureBuilder:
         else:
             self._steps_since_acceptance += 1
         if self.probe_tracker is not None:
-            self._fold_probe(steps, latency_s, batch)
-
-    def _fold_probe(self, steps: int, latency_s: float, batch: int) -> None:
-        """The probe's budget after a decode record (both backends)."""
-        def extra_cost_s(depth: int) -> float:
-            predicted = self.latency_predictions_s(batch)
-            return float(predicted[min(depth, self.spec.max_depth)] - predicted[0])
-
-        self.probe_tracker.fold(steps, latency_s, *self.acceptance_age(), extra_cost_s)
+            self.probe_tracker.fold(steps, latency_s, self, batch)
 
     # -- output --------------------------------------------------------------
 

@@ -365,8 +365,8 @@ class CompiledFeatureBuilder(FeatureBuilder):
               record.waiting_requests, record.kv_used_tokens, record.kv_capacity_tokens,
               record.steps_used, accepted, record.step_latency_s, prior_ms)
         if is_decode and self.probe_tracker is not None:
-            self._fold_probe(min(max(record.steps_used, 0), self.spec.max_depth),
-                             record.step_latency_s, max(record.batch_size, 1))
+            self.probe_tracker.fold(record.steps_used, record.step_latency_s, self,
+                                    max(record.batch_size, 1))
 
     @staticmethod
     def _batch(builders, batch_sizes: np.ndarray) -> _Batch:

@@ -34,7 +34,7 @@ without it gets :data:`DEFAULT_PROBE`); ``specctl-serve probe.enabled=false`` an
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -141,25 +141,28 @@ class ProbeTracker:
         new.budget_s, new.cost_s, new.remaining = self.budget_s, self.cost_s, self.remaining
         return new
 
-    def fold(self, steps_used: int, latency_s: float, age: int, measured: bool,
-             extra_cost_s: Callable[[int], float]) -> None:
-        """One decode record, after the features folded it: its steps and latency, the
-        acceptance age after it (see :meth:`env.features.FeatureBuilder.acceptance_age`),
-        and a callable giving the predicted extra latency of one step at ``depth`` over
-        off at this record's batch (called only when the budget may cover a probe)."""
-        if self.remaining > 0:
+    def fold(self, steps_used: int, latency_s: float, features, batch: int) -> None:
+        """One decode record of ``batch`` requests at ``steps_used``, after ``features``
+        (its :class:`env.features.FeatureBuilder`) folded it. Cheap unless the stream is
+        off with stale acceptance: the daemon folds every record of every stream."""
+        if self.remaining:
             self.remaining -= 1
             return
+        if steps_used or latency_s <= 0.0:
+            return
         spec = self.spec
+        age, measured = features.acceptance_age()
         if measured and age < spec.stale_after:
             self.budget_s = 0.0  # fresh: nothing to measure
-            return
-        if steps_used != 0 or latency_s <= 0.0:
             return
         self.budget_s += spec.share * latency_s
         if self.budget_s < self.cost_s:
             return
-        self.cost_s = spec.steps * max(extra_cost_s(spec.depth), 0.0)
+        # The features' own prediction (the handed profile corrected by measured
+        # latencies) of one step at the probe's depth over off, at this batch.
+        predicted = features.latency_predictions_s(batch)
+        extra = predicted[min(spec.depth, len(predicted) - 1)] - predicted[0]
+        self.cost_s = spec.steps * max(float(extra), 0.0)
         if self.budget_s >= self.cost_s:
             self.budget_s = 0.0
             self.remaining = spec.steps
