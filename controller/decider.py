@@ -6,7 +6,7 @@ thread) for its one stream; both fold telemetry into the policy file's
 :class:`env.features.FeatureBuilder` and call :func:`choose`, so a given
 telemetry stream gets the same decisions either way
 (``tests/test_local_decisions.py``). Both apply the acceptance probe
-(:mod:`controller.probe`) the same way, from the same features.
+(:mod:`env.probe`) the same way, from the same features.
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ class StreamDecider:
         candidates: The steps the server offers (its HELLO's ``candidate_steps``).
         cost_prior: The server's cost profile (the features' latency prior), or None.
         probe: Overrides of the policy file's acceptance probe (a mapping of
-            :class:`controller.probe.ProbeSpec` fields, None entries ignored), or None.
+            :class:`env.probe.ProbeSpec` fields, None entries ignored), or None.
     """
 
     def __init__(self, policy: ExportedPolicy, candidates: Sequence[int] | None,

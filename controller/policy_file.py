@@ -69,7 +69,7 @@ class ExportedPolicy:
     activation: str = "tanh"
     name: str = "ppo"
     provenance: dict = field(default_factory=dict)
-    #: Where and how the deciders probe acceptance (:mod:`controller.probe`).
+    #: Where and how the deciders probe acceptance (:mod:`env.probe`).
     probe: ProbeSpec = DEFAULT_PROBE
 
     def __post_init__(self) -> None:

@@ -414,7 +414,7 @@ class FeatureBuilder:
     def acceptance_age(self) -> tuple[int, bool]:
         """``(age, measured)``: decode steps since acceptance was last measured, or, if it
         never was (``measured`` False), since the first decode record (the acceptance
-        probe's input, :mod:`controller.probe`)."""
+        probe's input, :mod:`env.probe`)."""
         if self._trials[0] > 0.0:
             return self._steps_since_acceptance, True
         return self._steps_since_acceptance - NEVER_MEASURED, False
