@@ -19,6 +19,7 @@ output directory:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -40,6 +41,7 @@ from agents.policy_map import plot_policy_map, policy_map
 from agents.progress import run_all
 from agents.report import plot_sweep
 from controller.default_policy import default_policy_path
+from controller.policy_file import ExportedPolicy
 from env.features import FeatureSpec
 from env.rollout import DecisionLoop, rollout
 from env.scenarios import ScenarioSampler
@@ -466,12 +468,30 @@ def _eval_env(cfg: DictConfig) -> dict[str, Any]:
     return env
 
 
+def _with_probe(path: str, changes, out_dir: Path) -> str:
+    """``path``, or, where ``changes`` (``specctl-eval probe.*``) sets a field, a copy of
+    that policy with its acceptance probe so changed, written to ``out_dir``."""
+    changes = {} if changes is None else OmegaConf.to_container(changes, resolve=True)
+    if not any(value is not None for value in changes.values()):
+        return path
+    policy = ExportedPolicy.load(path)
+    try:
+        probe = policy.probe.override(changes)
+    except ValueError as exc:
+        raise ValueError(f"specctl-eval {exc}") from None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    copy = out_dir / "policy_probe.npz"
+    dataclasses.replace(policy, probe=probe, provenance={
+        **policy.provenance, "probe_changed_from": path}).save(copy)
+    return str(copy)
+
+
 def run_evaluation(cfg: DictConfig, policy_path: str | None, out_dir: Path) -> dict:
     """Everything ``specctl-eval`` does; also called at the end of ``specctl-train``."""
     env = _eval_env(cfg)
     ev = cfg.eval
     policies = list(ev.policies)
-    path = str(policy_path or default_policy_path())
+    path = _with_probe(str(policy_path or default_policy_path()), cfg.get("probe"), out_dir)
     # profile=NAME_OR_YAML restricts the evaluation to that one server.
     random_servers = 0 if cfg.get("profile") else int(ev.get("random_servers") or 0)
     document = evaluate_workloads(env, policies, path, int(ev.windows), int(cfg.seed),

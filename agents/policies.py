@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from env.features import FeatureSpec, Observation
+from env.probe import apply_probe
 from env.sim.simulator import SchedulerConfig
 
 #: vLLM V1's documented EAGLE-3 example: [[min_batch, max_batch, steps], ...].
@@ -577,14 +578,23 @@ class OraclePolicy(Policy):
 
 
 class ExportedPolicyAdapter(Policy):
-    """An exported (numpy) PPO policy, acting on ``obs.vector``."""
+    """An exported (numpy) PPO policy, acting on ``obs.vector``, with its acceptance probe
+    (:mod:`env.probe`) applied as ``specctl-serve`` and local mode apply it."""
 
-    def __init__(self, exported, name: str = "ppo") -> None:
+    def __init__(self, exported, name: str = "ppo", probe=None) -> None:
         self.exported = exported
         self.name = name
+        #: The probe (None: the policy file's); the features must keep its budget
+        #: (DecisionLoop(probe=...)): obs.probing says when it is due.
+        self.probe = exported.probe if probe is None else probe
+        self._actions = np.asarray(exported.actions)
 
     def act(self, obs: Observation) -> int:
-        return int(self.exported.act(obs.vector))
+        if not obs.probing:  # the features' probe budget: see DecisionLoop's ``probe``
+            return int(self.exported.act(obs.vector))
+        index = np.argmax(self.exported.logits(obs.vector), axis=-1).reshape(1, 1)
+        apply_probe(self.probe, index, self._actions, [True], [None])
+        return int(self._actions[index[0, 0]])
 
 
 #: The policy names ``make_policy`` knows (``static_<d>``: any depth 0..max_depth).
@@ -594,12 +604,16 @@ POLICY_NAMES = ("no_spec", "static_<d>", "table", "sglang_adaptive", "goodput_gr
 
 def make_policy(name: str, *, profile=None, max_depth: int = 7, policy_path: str | None = None,
                 sim_config: SchedulerConfig | None = None,
-                options: dict | None = None) -> Policy:
+                options: dict | None = None, probe=None) -> Policy:
     """Build a policy from its command-line name (see the module docstring).
 
     ``options``: keyword arguments of ``goodput_explore``'s constructor (e.g.
-    ``accept_prior_strength``); no other policy takes any.
+    ``accept_prior_strength``); no other policy takes any. ``probe``: the acceptance probe
+    (:class:`env.probe.ProbeSpec`) ``ppo`` runs with instead of its file's (None: the
+    file's).
     """
+    if probe is not None and name != "ppo":
+        raise ValueError(f"policy {name!r} has no acceptance probe (only ppo)")
     if options and name != "goodput_explore":
         raise ValueError(f"policy {name!r} takes no options (got {sorted(options)})")
     if name == "no_spec":
@@ -635,5 +649,6 @@ def make_policy(name: str, *, profile=None, max_depth: int = 7, policy_path: str
         from controller.default_policy import default_policy_path
         from controller.policy_file import ExportedPolicy
 
-        return ExportedPolicyAdapter(ExportedPolicy.load(policy_path or default_policy_path()))
+        return ExportedPolicyAdapter(ExportedPolicy.load(policy_path or default_policy_path()),
+                                     probe=probe)
     raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")

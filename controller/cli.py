@@ -21,7 +21,7 @@ import sys  # noqa: E402
 import threading  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from omegaconf import DictConfig  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from agents.cli import hydra_app  # noqa: E402
 from controller.default_policy import default_policy_path  # noqa: E402
@@ -69,7 +69,13 @@ def serve(cfg: DictConfig, stop: threading.Event | None = None,
         answers_per_poll=int(cfg.answers_per_poll),
         log_every_s=float(cfg.log_every_s), curve=curve,
         ipc_allowed_uids=tuple(int(u) for u in cfg.ipc_allowed_uids or ()),
+        probe=_probe_changes(cfg),
     )
+    try:
+        probe = holder.policy.probe.override(options.probe)
+    except ValueError as exc:
+        log.error("cannot serve: %s", exc)
+        return 2
     cost_prior = None
     if cfg.profile:
         try:
@@ -100,8 +106,9 @@ def serve(cfg: DictConfig, stop: threading.Event | None = None,
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         signal.signal(signal.SIGINT, lambda *_: stop.set())
         signal.signal(signal.SIGHUP, lambda *_: holder.request_reload())
-    log.info("serving policy %r (%s), profile %s, on %s%s%s", holder.policy.name, path,
-             cfg.profile, server.endpoint,
+    log.info("serving policy %r (%s), profile %s, acceptance probe %s, on %s%s%s",
+             holder.policy.name, path, cfg.profile,
+             probe.to_dict() if probe.enabled else "off", server.endpoint,
              " [shadow mode]" if options.shadow else "",
              f", metrics on :{metrics.port}" if metrics.port else "")
     if own_process:
@@ -113,6 +120,16 @@ def serve(cfg: DictConfig, stop: threading.Event | None = None,
         metrics.close()
         log.info("stopped")
     return 0
+
+
+def _probe_changes(cfg: DictConfig) -> dict | None:
+    """The ``probe.*`` overrides set (non-null) on the command line, or None."""
+    block = cfg.get("probe")
+    if not block:
+        return None
+    changes = {str(k): v for k, v in OmegaConf.to_container(block, resolve=True).items()
+               if v is not None}
+    return changes or None
 
 
 #: Allocations (less deallocations) between youngest-generation collections: 10,000, not

@@ -5,7 +5,8 @@ and the plugin's local mode (:class:`StreamDecider`, on the plugin's I/O
 thread) for its one stream; both fold telemetry into the policy file's
 :class:`env.features.FeatureBuilder` and call :func:`choose`, so a given
 telemetry stream gets the same decisions either way
-(``tests/test_local_decisions.py``).
+(``tests/test_local_decisions.py``). Both apply the acceptance probe
+(:mod:`env.probe`) the same way, from the same features.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 from controller.policy_file import ExportedPolicy
 from controller.wire import DECISION_LAG, Decision
 from env.features import FeatureBuilder, warm_up
+from env.probe import ProbeSpec, apply_probe
 from env.traces.schema import StepRecord
 
 
@@ -29,9 +31,19 @@ def allowed_actions(actions: np.ndarray, candidates: Sequence[int] | None) -> np
     return None if mask.all() else mask  # None: no masking on every decision
 
 
+def probing_flags(probe: ProbeSpec, builders: Sequence[FeatureBuilder | None]
+                  ) -> list[bool] | None:
+    """Per stream whether its decision now probes (its features' probe budget, see
+    :mod:`env.probe`; a builder None: no); None when the probe is off (nothing to do)."""
+    if not probe.enabled:
+        return None
+    return [b is not None and b.probing for b in builders]
+
+
 def choose(policy: ExportedPolicy, actions: np.ndarray,
            grids: np.ndarray | Sequence[np.ndarray | None],
-           allowed: Sequence[np.ndarray | None]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+           allowed: Sequence[np.ndarray | None], probing: Sequence[bool] | None = None,
+           probe: ProbeSpec | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One batched policy evaluation over several streams' observation grids.
 
     Args:
@@ -41,18 +53,22 @@ def choose(policy: ExportedPolicy, actions: np.ndarray,
             :func:`env.features.observation_grids`), or per stream its
             ``observation_grid()`` or None (its features failed).
         allowed: Per stream the mask of :func:`allowed_actions`, or None (all).
+        probing: Per stream whether its decision probes (:func:`probing_flags`), or
+            None (none does).
+        probe: The probe's settings (None: the policy's).
 
     Returns:
         ``(steps, healthy, runnable)``: the chosen steps, shape (streams, grid rows);
         whether the stream's observations were finite and present (a stream that is not
         gets a fallback, and should start afresh); whether any action was allowed.
     """
-    index, healthy, runnable = evaluate(policy, grids, allowed)
+    index, healthy, runnable = evaluate(policy, grids, allowed, probing, probe)
     return actions[index], np.asarray(healthy), np.asarray(runnable)
 
 
 def evaluate(policy: ExportedPolicy, grids: np.ndarray | Sequence[np.ndarray | None],
-             allowed: Sequence[np.ndarray | None]) -> tuple[np.ndarray, list[bool], list[bool]]:
+             allowed: Sequence[np.ndarray | None], probing: Sequence[bool] | None = None,
+             probe: ProbeSpec | None = None) -> tuple[np.ndarray, list[bool], list[bool]]:
     """:func:`choose` with the chosen actions as their index into ``policy.actions``
     (shape (streams, grid rows)) and the flags as lists: what the daemon reads per poll.
     """
@@ -88,7 +104,10 @@ def evaluate(policy: ExportedPolicy, grids: np.ndarray | Sequence[np.ndarray | N
         logits = (logits.reshape(n, rows, -1)
                   + np.where(masks, 0.0, -np.inf)[:, None, :]).reshape(n * rows, -1)
     # the method, not np.argmax: the same call without numpy's Python-level wrapper
-    return logits.argmax(axis=1).reshape(n, rows), healthy, runnable
+    index = logits.argmax(axis=1).reshape(n, rows)
+    if probing is not None and True in probing:
+        apply_probe(probe or policy.probe, index, np.asarray(policy.actions), probing, allowed)
+    return index, healthy, runnable
 
 
 def compress(grid: Sequence[int], steps: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -113,11 +132,14 @@ class StreamDecider:
         policy: The policy (replace it with :meth:`set_policy`).
         candidates: The steps the server offers (its HELLO's ``candidate_steps``).
         cost_prior: The server's cost profile (the features' latency prior), or None.
+        probe: Overrides of the policy file's acceptance probe (a mapping of
+            :class:`env.probe.ProbeSpec` fields, None entries ignored), or None.
     """
 
     def __init__(self, policy: ExportedPolicy, candidates: Sequence[int] | None,
-                 cost_prior=None) -> None:
+                 cost_prior=None, probe: dict | None = None) -> None:
         self.cost_prior = cost_prior
+        self.probe_override = probe
         self.candidates = None if candidates is None else tuple(candidates)
         self.seq = 0
         self.last_step = -1
@@ -130,10 +152,14 @@ class StreamDecider:
         self.policy = policy
         self.actions = np.asarray(policy.actions)
         self.allowed = allowed_actions(self.actions, self.candidates)
+        probe = policy.probe.override(self.probe_override)
         if old is None or old.feature_spec != policy.feature_spec:
             # The compiled features load (or compile) here, not at the first decision.
             warm_up(policy.feature_spec, self.cost_prior)
-            self.builder = FeatureBuilder(policy.feature_spec, self.cost_prior)
+            self.builder = FeatureBuilder(policy.feature_spec, self.cost_prior, probe=probe)
+        elif probe != self.probe:
+            self.builder.set_probe(probe)
+        self.probe = probe
 
     def decide(self, record: StepRecord) -> Decision:
         """Fold ``record`` (a decoded TELEMETRY) and answer it, as the daemon would."""
@@ -148,7 +174,9 @@ class StreamDecider:
             grids = [self.builder.observation_grid()]
         except Exception:  # e.g. LinAlgError: this stream starts afresh, as in the daemon
             grids = [None]
-        steps, healthy, runnable = choose(policy, self.actions, grids, [self.allowed])
+        probing = None if grids[0] is None else probing_flags(self.probe, [self.builder])
+        steps, healthy, runnable = choose(policy, self.actions, grids, [self.allowed], probing,
+                                          self.probe)
         if not healthy[0]:
             self.builder.reset()
             self.resets += 1

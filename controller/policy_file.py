@@ -7,7 +7,9 @@ torch. The file is a NumPy ``.npz`` archive:
   (``"specctl-policy"``), ``format_version``, ``name``, ``activation``
   (``"tanh"`` or ``"relu"``), ``actions`` (the speculation steps each output
   index stands for), ``feature_spec`` (see :class:`env.features.FeatureSpec`)
-  and free-form ``provenance`` (how it was trained);
+  free-form ``provenance`` (how it was trained) and, optionally, ``probe`` (the
+  acceptance probe's settings, :class:`env.probe.ProbeSpec`; absent:
+  :data:`env.probe.DEFAULT_PROBE`);
 * ``w0, b0, w1, b1, ...``: the layers, ``y = act(x @ w + b)``, the last layer
   without activation giving one logit per action.
 
@@ -30,6 +32,7 @@ import numpy as np
 
 from controller.wire import MAX_BATCH, MAX_GRID, MAX_NAME_CHARS
 from env.features import FeatureSpec
+from env.probe import DEFAULT_PROBE, ProbeSpec
 
 FORMAT = "specctl-policy"
 #: 2: feature spec version 2 (the observation gained per-depth cost confidence and the
@@ -66,6 +69,8 @@ class ExportedPolicy:
     activation: str = "tanh"
     name: str = "ppo"
     provenance: dict = field(default_factory=dict)
+    #: Where and how the deciders probe acceptance (:mod:`env.probe`).
+    probe: ProbeSpec = DEFAULT_PROBE
 
     def __post_init__(self) -> None:
         self._validate()
@@ -161,6 +166,7 @@ class ExportedPolicy:
             "actions": list(self.actions),
             "feature_spec": self.feature_spec.to_dict(),
             "provenance": self.provenance,
+            "probe": self.probe.to_dict(),
         }
         arrays = {"meta": np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)}
         for i, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
@@ -211,7 +217,7 @@ class ExportedPolicy:
                 f"this build reads version {FORMAT_VERSION} only (older policies were "
                 "trained on an older observation: retrain with specctl-train)"
             )
-        for name, kind in (("feature_spec", dict), ("actions", list)):
+        for name, kind in (("feature_spec", dict), ("actions", list), ("probe", dict)):
             if name in meta and not isinstance(meta[name], kind):
                 raise PolicyFileError(f"{path}: field {name!r} must be a JSON "
                                       f"{'object' if kind is dict else 'array'}")
@@ -220,6 +226,11 @@ class ExportedPolicy:
             weights = [arrays[f"w{i}"] for i in range(n_layers)]
             biases = [arrays[f"b{i}"] for i in range(n_layers)]
             spec = FeatureSpec.from_dict(meta["feature_spec"])
+            try:
+                probe = (ProbeSpec.from_dict(meta["probe"]) if "probe" in meta
+                         else DEFAULT_PROBE)
+            except ValueError as exc:
+                raise PolicyFileError(f"field 'probe': {exc}") from exc
             return cls(
                 weights=weights,
                 biases=biases,
@@ -228,6 +239,7 @@ class ExportedPolicy:
                 activation=meta.get("activation", "tanh"),
                 name=meta.get("name", "ppo"),
                 provenance=meta.get("provenance", {}),
+                probe=probe,
             )
         except PolicyFileError as exc:
             raise PolicyFileError(f"{path}: {exc}") from exc
@@ -244,6 +256,8 @@ class ExportedPolicy:
                 f"field 'name': must be a string of 1..{MAX_NAME_CHARS} chars, "
                 f"got {str(self.name)[:40]!r}"
             )
+        if not isinstance(self.probe, ProbeSpec):
+            raise PolicyFileError(f"field 'probe': expected a ProbeSpec, got {self.probe!r}")
         if not isinstance(self.provenance, dict):
             raise PolicyFileError("field 'provenance': must be a JSON object")
         if self.activation not in _ACTIVATIONS:

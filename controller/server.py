@@ -36,7 +36,7 @@ import numpy as np
 import zmq
 from threadpoolctl import threadpool_limits
 
-from controller.decider import allowed_actions, compress, evaluate
+from controller.decider import allowed_actions, compress, evaluate, probing_flags
 from controller.io_thread import IoThreadPolicy
 from controller.metrics import Metrics
 from controller.policy_file import ExportedPolicy
@@ -119,6 +119,10 @@ class ServeOptions:
     curve: CurveConfig | None = None
     #: Users besides the daemon's own who may connect to an ipc:// endpoint.
     ipc_allowed_uids: tuple[int, ...] = ()
+    #: Overrides of the served policy file's acceptance probe (:mod:`env.probe`):
+    #: its fields by name, None entries ignored (e.g. ``{"enabled": False}``); None: as
+    #: the file says.
+    probe: dict | None = None
 
 
 class _Stream:
@@ -482,7 +486,10 @@ class ControllerServer:
         policy = self.holder.policy
         grid = policy.feature_spec.batch_grid
         grids = self._observation_grids(entries)
-        index, ok, can = evaluate(policy, grids, [e.stream.allowed for e in entries])
+        probe = self._probe
+        probing = probing_flags(probe, [e.builder for e in entries])
+        index, ok, can = evaluate(policy, grids, [e.stream.allowed for e in entries],
+                                  probing, probe)
         if False in ok:
             entries, index, ok, can = self._after_nonfinite(entries, grids, index, ok, can)
         metrics, shadow = self.metrics, self.options.shadow
@@ -591,7 +598,8 @@ class ControllerServer:
             except Exception:
                 self._reset_failed(stream)
                 grid = [None]
-            chosen, ok, can = evaluate(policy, grid, [stream.allowed])
+            probing = None if grid[0] is None else probing_flags(self._probe, [stream.builder])
+            chosen, ok, can = evaluate(policy, grid, [stream.allowed], probing, self._probe)
             if not ok[0] and grid[0] is not None:
                 stream.builder.reset()
                 self._count(self.metrics.stream_resets, "nonfinite")
@@ -667,7 +675,8 @@ class ControllerServer:
                           *args)
 
     def _new_stream(self, key: StreamKey) -> _Stream:
-        stream = _Stream(key, FeatureBuilder(self.holder.policy.feature_spec, self.cost_prior),
+        stream = _Stream(key, FeatureBuilder(self.holder.policy.feature_spec, self.cost_prior,
+                                             probe=self._probe),
                          max(self.options.max_records_per_poll, 1))
         stream.last_seen = time.monotonic()
         self.metrics.streams.set(len(self.streams) + 1)
@@ -679,6 +688,12 @@ class ControllerServer:
         self._action_list = list(policy.actions)
         # an action's index in one byte where the policy has at most 256 actions
         self._code_type = np.dtype(np.uint8 if len(policy.actions) <= 256 else np.uint16)
+        try:
+            self._probe = policy.probe.override(self.options.probe)
+        except ValueError as exc:  # a reloaded file the override does not fit
+            log.error("probe override %s does not fit policy %r (%s): its own probe serves",
+                      self.options.probe, policy.name, exc)
+            self._probe = policy.probe
 
     def _allowed(self, candidates: tuple[int, ...] | None) -> np.ndarray | None:
         return allowed_actions(self._policy_actions, candidates)
@@ -686,6 +701,7 @@ class ControllerServer:
     def _on_reload(self, old: ExportedPolicy, new: ExportedPolicy) -> None:
         self.metrics.reloads.labels(result="ok").inc()
         self.metrics.set_policy(new.name, str(self.holder.path))
+        probe = self._probe
         self._set_actions(new)
         self._compressed = {}  # the grid and the actions may differ
         same_spec = new.feature_spec == old.feature_spec
@@ -693,7 +709,10 @@ class ControllerServer:
             log.warning("the new policy uses another feature spec: streams start afresh")
         for stream in self.streams:
             if not same_spec:
-                stream.builder = FeatureBuilder(new.feature_spec, self.cost_prior)
+                stream.builder = FeatureBuilder(new.feature_spec, self.cost_prior,
+                                                probe=self._probe)
+            elif self._probe != probe:  # e.g. the probe's A/B: a file with another probe
+                stream.builder.set_probe(self._probe)
             stream.allowed = self._allowed(stream.candidates)
         # The fleet hub: every server deciding locally gets the new policy.
         self._push_policy([s for s in self.streams if self._wants_policy(s)])

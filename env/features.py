@@ -57,6 +57,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from env.probe import ProbeSpec, ProbeTracker
 from env.traces.schema import StepRecord
 
 #: Bump when the meaning or order of the observation vector changes.
@@ -65,6 +66,9 @@ from env.traces.schema import StepRecord
 #: unmeasured depth from one measured a few steps ago (log1p(samples) / log1p(1e4) put
 #: both near 0, so a policy could not learn to measure a depth before trusting it).
 FEATURE_VERSION = 3
+#: The features' steps-since-acceptance count before any acceptance was measured (a
+#: stream's first decode record counts from here): see FeatureBuilder.acceptance_age().
+NEVER_MEASURED = 10**6
 
 
 @dataclass(frozen=True)
@@ -190,6 +194,9 @@ class Observation:
     cost_profile_error: float = 0.0
     #: Records fed since the previous observation, oldest first.
     new_records: tuple[StepRecord, ...] = field(default=())
+    #: Whether decisions made on this observation probe acceptance (the builder's
+    #: :class:`env.probe.ProbeTracker`; False without one).
+    probing: bool = False
 
 
 class FeatureBuilder:
@@ -204,7 +211,7 @@ class FeatureBuilder:
     backend = "numpy"
 
     def __new__(cls, spec: FeatureSpec | None = None, cost_prior=None,
-                backend: str | None = None) -> FeatureBuilder:
+                backend: str | None = None, probe: ProbeSpec | None = None) -> FeatureBuilder:
         if cls is FeatureBuilder and resolve_backend(backend) == "compiled":
             from env.features_compiled import CompiledFeatureBuilder
 
@@ -212,7 +219,7 @@ class FeatureBuilder:
         return super().__new__(cls)
 
     def __init__(self, spec: FeatureSpec | None = None, cost_prior=None,
-                 backend: str | None = None) -> None:
+                 backend: str | None = None, probe: ProbeSpec | None = None) -> None:
         """
         Args:
             spec: the observation layout and estimator settings.
@@ -221,6 +228,8 @@ class FeatureBuilder:
                 :class:`env.sim.cost_model.CostProfile`): the latency model's prior mean.
             backend: "compiled" (numba), "numpy", or None for :func:`resolve_backend`'s
                 default. Both compute the same observations (to float rounding).
+            probe: the acceptance probe whose budget these features keep (see
+                :mod:`env.probe`; None or disabled: none).
         """
         self.spec = spec or FeatureSpec()
         self._per_sample = 1.0 / self.spec.cost_confidence_samples
@@ -233,7 +242,23 @@ class FeatureBuilder:
         self._design_cache: dict[tuple, tuple] = {}
         self._speculating = (depths > 0).astype(float)
         self._extra_drafts = np.maximum(depths - 1.0, 0.0)
+        self.probe_tracker: ProbeTracker | None = None
+        self.set_probe(probe)
         self.reset()
+
+    def set_probe(self, probe: ProbeSpec | None) -> None:
+        """Keep the budget of ``probe`` from now on (None or disabled: none): from 0 if it
+        differs from the one kept so far."""
+        if probe is None or not probe.enabled:
+            self.probe_tracker = None
+        elif self.probe_tracker is None or self.probe_tracker.spec != probe:
+            self.probe_tracker = ProbeTracker(probe)
+
+    @property
+    def probing(self) -> bool:
+        """Whether decisions made on the features as they are now probe acceptance."""
+        tracker = self.probe_tracker
+        return tracker is not None and tracker.remaining > 0
 
     def reset(self) -> None:
         """Forget all telemetry."""
@@ -265,8 +290,10 @@ class FeatureBuilder:
         self._kv_used_tokens = 0
         self._steps_used = 0
         self._steps_since_switch = 0
-        self._steps_since_acceptance = 10**6
+        self._steps_since_acceptance = NEVER_MEASURED
         self._new_records: list[StepRecord] = []
+        if self.probe_tracker is not None:
+            self.probe_tracker.reset()
 
     def copy(self) -> FeatureBuilder:
         """An independent copy of the estimators as they are now (sharing the spec, the
@@ -276,6 +303,8 @@ class FeatureBuilder:
         new.__dict__.update(self.__dict__)
         new._new_records = []
         new._copy_estimators()
+        if new.probe_tracker is not None:
+            new.probe_tracker = new.probe_tracker.copy()
         return new
 
     def _copy_estimators(self) -> None:
@@ -377,8 +406,18 @@ class FeatureBuilder:
             self._steps_since_acceptance = 0
         else:
             self._steps_since_acceptance += 1
+        if self.probe_tracker is not None:
+            self.probe_tracker.fold(steps, latency_s, self, batch)
 
     # -- output --------------------------------------------------------------
+
+    def acceptance_age(self) -> tuple[int, bool]:
+        """``(age, measured)``: decode steps since acceptance was last measured, or, if it
+        never was (``measured`` False), since the first decode record (the acceptance
+        probe's input, :mod:`env.probe`)."""
+        if self._trials[0] > 0.0:
+            return self._steps_since_acceptance, True
+        return self._steps_since_acceptance - NEVER_MEASURED, False
 
     def accept_rates(self) -> np.ndarray:
         """Conditional acceptance rate per draft position (1..max_depth)."""
@@ -453,6 +492,7 @@ class FeatureBuilder:
             cost_samples=np.array(self._depth_samples),
             cost_profile_error=self._prior_log_error,
             new_records=new_records,
+            probing=self.probing,
         )
 
     def observation_grid(self) -> np.ndarray:

@@ -27,7 +27,7 @@ import math
 import numpy as np
 from numba import njit
 
-from env.features import FeatureBuilder, FeatureSpec, _Batch, _layout
+from env.features import NEVER_MEASURED, FeatureBuilder, FeatureSpec, _Batch, _layout
 
 # -- the state vector -----------------------------------------------------------------
 # Scalars first, then per-depth arrays whose offsets follow from max_depth (D):
@@ -334,8 +334,10 @@ class CompiledFeatureBuilder(FeatureBuilder):
         depth = self.spec.max_depth
         self._offsets = _offsets(depth)
         self._state = np.zeros(self._offsets[-1])
-        self._state[_SINCE_ACCEPT] = 10**6
+        self._state[_SINCE_ACCEPT] = NEVER_MEASURED
         self._new_records = []
+        if self.probe_tracker is not None:
+            self.probe_tracker.reset()
         if not hasattr(self, "_inputs_cache"):  # spec and profile only: kept across resets
             self._inputs_cache: dict[tuple, tuple] = {}
             self._grid_key: np.ndarray | None = None
@@ -362,6 +364,9 @@ class CompiledFeatureBuilder(FeatureBuilder):
         _fold(self._state, self._params, has_prior, is_decode, record.batch_size,
               record.waiting_requests, record.kv_used_tokens, record.kv_capacity_tokens,
               record.steps_used, accepted, record.step_latency_s, prior_ms)
+        if is_decode and self.probe_tracker is not None:
+            self.probe_tracker.fold(record.steps_used, record.step_latency_s, self,
+                                    max(record.batch_size, 1))
 
     @staticmethod
     def _batch(builders, batch_sizes: np.ndarray) -> _Batch:
@@ -399,6 +404,12 @@ class CompiledFeatureBuilder(FeatureBuilder):
         if batch_sizes is self._layout.grid:  # read only: safe to know by identity
             self._grid_key, self._grid_value = batch_sizes, cached
         return cached
+
+    def acceptance_age(self) -> tuple[int, bool]:
+        state = self._state
+        if state[self._offsets[0]] > 0.0:  # the first position's trials
+            return int(state[_SINCE_ACCEPT]), True
+        return int(state[_SINCE_ACCEPT]) - NEVER_MEASURED, False
 
     # -- the numpy builder's attributes, read from the state --------------------------
 

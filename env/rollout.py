@@ -17,6 +17,7 @@ from typing import Protocol
 import numpy as np
 
 from env.features import FeatureBuilder, FeatureSpec, Observation
+from env.probe import ProbeSpec
 from env.sim.simulator import Simulator
 from env.traces.schema import StepRecord
 
@@ -64,17 +65,20 @@ class DecisionLoop:
         features: the feature builder to fold telemetry into (None: a new one from
             ``feature_spec`` and ``cost_prior``); with :meth:`reset`'s ``keep_features``
             one builder carries a controller stream's estimators from run to run.
+        probe: the acceptance probe a new feature builder keeps the budget of (the
+            served policy's, :mod:`env.probe`; None: none).
     """
 
     def __init__(self, sim: Simulator, feature_spec: FeatureSpec | None = None,
                  feedback_lag: int = 3, horizon_s: float | None = None,
                  slo_tpot_s: float | None = None, cost_prior=None,
-                 features: FeatureBuilder | None = None) -> None:
+                 features: FeatureBuilder | None = None,
+                 probe: ProbeSpec | None = None) -> None:
         if feedback_lag < 1:
             raise ValueError("feedback_lag must be >= 1 (a step's own result is never known)")
         self.sim = sim
-        self.features = features if features is not None else FeatureBuilder(feature_spec,
-                                                                             cost_prior)
+        self.features = features if features is not None else FeatureBuilder(
+            feature_spec, cost_prior, probe=probe)
         self.feedback_lag = feedback_lag
         self.horizon_s = horizon_s
         self.slo_tpot_s = slo_tpot_s
@@ -204,7 +208,12 @@ class RunResult:
 def rollout(loop: DecisionLoop, policy: Policy, seed: int | None = None,
             keep_features: bool = False) -> RunResult:
     """Run ``policy`` for one episode of ``loop`` and summarise it (``keep_features``:
-    see :meth:`DecisionLoop.reset`)."""
+    see :meth:`DecisionLoop.reset`). A policy with an acceptance probe (``policy.probe``,
+    e.g. :class:`agents.policies.ExportedPolicyAdapter`) has the loop's features keep its
+    budget, as a serving decider's do (:mod:`env.probe`)."""
+    probe = getattr(policy, "probe", None)
+    if probe is not None:
+        loop.features.set_probe(probe)
     obs = loop.reset(seed, keep_features=keep_features)
     policy.reset(loop.sim)
     while obs is not None:

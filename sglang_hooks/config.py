@@ -35,6 +35,9 @@ SPECCTL_OFF_PREFILL         what a prefill while off runs: ``skip`` (default: th
                             target alone, as without speculation; the draft holds no
                             KV for that prompt) or ``draft`` (EAGLE's prefill work too);
                             read on every TP rank, skipped only if all say ``skip``
+SPECCTL_PROBE               local mode (``SPECCTL_POLICY``): ``1`` / ``0`` turns the
+                            policy's acceptance probe (:mod:`env.probe`) on / off
+                            whatever its file says (default: as the file says)
 SPECCTL_RECORD              directory: record every step to a Parquet trace
 SPECCTL_RECORD_EXPLORE      ``1``: instead of a controller, cycle through every
                             candidate depth (all ranks in lock-step) while recording
@@ -107,6 +110,8 @@ class PluginConfig:
     #: controller decides); ``profile`` is the features' cost prior, as ``specctl-serve``'s.
     policy: str | None = None
     profile: str | None = None
+    #: Local mode: the acceptance probe forced on or off (None: as the policy file says).
+    probe: bool | None = None
 
     @property
     def rule(self) -> str:
@@ -131,6 +136,11 @@ def from_env(env: Mapping[str, str] | None = None) -> PluginConfig | None:
     if profile is not None and policy is None:
         raise ConfigError("SPECCTL_PROFILE is the local mode's cost prior: it needs "
                           "SPECCTL_POLICY=<policy.npz> as well")
+    probe = _flag(env, "SPECCTL_PROBE") if env.get("SPECCTL_PROBE") else None
+    if probe is not None and policy is None:
+        raise ConfigError("SPECCTL_PROBE sets the local mode's acceptance probe: it needs "
+                          "SPECCTL_POLICY=<policy.npz> as well (specctl-serve takes "
+                          "probe.enabled=...)")
     fallback, table = _fallback(env.get("SPECCTL_FALLBACK") or "sglang")
     explore = _flag(env, "SPECCTL_RECORD_EXPLORE")
     record_dir = env.get("SPECCTL_RECORD") or None
@@ -160,6 +170,7 @@ def from_env(env: Mapping[str, str] | None = None) -> PluginConfig | None:
         off_prefill=off_prefill(env),
         policy=policy,
         profile=profile,
+        probe=probe,
     )
 
 

@@ -35,17 +35,20 @@ class LocalDecisions:
         policy_path: The exported policy (loaded now; a bad file raises PolicyFileError).
         candidates: The steps this server offers.
         profile: The server's cost profile (a name or YAML path), or None.
+        probe: The acceptance probe forced on (True) or off (False), whatever the policy
+            file (or a pushed one) says; None: as it says (``SPECCTL_PROBE``).
     """
 
     def __init__(self, policy_path: str, candidates: Sequence[int],
-                 profile: str | None = None) -> None:
+                 profile: str | None = None, probe: bool | None = None) -> None:
         self.holder = PolicyHolder(policy_path)
         cost_prior = None
         if profile is not None:
             from env.sim.cost_model import load_profile
 
             cost_prior = load_profile(profile)
-        self.decider = StreamDecider(self.holder.policy, candidates, cost_prior)
+        self.decider = StreamDecider(self.holder.policy, candidates, cost_prior,
+                                     None if probe is None else {"enabled": probe})
         #: SHA-256 of the policy deciding (the file's, or the last one the hub pushed).
         self.digest = self.holder.digest
         self._refused = ""  # the last pushed policy that failed to load: not tried again

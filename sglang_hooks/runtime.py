@@ -212,7 +212,7 @@ class Runtime:
             if cfg.policy:
                 from sglang_hooks.local import LocalDecisions
 
-                local = LocalDecisions(cfg.policy, candidates, cfg.profile)
+                local = LocalDecisions(cfg.policy, candidates, cfg.profile, cfg.probe)
             hello = Hello(self.server, self.rank, candidates, client_name(self.version))
             self.client = ControllerClient(cfg.controller, hello, cfg.timeout_s,
                                            cfg.curve_server_key, cfg.curve_client_cert, local,

@@ -89,6 +89,18 @@ def test_local_mode_takes_a_policy_file_and_its_profile(tmp_path):
         from_env({"SPECCTL_CONTROLLER": "ipc:///tmp/x", "SPECCTL_PROFILE": "h200_llama31_8b"})
 
 
+def test_local_mode_turns_the_acceptance_probe_on_or_off(tmp_path):
+    policy = tmp_path / "policy.npz"
+    policy.write_bytes(b"checked when loaded")
+    assert from_env({"SPECCTL_POLICY": str(policy)}).probe is None  # as the file says
+    assert from_env({"SPECCTL_POLICY": str(policy), "SPECCTL_PROBE": "0"}).probe is False
+    assert from_env({"SPECCTL_POLICY": str(policy), "SPECCTL_PROBE": "1"}).probe is True
+    with pytest.raises(ConfigError, match="SPECCTL_PROBE"):
+        from_env({"SPECCTL_POLICY": str(policy), "SPECCTL_PROBE": "maybe"})
+    with pytest.raises(ConfigError, match="SPECCTL_PROBE"):  # specctl-serve has its own
+        from_env({"SPECCTL_CONTROLLER": "ipc:///tmp/x", "SPECCTL_PROBE": "0"})
+
+
 def test_plain_looks_are_asked_for_by_a_flag_and_reach_the_client():
     from controller.wire import DecisionDecoder
     from sglang_hooks.client import ControllerClient, Hello

@@ -33,8 +33,9 @@ PACKAGES = ("env", "controller", "sglang_hooks", "agents")
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 
 #: What the serving side (controller, plugin) may take from env: the telemetry records and
-#: trace format, the feature contract, the cost profile handed to the controller.
-SERVING_CONTRACTS = ("env.traces", "env.features", "env.sim.cost_model")
+#: trace format, the feature contract (and the acceptance probe the features keep the
+#: budget of), the cost profile handed to the controller.
+SERVING_CONTRACTS = ("env.traces", "env.features", "env.probe", "env.sim.cost_model")
 #: Layer (module prefix) -> the project modules it may import (prefixes). Longest prefix wins.
 LAYERS: dict[str, tuple[str, ...]] = {
     "env.traces": ("env.traces",),

@@ -71,6 +71,7 @@ from measured_runs import (
 
 from agents.policies import make_policy
 from env.features import FeatureBuilder, FeatureSpec
+from env.probe import DEFAULT_PROBE, NO_PROBE, ProbeSpec
 from env.rollout import DecisionLoop, rollout
 from env.sim.acceptance import SGLangSimulatedAcceptance
 from env.sim.cost_model import CostProfile, load_profile
@@ -109,13 +110,14 @@ def workload_of(cell: Cell, client) -> tuple[object, float | None]:
 
 def simulate(cell: Cell, profile: CostProfile, prior: CostProfile, client, seed: int = 0,
              policy_path: str | None = None, finish_lag_steps: int = 1,
-             features: FeatureBuilder | None = None) -> dict:
+             features: FeatureBuilder | None = None, probe: ProbeSpec | None = None) -> dict:
     """Replay one cell; throughput (tok/s), mean TPOT (ms) and decisions per depth.
 
     ``policy_path``: the exported policy a ``ppo`` cell runs (default: the shipped one);
     ``finish_lag_steps``: ``SchedulerConfig.finish_lag_steps`` (1: SGLang's overlap
     scheduler, which every recorded server ran); ``features``: the controller stream's
-    feature builder, carried on from the loops before (None: a cold start).
+    feature builder, carried on from the loops before (None: a cold start); ``probe``: the
+    acceptance probe a ``ppo`` cell runs with (None: its policy file's).
     """
     workload, horizon = workload_of(cell, client)
     # A depth-0 step is a plain decode on a server without speculation and on the plugin's
@@ -135,7 +137,7 @@ def simulate(cell: Cell, profile: CostProfile, prior: CostProfile, client, seed:
                                            batch_wide=cell.acceptance is not None)
     sim = Simulator(profile, acceptance, workload, config, seed=seed)
     policy = make_policy(cell.policy, profile=profile, sim_config=config,
-                         policy_path=policy_path)
+                         policy_path=policy_path, probe=probe if cell.policy == "ppo" else None)
     loop = DecisionLoop(sim, FeatureSpec(), 3, horizon, cost_prior=prior, features=features)
     result = rollout(loop, policy, keep_features=features is not None)
     out = {"throughput_tok_s": result.throughput_tok_s, "mean_tpot_ms": result.mean_tpot_ms,
@@ -151,7 +153,8 @@ def simulate(cell: Cell, profile: CostProfile, prior: CostProfile, client, seed:
 
 def simulate_servings(file: Path, cells: dict[str, Cell], profile: CostProfile,
                       prior: CostProfile, client, policy_path: Callable[[Cell], str | None],
-                      finish_lag_steps: int = 1) -> dict[str, dict]:
+                      finish_lag_steps: int = 1, probe: ProbeSpec | None = None
+                      ) -> dict[str, dict]:
     """Replay a ``load_cells.py plugin`` file's loops in the order they ran, one feature
     builder carried through all of them (a warm-up loop before each serving), as the real
     controller's stream lived through them on one server: a policy served after static 3
@@ -174,9 +177,10 @@ def simulate_servings(file: Path, cells: dict[str, Cell], profile: CostProfile,
             if k == 0 and warmup_s > 0:  # unrecorded, at the first loop's C, once served
                 simulate(dataclasses.replace(cell, seconds=warmup_s), profile, prior, client,
                          policy_path=policy_path(cell), finish_lag_steps=finish_lag_steps,
-                         features=features)
+                         features=features, probe=probe)
             out[source] = simulate(cell, profile, prior, client, policy_path=policy_path(cell),
-                                   finish_lag_steps=finish_lag_steps, features=features)
+                                   finish_lag_steps=finish_lag_steps, features=features,
+                                   probe=probe)
     return out
 
 
@@ -450,8 +454,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="simulate every closed loop of a plugin run from a cold start "
                              "(before the ninth session), not in the order its loops ran with "
                              "the controller's state carried over")
+    parser.add_argument("--probe", choices=("file", "on", "off"), default="file",
+                        help="the acceptance probe of PPO cells (env/probe.py): as each "
+                             "policy file says (default), the default probe, or none")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
+    probe = {"file": None, "on": DEFAULT_PROBE, "off": NO_PROBE}[args.probe]
     names = profile_names(args.profile, parser)
     profiles = {k: load_profile(v) for k, v in names.items()}
     priors: dict[str, CostProfile] = {}
@@ -486,11 +494,12 @@ def main(argv: list[str] | None = None) -> int:
                 replayed.add(file)
                 carried.update(simulate_servings(
                     Path(run) / file, by_source, profile, priors[prior_name], client,
-                    lambda c: policy_of(c, policies, args.policy_file), args.finish_lag_steps))
+                    lambda c: policy_of(c, policies, args.policy_file), args.finish_lag_steps,
+                    probe))
             sim = carried.get(cell.source) or simulate(
                 cell, profile, priors[prior_name], client,
                 policy_path=policy_of(cell, policies, args.policy_file),
-                finish_lag_steps=args.finish_lag_steps)
+                finish_lag_steps=args.finish_lag_steps, probe=probe)
             fitted = file in args.fitted_on or cell.source.split(" ")[0] in args.fitted_on
             per_model.setdefault(cell.model, []).append({
                 "cell": cell.key(), "use": "fit-run" if fitted else "held-out",

@@ -120,10 +120,15 @@ def start_controller(policy: Path, profile: str) -> subprocess.Popen:
 
 
 def write_policies() -> dict[str, Path]:
-    """Constant policies for each candidate depth, and the shipped PPO policy."""
+    """Constant policies for each candidate depth (without the acceptance probe: a constant
+    depth is what they measure), the shipped PPO policy (its file sets no probe: the
+    default, on), and ``ppo_noprobe``: the same policy with the probe off, for an A/B."""
+    import dataclasses
+
     from controller.default_policy import default_policy_path
     from controller.policy_file import ExportedPolicy
     from env.features import FeatureSpec
+    from env.probe import NO_PROBE
 
     folder = RUN / "policies"
     folder.mkdir(parents=True, exist_ok=True)
@@ -134,10 +139,13 @@ def write_policies() -> dict[str, Path]:
         bias[steps] = 1.0
         ExportedPolicy([np.zeros((spec.size, spec.max_depth + 1), np.float32)], [bias],
                        list(range(spec.max_depth + 1)), spec,
-                       name=f"static_{steps}").save(folder / f"static_{steps}.npz")
+                       name=f"static_{steps}", probe=NO_PROBE).save(folder / f"static_{steps}.npz")
         paths[f"static_{steps}"] = folder / f"static_{steps}.npz"
     shutil.copy(default_policy_path(), folder / "ppo.npz")
     paths["ppo"] = folder / "ppo.npz"
+    dataclasses.replace(ExportedPolicy.load(default_policy_path()), probe=NO_PROBE).save(
+        folder / "ppo_noprobe.npz")
+    paths["ppo_noprobe"] = folder / "ppo_noprobe.npz"
     return paths
 
 

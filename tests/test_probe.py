@@ -1,0 +1,302 @@
+"""The acceptance probe (env/probe.py): when it fires, what it costs, that it is off when
+turned off, and that the simulator's policy adapter, the daemon and local mode probe on
+the same steps of the same telemetry."""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from agents.policies import ExportedPolicyAdapter
+from controller.decider import StreamDecider, steps_at
+from controller.policy_file import ExportedPolicy, PolicyFileError
+from controller.reload import PolicyHolder
+from controller.server import ControllerServer, ServeOptions
+from controller.wire import Hello, decode, encode_hello, pack_telemetry
+from env.features import FeatureBuilder
+from env.probe import DEFAULT_PROBE, NO_PROBE, ProbeSpec, apply_probe
+from env.rollout import DecisionLoop, rollout
+from env.sim.acceptance import SGLangSimulatedAcceptance
+from env.sim.cost_model import load_profile
+from env.sim.simulator import SchedulerConfig, Simulator
+from env.traces.schema import StepRecord
+from env.traces.workloads import ClosedLoop
+
+BACKENDS = ("numpy", "compiled")
+
+
+def record(step: int, steps: int = 0, batch: int = 48, latency_s: float = 0.006,
+           accepted: int = 1) -> StepRecord:
+    """A decode record of ``batch`` requests at ``steps`` (each accepting ``accepted``)."""
+    drafts = np.full(batch if steps else 0, min(accepted, steps), dtype=np.int8)
+    return StepRecord("srv", 0, step, step * latency_s, batch, 0, batch, 50_000, 500_000, 0,
+                      steps, drafts, latency_s)
+
+
+def probing_trace(builder: FeatureBuilder, records) -> list[bool]:
+    out = []
+    for r in records:
+        builder.update(r)
+        out.append(builder.probing)
+    return out
+
+
+def off_stream(n: int, start: int = 0) -> list[StepRecord]:
+    return [record(start + i) for i in range(n)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_never_measured_acceptance_is_probed_once_the_budget_covers_it(backend):
+    profile = load_profile("h200_llama31_8b")
+    builder = FeatureBuilder(None, profile, backend, probe=DEFAULT_PROBE)
+    flags = probing_trace(builder, off_stream(2000))
+    fired = [i for i, f in enumerate(flags) if f]
+    assert fired, "an off stream that never measured acceptance must be probed"
+    # two records per probe (DEFAULT_PROBE.steps), consecutive
+    assert fired[1] == fired[0] + 1 and len(fired) % DEFAULT_PROBE.steps == 0
+    # not at once: the budget (1% of the off time) must first cover the probe's extra cost
+    extra = (builder.latency_predictions_s(48)[1] - builder.latency_predictions_s(48)[0])
+    needed = DEFAULT_PROBE.steps * extra / (DEFAULT_PROBE.share * 0.006)
+    assert fired[0] >= needed - 2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_probe_costs_at_most_its_share_of_the_time_off(backend):
+    profile = load_profile("h200_llama31_8b")
+    builder = FeatureBuilder(None, profile, backend, probe=DEFAULT_PROBE)
+    n = 20_000
+    probes = sum(probing_trace(builder, off_stream(n))) / DEFAULT_PROBE.steps
+    predicted = builder.latency_predictions_s(48)
+    extra = DEFAULT_PROBE.steps * (predicted[1] - predicted[0])
+    assert probes >= 2  # it keeps probing while acceptance stays unmeasured
+    assert probes * extra <= DEFAULT_PROBE.share * n * 0.006 + extra
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fresh_acceptance_is_not_probed_stale_is(backend):
+    spec = ProbeSpec(stale_after=300)
+    builder = FeatureBuilder(None, load_profile("h200_llama31_8b"), backend, probe=spec)
+    measured = [record(i, steps=3, accepted=3) for i in range(20)]
+    probing_trace(builder, measured)
+    assert builder.acceptance_age() == (0, True)
+    flags = probing_trace(builder, off_stream(spec.stale_after, start=20))
+    assert not any(flags)  # measured within stale_after decode steps: nothing to probe
+    flags = probing_trace(builder, off_stream(3000, start=20 + spec.stale_after))
+    assert any(flags)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_probe_is_deterministic_and_copies_with_the_features(backend):
+    stream = off_stream(1500)
+    profile = load_profile("h200_llama31_8b")
+    first = probing_trace(FeatureBuilder(None, profile, backend, probe=DEFAULT_PROBE), stream)
+    builder = FeatureBuilder(None, profile, backend, probe=DEFAULT_PROBE)
+    second = []
+    for r in stream:  # the daemon's copies must not share the budget
+        builder.update(r)
+        copy = builder.copy()
+        second.append(copy.probing)
+        copy.update(record(10_000))
+    assert first == second and any(first)
+
+
+def test_both_backends_probe_on_the_same_records():
+    profile = load_profile("h200_llama31_8b")
+    stream = off_stream(1200) + [record(1200 + i, steps=1) for i in range(5)] + off_stream(
+        2000, start=1205)
+    traces = [probing_trace(FeatureBuilder(None, profile, b, probe=ProbeSpec(stale_after=500)),
+                            stream) for b in BACKENDS]
+    assert traces[0] == traces[1] and sum(traces[0]) >= 4
+
+
+def test_no_probe_when_disabled():
+    builder = FeatureBuilder(None, load_profile("h200_llama31_8b"), probe=NO_PROBE)
+    assert builder.probe_tracker is None
+    assert not any(probing_trace(builder, off_stream(5000)))
+    builder = FeatureBuilder(None, load_profile("h200_llama31_8b"))  # no probe given: none
+    assert not any(probing_trace(builder, off_stream(5000)))
+
+
+def test_probe_rows_change_only_the_rows_left_off():
+    actions = np.array([0, 1, 2, 3, 5])
+    index = np.array([[0, 3, 0, 4], [0, 0, 2, 0]])
+    apply_probe(ProbeSpec(depth=2), index, actions, [True, False], [None, None])
+    assert index.tolist() == [[2, 3, 2, 4], [0, 0, 2, 0]]
+    allowed = np.array([True, False, False, True, True])  # the server offers 0, 3, 5
+    assert ProbeSpec(depth=1).action_index(actions, allowed) == 3
+    assert ProbeSpec(depth=7).action_index(actions, allowed) == 4  # the largest below
+    assert ProbeSpec().action_index(actions, np.array([True] + [False] * 4)) is None
+
+
+def test_probe_settings_are_checked_and_travel_in_the_policy_file(tmp_path):
+    with pytest.raises(ValueError, match=r"probe\.share"):
+        ProbeSpec(share=0.0)
+    with pytest.raises(ValueError, match=r"probe\.depth"):
+        ProbeSpec(depth=0)
+    with pytest.raises(ValueError, match="unknown fields"):
+        DEFAULT_PROBE.override({"budget": 1})
+    assert DEFAULT_PROBE.override({"enabled": False, "share": None}) == NO_PROBE
+    policy = ExportedPolicy.random(seed=1)
+    assert policy.probe == DEFAULT_PROBE  # a file without a probe gets the default
+    changed = dataclasses.replace(policy, probe=ProbeSpec(share=0.02, stale_after=10))
+    changed.save(tmp_path / "p.npz")
+    assert ExportedPolicy.load(tmp_path / "p.npz").probe == ProbeSpec(share=0.02,
+                                                                      stale_after=10)
+    bad = dataclasses.replace(policy, probe=ProbeSpec())
+    bad.save(tmp_path / "bad.npz")
+    data = np.load(tmp_path / "bad.npz")
+    arrays = {k: data[k] for k in data.files}
+    meta = arrays["meta"].tobytes().decode().replace('"steps": 2', '"steps": 0')
+    arrays["meta"] = np.frombuffer(meta.encode(), dtype=np.uint8)
+    np.savez(tmp_path / "bad.npz", **arrays)
+    with pytest.raises(PolicyFileError, match=r"field 'probe': probe\.steps"):
+        ExportedPolicy.load(tmp_path / "bad.npz")
+
+
+def off_policy(probe: ProbeSpec = DEFAULT_PROBE) -> ExportedPolicy:
+    """A policy that never speculates on its own (only a probe makes it)."""
+    policy = ExportedPolicy.random(seed=2, hidden=(8,), name="off")
+    policy.biases[-1][0] = 1e3
+    return dataclasses.replace(policy, probe=probe)
+
+
+def sim(concurrency: int = 48, seed: int = 3) -> Simulator:
+    profile = load_profile("h200_llama31_8b")
+    return Simulator(profile, SGLangSimulatedAcceptance(3.5), ClosedLoop(concurrency, 256, 256),
+                     SchedulerConfig(max_running_requests=48), seed=seed)
+
+
+def test_the_simulator_and_local_mode_probe_the_same_steps(tmp_path):
+    """The env path (DecisionLoop + ExportedPolicyAdapter) and a StreamDecider fed the same
+    released records decide the same steps, probes included."""
+    profile = load_profile("h200_llama31_8b")
+    policy = off_policy()
+    loop = DecisionLoop(sim(), None, feedback_lag=3, horizon_s=4.0, cost_prior=profile)
+    released = []
+    feed = loop.features.update
+    loop.features.update = lambda r: (released.append(r), feed(r))[1]
+    adapter = ExportedPolicyAdapter(policy)
+    loop.features.set_probe(adapter.probe)
+    local = StreamDecider(policy, None, profile)
+    obs = loop.reset(seed=3)
+    sent, compared, probed = 0, 0, 0
+    while obs is not None:
+        choice = adapter.act(obs)
+        if len(released) > sent:
+            for r in released[sent:]:
+                decision = local.decide(r)
+            sent = len(released)
+            assert steps_at(decision.batch_grid, decision.steps, obs.batch_size) == choice
+            compared += 1
+        probed += choice > 0
+        obs, _ = loop.step(choice)
+    assert compared > 300 and probed >= DEFAULT_PROBE.steps
+
+
+def test_the_daemon_probes_as_local_mode(tmp_path):
+    path = tmp_path / "policy.npz"
+    off_policy().save(path)
+    profile = load_profile("h200_llama31_8b")
+    server = ControllerServer(PolicyHolder(path), ServeOptions(endpoint="inproc://probe"),
+                              cost_prior=profile)
+    local = StreamDecider(ExportedPolicy.load(path), (0, 1, 3), profile)
+    probed = 0
+    try:
+        peer = (b"peer", "")
+        server.handle_frame(peer, encode_hello(Hello("srv", 0, (0, 1, 3))), {})
+        for i in range(1500):
+            frame = pack_telemetry("srv", 0, i, i * 0.006, 48, 16, 48, 50_000, 500_000, 0,
+                                   0, b"", 0, 0.006)
+            pending: dict = {}
+            server.handle_frame(peer, frame, pending)
+            (_, remote), = server.decide(pending)
+            mine = local.decide(decode(frame))
+            assert mine == remote, f"step {i}"
+            probed += any(remote.steps)
+    finally:
+        server.close()
+    assert probed >= 2
+
+
+def test_serving_without_the_probe(tmp_path):
+    """``specctl-serve probe.enabled=false`` (ServeOptions.probe) and SPECCTL_PROBE=0
+    (StreamDecider's override): the policy's own decisions, never a probe."""
+    path = tmp_path / "policy.npz"
+    off_policy().save(path)
+    profile = load_profile("h200_llama31_8b")
+    server = ControllerServer(PolicyHolder(path), ServeOptions(
+        endpoint="inproc://noprobe", probe={"enabled": False}), cost_prior=profile)
+    local = StreamDecider(ExportedPolicy.load(path), None, profile, probe={"enabled": False})
+    try:
+        peer = (b"peer", "")
+        for i in range(1500):
+            frame = pack_telemetry("srv", 0, i, i * 0.006, 48, 16, 48, 50_000, 500_000, 0,
+                                   0, b"", 0, 0.006)
+            pending: dict = {}
+            server.handle_frame(peer, frame, pending)
+            (_, remote), = server.decide(pending)
+            assert remote == local.decide(decode(frame))
+            assert not any(remote.steps)
+    finally:
+        server.close()
+
+
+def test_a_cold_dense_h200_at_64_clients_speculates_with_the_probe():
+    """The shipped policy, cold, at 64 clients on the dense H200 (batch 48, 16 waiting):
+    on the prior it never speculates, so it never measures acceptance; with the probe it
+    measures it and runs speculation (docs/POLICY_PROBE.md)."""
+    policy = ExportedPolicy.load("controller/data/default_policy.npz")
+    profile = load_profile("h200_llama31_8b")
+    results = {}
+    for name, probe in (("off", NO_PROBE), ("on", DEFAULT_PROBE)):
+        simulator = Simulator(profile, SGLangSimulatedAcceptance(3.5),
+                              ClosedLoop(64, 256, 256), SchedulerConfig(max_running_requests=48),
+                              seed=5)
+        loop = DecisionLoop(simulator, None, feedback_lag=3, horizon_s=6.0, cost_prior=profile)
+        results[name] = rollout(loop, ExportedPolicyAdapter(policy, probe=probe), seed=5)
+    assert results["off"].steps_chosen[0] == results["off"].decisions  # off throughout
+    # ~360 off steps (2.1 s) until 1% of the time off pays for the probe, then speculation
+    assert sum(results["on"].steps_chosen[1:]) > 100
+    assert results["on"].throughput_tok_s > results["off"].throughput_tok_s
+
+
+def test_specctl_serve_says_which_probe_serves(tmp_path):
+    """``specctl-serve probe.enabled=false``: the start-up line says the probe is off."""
+    path = tmp_path / "policy.npz"
+    ExportedPolicy.random(seed=1).save(path)
+    lines = {}
+    for flag in ("true", "false"):
+        process = subprocess.Popen(
+            [sys.executable, "-m", "controller.cli", f"policy={path}",
+             f"endpoint=ipc://{tmp_path}/s-{flag}.sock", f"probe.enabled={flag}"],
+            cwd=Path(__file__).resolve().parents[1], stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True)
+        try:
+            lines[flag] = next((line for line in process.stdout if "serving policy" in line), "")
+        finally:
+            process.send_signal(signal.SIGTERM)
+            process.communicate(timeout=30)
+    assert "acceptance probe off" in lines["false"]
+    assert "acceptance probe {'enabled': True" in lines["true"]
+
+
+def test_specctl_eval_evaluates_a_copy_with_the_probe_changed(tmp_path):
+    from omegaconf import OmegaConf
+
+    from agents.evaluate import _with_probe
+
+    path = tmp_path / "policy.npz"
+    ExportedPolicy.random(seed=1).save(path)
+    unchanged = OmegaConf.create({"enabled": None, "share": None})
+    assert _with_probe(str(path), unchanged, tmp_path / "out") == str(path)
+    copy = _with_probe(str(path), OmegaConf.create({"enabled": False, "share": None}),
+                       tmp_path / "out")
+    assert ExportedPolicy.load(copy).probe == NO_PROBE
+    with pytest.raises(ValueError, match=r"specctl-eval probe\.steps"):
+        _with_probe(str(path), OmegaConf.create({"steps": 0}), tmp_path / "out")
