@@ -116,6 +116,13 @@ class DecisionLoop:
             return None
         return self._observe()
 
+    def flush(self) -> None:
+        """Fold every record the feedback lag still holds back into the features: what a
+        real controller has received by the time a later load begins on the same server
+        (``keep_features``)."""
+        while self._pending:
+            self.features.update(self._pending.popleft())
+
     @property
     def finished(self) -> bool:
         """True when the horizon is reached or the simulator has nothing left."""
@@ -218,6 +225,8 @@ def rollout(loop: DecisionLoop, policy: Policy, seed: int | None = None,
     policy.reset(loop.sim)
     while obs is not None:
         obs, _ = loop.step(policy.act(obs))
+    if keep_features:  # the stream lives on: its last records reach the controller too
+        loop.flush()
     return summarise(loop, policy.name)
 
 

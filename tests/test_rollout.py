@@ -53,6 +53,23 @@ def test_a_decision_sees_exactly_the_steps_up_to_its_own_minus_the_lag(lag):
     assert checked > 10
 
 
+@pytest.mark.parametrize("keep", [False, True])
+def test_a_kept_stream_sees_every_step_once_the_episode_ends(keep):
+    """A stream carried to a later load (``keep_features``) has folded every record of the
+    episode, the last ``lag`` ones included, as a real controller would have received
+    them; a stream started afresh need not."""
+    loop = _loop(feedback_lag=3)
+    seen: list[int] = []
+    update = loop.features.update
+    loop.features.update = lambda record: (seen.append(record.step_index), update(record))[1]
+    rollout(loop, _Static(3), seed=0, keep_features=keep)
+    steps = loop.sim.step_index
+    if keep:
+        assert seen == list(range(steps))
+    else:  # the lag held the last records back; a fresh start discards them
+        assert seen == list(range(len(seen))) and len(seen) < steps
+
+
 def test_a_lag_below_one_is_refused():
     with pytest.raises(ValueError) as info:
         _loop(feedback_lag=0)
