@@ -518,8 +518,8 @@ def test_a_plugin_runs_loops_are_listed_in_the_order_they_ran(tmp_path):
 
 def test_a_servings_loops_carry_the_controllers_state(tmp_path, monkeypatch):
     """Replayed in order, a loop starts from the feature builder the loops before it left
-    (acceptance measured by static 3's serving), where alone it starts cold; a static
-    policy's own loop is the same either way."""
+    (acceptance measured by SGLang's start-up request and static 3's serving), where alone
+    it starts cold; a static policy's own loop is the same either way."""
     from omegaconf import OmegaConf
 
     from env.features import FeatureSpec
@@ -548,8 +548,17 @@ def test_a_servings_loops_carry_the_controllers_state(tmp_path, monkeypatch):
                                     lambda cell: None)
     monkeypatch.undo()
     assert sorted(out) == [f"{name}:closed_ppo.1", f"{name}:closed_static_3.1"]
-    # warm-up and loop of static 3 (the first from nothing), then the policy's: warm
-    assert seen[0] == 0.0 and 0.0 < seen[1] < seen[2] <= seen[3]
+    # the server's start-up request from nothing, then static 3's warm-up and loop, then
+    # the policy's: each warmer
+    assert seen[0] == 0.0 and 0.0 < seen[1] < seen[2] < seen[3] <= seen[4]
     alone = compare.simulate(by_source[f"{name}:closed_static_3.1"], profile, profile, client)
     assert alone["throughput_tok_s"] == pytest.approx(
         out[f"{name}:closed_static_3.1"]["throughput_tok_s"])
+
+
+def test_the_servers_warm_up_request_is_served_first_and_alone():
+    """SGLang's start-up request (3 prompt tokens, 8 output tokens) is one request at time
+    0: what the replay serves before a fresh server's first loop."""
+    assert compare.SERVER_WARMUP.arrival_s.tolist() == [0.0]
+    assert compare.SERVER_WARMUP.prompt_tokens.tolist() == [3]
+    assert compare.SERVER_WARMUP.output_tokens.tolist() == [8]

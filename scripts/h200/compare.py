@@ -79,6 +79,8 @@ from env.sim.simulator import SchedulerConfig, Simulator
 from env.traces.workloads import ClosedLoop, Workload
 
 REPO = Path(__file__).resolve().parents[2]
+#: ``session.write_policies``'s name for the shipped policy with its acceptance probe off.
+NO_PROBE_NAME = "ppo_noprobe"
 #: Target of issue 13: throughput and mean TPOT within this relative error.
 TOLERANCE = 0.10
 
@@ -110,16 +112,18 @@ def workload_of(cell: Cell, client) -> tuple[object, float | None]:
 
 def simulate(cell: Cell, profile: CostProfile, prior: CostProfile, client, seed: int = 0,
              policy_path: str | None = None, finish_lag_steps: int = 1,
-             features: FeatureBuilder | None = None, probe: ProbeSpec | None = None) -> dict:
+             features: FeatureBuilder | None = None, probe: ProbeSpec | None = None,
+             workload: Workload | None = None) -> dict:
     """Replay one cell; throughput (tok/s), mean TPOT (ms) and decisions per depth.
 
     ``policy_path``: the exported policy a ``ppo`` cell runs (default: the shipped one);
     ``finish_lag_steps``: ``SchedulerConfig.finish_lag_steps`` (1: SGLang's overlap
     scheduler, which every recorded server ran); ``features``: the controller stream's
     feature builder, carried on from the loops before (None: a cold start); ``probe``: the
-    acceptance probe a ``ppo`` cell runs with (None: its policy file's).
+    acceptance probe a ``ppo`` cell runs with (None: its policy file's); ``workload``:
+    requests to serve instead of the cell's load generator's (the server's warm-up).
     """
-    workload, horizon = workload_of(cell, client)
+    workload, horizon = (workload, None) if workload is not None else workload_of(cell, client)
     # A depth-0 step is a plain decode on a server without speculation and on the plugin's
     # off path; SGLang's own steps=0 (the old plugin) stays on the speculative path.
     zero_step = "sglang_steps0" if cell.server == "spec_sglang0" else "off"
@@ -136,8 +140,11 @@ def simulate(cell: Cell, profile: CostProfile, prior: CostProfile, client, seed:
     acceptance = SGLangSimulatedAcceptance(cell.acceptance or 1.0,
                                            batch_wide=cell.acceptance is not None)
     sim = Simulator(profile, acceptance, workload, config, seed=seed)
-    policy = make_policy(cell.policy, profile=profile, sim_config=config,
-                         policy_path=policy_path, probe=probe if cell.policy == "ppo" else None)
+    name = cell.policy
+    if name == NO_PROBE_NAME:  # the shipped policy served with its probe off (session.py)
+        name, probe = "ppo", NO_PROBE
+    policy = make_policy(name, profile=profile, sim_config=config,
+                         policy_path=policy_path, probe=probe if name == "ppo" else None)
     loop = DecisionLoop(sim, FeatureSpec(), 3, horizon, cost_prior=prior, features=features)
     result = rollout(loop, policy, keep_features=features is not None)
     out = {"throughput_tok_s": result.throughput_tok_s, "mean_tpot_ms": result.mean_tpot_ms,
@@ -151,16 +158,27 @@ def simulate(cell: Cell, profile: CostProfile, prior: CostProfile, client, seed:
     return out
 
 
+#: SGLang's own warm-up request at start-up (``skip_server_warmup`` unset; with
+#: ``--skip-tokenizer-init`` its ``input_ids`` are [10, 11, 12], ``max_new_tokens`` 8:
+#: ``http_server.py``), decoded alone before any client's request (run 19's trace: a 3-token
+#: prefill, then five decode steps at batch 1). The controller's stream sees it, so a fresh
+#: server's first loop does not start cold: the policy speculates at batch 1 and measures
+#: acceptance there (run 19, `docs/FIDELITY.md`).
+SERVER_WARMUP = Workload("sglang_server_warmup", np.zeros(1), np.asarray([3], np.int32),
+                         np.asarray([8], np.int32))
+
+
 def simulate_servings(file: Path, cells: dict[str, Cell], profile: CostProfile,
                       prior: CostProfile, client, policy_path: Callable[[Cell], str | None],
                       finish_lag_steps: int = 1, probe: ProbeSpec | None = None
                       ) -> dict[str, dict]:
     """Replay a ``load_cells.py plugin`` file's loops in the order they ran, one feature
-    builder carried through all of them (a warm-up loop before each serving), as the real
+    builder carried through all of them (SGLang's start-up request, :data:`SERVER_WARMUP`,
+    under the first policy served; a warm-up loop before each serving), as the real
     controller's stream lived through them on one server: a policy served after static 3
     starts with acceptance measured, a loop at C = 64 after those at 1 and 16. Cells
-    simulated alone start cold instead (at batch 48 on the H200 the shipped policy then
-    never speculates, ``docs/FIDELITY.md`` run 15). ``policy_path`` gives a cell's
+    simulated alone start cold instead (at batch 48 on the H200 the shipped policy without
+    its probe then never speculates, ``docs/FIDELITY.md`` run 15). ``policy_path`` gives a cell's
     exported policy; the rest as :func:`simulate`. Returns its result per cell source
     (empty for a file of another phase)."""
     order = plugin_servings(file)
@@ -170,6 +188,10 @@ def simulate_servings(file: Path, cells: dict[str, Cell], profile: CostProfile,
     if any(source not in cells for sources in servings for source in sources):
         return {}  # a loop the reader did not take: the order cannot be replayed
     features = FeatureBuilder(FeatureSpec(), prior)
+    first = cells[servings[0][0]]
+    simulate(first, profile, prior, client, policy_path=policy_path(first),
+             finish_lag_steps=finish_lag_steps, features=features, probe=probe,
+             workload=SERVER_WARMUP)
     out: dict[str, dict] = {}
     for sources in servings:
         for k, source in enumerate(sources):
@@ -195,9 +217,10 @@ def known_policies(extra: str | None = None) -> dict[str, str]:
 
 
 def policy_of(cell: Cell, known: dict[str, str], fallback: str | None) -> str | None:
-    """The policy file a ``ppo`` cell ran (its recorded sha256), else ``fallback`` (None:
-    the shipped one), with a note on stderr where the recorded one is not kept."""
-    if cell.policy != "ppo":
+    """The policy file a ``ppo`` (or ``ppo_noprobe``) cell ran (its recorded sha256: the
+    ``ppo`` file's), else ``fallback`` (None: the shipped one), with a note on stderr where
+    the recorded one is not kept."""
+    if cell.policy not in ("ppo", NO_PROBE_NAME):
         return None
     if cell.policy_sha256 in known:
         return known[cell.policy_sha256]
