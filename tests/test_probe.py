@@ -199,6 +199,12 @@ def test_the_simulator_and_local_mode_probe_the_same_steps(tmp_path):
     assert compared > 300 and probed >= DEFAULT_PROBE.steps
 
 
+
+def _full_batch_off_step(i: int) -> bytes:
+    """Telemetry of step ``i`` of a server at batch 48 with 16 waiting, running off."""
+    return pack_telemetry("srv", 0, i, i * 0.006, 48, 16, 48, 50_000, 500_000, 0,
+                          0, b"", 0, 0.006)
+
 def test_the_daemon_probes_as_local_mode(tmp_path):
     path = tmp_path / "policy.npz"
     off_policy().save(path)
@@ -211,8 +217,7 @@ def test_the_daemon_probes_as_local_mode(tmp_path):
         peer = (b"peer", "")
         server.handle_frame(peer, encode_hello(Hello("srv", 0, (0, 1, 3))), {})
         for i in range(1500):
-            frame = pack_telemetry("srv", 0, i, i * 0.006, 48, 16, 48, 50_000, 500_000, 0,
-                                   0, b"", 0, 0.006)
+            frame = _full_batch_off_step(i)
             pending: dict = {}
             server.handle_frame(peer, frame, pending)
             (_, remote), = server.decide(pending)
@@ -236,8 +241,7 @@ def test_serving_without_the_probe(tmp_path):
     try:
         peer = (b"peer", "")
         for i in range(1500):
-            frame = pack_telemetry("srv", 0, i, i * 0.006, 48, 16, 48, 50_000, 500_000, 0,
-                                   0, b"", 0, 0.006)
+            frame = _full_batch_off_step(i)
             pending: dict = {}
             server.handle_frame(peer, frame, pending)
             (_, remote), = server.decide(pending)
