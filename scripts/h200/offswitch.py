@@ -264,11 +264,14 @@ def phase_nospec() -> None:
 
 def plugin_env(record: str) -> dict[str, str]:
     """The plugin's variables for a server about to start, recording into a fresh
-    ``RUN / record``."""
-    return {"SPECCTL_CONTROLLER": session.SOCKET, "SPECCTL_TIMEOUT_MS": "100",
-            "SPECCTL_SERVER": "h200", "SPECCTL_FALLBACK": "explore",
-            "SPECCTL_EXPLORE_DWELL": "1", "SPECCTL_RECORD": str(session.fresh(RUN / record)),
-            "SPECCTL_RECORD_FLUSH_S": "2"}
+    ``RUN / record`` (not with ``NO_RECORD=1``: the hooks' time without the recorder)."""
+    env = {"SPECCTL_CONTROLLER": session.SOCKET, "SPECCTL_TIMEOUT_MS": "100",
+           "SPECCTL_SERVER": "h200", "SPECCTL_FALLBACK": "explore",
+           "SPECCTL_EXPLORE_DWELL": "1", "SPECCTL_RECORD": str(session.fresh(RUN / record)),
+           "SPECCTL_RECORD_FLUSH_S": "2"}
+    if os.environ.get("NO_RECORD") == "1":
+        del env["SPECCTL_RECORD"], env["SPECCTL_RECORD_FLUSH_S"]
+    return env
 
 
 def phase_off() -> None:
