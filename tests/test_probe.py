@@ -199,11 +199,15 @@ def test_the_simulator_and_local_mode_probe_the_same_steps(tmp_path):
     assert compared > 300 and probed >= DEFAULT_PROBE.steps
 
 
-
 def _full_batch_off_step(i: int) -> bytes:
     """Telemetry of step ``i`` of a server at batch 48 with 16 waiting, running off."""
     return pack_telemetry("srv", 0, i, i * 0.006, 48, 16, 48, 50_000, 500_000, 0,
                           0, b"", 0, 0.006)
+
+
+def _probing_decisions(server: ControllerServer) -> float:
+    return server.metrics.registry.get_sample_value("specctl_probing_decisions_total")
+
 
 def test_the_daemon_probes_as_local_mode(tmp_path):
     path = tmp_path / "policy.npz"
@@ -224,9 +228,11 @@ def test_the_daemon_probes_as_local_mode(tmp_path):
             mine = local.decide(decode(frame))
             assert mine == remote, f"step {i}"
             probed += any(remote.steps)
+        counted = _probing_decisions(server)
     finally:
         server.close()
     assert probed >= 2
+    assert counted == probed  # the policy is off on every row: each probing decision shows
 
 
 def test_serving_without_the_probe(tmp_path):
@@ -247,6 +253,7 @@ def test_serving_without_the_probe(tmp_path):
             (_, remote), = server.decide(pending)
             assert remote == local.decide(decode(frame))
             assert not any(remote.steps)
+        assert _probing_decisions(server) == 0
     finally:
         server.close()
 
