@@ -555,10 +555,3 @@ def test_a_servings_loops_carry_the_controllers_state(tmp_path, monkeypatch):
     assert alone["throughput_tok_s"] == pytest.approx(
         out[f"{name}:closed_static_3.1"]["throughput_tok_s"])
 
-
-def test_the_servers_warm_up_request_is_served_first_and_alone():
-    """SGLang's start-up request (3 prompt tokens, 8 output tokens) is one request at time
-    0: what the replay serves before a fresh server's first loop."""
-    assert compare.SERVER_WARMUP.arrival_s.tolist() == [0.0]
-    assert compare.SERVER_WARMUP.prompt_tokens.tolist() == [3]
-    assert compare.SERVER_WARMUP.output_tokens.tolist() == [8]

@@ -202,14 +202,20 @@ def test_a_step_given_as_the_controllers_telemetry_is_the_same_record(tmp_path):
     assert recorder.counters["bad_records"] == 0
 
 
+def _recorder_with_two_arrivals(folder):
+    """A recorder that has seen requests "a" (7 prompt tokens) and "b" (5) arrive."""
+    recorder = Recorder(folder, "srv", 0, flush_s=60.0)
+    reqs = [ReqStandIn(rid, prompt_tokens=p) for rid, p in (("a", 7), ("b", 5))]
+    for req in reqs:
+        recorder.add_arrival(req.rid, recorder.t0 + 0.25, len(req.origin_input_ids))
+    return recorder, reqs
+
+
 def test_finished_requests_given_with_the_telemetry_are_the_same_trace(tmp_path):
     # add_telemetry(..., finished) is add_telemetry then add_finished, in one queue item.
     traces = []
     for together in (False, True):
-        recorder = Recorder(tmp_path / str(together), "srv", 0, flush_s=60.0)
-        reqs = [ReqStandIn(rid, prompt_tokens=p) for rid, p in (("a", 7), ("b", 5))]
-        for req in reqs:
-            recorder.add_arrival(req.rid, recorder.t0 + 0.25, len(req.origin_input_ids))
+        recorder, reqs = _recorder_with_two_arrivals(tmp_path / str(together))
         values = (recorder.t0 + 0.5, 2, 0, 2, 900, 10_000, 0, 2, [1, 2], 0.01)
         reqs[1].output_ids, reqs[1].finished_reason = [9] * 6, "stop"
         if together:
@@ -231,10 +237,7 @@ def test_a_step_given_as_read_is_the_trace_of_its_telemetry(tmp_path):
     # the launch's copies of the requests and of an extend's lengths, and finished.
     traces = []
     for as_read in (False, True):
-        recorder = Recorder(tmp_path / str(as_read), "srv", 0, flush_s=60.0)
-        reqs = [ReqStandIn(rid, prompt_tokens=p) for rid, p in (("a", 7), ("b", 5))]
-        for req in reqs:
-            recorder.add_arrival(req.rid, recorder.t0 + 0.25, len(req.origin_input_ids))
+        recorder, reqs = _recorder_with_two_arrivals(tmp_path / str(as_read))
         t = recorder.t0 + 0.5
         extend = ((1, t, False, 2, 0, 3, 10_000, 6_000, 1_000, 300, reqs[:], [0, 512],
                    [100, 200]), 3, None, t + 0.02, None)

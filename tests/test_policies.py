@@ -139,6 +139,16 @@ def _timed(i: int, batch: int, steps: int, accepted: int, latency_s: float) -> S
                       step_latency_s=latency_s)
 
 
+
+def _priced(profile, batch: int, kv: int, depth: int, accepted: int, start: int,
+            n: int) -> list[StepRecord]:
+    """``n`` decode records from step ``start`` at ``batch`` and ``depth``, each request
+    accepting ``accepted`` drafts, timed as ``profile`` prices them with ``kv`` KV tokens."""
+    latency = profile.step_latency_s(batch, depth, kv, 0, draft_extend=depth > 0,
+                                     speculative_path=depth > 0)
+    return [dataclasses.replace(_timed(start + i, batch, depth, accepted, latency),
+                                kv_used_tokens=kv) for i in range(n)]
+
 def test_goodput_explore_measures_what_the_observation_only_guesses():
     from agents.policies import GoodputExplorePolicy
 
@@ -223,11 +233,7 @@ def test_goodput_explore_measures_acceptance_it_never_saw_when_speculating_looks
     greedy = GoodputGreedyPolicy(h200, max_depth=7)
 
     def at(depth: int, accepted: int, start: int, n: int) -> list[StepRecord]:
-        kv = 10_000
-        latency = h200.step_latency_s(32, depth, kv, 0, draft_extend=depth > 0,
-                                      speculative_path=depth > 0)
-        return [dataclasses.replace(_timed(start + i, 32, depth, accepted, latency),
-                                    kv_used_tokens=kv) for i in range(n)]
+        return _priced(h200, 32, 10_000, depth, accepted, start, n)
 
     builder = FeatureBuilder(cost_prior=h200)
     builder.update_many(at(0, 0, 0, 20))
@@ -253,10 +259,7 @@ def test_goodput_explore_accept_margin_measures_acceptance_at_a_full_batch():
     kv = 48 * 384
 
     def at(depth: int, accepted: int, start: int, n: int) -> list[StepRecord]:
-        latency = h200.step_latency_s(48, depth, kv, 0, draft_extend=depth > 0,
-                                      speculative_path=depth > 0)
-        return [dataclasses.replace(_timed(start + i, 48, depth, accepted, latency),
-                                    kv_used_tokens=kv) for i in range(n)]
+        return _priced(h200, 48, kv, depth, accepted, start, n)
 
     builder = FeatureBuilder(cost_prior=h200)
     builder.update_many(at(0, 0, 0, 20))
