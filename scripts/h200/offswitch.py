@@ -49,6 +49,7 @@ CONCURRENCY = [1, 8, 32, 48]
 REPS = int(os.environ.get("REPS", "1"))
 TOKEN_MODE = os.environ.get("SGLANG_SIMULATE_ACC_TOKEN_MODE", "real-draft-token")
 PROFILE_C = int(os.environ.get("PROFILE_C", "48"))
+SKIP_SERVER_WARMUP = os.environ.get("SKIP_SERVER_WARMUP") == "1"
 SWITCH_SECONDS = float(os.environ.get("SWITCH_SECONDS", "0"))
 PROFILE = os.environ.get("PROFILE") or (
     "h200_qwen3_30b_a3b" if "moe" in MODELS.name else "h200_llama31_8b_recorded")
@@ -75,6 +76,8 @@ def start(name: str, *, spec: bool, env: dict[str, str], adaptive_config: dict |
             "--port", str(session.PORT), "--log-level", "info"]
     if not radix_cache:
         args.append("--disable-radix-cache")
+    if SKIP_SERVER_WARMUP:  # SGLang's warm-up request decodes at batch 1: acceptance measured
+        args.append("--skip-server-warmup")
     if spec:
         steps = steps or max(CANDIDATES)
         config = RUN / "adaptive.json"
@@ -96,7 +99,8 @@ def start(name: str, *, spec: bool, env: dict[str, str], adaptive_config: dict |
             with urllib.request.urlopen(f"{URL}/health", timeout=2) as response:
                 if response.status == 200:
                     session.log(f"{name} ready after {time.time() - started:.0f} s")
-                    loadgen.one_batch(URL, 2, output=16)
+                    if not SKIP_SERVER_WARMUP:
+                        loadgen.one_batch(URL, 2, output=16)
                     return process
         except OSError:
             pass
