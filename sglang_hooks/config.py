@@ -47,6 +47,9 @@ SPECCTL_MIN_SWITCH_STEPS    fewest steps between two depth switches outside expl
 SPECCTL_RECORD_FLUSH_S      write a trace file at least this often (default 30)
 SPECCTL_HOOK_TIMING         file prefix: measure the plugin's time on the scheduler
                             thread per step and write its percentiles there (JSON)
+SPECCTL_HOOK_TIMING_CPU     ``1``: with SPECCTL_HOOK_TIMING, split that time into time
+                            on the CPU and off it (a diagnosis: costs a system call
+                            per clock reading, subtracted)
 SPECCTL_SERVER              server name in telemetry and traces (default
                             ``<hostname>-<port>``)
 SPECCTL_CURVE_SERVER_KEY    the controller's CURVE public key (Z85); enables CURVE
@@ -99,6 +102,7 @@ class PluginConfig:
     record_flush_s: float = 30.0
     #: Where to write the plugin's per-step time on the scheduler thread (None: off).
     hook_timing: str | None = None
+    hook_timing_cpu: bool = False
     server: str | None = None
     curve_server_key: str | None = None
     curve_client_cert: str | None = None
@@ -163,6 +167,7 @@ def from_env(env: Mapping[str, str] | None = None) -> PluginConfig | None:
         min_switch_steps=int(_number(env, "SPECCTL_MIN_SWITCH_STEPS", 4, lo=1)),
         record_flush_s=_number(env, "SPECCTL_RECORD_FLUSH_S", 30.0, lo=0.1),
         hook_timing=env.get("SPECCTL_HOOK_TIMING") or None,
+        hook_timing_cpu=_flag(env, "SPECCTL_HOOK_TIMING_CPU"),
         server=env.get("SPECCTL_SERVER") or None,
         curve_server_key=env.get("SPECCTL_CURVE_SERVER_KEY") or None,
         curve_client_cert=env.get("SPECCTL_CURVE_CLIENT_CERT") or None,

@@ -146,7 +146,8 @@ class Runtime:
         self._last_result_end: float | None = None
         self._next_summary = 0.0
         #: The plugin's own time per step, when SPECCTL_HOOK_TIMING asks for it.
-        self.clock = (HookClock(f"{cfg.hook_timing}.{os.getpid()}.json")
+        self.clock = (HookClock(f"{cfg.hook_timing}.{os.getpid()}.json",
+                                cpu=cfg.hook_timing_cpu)
                       if cfg.hook_timing else None)
 
     # -- wiring ---------------------------------------------------------------------

@@ -25,6 +25,13 @@ within 1/16 = 6.25% of the true value; max and mean are exact). A daemon thread
 writes the percentiles to the file as JSON every few seconds, because SGLang
 ends scheduler processes with SIGKILL (so there is no "at exit"). Nothing here
 raises into SGLang: a file that cannot be written is logged once and skipped.
+
+With ``cpu=True`` (``SPECCTL_HOOK_TIMING_CPU=1``) every wrapper also reads the thread's
+CPU clock at the same points, so each step's hook time splits into time on the CPU and
+time off it (preempted by the OS, waiting for the GIL, page faults served by sleeping):
+a tail that is CPU is the hooks' work, one that is off the CPU is the host's. The
+thread's CPU clock is a system call (0.2-0.6 us a reading), so this mode is a
+diagnosis, not the default; its cost is in the calibration and subtracted like the rest.
 """
 
 from __future__ import annotations
@@ -60,6 +67,13 @@ _MAX_PENDING = 50_000
 _FOLD_CHUNK = 1024
 #: The hooks timed as AROUND hooks (the others are plain).
 _AROUND = ("run_batch", "process_batch_result")
+#: Off-CPU time per step above this counts as an interrupted step (``cpu.steps_off_cpu``).
+_OFF_CPU_STEP_NS = 10_000
+
+
+def _no_cpu_clock() -> int:
+    """The CPU clock when the CPU split is off: one cheap call, always 0."""
+    return 0
 
 
 def bucket_of(ns: int) -> int:
@@ -147,11 +161,25 @@ class HookClock:
         path: JSON file the summary is written to.
         write_every_s: Seconds between two writes by the background thread
             (0: no thread; call :meth:`write` yourself).
+        cpu: Split each step's time into time on the CPU and off it (the thread's CPU
+            clock read by every wrapper; see the module's docstring).
     """
 
-    def __init__(self, path: str, write_every_s: float = _WRITE_EVERY_S) -> None:
+    def __init__(self, path: str, write_every_s: float = _WRITE_EVERY_S,
+                 cpu: bool = False) -> None:
         self.path = path
         self.current_ns = 0
+        #: The thread's CPU clock, or a stand-in that reads 0 (``cpu`` off).
+        self.cpu = cpu
+        self._cpu_clock: Callable[[], int] = time.thread_time_ns if cpu else _no_cpu_clock
+        #: The running step's CPU time inside the hooks (0 with ``cpu`` off).
+        self.current_cpu_ns = 0
+        self._mark_cpu_ns = 0
+        self.steps_cpu = Histogram()
+        #: Per step, wall less CPU inside the hooks: time the thread was off the CPU.
+        self.steps_off_cpu = Histogram()
+        #: Hook name -> its off-CPU time per call.
+        self.hooks_off_cpu: dict[str, Histogram] = {}
         self.steps = Histogram()
         #: Hook name -> its own time per call (the wrappers' cost subtracted).
         self.hooks: dict[str, Histogram] = {}
@@ -182,8 +210,15 @@ class HookClock:
         self.plain_overhead_ns = 0
         self.around_overhead_ns = 0
         self.outside_overhead_ns = 0
-        self.plain_overhead_ns, self.around_overhead_ns, outside = self._calibrate()
+        #: The same on the CPU clock (its window is narrower than the wall clock's).
+        self.plain_cpu_overhead_ns = 0
+        self.around_cpu_overhead_ns = 0
+        self.outside_cpu_overhead_ns = 0
+        (self.plain_overhead_ns, self.around_overhead_ns, outside), cpu_medians = (
+            self._calibrate())
         self.outside_overhead_ns = max(outside - self.plain_overhead_ns, 0)
+        self.plain_cpu_overhead_ns, self.around_cpu_overhead_ns, outside = cpu_medians
+        self.outside_cpu_overhead_ns = max(outside - self.plain_cpu_overhead_ns, 0)
         # Probes: the same wrappers around do-nothing hooks, called in situ (at the top of
         # every _PROBE_EVERY-th loop iteration, outside any hook): what they record is
         # the wrappers' cost there beyond the warm calibration subtracted from every call.
@@ -198,8 +233,11 @@ class HookClock:
         self._probe_count = 0
         # The probe wrappers' own per-hook histogram: emptied after every probe.
         self._probe_scratch = self.hooks["_probe"]
+        self._probe_off_cpu_scratch = self.hooks_off_cpu["_probe"]
         self.hooks.clear()  # the calibration's and the probes' calls are not the plugin's
+        self.hooks_off_cpu.clear()
         self.rule_calls = self.rule_ns = 0
+        self.current_cpu_ns = 0
 
     # Kept for readers of the step totals (tests, benchmarks).
     @property
@@ -222,9 +260,11 @@ class HookClock:
         self.steps.fold()
         return self.steps.max_ns
 
-    def _calibrate(self, calls: int = 2000) -> tuple[int, int, int]:
+    def _calibrate(self, calls: int = 2000) -> tuple[tuple[int, int, int],
+                                                      tuple[int, int, int]]:
         """Median time a wrapper records around a do-nothing hook (plain, AROUND, and
-        plain around a call of a do-nothing :meth:`outside`)."""
+        plain around a call of a do-nothing :meth:`outside`), on the wall clock and on
+        the CPU clock (zeros with ``cpu`` off)."""
         def nothing(*args: Any) -> None:
             return None
 
@@ -236,15 +276,18 @@ class HookClock:
         for wrapped, args in ((self.plain(nothing), ()), (self.around(around_nothing),
                                                            (nothing,)),
                               (self.plain(lambda: untimed()), ())):
-            recorded = []
+            recorded, recorded_cpu = [], []
             for _ in range(calls):
-                self.current_ns = 0
+                self.current_ns = self.current_cpu_ns = 0
                 wrapped(*args)
                 recorded.append(self.current_ns)
+                recorded_cpu.append(self.current_cpu_ns)
             recorded.sort()
-            medians.append(max(recorded[calls // 2], 0))
-        self.current_ns = 0
-        return medians[0], medians[1], medians[2]
+            recorded_cpu.sort()
+            medians.append((max(recorded[calls // 2], 0), max(recorded_cpu[calls // 2], 0)))
+        self.current_ns = self.current_cpu_ns = 0
+        wall, cpu = zip(*medians, strict=True)
+        return (wall[0], wall[1], wall[2]), (cpu[0], cpu[1], cpu[2])
 
     def _start(self) -> None:
         # Started by the first step, in the scheduler process itself (not a parent
@@ -284,25 +327,28 @@ class HookClock:
         if not self._launched:
             idle = self.current_ns - self._mark_ns
             self.current_ns = self._mark_ns
+            self.current_cpu_ns = self._mark_cpu_ns
             self.idle_iterations += 1
             self.idle_ns += idle
             if idle > self.idle_max_ns:
                 self.idle_max_ns = idle
         self._launched = False
         self._mark_ns = self.current_ns
+        self._mark_cpu_ns = self.current_cpu_ns
         self._probe_count += 1
         if self._probe_count % _PROBE_EVERY == 0:
             self._probe()
 
     def _probe(self) -> None:
         """Run the three probes (their time is in no step and no hook's count)."""
-        saved, rule = self.current_ns, (self.rule_calls, self.rule_ns)
+        saved, rule = (self.current_ns, self.current_cpu_ns), (self.rule_calls, self.rule_ns)
         for wrapped, args, hist in self._probes:
             self.current_ns = 0
             wrapped(*args)
             hist.add(self.current_ns)
         self._probe_scratch.pending.clear()
-        self.current_ns = saved
+        self._probe_off_cpu_scratch.pending.clear()
+        self.current_ns, self.current_cpu_ns = saved
         self.rule_calls, self.rule_ns = rule
 
     def end_step(self) -> None:
@@ -316,6 +362,10 @@ class HookClock:
         self._launched = True
         steps = self.steps.pending
         steps.append(ns)  # the subtracted overhead can exceed a tiny step: 0 when binned
+        if self.cpu:
+            self.steps_cpu.pending.append(self.current_cpu_ns)
+            self.steps_off_cpu.pending.append(ns - self.current_cpu_ns)
+        self.current_cpu_ns = 0
         if len(steps) > _MAX_PENDING:  # no writer thread folds them: do it here, rarely
             self._fold_all()
         if not self._started:
@@ -323,9 +373,12 @@ class HookClock:
         self._excluded_ns += time.perf_counter_ns() - start
 
     def _fold_all(self) -> None:
-        self.steps.fold()
-        for hist in list(self.hooks.values()):
+        for hist in self._histograms():
             hist.fold()
+
+    def _histograms(self) -> list[Histogram]:
+        return [self.steps, self.steps_cpu, self.steps_off_cpu, *list(self.hooks.values()),
+                *list(self.hooks_off_cpu.values())]
 
     def summary(self) -> dict:
         """Percentiles (microseconds) of the per-step totals so far, and where they went.
@@ -375,9 +428,26 @@ class HookClock:
             per_step = out["instrument_in_situ"]["excess_per_step_us"]
             out["instrument_in_situ"]["step_us_less_excess"] = {
                 key: max(out[f"{key}_us"] - per_step, 0.0) for key in ("p50", "p90", "p99")}
+        if self.cpu:
+            out["cpu"] = self._cpu_summary()
         out["process"] = {"python": sys.version.split()[0], "threads": threading.active_count(),
                           "switch_interval_s": sys.getswitchinterval()}
         return out
+
+    def _cpu_summary(self) -> dict:
+        """Each step's hook time on the CPU and off it, the steps off it for more than
+        ``_OFF_CPU_STEP_NS``, and each hook's off-CPU time per call."""
+        off = self.steps_off_cpu.summary()
+        interrupted = (sum(self.steps_off_cpu.counts[bucket_of(_OFF_CPU_STEP_NS):])
+                       if off["n"] else 0)
+        return {"subtracted_per_call_us": {"plain": self.plain_cpu_overhead_ns / 1e3,
+                                           "around": self.around_cpu_overhead_ns / 1e3,
+                                           "outside": self.outside_cpu_overhead_ns / 1e3},
+                "step_cpu": self.steps_cpu.summary(), "step_off_cpu": off,
+                "steps_off_cpu_over_us": {"threshold_us": _OFF_CPU_STEP_NS / 1e3,
+                                          "n": int(interrupted)},
+                "per_hook_off_cpu": {name: hist.summary()
+                                     for name, hist in list(self.hooks_off_cpu.items())}}
 
     def write(self) -> bool:
         """Write the summary atomically; False (logged once) if the file cannot be written."""
@@ -416,7 +486,7 @@ class HookClock:
     def _fold_in_chunks(self) -> None:
         """Bin the backlog a chunk at a time, letting go of the GIL in between: a few
         seconds of a busy server are tens of thousands of durations."""
-        for hist in [self.steps, *list(self.hooks.values())]:
+        for hist in self._histograms():
             while len(hist.pending) > _FOLD_CHUNK:
                 hist.fold(_FOLD_CHUNK)
                 time.sleep(0)
@@ -427,51 +497,67 @@ class HookClock:
     # window (and, for a method nested in an AROUND hook's original, inside that
     # hook's excluded time).
 
-    def _histogram(self, hook: Callable, name: str | None) -> Histogram:
+    def _histogram(self, hook: Callable, name: str | None) -> tuple[Histogram, Histogram]:
+        """The hook's histograms: own time per call, and off-CPU time per call."""
         key = name or getattr(hook, "__name__", "hook")
-        return self.hooks.setdefault(key, Histogram())
+        return (self.hooks.setdefault(key, Histogram()),
+                self.hooks_off_cpu.setdefault(key, Histogram()))
 
     def around(self, hook: Callable, name: str | None = None) -> Callable:
         """Time an AROUND hook, minus the wrapped original."""
-        hist = self._histogram(hook, name)
+        hist, off_hist = self._histogram(hook, name)
+        cpu_clock = self._cpu_clock
 
         def timed(original: Callable, *args: Any, **kwargs: Any) -> Any:
             self.depth += 1
             self._excluded_ns = 0
             start = time.perf_counter_ns()
-            inner = 0
+            cpu_start = cpu_clock()
+            inner = cpu_inner = 0
 
             def timed_original(*a: Any, **k: Any) -> Any:
-                nonlocal inner
+                nonlocal inner, cpu_inner
                 self.depth -= 1
                 s = time.perf_counter_ns()
+                cs = cpu_clock()
                 try:
                     return original(*a, **k)
                 finally:
+                    cpu_inner += cpu_clock() - cs
                     inner += time.perf_counter_ns() - s
                     self.depth += 1
 
             try:
                 return hook(timed_original, *args, **kwargs)
             finally:
+                cpu_spent = cpu_clock() - cpu_start - cpu_inner
                 spent = (time.perf_counter_ns() - start - inner - self.around_overhead_ns
                          - self._excluded_ns)
                 self.depth -= 1
                 self.current_ns += spent
                 hist.pending.append(spent)
+                if self.cpu:  # end_step's part (excluded) is CPU work: out of both
+                    cpu_spent -= self.around_cpu_overhead_ns + self._excluded_ns
+                    self.current_cpu_ns += cpu_spent
+                    off_hist.pending.append(spent - cpu_spent)
         return timed
 
     def outside(self, sglang: Callable) -> Callable:
         """Wrap SGLang code that a timed plugin method calls (SGLang's own adaptive rule):
         its time, and this wrapper's, is taken out of the step's total."""
+        cpu_clock = self._cpu_clock
+
         def untimed(*args: Any, **kwargs: Any) -> Any:
             self.depth -= 1
             start = time.perf_counter_ns()
+            cpu_start = cpu_clock()
             try:
                 return sglang(*args, **kwargs)
             finally:
+                cpu_spent = cpu_clock() - cpu_start
                 spent = time.perf_counter_ns() - start
                 self.current_ns -= spent + self.outside_overhead_ns
+                self.current_cpu_ns -= cpu_spent + self.outside_cpu_overhead_ns
                 self.depth += 1
                 self.rule_calls += 1
                 self.rule_ns += spent
@@ -482,18 +568,29 @@ class HookClock:
         """Time a BEFORE/AFTER hook (or a policy method) entirely. ``starts_iteration``:
         the hook runs once at the start of every scheduler-loop iteration (the input
         hook), which is how idle iterations are told apart."""
-        hist = self._histogram(hook, name)
+        hist, off_hist = self._histogram(hook, name)
+        cpu_clock = self._cpu_clock
 
         def timed(*args: Any, **kwargs: Any) -> Any:
             if starts_iteration:
                 self.begin_iteration()
             self.depth += 1
+            # What the hook's SGLang calls (:meth:`outside`) take out of the step comes off
+            # these two between here and the end: the hook's own time is what is left.
+            base, cpu_base = self.current_ns, self.current_cpu_ns
             start = time.perf_counter_ns()
+            cpu_start = cpu_clock()
             try:
                 return hook(*args, **kwargs)
             finally:
-                spent = time.perf_counter_ns() - start - self.plain_overhead_ns
+                cpu_spent = cpu_clock() - cpu_start
+                spent = (time.perf_counter_ns() - start - self.plain_overhead_ns
+                         + self.current_ns - base)
                 self.depth -= 1
-                self.current_ns += spent
+                self.current_ns = base + spent
                 hist.pending.append(spent)
+                if self.cpu:
+                    cpu_spent += self.current_cpu_ns - cpu_base - self.plain_cpu_overhead_ns
+                    self.current_cpu_ns = cpu_base + cpu_spent
+                    off_hist.pending.append(spent - cpu_spent)
         return timed

@@ -326,3 +326,107 @@ def test_the_writer_bins_a_backlog_in_chunks(monkeypatch):
     clock._fold_in_chunks()
     assert 0 < len(clock.steps.pending) <= 7  # the rest is binned by the write's summary
     assert clock.summary()["steps"] == 30 and clock.max_ns == 2_900
+
+
+def _two_clocks(monkeypatch) -> tuple[FakeClock, FakeClock]:
+    """Fake wall and CPU clocks that only the hooks advance (readings cost nothing)."""
+    wall, cpu = FakeClock(tick=0), FakeClock(tick=0)
+    monkeypatch.setattr(timing.time, "perf_counter_ns", wall)
+    monkeypatch.setattr(timing.time, "thread_time_ns", cpu)
+    return wall, cpu
+
+
+def test_the_cpu_split_tells_time_off_the_cpu_from_the_hooks_work(monkeypatch):
+    wall, cpu = _two_clocks(monkeypatch)
+    clock = HookClock("unused", write_every_s=0, cpu=True)
+
+    def spend(wall_ns: int, cpu_ns: int):
+        def hook(*args):
+            wall.now += wall_ns
+            cpu.now += cpu_ns
+        return hook
+
+    preempted = clock.plain(spend(5_000, 2_000), "process_batch_result")  # 3 us off-CPU
+
+    def launch(original, *args):
+        spend(3_000, 3_000)()
+        return original(*args)
+
+    rule = clock.outside(spend(4_000, 1_000))  # SGLang's, off-CPU part too: excluded
+
+    def policy_method():
+        spend(2_000, 2_000)()
+        rule()
+
+    run_batch = clock.around(launch, "run_batch")
+    method = clock.plain(policy_method, "get_steps_for_batch")
+    run_batch(spend(7_000, 7_000))  # SGLang's original: excluded
+    method()
+    preempted()
+    assert (clock.current_ns, clock.current_cpu_ns) == (10_000, 7_000)
+    clock.end_step()
+    clock.plain(spend(25_000, 1_000), "process_batch_result")()  # 24 us off-CPU
+    clock.end_step()
+    summary = clock.summary()["cpu"]
+    assert summary["step_cpu"]["max_us"] == 7.0 and summary["step_cpu"]["mean_us"] == 4.0
+    assert summary["step_off_cpu"]["max_us"] == 24.0
+    assert summary["step_off_cpu"]["mean_us"] == (3.0 + 24.0) / 2
+    assert summary["steps_off_cpu_over_us"] == {"threshold_us": 10.0, "n": 1}
+    per_hook = summary["per_hook_off_cpu"]
+    assert per_hook["process_batch_result"]["max_us"] == 24.0
+    assert per_hook["run_batch"]["max_us"] == per_hook["get_steps_for_batch"]["max_us"] == 0
+    # each hook's own time leaves SGLang's out, as the step's does
+    assert clock.summary()["per_hook"]["get_steps_for_batch"]["max_us"] == 2.0
+
+
+def test_the_cpu_clocks_readings_are_calibrated_out(monkeypatch):
+    """Every reading of either clock costs 100 ns, on the CPU (one clock for both): the
+    CPU clock's window inside a wrapper is narrower than the wall clock's, so each has its
+    own calibration, and do-nothing hooks read 0 on both clocks, none of it off the CPU."""
+    now = FakeClock(tick=100)
+    monkeypatch.setattr(timing.time, "perf_counter_ns", now)
+    monkeypatch.setattr(timing.time, "thread_time_ns", now)
+    clock = HookClock("unused", write_every_s=0, cpu=True)
+    assert clock.summary() == {"steps": 0}
+    # plain: wall start, CPU start, CPU end, wall end; AROUND: two more around the original
+    assert (clock.plain_overhead_ns, clock.around_overhead_ns,
+            clock.outside_overhead_ns) == (300, 400, 100)
+    assert (clock.plain_cpu_overhead_ns, clock.around_cpu_overhead_ns,
+            clock.outside_cpu_overhead_ns) == (100, 400, 300)
+    nothing = clock.plain(lambda: None, "process_input_requests")
+    around = clock.around(lambda original: original(), "run_batch")
+    method = clock.plain(clock.outside(lambda: None), "get_steps_for_batch")
+    for _ in range(5):
+        nothing(), around(lambda: None), method()
+        assert (clock.current_ns, clock.current_cpu_ns) == (0, 0)
+        clock.end_step()
+    summary = clock.summary()["cpu"]
+    assert summary["step_off_cpu"]["max_us"] == summary["step_cpu"]["max_us"] == 0
+
+
+def test_idle_iterations_leave_the_step_on_both_clocks(monkeypatch):
+    wall, cpu = _two_clocks(monkeypatch)
+    clock = HookClock("unused", write_every_s=0, cpu=True)
+
+    def polling():
+        wall.now += 1_000
+        cpu.now += 400
+
+    inputs = clock.plain(polling, "process_input_requests", starts_iteration=True)
+    for _ in range(3):  # one step of one iteration, then idle ones
+        inputs()
+    assert clock.idle_iterations == 2
+    clock.end_step()
+    summary = clock.summary()["cpu"]
+    assert summary["step_cpu"]["max_us"] == 0.4 and summary["step_off_cpu"]["max_us"] == 0.6
+
+
+def test_without_the_cpu_split_the_cpu_clock_is_never_read(monkeypatch):
+    def fail():
+        raise AssertionError("the thread's CPU clock was read")
+
+    monkeypatch.setattr(timing.time, "thread_time_ns", fail)
+    clock = HookClock("unused", write_every_s=0)
+    clock.plain(lambda: None, "process_input_requests")()
+    clock.end_step()
+    assert "cpu" not in clock.summary() and clock.summary()["steps"] == 1
