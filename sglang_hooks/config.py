@@ -150,6 +150,11 @@ def from_env(env: Mapping[str, str] | None = None) -> PluginConfig | None:
     record_dir = env.get("SPECCTL_RECORD") or None
     if explore and record_dir is None:
         raise ConfigError("SPECCTL_RECORD_EXPLORE=1 needs SPECCTL_RECORD=<dir> as well")
+    hook_timing = env.get("SPECCTL_HOOK_TIMING") or None
+    hook_timing_cpu = _flag(env, "SPECCTL_HOOK_TIMING_CPU")
+    if hook_timing_cpu and hook_timing is None:
+        raise ConfigError("SPECCTL_HOOK_TIMING_CPU=1 splits the hook timing's clock: it "
+                          "needs SPECCTL_HOOK_TIMING=<file prefix> as well")
     return PluginConfig(
         controller=controller,
         fallback=fallback,
@@ -166,8 +171,8 @@ def from_env(env: Mapping[str, str] | None = None) -> PluginConfig | None:
         explore_dwell=int(_number(env, "SPECCTL_EXPLORE_DWELL", 4, lo=1)),
         min_switch_steps=int(_number(env, "SPECCTL_MIN_SWITCH_STEPS", 4, lo=1)),
         record_flush_s=_number(env, "SPECCTL_RECORD_FLUSH_S", 30.0, lo=0.1),
-        hook_timing=env.get("SPECCTL_HOOK_TIMING") or None,
-        hook_timing_cpu=_flag(env, "SPECCTL_HOOK_TIMING_CPU"),
+        hook_timing=hook_timing,
+        hook_timing_cpu=hook_timing_cpu,
         server=env.get("SPECCTL_SERVER") or None,
         curve_server_key=env.get("SPECCTL_CURVE_SERVER_KEY") or None,
         curve_client_cert=env.get("SPECCTL_CURVE_CLIENT_CERT") or None,

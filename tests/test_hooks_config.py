@@ -72,6 +72,11 @@ def test_exploration_is_a_record_mode():
      "SPECCTL_IO_POLL_US='1e6': must be <= 20000"),
     ({"SPECCTL_RECORD_EXPLORE": "1", "SPECCTL_FALLBACK": "sglang"}, "needs SPECCTL_RECORD"),
     ({"SPECCTL_RECORD": "/tmp/t", "SPECCTL_RECORD_EXPLORE": "maybe"}, "SPECCTL_RECORD_EXPLORE"),
+    ({"SPECCTL_FALLBACK": "sglang", "SPECCTL_HOOK_TIMING_CPU": "1"},
+     "SPECCTL_HOOK_TIMING_CPU=1 .* needs SPECCTL_HOOK_TIMING"),
+    ({"SPECCTL_FALLBACK": "sglang", "SPECCTL_HOOK_TIMING": "/tmp/h",
+      "SPECCTL_HOOK_TIMING_CPU": "yes please"},
+     "SPECCTL_HOOK_TIMING_CPU='yes please'"),
 ])
 def test_errors_name_the_variable(env, message):
     with pytest.raises(ConfigError, match=message.replace("{", r"\{").replace("(", r"\(")):
@@ -122,3 +127,10 @@ def test_plain_looks_are_asked_for_by_a_flag_and_reach_the_client():
             assert isinstance(client._decode, DecisionDecoder) != plain
         finally:
             client.close()
+
+
+def test_the_hook_timings_cpu_split_is_asked_for_by_its_own_variable():
+    on = {"SPECCTL_FALLBACK": "sglang", "SPECCTL_HOOK_TIMING": "/tmp/h"}
+    assert not from_env(on).hook_timing_cpu
+    cfg = from_env({**on, "SPECCTL_HOOK_TIMING_CPU": "1"})
+    assert cfg.hook_timing == "/tmp/h" and cfg.hook_timing_cpu
