@@ -183,6 +183,9 @@ def phase_local() -> None:
             result["hook_timing"][name] = [json.loads(p.read_text())
                                            for p in timing.glob("hooks.*.json")]
             save(f"acc{ACC}_local", result)
+            if (RUN / "trace-local").exists():  # each server records afresh (plugin_env)
+                session.pack(RUN / "trace-local",
+                             f"{MODEL}_acc{ACC}_local_trace_{name}_{TAG}.tar.gz")
 
 
 def phase_prefix() -> None:
