@@ -6,7 +6,8 @@ at one client (``specctl-eval seed=0``, swapped profile) the features price dept
 0.8-1.0 of off's goodput with both costs measured (truly 0.71-0.73), and the policy
 alternates one step at depth 1 with two off (0.959x no speculation); on
 ``moe_h200_acc2.5`` (azure_conv, load 1.5, swapped) it runs depth 1 on 39% of the steps
-priced at 0.36-0.6 of off (0.943x). Its probability of the speculative choice there is
+priced at 0.36-0.6 of off (0.943x; the guard stands aside there: that profile is far
+off, below). Its probability of the speculative choice there is
 about 0.5-0.6: a marginal arg-max the observation does not support (``docs/POLICY.md``,
 eleventh session).
 
@@ -22,7 +23,7 @@ the policy's choice stands: measuring an unknown cost is the policy's business. 
 profile is far off (another server's) the guard stands aside too: the latency
 regression's residual over such a profile mispredicts a depth it ran a while ago by 2x
 in either direction (on ``moe_h200_acc2.5`` at 64 clients it priced depth 2 below half
-of off where depth 2 serves 1.03x off), and a guard acting there lost up to 0.13 of the
+of off where depth 2 serves 1.03x off), and a guard acting there lost up to 0.15 of the
 oracle on swapped-profile cells at seed 1. It runs before the acceptance probe
 (:mod:`env.probe`), which may still turn an off row into a probe. Settings travel in the
 policy file (``guard`` in its meta; absent: :data:`DEFAULT_GUARD`);
