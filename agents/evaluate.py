@@ -468,20 +468,25 @@ def _eval_env(cfg: DictConfig) -> dict[str, Any]:
     return env
 
 
-def _with_probe(path: str, changes, out_dir: Path) -> str:
-    """``path``, or, where ``changes`` (``specctl-eval probe.*``) sets a field, a copy of
-    that policy with its acceptance probe so changed, written to ``out_dir``."""
+def _with_probe(path: str, changes, out_dir: Path, guard_changes=None) -> str:
+    """``path``, or, where ``changes`` (``specctl-eval probe.*``) or ``guard_changes``
+    (``guard.*``) set a field, a copy of that policy with its acceptance probe and goodput
+    guard so changed, written to ``out_dir``."""
     changes = {} if changes is None else OmegaConf.to_container(changes, resolve=True)
-    if not any(value is not None for value in changes.values()):
+    guard_changes = ({} if guard_changes is None
+                     else OmegaConf.to_container(guard_changes, resolve=True))
+    if not any(value is not None
+               for value in (*changes.values(), *guard_changes.values())):
         return path
     policy = ExportedPolicy.load(path)
     try:
         probe = policy.probe.override(changes)
+        guard = policy.guard.override(guard_changes)
     except ValueError as exc:
         raise ValueError(f"specctl-eval {exc}") from None
     out_dir.mkdir(parents=True, exist_ok=True)
     copy = out_dir / "policy_probe.npz"
-    dataclasses.replace(policy, probe=probe, provenance={
+    dataclasses.replace(policy, probe=probe, guard=guard, provenance={
         **policy.provenance, "probe_changed_from": path}).save(copy)
     return str(copy)
 
@@ -491,7 +496,8 @@ def run_evaluation(cfg: DictConfig, policy_path: str | None, out_dir: Path) -> d
     env = _eval_env(cfg)
     ev = cfg.eval
     policies = list(ev.policies)
-    path = _with_probe(str(policy_path or default_policy_path()), cfg.get("probe"), out_dir)
+    path = _with_probe(str(policy_path or default_policy_path()), cfg.get("probe"), out_dir,
+                       cfg.get("guard"))
     # profile=NAME_OR_YAML restricts the evaluation to that one server.
     random_servers = 0 if cfg.get("profile") else int(ev.get("random_servers") or 0)
     document = evaluate_workloads(env, policies, path, int(ev.windows), int(cfg.seed),

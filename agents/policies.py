@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from env.features import FeatureSpec, Observation
+from env.guard import apply_guard, guard_columns
 from env.probe import apply_probe
 from env.sim.simulator import SchedulerConfig
 
@@ -581,19 +582,24 @@ class ExportedPolicyAdapter(Policy):
     """An exported (numpy) PPO policy, acting on ``obs.vector``, with its acceptance probe
     (:mod:`env.probe`) applied as ``specctl-serve`` and local mode apply it."""
 
-    def __init__(self, exported, name: str = "ppo", probe=None) -> None:
+    def __init__(self, exported, name: str = "ppo", probe=None, guard=None) -> None:
         self.exported = exported
         self.name = name
         #: The probe (None: the policy file's); the features must keep its budget
         #: (DecisionLoop(probe=...)): obs.probing says when it is due.
         self.probe = exported.probe if probe is None else probe
+        #: The goodput guard (:mod:`env.guard`; None: the policy file's).
+        self.guard = exported.guard if guard is None else guard
+        self._columns = guard_columns(exported.feature_spec)
         self._actions = np.asarray(exported.actions)
 
     def act(self, obs: Observation) -> int:
-        if not obs.probing:  # the features' probe budget: see DecisionLoop's ``probe``
-            return int(self.exported.act(obs.vector))
-        index = np.argmax(self.exported.logits(obs.vector), axis=-1).reshape(1, 1)
-        apply_probe(self.probe, index, self._actions, [True], [None])
+        vector = obs.vector.reshape(1, -1)
+        index = np.argmax(self.exported.logits(vector), axis=-1).reshape(1, 1)
+        # The guard first, then the probe: as controller.decider.evaluate applies them.
+        apply_guard(self.guard, self._columns, vector, index, self._actions, [None])
+        if obs.probing:  # the features' probe budget: see DecisionLoop's ``probe``
+            apply_probe(self.probe, index, self._actions, [True], [None])
         return int(self._actions[index[0, 0]])
 
 

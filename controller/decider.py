@@ -19,6 +19,7 @@ import numpy as np
 from controller.policy_file import ExportedPolicy
 from controller.wire import DECISION_LAG, Decision
 from env.features import FeatureBuilder, warm_up
+from env.guard import GuardSpec, apply_guard, guard_columns
 from env.probe import ProbeSpec, apply_probe
 from env.traces.schema import StepRecord
 
@@ -68,9 +69,11 @@ def choose(policy: ExportedPolicy, actions: np.ndarray,
 
 def evaluate(policy: ExportedPolicy, grids: np.ndarray | Sequence[np.ndarray | None],
              allowed: Sequence[np.ndarray | None], probing: Sequence[bool] | None = None,
-             probe: ProbeSpec | None = None) -> tuple[np.ndarray, list[bool], list[bool]]:
+             probe: ProbeSpec | None = None, guard: GuardSpec | None = None
+             ) -> tuple[np.ndarray, list[bool], list[bool]]:
     """:func:`choose` with the chosen actions as their index into ``policy.actions``
     (shape (streams, grid rows)) and the flags as lists: what the daemon reads per poll.
+    ``guard``: the goodput guard (:mod:`env.guard`; None: the policy file's).
     """
     # Few, whole-array numpy calls: at these sizes each call's ~1 us overhead is the cost.
     rows = len(policy.feature_spec.batch_grid)
@@ -105,6 +108,10 @@ def evaluate(policy: ExportedPolicy, grids: np.ndarray | Sequence[np.ndarray | N
                   + np.where(masks, 0.0, -np.inf)[:, None, :]).reshape(n * rows, -1)
     # the method, not np.argmax: the same call without numpy's Python-level wrapper
     index = logits.argmax(axis=1).reshape(n, rows)
+    # The goodput guard, then the probe (which may turn a guarded row into a probe): the
+    # order the simulator's policy adapter applies them in.
+    apply_guard(policy.guard if guard is None else guard, guard_columns(policy.feature_spec),
+                observations, index, np.asarray(policy.actions), allowed)
     if probing is not None and True in probing:
         apply_probe(probe or policy.probe, index, np.asarray(policy.actions), probing, allowed)
     return index, healthy, runnable

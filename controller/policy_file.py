@@ -9,7 +9,8 @@ torch. The file is a NumPy ``.npz`` archive:
   index stands for), ``feature_spec`` (see :class:`env.features.FeatureSpec`)
   free-form ``provenance`` (how it was trained) and, optionally, ``probe`` (the
   acceptance probe's settings, :class:`env.probe.ProbeSpec`; absent:
-  :data:`env.probe.DEFAULT_PROBE`);
+  :data:`env.probe.DEFAULT_PROBE`) and ``guard`` (the goodput guard's,
+  :class:`env.guard.GuardSpec`; absent: :data:`env.guard.DEFAULT_GUARD`);
 * ``w0, b0, w1, b1, ...``: the layers, ``y = act(x @ w + b)``, the last layer
   without activation giving one logit per action.
 
@@ -32,6 +33,7 @@ import numpy as np
 
 from controller.wire import MAX_BATCH, MAX_GRID, MAX_NAME_CHARS
 from env.features import FeatureSpec
+from env.guard import DEFAULT_GUARD, GuardSpec
 from env.probe import DEFAULT_PROBE, ProbeSpec
 
 FORMAT = "specctl-policy"
@@ -71,6 +73,8 @@ class ExportedPolicy:
     provenance: dict = field(default_factory=dict)
     #: Where and how the deciders probe acceptance (:mod:`env.probe`).
     probe: ProbeSpec = DEFAULT_PROBE
+    #: When the deciders overrule a speculative choice priced below off (:mod:`env.guard`).
+    guard: GuardSpec = DEFAULT_GUARD
 
     def __post_init__(self) -> None:
         self._validate()
@@ -167,6 +171,7 @@ class ExportedPolicy:
             "feature_spec": self.feature_spec.to_dict(),
             "provenance": self.provenance,
             "probe": self.probe.to_dict(),
+            "guard": self.guard.to_dict(),
         }
         arrays = {"meta": np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)}
         for i, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
@@ -217,7 +222,8 @@ class ExportedPolicy:
                 f"this build reads version {FORMAT_VERSION} only (older policies were "
                 "trained on an older observation: retrain with specctl-train)"
             )
-        for name, kind in (("feature_spec", dict), ("actions", list), ("probe", dict)):
+        for name, kind in (("feature_spec", dict), ("actions", list), ("probe", dict),
+                           ("guard", dict)):
             if name in meta and not isinstance(meta[name], kind):
                 raise PolicyFileError(f"{path}: field {name!r} must be a JSON "
                                       f"{'object' if kind is dict else 'array'}")
@@ -231,6 +237,11 @@ class ExportedPolicy:
                          else DEFAULT_PROBE)
             except ValueError as exc:
                 raise PolicyFileError(f"field 'probe': {exc}") from exc
+            try:
+                guard = (GuardSpec.from_dict(meta["guard"]) if "guard" in meta
+                         else DEFAULT_GUARD)
+            except ValueError as exc:
+                raise PolicyFileError(f"field 'guard': {exc}") from exc
             return cls(
                 weights=weights,
                 biases=biases,
@@ -240,6 +251,7 @@ class ExportedPolicy:
                 name=meta.get("name", "ppo"),
                 provenance=meta.get("provenance", {}),
                 probe=probe,
+                guard=guard,
             )
         except PolicyFileError as exc:
             raise PolicyFileError(f"{path}: {exc}") from exc
@@ -258,6 +270,8 @@ class ExportedPolicy:
             )
         if not isinstance(self.probe, ProbeSpec):
             raise PolicyFileError(f"field 'probe': expected a ProbeSpec, got {self.probe!r}")
+        if not isinstance(self.guard, GuardSpec):
+            raise PolicyFileError(f"field 'guard': expected a GuardSpec, got {self.guard!r}")
         if not isinstance(self.provenance, dict):
             raise PolicyFileError("field 'provenance': must be a JSON object")
         if self.activation not in _ACTIVATIONS:

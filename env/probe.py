@@ -90,13 +90,7 @@ class ProbeSpec:
     def override(self, changes: Mapping | None, keep_none: bool = False) -> ProbeSpec:
         """This spec with the entries of ``changes`` (a Hydra ``probe`` block; None
         entries are ignored unless ``keep_none``); unknown fields are an error."""
-        if not changes:
-            return self
-        given = {str(k): v for k, v in changes.items() if keep_none or v is not None}
-        unknown = set(given) - {f.name for f in dataclasses.fields(self)}
-        if unknown:
-            raise ValueError(f"probe: unknown fields {sorted(unknown)}")
-        return dataclasses.replace(self, **given) if given else self
+        return override_fields(self, "probe", changes, keep_none)
 
     def action_index(self, actions: np.ndarray, allowed: np.ndarray | None) -> int | None:
         """Index into ``actions`` of the probe's steps: the smallest allowed speculative
@@ -112,6 +106,19 @@ class ProbeSpec:
         if above.any():
             return int(candidates[above][np.argmin(steps[above])])
         return int(candidates[np.argmax(steps)])
+
+
+def override_fields(spec, label: str, changes: Mapping | None, keep_none: bool = False):
+    """The frozen dataclass ``spec`` with the entries of ``changes`` (None entries ignored
+    unless ``keep_none``); unknown fields are an error naming ``label`` (the block's
+    name: ``probe``, ``guard``)."""
+    if not changes:
+        return spec
+    given = {str(k): v for k, v in changes.items() if keep_none or v is not None}
+    unknown = set(given) - {f.name for f in dataclasses.fields(spec)}
+    if unknown:
+        raise ValueError(f"{label}: unknown fields {sorted(unknown)}")
+    return dataclasses.replace(spec, **given) if given else spec
 
 
 #: The probe of a policy file that does not set one.

@@ -34,8 +34,10 @@ PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 
 #: What the serving side (controller, plugin) may take from env: the telemetry records and
 #: trace format, the feature contract (and the acceptance probe the features keep the
-#: budget of), the cost profile handed to the controller.
-SERVING_CONTRACTS = ("env.traces", "env.features", "env.probe", "env.sim.cost_model")
+#: budget of, and the goodput guard read from the observation), the cost profile handed to
+#: the controller.
+SERVING_CONTRACTS = ("env.traces", "env.features", "env.probe", "env.guard",
+                     "env.sim.cost_model")
 #: Layer (module prefix) -> the project modules it may import (prefixes). Longest prefix wins.
 LAYERS: dict[str, tuple[str, ...]] = {
     "env.traces": ("env.traces",),

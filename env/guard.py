@@ -1,0 +1,163 @@
+"""The goodput guard: no speculation where the features say, with measured costs and a
+profile the measurements confirm, that it does not pay.
+
+The shipped policy sometimes speculates against its own observation: on ``h100_acc1.3``
+at one client (``specctl-eval seed=0``, swapped profile) the features price depth 1 at
+0.8-1.0 of off's goodput with both costs measured (truly 0.71-0.73), and the policy
+alternates one step at depth 1 with two off (0.959x no speculation); on
+``moe_h200_acc2.5`` (azure_conv, load 1.5, swapped) it runs depth 1 on 39% of the steps
+priced at 0.36-0.6 of off (0.943x; the guard stands aside there: that profile is far
+off, below). Its probability of the speculative choice there is
+about 0.5-0.6: a marginal arg-max the observation does not support (``docs/POLICY.md``,
+eleventh session).
+
+The guard is a deterministic rule over the decision table, read from the observation
+rows the policy decided on (so the simulator's policy adapter, ``specctl-serve`` and
+local mode apply it identically): a row whose chosen depth ``d > 0`` has an estimated
+goodput below ``1 - margin`` of off's (the row's ``relative_goodput_d``), with the cost
+of both depth ``d`` and depth 0 measured recently (``cost_confidence`` at least
+``confidence``: about 1.4 recent steps each, forgotten as the latency regression
+forgets) and the measured latencies within ``max_profile_error`` (a mean log ratio) of
+the handed profile's predictions, is set to off. Where either cost is the prior's guess
+the policy's choice stands: measuring an unknown cost is the policy's business. Where the
+profile is far off (another server's) the guard stands aside too: the latency
+regression's residual over such a profile mispredicts a depth it ran a while ago by 2x
+in either direction (on ``moe_h200_acc2.5`` at 64 clients it priced depth 2 below half
+of off where depth 2 serves 1.03x off), and a guard acting there lost up to 0.15 of the
+oracle on swapped-profile cells at seed 1. It runs before the acceptance probe
+(:mod:`env.probe`), which may still turn an off row into a probe. Settings travel in the
+policy file (``guard`` in its meta; absent: :data:`DEFAULT_GUARD`);
+``specctl-eval guard.enabled=false`` evaluates without it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from env.probe import override_fields
+
+
+@dataclass(frozen=True)
+class GuardSpec:
+    """When a speculative choice the features price below off becomes off."""
+
+    #: Off: the policy's decisions unchanged.
+    enabled: bool = True
+    #: A depth whose estimated goodput is below ``1 - margin`` of off's is overruled.
+    margin: float = 0.1
+    #: Cost confidence (``1 - exp(-samples / 2)``) both depths need for the guard to act.
+    confidence: float = 0.5
+    #: The guard acts only while the measured latencies sit within this of the handed
+    #: profile's predictions (the observation's ``cost_profile_error``, a mean log ratio
+    #: clipped to [-1, 1]; 1: always): with a profile far off (another server's), the
+    #: latency regression's prediction of a depth it ran long ago is far off too.
+    max_profile_error: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enabled, bool):
+            raise ValueError(f"guard.enabled: {self.enabled!r} is not true or false")
+        error = self.max_profile_error
+        if isinstance(error, bool) or not isinstance(error, int | float) \
+                or not 0.0 <= error <= 1.0:
+            raise ValueError(f"guard.max_profile_error: {error!r} is not a number in [0, 1]")
+        for name in ("margin", "confidence"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) \
+                    or not 0.0 < value < 1.0:
+                raise ValueError(f"guard.{name}: {value!r} is not a number in (0, 1)")
+
+    def to_dict(self) -> dict:
+        """JSON-friendly copy (stored in a policy file's meta)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> GuardSpec:
+        """Inverse of :meth:`to_dict`; unknown keys and bad values are an error."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"guard: expected an object, got {type(data).__name__}")
+        return override_fields(cls(), "guard", data, keep_none=True)
+
+    def override(self, changes: Mapping | None, keep_none: bool = False) -> GuardSpec:
+        """This spec with the entries of ``changes`` (a Hydra ``guard`` block; None
+        entries are ignored unless ``keep_none``); unknown fields are an error."""
+        return override_fields(self, "guard", changes, keep_none)
+
+
+#: The guard of a policy file that does not set one.
+DEFAULT_GUARD = GuardSpec()
+
+
+class GuardColumns:
+    """Where the guard reads a feature spec's observation vector (built once per spec)."""
+
+    def __init__(self, names: list[str], max_depth: int) -> None:
+        # Column of relative_goodput_d and cost_confidence_d per depth; depth 0 has no
+        # goodput column (its entry is never read).
+        goodput = [names.index(f"relative_goodput_{d}") for d in range(1, max_depth + 1)]
+        self.goodput = np.array([goodput[0], *goodput])
+        self.confidence = np.array([names.index(f"cost_confidence_{d}")
+                                    for d in range(max_depth + 1)])
+        self.profile_error = names.index("cost_profile_error")
+
+
+@functools.lru_cache(maxsize=16)
+def guard_columns(spec) -> GuardColumns:
+    """The :class:`GuardColumns` of a :class:`env.features.FeatureSpec` (cached)."""
+    return GuardColumns(spec.names(), spec.max_depth)
+
+
+def guard_rows(guard: GuardSpec, columns: GuardColumns, observations: np.ndarray,
+               index: np.ndarray, actions: np.ndarray, off_index: int | None) -> None:
+    """In place: the entries of ``index`` (action indices, any shape; ``observations``
+    the matching rows, shape (index.size, size)) the guard overrules become
+    ``off_index`` (the policy's action 0; None: it has none, nothing changes)."""
+    if not guard.enabled or off_index is None:
+        return
+    steps = actions[index.ravel()]
+    rows = np.flatnonzero(steps > 0)
+    if not rows.size:
+        return
+    chosen = steps[rows]
+    obs = observations[rows]
+    # relative_goodput_d is log(goodput_d / goodput_0) / 3, clipped to [-1, 1].
+    goodput = obs[np.arange(rows.size), columns.goodput[chosen]] * 3.0
+    sure = np.minimum(obs[np.arange(rows.size), columns.confidence[chosen]],
+                      obs[:, columns.confidence[0]])
+    trusted = np.abs(obs[:, columns.profile_error]) <= guard.max_profile_error
+    overruled = rows[(goodput < math.log1p(-guard.margin)) & (sure >= guard.confidence)
+                     & trusted]
+    index.flat[overruled] = off_index
+
+
+def off_index(actions: np.ndarray) -> int | None:
+    """Index of the action 0 (no speculation) in ``actions``, None if there is none."""
+    where = np.flatnonzero(np.asarray(actions) == 0)
+    return int(where[0]) if where.size else None
+
+
+def apply_guard(guard: GuardSpec, columns: GuardColumns, observations: np.ndarray,
+                index: np.ndarray, actions: np.ndarray,
+                allowed: list[np.ndarray | None] | tuple) -> None:
+    """In place: :func:`guard_rows` on each stream's rows of ``index`` (shape (streams,
+    grid rows); ``observations`` shape (streams * grid rows, size)), where the server lets
+    that stream run off (``allowed``: per stream a mask over ``actions`` or None); the one
+    place both deciders and the simulator's policy adapter apply the guard."""
+    if not guard.enabled:
+        return
+    off = off_index(actions)
+    if off is None:
+        return
+    if all(mask is None or mask[off] for mask in allowed):
+        guard_rows(guard, columns, observations, index, actions, off)
+        return
+    rows = index.shape[1]
+    for i, mask in enumerate(allowed):
+        if mask is None or mask[off]:
+            guard_rows(guard, columns, observations[i * rows:(i + 1) * rows], index[i],
+                       actions, off)

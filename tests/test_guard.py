@@ -1,0 +1,183 @@
+"""The goodput guard (env/guard.py): which rows it overrules and which it leaves, that it
+is off when turned off, that it travels in the policy file, and that the simulator's
+policy adapter and local mode apply it on the same steps."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from agents.policies import ExportedPolicyAdapter
+from controller.decider import StreamDecider, evaluate, steps_at
+from controller.policy_file import ExportedPolicy, PolicyFileError
+from env.features import FeatureBuilder, FeatureSpec
+from env.guard import DEFAULT_GUARD, GuardSpec, guard_columns, guard_rows
+from env.probe import NO_PROBE
+from env.rollout import DecisionLoop
+from env.sim.acceptance import SGLangSimulatedAcceptance
+from env.sim.cost_model import load_profile
+from env.sim.simulator import SchedulerConfig, Simulator
+from env.traces.schema import StepRecord
+from env.traces.workloads import ClosedLoop
+
+BACKENDS = ("numpy", "compiled")
+OFF_GUARD = GuardSpec(enabled=False)
+
+
+def depth1_policy(guard: GuardSpec = DEFAULT_GUARD) -> ExportedPolicy:
+    """A policy that always chooses depth 1 (no probe: only the guard changes it)."""
+    policy = ExportedPolicy.random(seed=2, hidden=(8,), name="d1")
+    policy.biases[-1][1] = 1e3
+    return dataclasses.replace(policy, probe=NO_PROBE, guard=guard)
+
+
+def vector(spec: FeatureSpec, goodput: float, confidence_d: float, confidence_0: float,
+           depth: int = 1, profile_error: float = 0.0) -> np.ndarray:
+    names = spec.names()
+    v = np.zeros(spec.size, dtype=np.float32)
+    v[names.index(f"relative_goodput_{depth}")] = np.log(goodput) / 3.0
+    v[names.index(f"cost_confidence_{depth}")] = confidence_d
+    v[names.index("cost_confidence_0")] = confidence_0
+    v[names.index("cost_profile_error")] = profile_error
+    return v
+
+
+def test_guard_rows_overrule_only_confident_losing_speculation():
+    spec = FeatureSpec()
+    actions = np.arange(spec.max_depth + 1)
+    rows = np.stack([
+        vector(spec, 0.5, 1.0, 1.0),  # priced at half of off, both costs measured: off
+        vector(spec, 0.95, 1.0, 1.0),  # within the margin: kept
+        vector(spec, 0.5, 0.1, 1.0),  # depth 1's cost a guess: kept
+        vector(spec, 0.5, 1.0, 0.1),  # off's cost a guess: kept
+        vector(spec, 0.5, 1.0, 1.0, profile_error=0.9),  # the profile far off: kept
+        vector(spec, 0.5, 1.0, 1.0, depth=3),  # depth 3 priced low, row chose 3: off
+        vector(spec, 0.5, 1.0, 1.0),  # chose off already
+    ])
+    index = np.array([[1, 1, 1, 1, 1, 3, 0]])
+    guard_rows(DEFAULT_GUARD, guard_columns(spec), rows, index, actions, 0)
+    assert index.tolist() == [[0, 1, 1, 1, 1, 0, 0]]
+    index = np.array([[1, 1, 1, 1, 1, 3, 0]])
+    guard_rows(OFF_GUARD, guard_columns(spec), rows, index, actions, 0)
+    assert index.tolist() == [[1, 1, 1, 1, 1, 3, 0]]
+
+
+def _profiled_stream(profile, scale: float = 1.0, n: int = 40) -> list[StepRecord]:
+    """Alternating off and depth-1 records at batch 48, at ``scale`` times the profile's
+    latency, where depth 1's draft is never accepted."""
+    out = []
+    for i in range(n):
+        steps = i % 2
+        latency = scale * profile.step_latency_s(48, steps, 50_000, 0, draft_extend=bool(steps),
+                                                 speculative_path=bool(steps))
+        drafts = np.zeros(48 if steps else 0, dtype=np.int8)
+        out.append(StepRecord("srv", 0, i, i * 0.01, 48, 0, 48, 50_000, 500_000, 0, steps,
+                              drafts, latency))
+    return out
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_measured_losing_depth_is_turned_off(backend):
+    profile = load_profile("h200_llama31_8b")
+    builder = FeatureBuilder(None, profile, backend)
+    builder.update_many(_profiled_stream(profile))
+    grid = [builder.observation_grid()]
+    row = list(builder.spec.batch_grid).index(48)
+    guarded, _, _ = evaluate(depth1_policy(), grid, [None])
+    plain, _, _ = evaluate(depth1_policy(OFF_GUARD), grid, [None])
+    assert plain[0, row] == 1 and guarded[0, row] == 0
+    # a server that cannot run off keeps the policy's choice
+    no_off = np.array([False] + [True] * builder.spec.max_depth)
+    kept, _, _ = evaluate(depth1_policy(), grid, [no_off])
+    assert kept[0, row] == 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_profile_far_off_leaves_the_policy_alone(backend):
+    profile = load_profile("h200_llama31_8b")
+    builder = FeatureBuilder(None, profile, backend)
+    builder.update_many(_profiled_stream(profile, scale=3.0))  # log(3) = 1.1 off the profile
+    row = list(builder.spec.batch_grid).index(48)
+    chosen, _, _ = evaluate(depth1_policy(), [builder.observation_grid()], [None])
+    assert chosen[0, row] == 1
+
+
+def test_guard_settings_are_checked_and_travel_in_the_policy_file(tmp_path):
+    with pytest.raises(ValueError, match=r"guard\.margin"):
+        GuardSpec(margin=0.0)
+    with pytest.raises(ValueError, match=r"guard\.max_profile_error"):
+        GuardSpec(max_profile_error=2.0)
+    with pytest.raises(ValueError, match=r"guard: unknown fields"):
+        DEFAULT_GUARD.override({"depth": 1})
+    path = tmp_path / "policy.npz"
+    changed = GuardSpec(margin=0.2, max_profile_error=0.3)
+    depth1_policy(changed).save(path)
+    assert ExportedPolicy.load(path).guard == changed
+    # a file without a guard (the shipped default_policy.npz) gets the default
+    from controller.default_policy import default_policy_path
+
+    assert ExportedPolicy.load(default_policy_path()).guard == DEFAULT_GUARD
+    with pytest.raises(PolicyFileError, match="field 'guard'"):
+        ExportedPolicy.loads(_with_meta(path, guard={"margin": 5}), "bad.npz")
+
+
+def _with_meta(path, **changes) -> bytes:
+    import io
+    import json
+
+    with np.load(path) as archive:
+        arrays = {key: archive[key] for key in archive.files}
+    meta = json.loads(arrays["meta"].tobytes().decode())
+    meta.update(changes)
+    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
+
+
+def test_specctl_eval_evaluates_a_copy_with_the_guard_changed(tmp_path):
+    from omegaconf import OmegaConf
+
+    from agents.evaluate import _with_probe
+
+    path = tmp_path / "policy.npz"
+    ExportedPolicy.random(seed=1).save(path)
+    unchanged = OmegaConf.create({"enabled": None})
+    assert _with_probe(str(path), None, tmp_path / "out", unchanged) == str(path)
+    copy = _with_probe(str(path), None, tmp_path / "out", OmegaConf.create({"enabled": False}))
+    assert ExportedPolicy.load(copy).guard == OFF_GUARD
+    with pytest.raises(ValueError, match=r"specctl-eval guard\.margin"):
+        _with_probe(str(path), None, tmp_path / "out", OmegaConf.create({"margin": 2.0}))
+
+
+def test_the_simulator_and_local_mode_guard_the_same_steps():
+    """The env path (DecisionLoop + ExportedPolicyAdapter) and a StreamDecider fed the same
+    released records decide the same steps where the guard overrules depth 1 (a draft
+    that is never accepted)."""
+    profile = load_profile("h200_llama31_8b")
+    policy = depth1_policy()
+    sim = Simulator(profile, SGLangSimulatedAcceptance(1.0), ClosedLoop(48, 256, 256),
+                    SchedulerConfig(max_running_requests=48), seed=3)
+    loop = DecisionLoop(sim, None, feedback_lag=3, horizon_s=3.0, cost_prior=profile)
+    released = []
+    feed = loop.features.update
+    loop.features.update = lambda r: (released.append(r), feed(r))[1]
+    adapter = ExportedPolicyAdapter(policy)
+    local = StreamDecider(policy, None, profile)
+    obs = loop.reset(seed=3)
+    sent, compared, guarded = 0, 0, 0
+    while obs is not None:
+        choice = adapter.act(obs)
+        if len(released) > sent:
+            for r in released[sent:]:
+                decision = local.decide(r)
+            sent = len(released)
+            assert steps_at(decision.batch_grid, decision.steps, obs.batch_size) == choice
+            compared += 1
+        guarded += choice == 0
+        # The first steps run off whatever the policy says: off's cost gets measured (the
+        # guard acts only where both costs are), as it would after any off period.
+        obs, _ = loop.step(choice if compared > 20 else 0)
+    assert compared > 100 and guarded > compared // 2
