@@ -24,6 +24,7 @@ from pathlib import Path  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from agents.cli import hydra_app  # noqa: E402
+from controller.decider import served_rules  # noqa: E402
 from controller.default_policy import default_policy_path  # noqa: E402
 from controller.metrics import Metrics  # noqa: E402
 from controller.policy_file import PolicyFileError  # noqa: E402
@@ -69,10 +70,11 @@ def serve(cfg: DictConfig, stop: threading.Event | None = None,
         answers_per_poll=int(cfg.answers_per_poll),
         log_every_s=float(cfg.log_every_s), curve=curve,
         ipc_allowed_uids=tuple(int(u) for u in cfg.ipc_allowed_uids or ()),
-        probe=_probe_changes(cfg),
+        probe=_changes(cfg, "probe"), guard=_changes(cfg, "guard"),
     )
     try:
-        probe = holder.policy.probe.override(options.probe)
+        probe, guard = served_rules(holder.policy, {"probe": options.probe,
+                                                    "guard": options.guard})
     except ValueError as exc:
         log.error("cannot serve: %s", exc)
         return 2
@@ -106,9 +108,10 @@ def serve(cfg: DictConfig, stop: threading.Event | None = None,
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         signal.signal(signal.SIGINT, lambda *_: stop.set())
         signal.signal(signal.SIGHUP, lambda *_: holder.request_reload())
-    log.info("serving policy %r (%s), profile %s, acceptance probe %s, on %s%s%s",
-             holder.policy.name, path, cfg.profile,
-             probe.to_dict() if probe.enabled else "off", server.endpoint,
+    log.info("serving policy %r (%s), profile %s, acceptance probe %s, goodput guard %s, "
+             "on %s%s%s", holder.policy.name, path, cfg.profile,
+             probe.to_dict() if probe.enabled else "off",
+             guard.to_dict() if guard.enabled else "off", server.endpoint,
              " [shadow mode]" if options.shadow else "",
              f", metrics on :{metrics.port}" if metrics.port else "")
     if own_process:
@@ -122,9 +125,10 @@ def serve(cfg: DictConfig, stop: threading.Event | None = None,
     return 0
 
 
-def _probe_changes(cfg: DictConfig) -> dict | None:
-    """The ``probe.*`` overrides set (non-null) on the command line, or None."""
-    block = cfg.get("probe")
+def _changes(cfg: DictConfig, name: str) -> dict | None:
+    """The ``<name>.*`` overrides (``probe``, ``guard``) set (non-null) on the command
+    line, or None."""
+    block = cfg.get(name)
     if not block:
         return None
     changes = {str(k): v for k, v in OmegaConf.to_container(block, resolve=True).items()

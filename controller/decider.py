@@ -5,14 +5,15 @@ and the plugin's local mode (:class:`StreamDecider`, on the plugin's I/O
 thread) for its one stream; both fold telemetry into the policy file's
 :class:`env.features.FeatureBuilder` and call :func:`choose`, so a given
 telemetry stream gets the same decisions either way
-(``tests/test_local_decisions.py``). Both apply the acceptance probe
-(:mod:`env.probe`) the same way, from the same features.
+(``tests/test_local_decisions.py``). Both apply the goodput guard (:mod:`env.guard`)
+and the acceptance probe (:mod:`env.probe`) the same way, from the same features, each
+as the policy file sets it with the same overrides (:func:`served_rules`).
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -22,6 +23,25 @@ from env.features import FeatureBuilder, warm_up
 from env.guard import GuardSpec, apply_guard, guard_columns
 from env.probe import ProbeSpec, apply_probe
 from env.traces.schema import StepRecord
+
+#: The decision-layer rules a policy file carries that serving may override (the
+#: ``probe`` and ``guard`` blocks of ``specctl-serve``, ``SPECCTL_PROBE`` / ``SPECCTL_GUARD``).
+RULES = ("probe", "guard")
+
+
+def served_rule(policy: ExportedPolicy, name: str, changes: Mapping | None
+                ) -> ProbeSpec | GuardSpec:
+    """The policy file's rule ``name`` (one of :data:`RULES`) with ``changes`` (its
+    fields by name, None entries ignored) applied; raises ValueError naming the field."""
+    return getattr(policy, name).override(changes)
+
+
+def served_rules(policy: ExportedPolicy, overrides: Mapping[str, Mapping | None]
+                 ) -> tuple[ProbeSpec, GuardSpec]:
+    """``(probe, guard)`` as served: the policy file's, with ``overrides`` (by rule name,
+    see :func:`served_rule`) applied."""
+    probe, guard = (served_rule(policy, name, overrides.get(name)) for name in RULES)
+    return probe, guard
 
 
 def allowed_actions(actions: np.ndarray, candidates: Sequence[int] | None) -> np.ndarray | None:
@@ -44,7 +64,8 @@ def probing_flags(probe: ProbeSpec, builders: Sequence[FeatureBuilder | None]
 def choose(policy: ExportedPolicy, actions: np.ndarray,
            grids: np.ndarray | Sequence[np.ndarray | None],
            allowed: Sequence[np.ndarray | None], probing: Sequence[bool] | None = None,
-           probe: ProbeSpec | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+           probe: ProbeSpec | None = None, guard: GuardSpec | None = None
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One batched policy evaluation over several streams' observation grids.
 
     Args:
@@ -57,13 +78,14 @@ def choose(policy: ExportedPolicy, actions: np.ndarray,
         probing: Per stream whether its decision probes (:func:`probing_flags`), or
             None (none does).
         probe: The probe's settings (None: the policy's).
+        guard: The goodput guard's settings (None: the policy's).
 
     Returns:
         ``(steps, healthy, runnable)``: the chosen steps, shape (streams, grid rows);
         whether the stream's observations were finite and present (a stream that is not
         gets a fallback, and should start afresh); whether any action was allowed.
     """
-    index, healthy, runnable = evaluate(policy, grids, allowed, probing, probe)
+    index, healthy, runnable = evaluate(policy, grids, allowed, probing, probe, guard)
     return actions[index], np.asarray(healthy), np.asarray(runnable)
 
 
@@ -141,12 +163,16 @@ class StreamDecider:
         cost_prior: The server's cost profile (the features' latency prior), or None.
         probe: Overrides of the policy file's acceptance probe (a mapping of
             :class:`env.probe.ProbeSpec` fields, None entries ignored), or None.
+        guard: Overrides of the policy file's goodput guard (of
+            :class:`env.guard.GuardSpec` fields, likewise), or None.
     """
 
     def __init__(self, policy: ExportedPolicy, candidates: Sequence[int] | None,
-                 cost_prior=None, probe: dict | None = None) -> None:
+                 cost_prior=None, probe: dict | None = None,
+                 guard: dict | None = None) -> None:
         self.cost_prior = cost_prior
-        self.probe_override = probe
+        #: Applied over every policy served (the file's, a reloaded or a pushed one).
+        self.overrides = {"probe": probe, "guard": guard}
         self.candidates = None if candidates is None else tuple(candidates)
         self.seq = 0
         self.last_step = -1
@@ -159,7 +185,7 @@ class StreamDecider:
         self.policy = policy
         self.actions = np.asarray(policy.actions)
         self.allowed = allowed_actions(self.actions, self.candidates)
-        probe = policy.probe.override(self.probe_override)
+        probe, self.guard = served_rules(policy, self.overrides)
         if old is None or old.feature_spec != policy.feature_spec:
             # The compiled features load (or compile) here, not at the first decision.
             warm_up(policy.feature_spec, self.cost_prior)
@@ -183,7 +209,7 @@ class StreamDecider:
             grids = [None]
         probing = None if grids[0] is None else probing_flags(self.probe, [self.builder])
         steps, healthy, runnable = choose(policy, self.actions, grids, [self.allowed], probing,
-                                          self.probe)
+                                          self.probe, self.guard)
         if not healthy[0]:
             self.builder.reset()
             self.resets += 1

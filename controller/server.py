@@ -36,7 +36,14 @@ import numpy as np
 import zmq
 from threadpoolctl import threadpool_limits
 
-from controller.decider import allowed_actions, compress, evaluate, probing_flags
+from controller.decider import (
+    RULES,
+    allowed_actions,
+    compress,
+    evaluate,
+    probing_flags,
+    served_rule,
+)
 from controller.io_thread import IoThreadPolicy
 from controller.metrics import Metrics
 from controller.policy_file import ExportedPolicy
@@ -123,6 +130,8 @@ class ServeOptions:
     #: its fields by name, None entries ignored (e.g. ``{"enabled": False}``); None: as
     #: the file says.
     probe: dict | None = None
+    #: Overrides of the served policy file's goodput guard (:mod:`env.guard`), likewise.
+    guard: dict | None = None
 
 
 class _Stream:
@@ -489,7 +498,7 @@ class ControllerServer:
         probe = self._probe
         probing = probing_flags(probe, [e.builder for e in entries])
         index, ok, can = evaluate(policy, grids, [e.stream.allowed for e in entries],
-                                  probing, probe)
+                                  probing, probe, self._guard)
         if probing is not None and True in probing:
             self.metrics.probing.inc(probing.count(True))
         if False in ok:
@@ -601,7 +610,8 @@ class ControllerServer:
                 self._reset_failed(stream)
                 grid = [None]
             probing = None if grid[0] is None else probing_flags(self._probe, [stream.builder])
-            chosen, ok, can = evaluate(policy, grid, [stream.allowed], probing, self._probe)
+            chosen, ok, can = evaluate(policy, grid, [stream.allowed], probing, self._probe,
+                                       self._guard)
             if not ok[0] and grid[0] is not None:
                 stream.builder.reset()
                 self._count(self.metrics.stream_resets, "nonfinite")
@@ -690,12 +700,17 @@ class ControllerServer:
         self._action_list = list(policy.actions)
         # an action's index in one byte where the policy has at most 256 actions
         self._code_type = np.dtype(np.uint8 if len(policy.actions) <= 256 else np.uint16)
+        self._probe, self._guard = (self._served_rule(policy, name) for name in RULES)
+
+    def _served_rule(self, policy: ExportedPolicy, name: str):
+        """The policy's rule ``name`` (probe, guard) with this daemon's overrides."""
+        changes = getattr(self.options, name)
         try:
-            self._probe = policy.probe.override(self.options.probe)
+            return served_rule(policy, name, changes)
         except ValueError as exc:  # a reloaded file the override does not fit
-            log.error("probe override %s does not fit policy %r (%s): its own probe serves",
-                      self.options.probe, policy.name, exc)
-            self._probe = policy.probe
+            log.error("%s override %s does not fit policy %r (%s): its own %s serves",
+                      name, changes, policy.name, exc, name)
+            return getattr(policy, name)
 
     def _allowed(self, candidates: tuple[int, ...] | None) -> np.ndarray | None:
         return allowed_actions(self._policy_actions, candidates)

@@ -27,7 +27,9 @@ of off where depth 2 serves 1.03x off), and a guard acting there lost up to 0.15
 oracle on swapped-profile cells at seed 1. It runs before the acceptance probe
 (:mod:`env.probe`), which may still turn an off row into a probe. Settings travel in the
 policy file (``guard`` in its meta; absent: :data:`DEFAULT_GUARD`);
-``specctl-eval guard.enabled=false`` evaluates without it.
+``specctl-serve guard.enabled=false``, ``SPECCTL_GUARD=0`` (local mode) and
+``specctl-eval guard.enabled=false`` override them (and the other fields, but for
+local mode's on/off), as the probe's are.
 """
 
 from __future__ import annotations

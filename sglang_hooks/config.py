@@ -38,6 +38,9 @@ SPECCTL_OFF_PREFILL         what a prefill while off runs: ``skip`` (default: th
 SPECCTL_PROBE               local mode (``SPECCTL_POLICY``): ``1`` / ``0`` turns the
                             policy's acceptance probe (:mod:`env.probe`) on / off
                             whatever its file says (default: as the file says)
+SPECCTL_GUARD               local mode (``SPECCTL_POLICY``): ``1`` / ``0`` turns the
+                            policy's goodput guard (:mod:`env.guard`) on / off
+                            whatever its file says (default: as the file says)
 SPECCTL_RECORD              directory: record every step to a Parquet trace
 SPECCTL_RECORD_EXPLORE      ``1``: instead of a controller, cycle through every
                             candidate depth (all ranks in lock-step) while recording
@@ -116,6 +119,8 @@ class PluginConfig:
     profile: str | None = None
     #: Local mode: the acceptance probe forced on or off (None: as the policy file says).
     probe: bool | None = None
+    #: Local mode: the goodput guard forced on or off (None: as the policy file says).
+    guard: bool | None = None
 
     @property
     def rule(self) -> str:
@@ -140,11 +145,8 @@ def from_env(env: Mapping[str, str] | None = None) -> PluginConfig | None:
     if profile is not None and policy is None:
         raise ConfigError("SPECCTL_PROFILE is the local mode's cost prior: it needs "
                           "SPECCTL_POLICY=<policy.npz> as well")
-    probe = _flag(env, "SPECCTL_PROBE") if env.get("SPECCTL_PROBE") else None
-    if probe is not None and policy is None:
-        raise ConfigError("SPECCTL_PROBE sets the local mode's acceptance probe: it needs "
-                          "SPECCTL_POLICY=<policy.npz> as well (specctl-serve takes "
-                          "probe.enabled=...)")
+    probe = _local_rule(env, "SPECCTL_PROBE", "acceptance probe", "probe", policy)
+    guard = _local_rule(env, "SPECCTL_GUARD", "goodput guard", "guard", policy)
     fallback, table = _fallback(env.get("SPECCTL_FALLBACK") or "sglang")
     explore = _flag(env, "SPECCTL_RECORD_EXPLORE")
     record_dir = env.get("SPECCTL_RECORD") or None
@@ -181,7 +183,22 @@ def from_env(env: Mapping[str, str] | None = None) -> PluginConfig | None:
         policy=policy,
         profile=profile,
         probe=probe,
+        guard=guard,
     )
+
+
+def _local_rule(env: Mapping[str, str], name: str, what: str, block: str,
+                policy: str | None) -> bool | None:
+    """``name`` (``1`` / ``0``): the local mode's rule ``what`` forced on / off; None where
+    unset. Only local mode reads it: a ConfigError without ``SPECCTL_POLICY``."""
+    if not env.get(name):
+        return None
+    forced = _flag(env, name)
+    if policy is None:
+        raise ConfigError(f"{name} sets the local mode's {what}: it needs "
+                          f"SPECCTL_POLICY=<policy.npz> as well (specctl-serve takes "
+                          f"{block}.enabled=...)")
+    return forced
 
 
 def follower_off_path(env: Mapping[str, str] | None = None) -> str:

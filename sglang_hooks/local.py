@@ -37,10 +37,12 @@ class LocalDecisions:
         profile: The server's cost profile (a name or YAML path), or None.
         probe: The acceptance probe forced on (True) or off (False), whatever the policy
             file (or a pushed one) says; None: as it says (``SPECCTL_PROBE``).
+        guard: The goodput guard forced on or off, likewise (``SPECCTL_GUARD``).
     """
 
     def __init__(self, policy_path: str, candidates: Sequence[int],
-                 profile: str | None = None, probe: bool | None = None) -> None:
+                 profile: str | None = None, probe: bool | None = None,
+                 guard: bool | None = None) -> None:
         self.holder = PolicyHolder(policy_path)
         cost_prior = None
         if profile is not None:
@@ -48,7 +50,7 @@ class LocalDecisions:
 
             cost_prior = load_profile(profile)
         self.decider = StreamDecider(self.holder.policy, candidates, cost_prior,
-                                     None if probe is None else {"enabled": probe})
+                                     _forced(probe), _forced(guard))
         #: SHA-256 of the policy deciding (the file's, or the last one the hub pushed).
         self.digest = self.holder.digest
         self._refused = ""  # the last pushed policy that failed to load: not tried again
@@ -78,3 +80,8 @@ class LocalDecisions:
         self.decider.set_policy(policy)
         self.digest = push.digest
         return True
+
+
+def _forced(enabled: bool | None) -> dict | None:
+    """The override of a rule forced on or off (None: none)."""
+    return None if enabled is None else {"enabled": enabled}

@@ -213,7 +213,8 @@ class Runtime:
             if cfg.policy:
                 from sglang_hooks.local import LocalDecisions
 
-                local = LocalDecisions(cfg.policy, candidates, cfg.profile, cfg.probe)
+                local = LocalDecisions(cfg.policy, candidates, cfg.profile, cfg.probe,
+                                       cfg.guard)
             hello = Hello(self.server, self.rank, candidates, client_name(self.version))
             self.client = ControllerClient(cfg.controller, hello, cfg.timeout_s,
                                            cfg.curve_server_key, cfg.curve_client_cert, local,

@@ -1,6 +1,7 @@
 """The goodput guard (env/guard.py): which rows it overrules and which it leaves, that it
-is off when turned off, that it travels in the policy file, and that the simulator's
-policy adapter and local mode apply it on the same steps."""
+is off when turned off, that it travels in the policy file, that the simulator's policy
+adapter and local mode apply it on the same steps, and that ``specctl-serve guard.*`` and
+``SPECCTL_GUARD`` override the file's alike."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ import pytest
 from agents.policies import ExportedPolicyAdapter
 from controller.decider import StreamDecider, evaluate, steps_at
 from controller.policy_file import ExportedPolicy, PolicyFileError
+from controller.reload import PolicyHolder
+from controller.server import ControllerServer, ServeOptions
+from controller.wire import Decision, encode_step
 from env.features import FeatureBuilder, FeatureSpec
 from env.guard import DEFAULT_GUARD, GuardSpec, guard_columns, guard_rows
 from env.probe import NO_PROBE
@@ -21,6 +25,7 @@ from env.sim.cost_model import load_profile
 from env.sim.simulator import SchedulerConfig, Simulator
 from env.traces.schema import StepRecord
 from env.traces.workloads import ClosedLoop
+from sglang_hooks.local import LocalDecisions
 
 BACKENDS = ("numpy", "compiled")
 OFF_GUARD = GuardSpec(enabled=False)
@@ -181,3 +186,61 @@ def test_the_simulator_and_local_mode_guard_the_same_steps():
         # guard acts only where both costs are), as it would after any off period.
         obs, _ = loop.step(choice if compared > 20 else 0)
     assert compared > 100 and guarded > compared // 2
+
+
+def _served(path, options_guard: dict | None, local_guard: bool | None,
+            reload_to: ExportedPolicy | None = None) -> list[Decision]:
+    """The decisions ``specctl-serve`` (``ServeOptions.guard``, as ``guard.*`` on its
+    command line sets it) and local mode (``LocalDecisions``' ``guard``, as
+    ``SPECCTL_GUARD`` sets it) make on :func:`_profiled_stream`'s telemetry, asserted
+    equal record for record. ``reload_to``: the daemon reloads its file, now this
+    policy, before the first record."""
+    profile = load_profile("h200_llama31_8b")
+    server = ControllerServer(PolicyHolder(path), ServeOptions(endpoint="inproc://guard",
+                                                               guard=options_guard),
+                              cost_prior=profile)
+    local = LocalDecisions(str(path), tuple(range(FeatureSpec().max_depth + 1)),
+                           "h200_llama31_8b", guard=local_guard)
+    decisions = []
+    try:
+        if reload_to is not None:
+            reload_to.save(path)
+            server.holder.request_reload()
+            assert server.holder.poll() is True
+            local.holder.request_reload()
+        for record in _profiled_stream(profile):
+            frame = encode_step(record)
+            pending: dict = {}
+            server.handle_frame((b"peer", ""), frame, pending)
+            (_, remote), = server.decide(pending)
+            assert local.decide(frame) == remote, f"step {record.step_index}"
+            decisions.append(remote)
+    finally:
+        server.close()
+    return decisions
+
+
+def test_serving_and_local_mode_override_the_files_guard_alike(tmp_path):
+    """``specctl-serve guard.enabled=false`` and ``SPECCTL_GUARD=0``: the daemon and local
+    mode make the policy's own decisions (depth 1 on every row) where the file's guard
+    turns the measured losing depth 1 off; ``guard.enabled=true`` / ``SPECCTL_GUARD=1``
+    over a file whose guard is off give the guarded decisions."""
+    on_path, off_path = tmp_path / "on.npz", tmp_path / "off.npz"
+    depth1_policy().save(on_path)
+    depth1_policy(OFF_GUARD).save(off_path)
+    guarded = _served(on_path, None, None)
+    assert any(0 in d.steps for d in guarded)  # the guard acts on this stream
+    unguarded = _served(on_path, {"enabled": False}, False)
+    assert all(d.steps == (1,) for d in unguarded)
+    assert _served(off_path, None, None) == unguarded  # the file's own setting
+    assert _served(off_path, {"enabled": True}, True) == guarded
+
+
+def test_the_daemons_guard_override_outlives_a_reload(tmp_path):
+    """A reloaded policy file (its guard on, another margin) is served with the command
+    line's ``guard.enabled=false`` still applied."""
+    path = tmp_path / "policy.npz"
+    depth1_policy().save(path)
+    reloaded = dataclasses.replace(depth1_policy(GuardSpec(margin=0.2)), name="reloaded")
+    decisions = _served(path, {"enabled": False}, False, reload_to=reloaded)
+    assert all(d.policy == "reloaded" and d.steps == (1,) for d in decisions)

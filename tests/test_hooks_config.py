@@ -106,6 +106,20 @@ def test_local_mode_turns_the_acceptance_probe_on_or_off(tmp_path):
         from_env({"SPECCTL_CONTROLLER": "ipc:///tmp/x", "SPECCTL_PROBE": "0"})
 
 
+def test_local_mode_turns_the_goodput_guard_on_or_off(tmp_path):
+    policy = tmp_path / "policy.npz"
+    policy.write_bytes(b"checked when loaded")
+    cfg = from_env({"SPECCTL_POLICY": str(policy)})
+    assert (cfg.guard, cfg.probe) == (None, None)  # as the file says
+    cfg = from_env({"SPECCTL_POLICY": str(policy), "SPECCTL_GUARD": "0"})
+    assert (cfg.guard, cfg.probe) == (False, None)  # the probe is another switch
+    assert from_env({"SPECCTL_POLICY": str(policy), "SPECCTL_GUARD": "1"}).guard is True
+    with pytest.raises(ConfigError, match="SPECCTL_GUARD='maybe'"):
+        from_env({"SPECCTL_POLICY": str(policy), "SPECCTL_GUARD": "maybe"})
+    with pytest.raises(ConfigError, match=r"SPECCTL_GUARD .*SPECCTL_POLICY.*guard\.enabled"):
+        from_env({"SPECCTL_CONTROLLER": "ipc:///tmp/x", "SPECCTL_GUARD": "0"})
+
+
 def test_plain_looks_are_asked_for_by_a_flag_and_reach_the_client():
     from controller.wire import DecisionDecoder
     from sglang_hooks.client import ControllerClient, Hello

@@ -720,11 +720,13 @@ def test_local_mode_builds_the_local_decisions_from_the_policy_file(monkeypatch)
     built, local = Built(), Built()
     monkeypatch.setattr(runtime_module, "ControllerClient", built)
     monkeypatch.setattr(sglang_hooks.local, "LocalDecisions", local)
-    cfg = PluginConfig(server="srv", policy="/p.npz", profile="/prof.yaml", probe=False)
+    cfg = PluginConfig(server="srv", policy="/p.npz", profile="/prof.yaml", probe=False,
+                       guard=True)
     rt = Runtime(cfg, "test", ranks=SOURCE)
     rt.policy = SimpleNamespace(candidate_steps=(0, 2))
     rt.start_source()
-    assert local.calls == [(("/p.npz", (0, 2), "/prof.yaml", False), {})]  # SPECCTL_PROBE=0
+    # SPECCTL_PROBE=0, SPECCTL_GUARD=1
+    assert local.calls == [(("/p.npz", (0, 2), "/prof.yaml", False, True), {})]
     [(args, _)] = built.calls
     assert args[0] is None and args[1].candidate_steps == (0, 2)
     assert args[5] is not None and args[5] is not local.calls  # the LocalDecisions built

@@ -277,15 +277,17 @@ def test_a_cold_dense_h200_at_64_clients_speculates_with_the_probe():
     assert results["on"].throughput_tok_s > results["off"].throughput_tok_s
 
 
-def test_specctl_serve_says_which_probe_serves(tmp_path):
-    """``specctl-serve probe.enabled=false``: the start-up line says the probe is off."""
+def test_specctl_serve_says_which_probe_and_guard_serve(tmp_path):
+    """``specctl-serve probe.enabled=false guard.enabled=false``: the start-up line says
+    the probe and the goodput guard are off."""
     path = tmp_path / "policy.npz"
     ExportedPolicy.random(seed=1).save(path)
     lines = {}
     for flag in ("true", "false"):
         process = subprocess.Popen(
             [sys.executable, "-m", "controller.cli", f"policy={path}",
-             f"endpoint=ipc://{tmp_path}/s-{flag}.sock", f"probe.enabled={flag}"],
+             f"endpoint=ipc://{tmp_path}/s-{flag}.sock", f"probe.enabled={flag}",
+             f"guard.enabled={flag}"],
             cwd=Path(__file__).resolve().parents[1], stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True)
         try:
@@ -295,6 +297,8 @@ def test_specctl_serve_says_which_probe_serves(tmp_path):
             process.communicate(timeout=30)
     assert "acceptance probe off" in lines["false"]
     assert "acceptance probe {'enabled': True" in lines["true"]
+    assert "goodput guard off" in lines["false"]
+    assert "goodput guard {'enabled': True" in lines["true"]
 
 
 def test_specctl_eval_evaluates_a_copy_with_the_probe_changed(tmp_path):
