@@ -610,16 +610,18 @@ POLICY_NAMES = ("no_spec", "static_<d>", "table", "sglang_adaptive", "goodput_gr
 
 def make_policy(name: str, *, profile=None, max_depth: int = 7, policy_path: str | None = None,
                 sim_config: SchedulerConfig | None = None,
-                options: dict | None = None, probe=None) -> Policy:
+                options: dict | None = None, probe=None, guard=None) -> Policy:
     """Build a policy from its command-line name (see the module docstring).
 
     ``options``: keyword arguments of ``goodput_explore``'s constructor (e.g.
     ``accept_prior_strength``); no other policy takes any. ``probe``: the acceptance probe
     (:class:`env.probe.ProbeSpec`) ``ppo`` runs with instead of its file's (None: the
-    file's).
+    file's); ``guard``: its goodput guard (:class:`env.guard.GuardSpec`) likewise.
     """
     if probe is not None and name != "ppo":
         raise ValueError(f"policy {name!r} has no acceptance probe (only ppo)")
+    if guard is not None and name != "ppo":
+        raise ValueError(f"policy {name!r} has no goodput guard (only ppo)")
     if options and name != "goodput_explore":
         raise ValueError(f"policy {name!r} takes no options (got {sorted(options)})")
     if name == "no_spec":
@@ -656,5 +658,5 @@ def make_policy(name: str, *, profile=None, max_depth: int = 7, policy_path: str
         from controller.policy_file import ExportedPolicy
 
         return ExportedPolicyAdapter(ExportedPolicy.load(policy_path or default_policy_path()),
-                                     probe=probe)
+                                     probe=probe, guard=guard)
     raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")

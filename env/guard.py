@@ -93,6 +93,8 @@ class GuardSpec:
 
 #: The guard of a policy file that does not set one.
 DEFAULT_GUARD = GuardSpec()
+#: No guard: the policy's decisions unchanged.
+NO_GUARD = GuardSpec(enabled=False)
 
 
 class GuardColumns:

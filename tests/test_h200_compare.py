@@ -555,3 +555,54 @@ def test_a_servings_loops_carry_the_controllers_state(tmp_path, monkeypatch):
     assert alone["throughput_tok_s"] == pytest.approx(
         out[f"{name}:closed_static_3.1"]["throughput_tok_s"])
 
+
+
+def test_ppo_cells_replay_the_goodput_guard_their_run_served(tmp_path, monkeypatch):
+    """Runs before the guard served none and record none; later ones record what was
+    served (``session.served_policy``), and the replay runs that."""
+    from env.guard import NO_GUARD, GuardSpec
+
+    loops = {"16": {"throughput_tok_s": 100.0, "mean_tpot_ms": 9.0}}
+    common = {"acceptance": 2.5, "simulate_acc_token_mode": "real-draft-token",
+              "closed_seconds": 8.0, "policy_sha256": "ab", "closed_ppo": loops}
+    served = GuardSpec(margin=0.2).to_dict()
+    (tmp_path / "moe_acc2.5_load_run6.json").write_text(json.dumps(common))
+    (tmp_path / "moe_acc2.5_load_run30.json").write_text(json.dumps({**common,
+                                                                      "guard": served}))
+    cells = {c.source.split(":")[0]: c for c in read_run_dir(tmp_path)[0]}
+    before, after = cells["moe_acc2.5_load_run6.json"], cells["moe_acc2.5_load_run30.json"]
+    assert before.guard is None and compare.served_guard(before) == NO_GUARD
+    assert compare.served_guard(after) == GuardSpec(margin=0.2)
+
+    chosen = []
+
+    def make_policy(name, **kwargs):  # what simulate hands the policy, then stop
+        chosen.append(kwargs["guard"])
+        raise RuntimeError("stop")
+
+    monkeypatch.setattr(compare, "make_policy", make_policy)
+    profile = compare.load_profile("h200_qwen3_30b_a3b")
+    client = compare.OmegaConf.load(REPO_ROOT / "docs/results/h200/fidelity/client.yaml")
+    for cell, guard in ((before, None), (after, None), (before, GuardSpec())):
+        with pytest.raises(RuntimeError, match="stop"):
+            compare.simulate(cell, profile, profile, client, guard=guard)
+    assert chosen == [NO_GUARD, GuardSpec(margin=0.2), GuardSpec()]
+
+
+def test_a_run_records_the_guard_specctl_serve_serves(tmp_path, monkeypatch):
+    import hashlib
+
+    import session
+
+    from controller.default_policy import default_policy_path
+    from env.guard import DEFAULT_GUARD
+
+    path = default_policy_path()
+    monkeypatch.delenv("SPECCTL_SERVE_OVERRIDES", raising=False)
+    record = session.served_policy(path)
+    assert record == {"policy_sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+                      "guard": DEFAULT_GUARD.to_dict()}
+    monkeypatch.setenv("SPECCTL_SERVE_OVERRIDES", "probe.enabled=false guard.enabled=false "
+                                                  "guard.margin=0.3")
+    assert session.served_policy(path)["guard"] == {**DEFAULT_GUARD.to_dict(),
+                                                    "enabled": False, "margin": 0.3}

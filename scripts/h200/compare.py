@@ -71,6 +71,7 @@ from measured_runs import (
 
 from agents.policies import make_policy
 from env.features import FeatureBuilder, FeatureSpec
+from env.guard import DEFAULT_GUARD, NO_GUARD, GuardSpec
 from env.probe import DEFAULT_PROBE, NO_PROBE, ProbeSpec
 from env.rollout import DecisionLoop, rollout
 from env.sim.acceptance import SGLangSimulatedAcceptance
@@ -113,7 +114,7 @@ def workload_of(cell: Cell, client) -> tuple[object, float | None]:
 def simulate(cell: Cell, profile: CostProfile, prior: CostProfile, client, seed: int = 0,
              policy_path: str | None = None, finish_lag_steps: int = 1,
              features: FeatureBuilder | None = None, probe: ProbeSpec | None = None,
-             workload: Workload | None = None) -> dict:
+             workload: Workload | None = None, guard: GuardSpec | None = None) -> dict:
     """Replay one cell; throughput (tok/s), mean TPOT (ms) and decisions per depth.
 
     ``policy_path``: the exported policy a ``ppo`` cell runs (default: the shipped one);
@@ -121,7 +122,9 @@ def simulate(cell: Cell, profile: CostProfile, prior: CostProfile, client, seed:
     scheduler, which every recorded server ran); ``features``: the controller stream's
     feature builder, carried on from the loops before (None: a cold start); ``probe``: the
     acceptance probe a ``ppo`` cell runs with (None: its policy file's); ``workload``:
-    requests to serve instead of the cell's load generator's (the server's warm-up).
+    requests to serve instead of the cell's load generator's (the server's warm-up);
+    ``guard``: the goodput guard a ``ppo`` cell runs with (None: as its run served it,
+    :func:`served_guard`).
     """
     workload, horizon = (workload, None) if workload is not None else workload_of(cell, client)
     # A depth-0 step is a plain decode on a server without speculation and on the plugin's
@@ -143,8 +146,10 @@ def simulate(cell: Cell, profile: CostProfile, prior: CostProfile, client, seed:
     name = cell.policy
     if name == NO_PROBE_NAME:  # the shipped policy served with its probe off (session.py)
         name, probe = "ppo", NO_PROBE
-    policy = make_policy(name, profile=profile, sim_config=config,
-                         policy_path=policy_path, probe=probe if name == "ppo" else None)
+    ppo = name == "ppo"
+    policy = make_policy(name, profile=profile, sim_config=config, policy_path=policy_path,
+                         probe=probe if ppo else None,
+                         guard=(guard or served_guard(cell)) if ppo else None)
     loop = DecisionLoop(sim, FeatureSpec(), 3, horizon, cost_prior=prior, features=features)
     result = rollout(loop, policy, keep_features=features is not None)
     out = {"throughput_tok_s": result.throughput_tok_s, "mean_tpot_ms": result.mean_tpot_ms,
@@ -170,8 +175,8 @@ SERVER_WARMUP = Workload("sglang_server_warmup", np.zeros(1), np.asarray([3], np
 
 def simulate_servings(file: Path, cells: dict[str, Cell], profile: CostProfile,
                       prior: CostProfile, client, policy_path: Callable[[Cell], str | None],
-                      finish_lag_steps: int = 1, probe: ProbeSpec | None = None
-                      ) -> dict[str, dict]:
+                      finish_lag_steps: int = 1, probe: ProbeSpec | None = None,
+                      guard: GuardSpec | None = None) -> dict[str, dict]:
     """Replay a ``load_cells.py plugin`` file's loops in the order they ran, one feature
     builder carried through all of them (SGLang's start-up request, :data:`SERVER_WARMUP`,
     under the first policy served; a warm-up loop before each serving), as the real
@@ -191,7 +196,7 @@ def simulate_servings(file: Path, cells: dict[str, Cell], profile: CostProfile,
     first = cells[servings[0][0]]
     simulate(first, profile, prior, client, policy_path=policy_path(first),
              finish_lag_steps=finish_lag_steps, features=features, probe=probe,
-             workload=SERVER_WARMUP)
+             workload=SERVER_WARMUP, guard=guard)
     out: dict[str, dict] = {}
     for sources in servings:
         for k, source in enumerate(sources):
@@ -199,11 +204,17 @@ def simulate_servings(file: Path, cells: dict[str, Cell], profile: CostProfile,
             if k == 0 and warmup_s > 0:  # unrecorded, at the first loop's C, once served
                 simulate(dataclasses.replace(cell, seconds=warmup_s), profile, prior, client,
                          policy_path=policy_path(cell), finish_lag_steps=finish_lag_steps,
-                         features=features, probe=probe)
+                         features=features, probe=probe, guard=guard)
             out[source] = simulate(cell, profile, prior, client, policy_path=policy_path(cell),
                                    finish_lag_steps=finish_lag_steps, features=features,
-                                   probe=probe)
+                                   probe=probe, guard=guard)
     return out
+
+
+def served_guard(cell: Cell) -> GuardSpec:
+    """The goodput guard ``cell``'s ``ppo`` policy was served with: as its run file records
+    it (``session.served_policy``), else none (every run before the guard, runs 1-25)."""
+    return GuardSpec.from_dict(cell.guard) if cell.guard is not None else NO_GUARD
 
 
 def known_policies(extra: str | None = None) -> dict[str, str]:
@@ -480,9 +491,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--probe", choices=("file", "on", "off"), default="file",
                         help="the acceptance probe of PPO cells (env/probe.py): as each "
                              "policy file says (default), the default probe, or none")
+    parser.add_argument("--guard", choices=("run", "on", "off"), default="run",
+                        help="the goodput guard of PPO cells (env/guard.py): as each run "
+                             "served it (default: its file's record; runs before the guard, "
+                             "none), the default guard, or none")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     probe = {"file": None, "on": DEFAULT_PROBE, "off": NO_PROBE}[args.probe]
+    guard = {"run": None, "on": DEFAULT_GUARD, "off": NO_GUARD}[args.guard]
     names = profile_names(args.profile, parser)
     profiles = {k: load_profile(v) for k, v in names.items()}
     priors: dict[str, CostProfile] = {}
@@ -518,11 +534,11 @@ def main(argv: list[str] | None = None) -> int:
                 carried.update(simulate_servings(
                     Path(run) / file, by_source, profile, priors[prior_name], client,
                     lambda c: policy_of(c, policies, args.policy_file), args.finish_lag_steps,
-                    probe))
+                    probe, guard))
             sim = carried.get(cell.source) or simulate(
                 cell, profile, priors[prior_name], client,
                 policy_path=policy_of(cell, policies, args.policy_file),
-                finish_lag_steps=args.finish_lag_steps, probe=probe)
+                finish_lag_steps=args.finish_lag_steps, probe=probe, guard=guard)
             fitted = file in args.fitted_on or cell.source.split(" ")[0] in args.fitted_on
             per_model.setdefault(cell.model, []).append({
                 "cell": cell.key(), "use": "fit-run" if fitted else "held-out",

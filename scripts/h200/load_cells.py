@@ -35,7 +35,6 @@ C = 64, ``docs/FIDELITY.md``), ``PREFIX_RATE`` (prefix phase: arrivals per secon
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -131,7 +130,7 @@ def phase_plugin() -> None:
                     "profile": offswitch.PROFILE, "simulate_acc_token_mode": TOKEN_MODE,
                     "off_prefill": os.environ.get("SPECCTL_OFF_PREFILL", "skip"),
                     "closed_seconds": CLOSED_SECONDS, "warmup_seconds": WARMUP_SECONDS,
-                    "policy_sha256": hashlib.sha256(policies["ppo"].read_bytes()).hexdigest()}
+                    **session.served_policy(policies["ppo"])}
     names = os.environ.get("POLICIES", "static_0,static_1,static_3,ppo").split(",")
     try:
         for k, name in enumerate(names):

@@ -105,6 +105,11 @@ class Cell:
     #: The sha256 of the exported policy the run's ``ppo`` cells ran (``policy_sha256`` of
     #: ``load_cells.py`` / ``offswitch.py`` files), where the file records it.
     policy_sha256: str | None = None
+    #: The goodput guard the run's ``ppo`` cells were served with (``guard`` of
+    #: ``load_cells.py`` files since the eleventh session: the policy file's
+    #: :class:`env.guard.GuardSpec` as a mapping); None where the file does not record it:
+    #: every run before the guard existed (runs 1-25), served without it.
+    guard: dict | None = None
     #: A closed loop's output tokens within its sending window per second
     #: (:func:`window_throughput`), where the run kept each request's times; else None.
     window_tok_s: float | None = None
@@ -249,7 +254,7 @@ def _offswitch(path: Path, data: dict) -> list[Cell]:
         server = "spec_sglang0" if "_sglang" in name else "spec_off"
         base = {**common, "server": server, "acceptance": float(data["acceptance"]),
                 "prior": data.get("profile"), "tokens": TOKEN_MODES[mode],
-                "policy_sha256": data.get("policy_sha256")}
+                "policy_sha256": data.get("policy_sha256"), "guard": data.get("guard")}
         for key, r in data.items():
             if key.startswith("headline_"):
                 cells.append(_cell(base, r, f"{name}:{key}", workload="headline",

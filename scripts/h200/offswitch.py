@@ -23,7 +23,6 @@ would otherwise hit the prefix cache of earlier runs) and ``--max-running-reques
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -345,7 +344,7 @@ def phase_sim() -> None:
     result: dict = {"model": MODELS.name, "acceptance": float(ACC), "profile": PROFILE,
                     "off_prefill": os.environ.get("SPECCTL_OFF_PREFILL", "skip"),
                     "simulate_acc_token_mode": TOKEN_MODE,
-                    "policy_sha256": hashlib.sha256(policies["ppo"].read_bytes()).hexdigest()}
+                    **session.served_policy(policies["ppo"])}
     try:
         for name in os.environ.get("POLICIES", "static_3,ppo,static_0").split(","):
             session.serve_policy(served, policies[name])

@@ -13,6 +13,7 @@ Everything runs with ``SGLANG_SIMULATE_ACC_LEN=3.5`` (random weights accept noth
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -117,6 +118,21 @@ def start_controller(policy: Path, profile: str) -> subprocess.Popen:
     if process.poll() is not None:
         raise RuntimeError("specctl-serve exited:\n" + (RUN / "controller.log").read_text()[-3000:])
     return process
+
+
+def served_policy(path: Path) -> dict:
+    """What a run file records of the PPO policy ``specctl-serve`` serves from ``path``: its
+    sha256, and its goodput guard as served (the file's, with ``SPECCTL_SERVE_OVERRIDES``'
+    ``guard.*`` applied), which ``compare.py`` replays it with."""
+    from omegaconf import OmegaConf
+
+    from controller.policy_file import ExportedPolicy
+
+    dotlist = [item.lstrip("+") for item in os.environ.get("SPECCTL_SERVE_OVERRIDES", "").split()]
+    overrides = OmegaConf.to_container(OmegaConf.from_dotlist(dotlist))
+    guard = ExportedPolicy.load(path).guard.override(overrides.get("guard"))
+    return {"policy_sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+            "guard": guard.to_dict()}
 
 
 def write_policies() -> dict[str, Path]:
