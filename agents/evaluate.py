@@ -468,7 +468,7 @@ def _eval_env(cfg: DictConfig) -> dict[str, Any]:
     return env
 
 
-def _with_probe(path: str, changes, out_dir: Path, guard_changes=None) -> str:
+def _with_rule_changes(path: str, changes, out_dir: Path, guard_changes=None) -> str:
     """``path``, or, where ``changes`` (``specctl-eval probe.*``) or ``guard_changes``
     (``guard.*``) set a field, a copy of that policy with its acceptance probe and goodput
     guard so changed, written to ``out_dir``."""
@@ -496,7 +496,7 @@ def run_evaluation(cfg: DictConfig, policy_path: str | None, out_dir: Path) -> d
     env = _eval_env(cfg)
     ev = cfg.eval
     policies = list(ev.policies)
-    path = _with_probe(str(policy_path or default_policy_path()), cfg.get("probe"), out_dir,
+    path = _with_rule_changes(str(policy_path or default_policy_path()), cfg.get("probe"), out_dir,
                        cfg.get("guard"))
     # profile=NAME_OR_YAML restricts the evaluation to that one server.
     random_servers = 0 if cfg.get("profile") else int(ev.get("random_servers") or 0)

@@ -145,16 +145,16 @@ def _with_meta(path, **changes) -> bytes:
 def test_specctl_eval_evaluates_a_copy_with_the_guard_changed(tmp_path):
     from omegaconf import OmegaConf
 
-    from agents.evaluate import _with_probe
+    from agents.evaluate import _with_rule_changes
 
     path = tmp_path / "policy.npz"
     ExportedPolicy.random(seed=1).save(path)
     unchanged = OmegaConf.create({"enabled": None})
-    assert _with_probe(str(path), None, tmp_path / "out", unchanged) == str(path)
-    copy = _with_probe(str(path), None, tmp_path / "out", OmegaConf.create({"enabled": False}))
+    assert _with_rule_changes(str(path), None, tmp_path / "out", unchanged) == str(path)
+    copy = _with_rule_changes(str(path), None, tmp_path / "out", OmegaConf.create({"enabled": False}))
     assert ExportedPolicy.load(copy).guard == OFF_GUARD
     with pytest.raises(ValueError, match=r"specctl-eval guard\.margin"):
-        _with_probe(str(path), None, tmp_path / "out", OmegaConf.create({"margin": 2.0}))
+        _with_rule_changes(str(path), None, tmp_path / "out", OmegaConf.create({"margin": 2.0}))
 
 
 def test_the_simulator_and_local_mode_guard_the_same_steps():

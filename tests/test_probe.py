@@ -304,14 +304,14 @@ def test_specctl_serve_says_which_probe_and_guard_serve(tmp_path):
 def test_specctl_eval_evaluates_a_copy_with_the_probe_changed(tmp_path):
     from omegaconf import OmegaConf
 
-    from agents.evaluate import _with_probe
+    from agents.evaluate import _with_rule_changes
 
     path = tmp_path / "policy.npz"
     ExportedPolicy.random(seed=1).save(path)
     unchanged = OmegaConf.create({"enabled": None, "share": None})
-    assert _with_probe(str(path), unchanged, tmp_path / "out") == str(path)
-    copy = _with_probe(str(path), OmegaConf.create({"enabled": False, "share": None}),
+    assert _with_rule_changes(str(path), unchanged, tmp_path / "out") == str(path)
+    copy = _with_rule_changes(str(path), OmegaConf.create({"enabled": False, "share": None}),
                        tmp_path / "out")
     assert ExportedPolicy.load(copy).probe == NO_PROBE
     with pytest.raises(ValueError, match=r"specctl-eval probe\.steps"):
-        _with_probe(str(path), OmegaConf.create({"steps": 0}), tmp_path / "out")
+        _with_rule_changes(str(path), OmegaConf.create({"steps": 0}), tmp_path / "out")
