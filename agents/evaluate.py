@@ -496,8 +496,8 @@ def run_evaluation(cfg: DictConfig, policy_path: str | None, out_dir: Path) -> d
     env = _eval_env(cfg)
     ev = cfg.eval
     policies = list(ev.policies)
-    path = _with_rule_changes(str(policy_path or default_policy_path()), cfg.get("probe"), out_dir,
-                       cfg.get("guard"))
+    path = _with_rule_changes(str(policy_path or default_policy_path()), cfg.get("probe"),
+                              out_dir, cfg.get("guard"))
     # profile=NAME_OR_YAML restricts the evaluation to that one server.
     random_servers = 0 if cfg.get("profile") else int(ev.get("random_servers") or 0)
     document = evaluate_workloads(env, policies, path, int(ev.windows), int(cfg.seed),

@@ -151,7 +151,8 @@ def test_specctl_eval_evaluates_a_copy_with_the_guard_changed(tmp_path):
     ExportedPolicy.random(seed=1).save(path)
     unchanged = OmegaConf.create({"enabled": None})
     assert _with_rule_changes(str(path), None, tmp_path / "out", unchanged) == str(path)
-    copy = _with_rule_changes(str(path), None, tmp_path / "out", OmegaConf.create({"enabled": False}))
+    copy = _with_rule_changes(str(path), None, tmp_path / "out",
+                              OmegaConf.create({"enabled": False}))
     assert ExportedPolicy.load(copy).guard == OFF_GUARD
     with pytest.raises(ValueError, match=r"specctl-eval guard\.margin"):
         _with_rule_changes(str(path), None, tmp_path / "out", OmegaConf.create({"margin": 2.0}))
