@@ -169,8 +169,8 @@ class HookClock:
                  cpu: bool = False) -> None:
         self.path = path
         self.current_ns = 0
-        #: The thread's CPU clock, or a stand-in that reads 0 (``cpu`` off).
         self.cpu = cpu
+        #: The thread's CPU clock, or a stand-in that reads 0 (``cpu`` off).
         self._cpu_clock: Callable[[], int] = time.thread_time_ns if cpu else _no_cpu_clock
         #: The running step's CPU time inside the hooks (0 with ``cpu`` off).
         self.current_cpu_ns = 0
