@@ -10,8 +10,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from agents.policies import ExportedPolicyAdapter
-from controller.decider import StreamDecider, evaluate, steps_at
+from controller.decider import evaluate
 from controller.policy_file import ExportedPolicy, PolicyFileError
 from controller.reload import PolicyHolder
 from controller.server import ControllerServer, ServeOptions
@@ -26,6 +25,7 @@ from env.sim.simulator import SchedulerConfig, Simulator
 from env.traces.schema import StepRecord
 from env.traces.workloads import ClosedLoop
 from sglang_hooks.local import LocalDecisions
+from tests.lockstep import lockstep
 
 BACKENDS = ("numpy", "compiled")
 OFF_GUARD = GuardSpec(enabled=False)
@@ -167,26 +167,11 @@ def test_the_simulator_and_local_mode_guard_the_same_steps():
     sim = Simulator(profile, SGLangSimulatedAcceptance(1.0), ClosedLoop(48, 256, 256),
                     SchedulerConfig(max_running_requests=48), seed=3)
     loop = DecisionLoop(sim, None, feedback_lag=3, horizon_s=3.0, cost_prior=profile)
-    released = []
-    feed = loop.features.update
-    loop.features.update = lambda r: (released.append(r), feed(r))[1]
-    adapter = ExportedPolicyAdapter(policy)
-    local = StreamDecider(policy, None, profile)
-    obs = loop.reset(seed=3)
-    sent, compared, guarded = 0, 0, 0
-    while obs is not None:
-        choice = adapter.act(obs)
-        if len(released) > sent:
-            for r in released[sent:]:
-                decision = local.decide(r)
-            sent = len(released)
-            assert steps_at(decision.batch_grid, decision.steps, obs.batch_size) == choice
-            compared += 1
-        guarded += choice == 0
-        # The first steps run off whatever the policy says: off's cost gets measured (the
-        # guard acts only where both costs are), as it would after any off period.
-        obs, _ = loop.step(choice if compared > 20 else 0)
-    assert compared > 100 and guarded > compared // 2
+    # The first steps run off whatever the policy says: off's cost gets measured (the
+    # guard acts only where both costs are), as it would after any off period.
+    choices = lockstep(loop, policy, profile,
+                       run=lambda compared, choice: choice if compared > 20 else 0)
+    assert len(choices) > 100 and sum(c == 0 for c in choices) > len(choices) // 2
 
 
 def _served(path, options_guard: dict | None, local_guard: bool | None,

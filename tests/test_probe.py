@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from agents.policies import ExportedPolicyAdapter
-from controller.decider import StreamDecider, steps_at
+from controller.decider import StreamDecider
 from controller.policy_file import ExportedPolicy, PolicyFileError
 from controller.reload import PolicyHolder
 from controller.server import ControllerServer, ServeOptions
@@ -27,6 +27,7 @@ from env.sim.cost_model import load_profile
 from env.sim.simulator import SchedulerConfig, Simulator
 from env.traces.schema import StepRecord
 from env.traces.workloads import ClosedLoop
+from tests.lockstep import lockstep
 
 BACKENDS = ("numpy", "compiled")
 
@@ -178,25 +179,8 @@ def test_the_simulator_and_local_mode_probe_the_same_steps(tmp_path):
     profile = load_profile("h200_llama31_8b")
     policy = off_policy()
     loop = DecisionLoop(sim(), None, feedback_lag=3, horizon_s=4.0, cost_prior=profile)
-    released = []
-    feed = loop.features.update
-    loop.features.update = lambda r: (released.append(r), feed(r))[1]
-    adapter = ExportedPolicyAdapter(policy)
-    loop.features.set_probe(adapter.probe)
-    local = StreamDecider(policy, None, profile)
-    obs = loop.reset(seed=3)
-    sent, compared, probed = 0, 0, 0
-    while obs is not None:
-        choice = adapter.act(obs)
-        if len(released) > sent:
-            for r in released[sent:]:
-                decision = local.decide(r)
-            sent = len(released)
-            assert steps_at(decision.batch_grid, decision.steps, obs.batch_size) == choice
-            compared += 1
-        probed += choice > 0
-        obs, _ = loop.step(choice)
-    assert compared > 300 and probed >= DEFAULT_PROBE.steps
+    choices = lockstep(loop, policy, profile)
+    assert len(choices) > 300 and sum(c > 0 for c in choices) >= DEFAULT_PROBE.steps
 
 
 def _full_batch_off_step(i: int) -> bytes:

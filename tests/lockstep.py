@@ -1,0 +1,45 @@
+"""The simulator's decisions against local mode's, step by step on one stream.
+
+Shared by the tests of the decision-layer rules (the acceptance probe, the goodput
+guard): both must decide the same steps in the simulator (``DecisionLoop`` +
+``ExportedPolicyAdapter``) and in the plugin's local mode (``StreamDecider`` fed the
+records the loop releases to its features).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from agents.policies import ExportedPolicyAdapter
+from controller.decider import StreamDecider, steps_at
+from controller.policy_file import ExportedPolicy
+from env.rollout import DecisionLoop
+
+
+def lockstep(loop: DecisionLoop, policy: ExportedPolicy, profile, seed: int = 3,
+             run: Callable[[int, int], int] = lambda compared, choice: choice) -> list[int]:
+    """Run ``loop`` to its end with ``policy``, asserting at every step whose records
+    reached local mode that both chose the same steps; the simulator's choices, in order.
+
+    ``run(compared, choice)``: the steps the loop then runs (default: the choice), given
+    how many steps were compared so far.
+    """
+    released = []
+    feed = loop.features.update
+    loop.features.update = lambda r: (released.append(r), feed(r))[1]
+    adapter = ExportedPolicyAdapter(policy)
+    loop.features.set_probe(adapter.probe)
+    local = StreamDecider(policy, None, profile)
+    obs = loop.reset(seed=seed)
+    sent, compared, choices = 0, 0, []
+    while obs is not None:
+        choice = adapter.act(obs)
+        if len(released) > sent:
+            for record in released[sent:]:
+                decision = local.decide(record)
+            sent = len(released)
+            assert steps_at(decision.batch_grid, decision.steps, obs.batch_size) == choice
+            compared += 1
+            choices.append(choice)
+        obs, _ = loop.step(run(compared, choice))
+    return choices
