@@ -34,20 +34,21 @@ local mode's on/off), as the probe's are.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
-from env.probe import override_fields
+from env.probe import RuleSpec
 
 
 @dataclass(frozen=True)
-class GuardSpec:
+class GuardSpec(RuleSpec):
     """When a speculative choice the features price below off becomes off."""
+
+    label: ClassVar[str] = "guard"
 
     #: Off: the policy's decisions unchanged.
     enabled: bool = True
@@ -74,21 +75,6 @@ class GuardSpec:
                     or not 0.0 < value < 1.0:
                 raise ValueError(f"guard.{name}: {value!r} is not a number in (0, 1)")
 
-    def to_dict(self) -> dict:
-        """JSON-friendly copy (stored in a policy file's meta)."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping) -> GuardSpec:
-        """Inverse of :meth:`to_dict`; unknown keys and bad values are an error."""
-        if not isinstance(data, Mapping):
-            raise ValueError(f"guard: expected an object, got {type(data).__name__}")
-        return override_fields(cls(), "guard", data, keep_none=True)
-
-    def override(self, changes: Mapping | None, keep_none: bool = False) -> GuardSpec:
-        """This spec with the entries of ``changes`` (a Hydra ``guard`` block; None
-        entries are ignored unless ``keep_none``); unknown fields are an error."""
-        return override_fields(self, "guard", changes, keep_none)
 
 
 #: The guard of a policy file that does not set one.

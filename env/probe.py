@@ -36,8 +36,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
+
+if TYPE_CHECKING:  # Python 3.11's; annotations only (requires-python is 3.10)
+    from typing import Self
 
 
 def _int(value) -> bool:
@@ -48,9 +52,42 @@ def _number(value) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+class RuleSpec:
+    """What a decision-layer rule's settings (a frozen dataclass: :class:`ProbeSpec`,
+    :class:`env.guard.GuardSpec`) share: their form in a policy file's meta and their
+    overrides (``specctl-serve`` / ``specctl-eval`` blocks named :attr:`label`)."""
+
+    #: The block's name in a policy file and on the command lines.
+    label: ClassVar[str]
+
+    def to_dict(self) -> dict:
+        """JSON-friendly copy (stored in a policy file's meta)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> Self:
+        """Inverse of :meth:`to_dict`; unknown keys and bad values are an error."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"{cls.label}: expected an object, got {type(data).__name__}")
+        return cls().override(data, keep_none=True)
+
+    def override(self, changes: Mapping | None, keep_none: bool = False) -> Self:
+        """This spec with the entries of ``changes`` (None entries ignored unless
+        ``keep_none``); unknown fields are an error naming the block."""
+        if not changes:
+            return self
+        given = {str(k): v for k, v in changes.items() if keep_none or v is not None}
+        unknown = set(given) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ValueError(f"{self.label}: unknown fields {sorted(unknown)}")
+        return dataclasses.replace(self, **given) if given else self
+
+
 @dataclass(frozen=True)
-class ProbeSpec:
+class ProbeSpec(RuleSpec):
     """When and how a stream measures acceptance it does not know (see the module)."""
+
+    label: ClassVar[str] = "probe"
 
     #: Off: the policy's decisions are sent unchanged.
     enabled: bool = True
@@ -76,22 +113,6 @@ class ProbeSpec:
             if not ok:
                 raise ValueError(f"probe.{name}: {getattr(self, name)!r} is not {expected}")
 
-    def to_dict(self) -> dict:
-        """JSON-friendly copy (stored in a policy file's meta)."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping) -> ProbeSpec:
-        """Inverse of :meth:`to_dict`; unknown keys and bad values are an error."""
-        if not isinstance(data, Mapping):
-            raise ValueError(f"probe: expected an object, got {type(data).__name__}")
-        return DEFAULT_PROBE.override(data, keep_none=True)
-
-    def override(self, changes: Mapping | None, keep_none: bool = False) -> ProbeSpec:
-        """This spec with the entries of ``changes`` (a Hydra ``probe`` block; None
-        entries are ignored unless ``keep_none``); unknown fields are an error."""
-        return override_fields(self, "probe", changes, keep_none)
-
     def action_index(self, actions: np.ndarray, allowed: np.ndarray | None) -> int | None:
         """Index into ``actions`` of the probe's steps: the smallest allowed speculative
         action >= ``depth``, else the largest allowed one below it; None if none is."""
@@ -106,19 +127,6 @@ class ProbeSpec:
         if above.any():
             return int(candidates[above][np.argmin(steps[above])])
         return int(candidates[np.argmax(steps)])
-
-
-def override_fields(spec, label: str, changes: Mapping | None, keep_none: bool = False):
-    """The frozen dataclass ``spec`` with the entries of ``changes`` (None entries ignored
-    unless ``keep_none``); unknown fields are an error naming ``label`` (the block's
-    name: ``probe``, ``guard``)."""
-    if not changes:
-        return spec
-    given = {str(k): v for k, v in changes.items() if keep_none or v is not None}
-    unknown = set(given) - {f.name for f in dataclasses.fields(spec)}
-    if unknown:
-        raise ValueError(f"{label}: unknown fields {sorted(unknown)}")
-    return dataclasses.replace(spec, **given) if given else spec
 
 
 #: The probe of a policy file that does not set one.

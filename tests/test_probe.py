@@ -140,8 +140,10 @@ def test_probe_settings_are_checked_and_travel_in_the_policy_file(tmp_path):
         ProbeSpec(share=0.0)
     with pytest.raises(ValueError, match=r"probe\.depth"):
         ProbeSpec(depth=0)
-    with pytest.raises(ValueError, match="unknown fields"):
+    with pytest.raises(ValueError, match=r"probe: unknown fields"):
         DEFAULT_PROBE.override({"budget": 1})
+    with pytest.raises(ValueError, match="probe: expected an object"):
+        ProbeSpec.from_dict([1])
     assert DEFAULT_PROBE.override({"enabled": False, "share": None}) == NO_PROBE
     policy = ExportedPolicy.random(seed=1)
     assert policy.probe == DEFAULT_PROBE  # a file without a probe gets the default
