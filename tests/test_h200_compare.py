@@ -583,10 +583,28 @@ def test_ppo_cells_replay_the_goodput_guard_their_run_served(tmp_path, monkeypat
     monkeypatch.setattr(compare, "make_policy", make_policy)
     profile = compare.load_profile("h200_qwen3_30b_a3b")
     client = compare.OmegaConf.load(REPO_ROOT / "docs/results/h200/fidelity/client.yaml")
-    for cell, guard in ((before, None), (after, None), (before, GuardSpec())):
+    # ``ppo_noguard``: the shipped policy served with its guard off on the same server
+    noguard = replace(after, policy=compare.NO_GUARD_NAME)
+    for cell, guard in ((before, None), (after, None), (before, GuardSpec()),
+                        (noguard, None), (noguard, GuardSpec())):
         with pytest.raises(RuntimeError, match="stop"):
             compare.simulate(cell, profile, profile, client, guard=guard)
-    assert chosen == [NO_GUARD, GuardSpec(margin=0.2), GuardSpec()]
+    assert chosen == [NO_GUARD, GuardSpec(margin=0.2), GuardSpec(), NO_GUARD, NO_GUARD]
+
+
+def test_session_writes_the_shipped_policy_without_its_guard_for_an_ab(tmp_path, monkeypatch):
+    import session
+
+    from controller.policy_file import ExportedPolicy
+    from env.guard import DEFAULT_GUARD, NO_GUARD
+
+    monkeypatch.setattr(session, "RUN", tmp_path)
+    monkeypatch.setattr(session, "CANDIDATES", [0, 1, 3])
+    paths = session.write_policies()
+    shipped, noguard = (ExportedPolicy.load(paths[k]) for k in ("ppo", "ppo_noguard"))
+    assert shipped.guard == DEFAULT_GUARD and noguard.guard == NO_GUARD
+    assert noguard.probe == shipped.probe
+    assert all((a == b).all() for a, b in zip(noguard.weights, shipped.weights, strict=True))
 
 
 def test_a_run_records_the_guard_specctl_serve_serves(tmp_path, monkeypatch):

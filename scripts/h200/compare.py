@@ -82,6 +82,8 @@ from env.traces.workloads import ClosedLoop, Workload
 REPO = Path(__file__).resolve().parents[2]
 #: ``session.write_policies``'s name for the shipped policy with its acceptance probe off.
 NO_PROBE_NAME = "ppo_noprobe"
+#: The shipped policy served with its goodput guard off (``session.write_policies``).
+NO_GUARD_NAME = "ppo_noguard"
 #: Target of issue 13: throughput and mean TPOT within this relative error.
 TOLERANCE = 0.10
 
@@ -146,6 +148,8 @@ def simulate(cell: Cell, profile: CostProfile, prior: CostProfile, client, seed:
     name = cell.policy
     if name == NO_PROBE_NAME:  # the shipped policy served with its probe off (session.py)
         name, probe = "ppo", NO_PROBE
+    elif name == NO_GUARD_NAME:  # ... with its guard off
+        name, guard = "ppo", NO_GUARD
     ppo = name == "ppo"
     policy = make_policy(name, profile=profile, sim_config=config, policy_path=policy_path,
                          probe=probe if ppo else None,
@@ -231,7 +235,7 @@ def policy_of(cell: Cell, known: dict[str, str], fallback: str | None) -> str | 
     """The policy file a ``ppo`` (or ``ppo_noprobe``) cell ran (its recorded sha256: the
     ``ppo`` file's), else ``fallback`` (None: the shipped one), with a note on stderr where
     the recorded one is not kept."""
-    if cell.policy not in ("ppo", NO_PROBE_NAME):
+    if cell.policy not in ("ppo", NO_PROBE_NAME, NO_GUARD_NAME):
         return None
     if cell.policy_sha256 in known:
         return known[cell.policy_sha256]

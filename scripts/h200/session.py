@@ -138,12 +138,14 @@ def served_policy(path: Path) -> dict:
 def write_policies() -> dict[str, Path]:
     """Constant policies for each candidate depth (without the acceptance probe: a constant
     depth is what they measure), the shipped PPO policy (its file sets no probe: the
-    default, on), and ``ppo_noprobe``: the same policy with the probe off, for an A/B."""
+    default, on), ``ppo_noprobe``: the same policy with the probe off, and ``ppo_noguard``: with
+    its goodput guard off, each for an A/B on one server."""
     import dataclasses
 
     from controller.default_policy import default_policy_path
     from controller.policy_file import ExportedPolicy
     from env.features import FeatureSpec
+    from env.guard import NO_GUARD
     from env.probe import NO_PROBE
 
     folder = RUN / "policies"
@@ -162,6 +164,9 @@ def write_policies() -> dict[str, Path]:
     dataclasses.replace(ExportedPolicy.load(default_policy_path()), probe=NO_PROBE).save(
         folder / "ppo_noprobe.npz")
     paths["ppo_noprobe"] = folder / "ppo_noprobe.npz"
+    dataclasses.replace(ExportedPolicy.load(default_policy_path()), guard=NO_GUARD).save(
+        folder / "ppo_noguard.npz")
+    paths["ppo_noguard"] = folder / "ppo_noguard.npz"
     return paths
 
 
