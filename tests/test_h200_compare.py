@@ -603,6 +603,8 @@ def test_session_writes_the_shipped_policy_without_its_guard_for_an_ab(tmp_path,
     paths = session.write_policies()
     shipped, noguard = (ExportedPolicy.load(paths[k]) for k in ("ppo", "ppo_noguard"))
     assert shipped.guard == DEFAULT_GUARD and noguard.guard == NO_GUARD
+    # a constant depth is what the static policies measure: no guard turns them off
+    assert all(ExportedPolicy.load(paths[f"static_{k}"]).guard == NO_GUARD for k in (0, 1, 3))
     assert noguard.probe == shipped.probe
     assert all((a == b).all() for a, b in zip(noguard.weights, shipped.weights, strict=True))
 
@@ -613,14 +615,32 @@ def test_a_run_records_the_guard_specctl_serve_serves(tmp_path, monkeypatch):
     import session
 
     from controller.default_policy import default_policy_path
-    from env.guard import DEFAULT_GUARD
+    from env.guard import DEFAULT_GUARD, NO_GUARD
 
     path = default_policy_path()
     monkeypatch.delenv("SPECCTL_SERVE_OVERRIDES", raising=False)
     record = session.served_policy(path)
     assert record == {"policy_sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
-                      "guard": DEFAULT_GUARD.to_dict()}
+                      "guard": DEFAULT_GUARD.to_dict(), "static_guard": NO_GUARD.to_dict()}
     monkeypatch.setenv("SPECCTL_SERVE_OVERRIDES", "probe.enabled=false guard.enabled=false "
                                                   "guard.margin=0.3")
     assert session.served_policy(path)["guard"] == {**DEFAULT_GUARD.to_dict(),
                                                     "enabled": False, "margin": 0.3}
+
+
+def test_constant_policies_served_with_the_guard_are_reported_apart(tmp_path):
+    """Runs 26-27 served the static policies with the default guard (it ran MoE@1.1's
+    static_1 off on 97% of steps): those cells are not the constant depth simulated."""
+    loops = {"16": {"throughput_tok_s": 100.0, "mean_tpot_ms": 9.0}}
+    common = {"acceptance": 1.1, "simulate_acc_token_mode": "real-draft-token",
+              "closed_seconds": 10.0, "policy_sha256": "ab", "closed_ppo": loops,
+              "closed_static_1": loops}
+    guard = {"enabled": True}
+    for run, extra in ((25, {}), (27, {"guard": guard}),
+                       (28, {"guard": guard, "static_guard": {"enabled": False}})):
+        (tmp_path / f"moe_acc1.1_load_run{run}.json").write_text(json.dumps({**common, **extra}))
+    apart = {c.source: c.apart for c in read_run_dir(tmp_path)[0]}
+    assert apart["moe_acc1.1_load_run27.json:closed_static_1.16"] == "guarded static"
+    assert apart["moe_acc1.1_load_run25.json:closed_static_1.16"] is None  # before the guard
+    assert apart["moe_acc1.1_load_run28.json:closed_static_1.16"] is None  # served unguarded
+    assert apart["moe_acc1.1_load_run27.json:closed_ppo.16"] is None

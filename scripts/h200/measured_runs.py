@@ -68,6 +68,9 @@ APART = {
                 "simulator does not model) and SGLang's own steps=0 instead of the off path",
     "policy gone": "the policy that ran is not recorded and its format no longer loads: the "
                    "simulator runs today's policy, not a replay of what ran",
+    "guarded static": "a constant policy served with the goodput guard (runs 26-27), which "
+                      "runs off where it prices the depth below off: not the constant depth "
+                      "the simulator runs",
 }
 #: Open-loop replays of ``prefix_workload.py`` (``load_cells.py prefix``), radix cache on.
 PREFIX_WORKLOADS = ("unique_prefix", "shared_prefix")
@@ -351,7 +354,9 @@ def apart_reason(cell: Cell, data: dict) -> str | None:
 
     The first matching reason of ``APART``, in its order: MoE token-100 runs, the first
     version's off path (cells that can run an off step), the radix-cache-on runs, PPO
-    cells whose policy is not recorded (``policy_sha256``).
+    cells whose policy is not recorded (``policy_sha256``), constant policies served with
+    the goodput guard (files that record the PPO policy's ``guard`` but not
+    ``static_guard``).
     """
     file = cell.source.split(":")[0]
     if cell.model == "moe" and cell.tokens == "token100":
@@ -362,6 +367,8 @@ def apart_reason(cell: Cell, data: dict) -> str | None:
         return "radix on"
     if cell.policy == "ppo" and "policy_sha256" not in data:
         return "policy gone"
+    if cell.policy.startswith("static_") and "guard" in data and "static_guard" not in data:
+        return "guarded static"
     return None
 
 

@@ -127,19 +127,22 @@ def served_policy(path: Path) -> dict:
     from omegaconf import OmegaConf
 
     from controller.policy_file import ExportedPolicy
+    from env.guard import NO_GUARD
 
     dotlist = [item.lstrip("+") for item in os.environ.get("SPECCTL_SERVE_OVERRIDES", "").split()]
     overrides = OmegaConf.to_container(OmegaConf.from_dotlist(dotlist))
     guard = ExportedPolicy.load(path).guard.override(overrides.get("guard"))
+    # The constant policies (write_policies) run without the guard, whatever the overrides:
+    # runs 26-27 served them with the default guard, which turned MoE@1.1's static_1 off.
     return {"policy_sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
-            "guard": guard.to_dict()}
+            "guard": guard.to_dict(), "static_guard": NO_GUARD.to_dict()}
 
 
 def write_policies() -> dict[str, Path]:
-    """Constant policies for each candidate depth (without the acceptance probe: a constant
-    depth is what they measure), the shipped PPO policy (its file sets no probe: the
-    default, on), ``ppo_noprobe``: the same policy with the probe off, and ``ppo_noguard``: with
-    its goodput guard off, each for an A/B on one server."""
+    """Constant policies for each candidate depth (without the acceptance probe and the
+    goodput guard: a constant depth is what they measure), the shipped PPO policy (its file
+    sets no probe: the default, on), ``ppo_noprobe``: the same policy with the probe off,
+    and ``ppo_noguard``: with its goodput guard off, each for an A/B on one server."""
     import dataclasses
 
     from controller.default_policy import default_policy_path
@@ -157,7 +160,8 @@ def write_policies() -> dict[str, Path]:
         bias[steps] = 1.0
         ExportedPolicy([np.zeros((spec.size, spec.max_depth + 1), np.float32)], [bias],
                        list(range(spec.max_depth + 1)), spec,
-                       name=f"static_{steps}", probe=NO_PROBE).save(folder / f"static_{steps}.npz")
+                       name=f"static_{steps}", probe=NO_PROBE,
+                       guard=NO_GUARD).save(folder / f"static_{steps}.npz")
         paths[f"static_{steps}"] = folder / f"static_{steps}.npz"
     shutil.copy(default_policy_path(), folder / "ppo.npz")
     paths["ppo"] = folder / "ppo.npz"
