@@ -4,7 +4,7 @@ A diagnostic, not a test (``tests/test_guard.py`` holds the two to the same deci
 ``apply_guard`` runs once per decision in local mode (one stream's 20 grid rows), once
 per poll in ``specctl-serve`` and once per step in the simulator's policy adapter (one
 row). Cases: no row losing to off, every row losing with both costs measured, every row
-losing with a cost guessed, half; each on 20 rows and on one. Best of 5 repeats per case
+losing with a cost guessed, half, two of 20; each on 20 rows and on one. Best of 5 repeats per case
 (the machine is shared: the minimum is the least disturbed).
 
     python benchmarks/ab_guard.py --before /path/to/other/checkout
@@ -56,10 +56,13 @@ def main() -> None:
     for label, low, high, sure in (("none losing", 0.0, 1.0, 0.9),
                                    ("all losing, measured", -1.0, -0.5, 0.9),
                                    ("all losing, guessed", -1.0, -0.5, 0.1),
-                                   ("half losing", -0.5, 0.5, 0.9)):
+                                   ("half losing", -0.5, 0.5, 0.9),
+                                   ("two losing", 0.0, 1.0, 0.9)):
         obs = base.copy()
         cols = columns["after"]
         obs[:, cols.goodput] = rng.uniform(low, high, (20, len(cols.goodput)))
+        if label == "two losing":
+            obs[3, cols.goodput] = obs[11, cols.goodput] = -0.9
         obs[:, cols.confidence] = sure
         obs[:, cols.profile_error] = 0.1
         for rows in (20, 1):

@@ -43,6 +43,9 @@ import numpy as np
 
 from env.probe import RuleSpec
 
+#: Rows losing to off judged one by one up to this many (beyond, whole-array).
+_FEW = 4
+
 
 @dataclass(frozen=True)
 class GuardSpec(RuleSpec):
@@ -120,19 +123,18 @@ def guard_rows(guard: GuardSpec, columns: GuardColumns, observations: np.ndarray
     ``confidence`` (the smaller of the two: a NaN in either fails) and
     ``|cost_profile_error| <= max_profile_error``, each computed in the observations'
     dtype. One row (the simulator's adapter, every step) is judged on scalars; more by
-    their goodput first, the rest read only for the rows that lose."""
+    their goodput first, the rest read only for the rows that lose (on scalars too when
+    they are few)."""
     if not guard.enabled or off_index is None:
         return
     if index.size == 1:
         chosen = actions[index.flat[0]]
         if chosen <= 0:
             return
-        goodput_at, sure_at, off_sure_at, error_at = columns.judged_ints[chosen]
+        judged = columns.judged_ints[chosen]
         row = observations[0]
         # The same arithmetic on the same dtype as below, one scalar at a time.
-        if (row[goodput_at] * 3.0 < math.log1p(-guard.margin)
-                and row[sure_at] >= guard.confidence and row[off_sure_at] >= guard.confidence
-                and abs(row[error_at]) <= guard.max_profile_error):
+        if row[judged[0]] * 3.0 < math.log1p(-guard.margin) and _sure(guard, row, judged):
             index.flat[0] = off_index
         return
     steps = actions[index.ravel()]
@@ -146,11 +148,23 @@ def guard_rows(guard: GuardSpec, columns: GuardColumns, observations: np.ndarray
     if not losing.any():
         return
     rows = rows[losing]
+    if rows.size <= _FEW:  # each numpy call below costs more than judging a row
+        for row, depth in zip(rows.tolist(), chosen[losing].tolist(), strict=True):
+            if _sure(guard, observations[row], columns.judged_ints[depth]):
+                index.flat[row] = off_index
+        return
     judged = observations[rows[:, None], columns.judged[chosen[losing]]]
     confidence = guard.confidence
     overruled = rows[(judged[:, 1] >= confidence) & (judged[:, 2] >= confidence)
                      & (np.abs(judged[:, 3]) <= guard.max_profile_error)]
     index.flat[overruled] = off_index
+
+
+def _sure(guard: GuardSpec, row: np.ndarray, judged: tuple[int, int, int, int]) -> bool:
+    """Whether a row losing to off is sure enough to overrule: both costs measured, the
+    profile near (``judged``: its four columns, see :attr:`GuardColumns.judged`)."""
+    return (row[judged[1]] >= guard.confidence and row[judged[2]] >= guard.confidence
+            and abs(row[judged[3]]) <= guard.max_profile_error)
 
 
 def off_index(actions: np.ndarray) -> int | None:
