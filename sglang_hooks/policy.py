@@ -27,11 +27,11 @@ if it had been fed at every verify. Every other rank feeds at once.
 The result is clamped to the candidate steps SGLang built runtime states for
 for this batch size (asking for another one would raise in
 ``AdaptiveController._activate``; one outside the slot has no CUDA graph);
-clamps are counted. A decision's clamped steps are tabled per batch size
-(:func:`decision_table`, SGLang's routing read once when it sets its CUDA graph
-sizes): on the source rank the client's I/O thread builds the table when it makes
-the marker (:meth:`specctl_prepare`), every other rank when the decision applies, so
-the scheduler thread answers a decision with one index.
+clamps are counted. On the source rank a decision's clamped steps are tabled per
+batch size (:func:`decision_table`, SGLang's routing read once when it sets its
+CUDA graph sizes) by the client's I/O thread when it makes the marker
+(:meth:`specctl_prepare`), so the scheduler thread answers a decision with one
+index; every other rank looks each batch size up once per decision.
 
 Outside exploration, a depth is kept for at least ``min_switch_steps`` steps
 (``SPECCTL_MIN_SWITCH_STEPS``): every switch costs SGLang a buffer rebuild (see
@@ -188,8 +188,8 @@ def make_policy_class(base: type, runtime: Runtime) -> type:
                 exploring = False
                 if decision is not None:
                     # The decision's steps for this batch size, as clamped below: one index
-                    # into its table, built per decision (on the source rank by the client's
-                    # I/O thread when it made the marker; here otherwise).
+                    # into its table, which the client's I/O thread built when it made the
+                    # marker (the source rank); otherwise looked up once per batch size.
                     memo = self._specctl_memo
                     if memo[0] is not decision:
                         table = self._specctl_table_of(decision)
@@ -248,14 +248,16 @@ def make_policy_class(base: type, runtime: Runtime) -> type:
 
         def _specctl_table_of(self, decision: DecisionMarker) -> list:
             """The table of the decision just applied: the one the I/O thread prepared
-            for it under the current routing, or one built now (other ranks, a marker
-            that went past the prepared ones, a routing changed since)."""
+            for it under the current routing; else none (other ranks, a marker that went
+            past the prepared ones, a routing changed since): each batch size is then
+            looked up when first asked (:meth:`_specctl_lookup`), which costs this
+            thread less in one step than building the whole table would."""
             routes = self._specctl_routes
             for marker, built_with, table in self._specctl_prepared:
                 # The same object on the source rank; a broadcast copy is equal.
                 if (marker is decision or marker == decision) and built_with is routes:
                     return table
-            return decision_table(decision.batch_grid, decision.steps, routes[1], routes[0])
+            return []
 
         def _specctl_lookup(self, decision: DecisionMarker, batch_size: int) -> tuple:
             """(steps clamped, steps asked, clamping table) of a batch size outside the

@@ -66,7 +66,7 @@ from sglang_hooks.compat import Ranks  # noqa: E402
 from sglang_hooks.config import PluginConfig  # noqa: E402
 from sglang_hooks.contract import HOOK_TARGETS, POLICY_CLASS  # noqa: E402
 from sglang_hooks.marker import DecisionMarker  # noqa: E402
-from sglang_hooks.policy import make_policy_class  # noqa: E402
+from sglang_hooks.policy import decision_table, make_policy_class  # noqa: E402
 from sglang_hooks.runtime import Runtime  # noqa: E402
 from sglang_hooks.testing import (  # noqa: E402
     DECODE,
@@ -618,10 +618,10 @@ _grids = st.lists(st.integers(1, 3000), min_size=1, max_size=8, unique=True).map
        data=st.data())
 def test_a_decisions_table_answers_what_sglangs_routing_and_the_lookup_do(tiers, graph_bs,
                                                                           grids, data):
-    """Prepared by the I/O thread, built when the decision applies (other ranks), or past
-    the table's end: every batch size gets SGLang's slot's candidate nearest to the
-    decision's steps (ties: the smaller; 127 for more), the clamp counted, and the table's
-    entries are the one-by-one lookup's."""
+    """Tabled by the I/O thread, looked up one by one (other ranks), or past the table's
+    end: every batch size gets SGLang's slot's candidate nearest to the decision's steps
+    (ties: the smaller; 127 for more), the clamp counted, and the table's entries are the
+    one-by-one lookup's."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump({str(bs): {"candidate_steps": c} for bs, c in tiers.items()}, f)
     rt = runtime(fallback="table", table=((1, 3),), min_switch_steps=1)
@@ -646,8 +646,11 @@ def test_a_decisions_table_answers_what_sglangs_routing_and_the_lookup_do(tiers,
             clamped = rt.counters["clamped"]
             assert params.get_steps_for_batch(batch_size) == expected, (batch_size, marker)
             assert rt.counters["clamped"] - clamped == (expected != want)
-        table = params._specctl_memo[1]
-        assert len(table) == size and (not prepared or table is params._specctl_prepared[0][2])
+        applied = params._specctl_memo[1]
+        assert applied is params._specctl_prepared[0][2] if prepared else applied == []
+        routes = params._specctl_routes
+        table = decision_table(marker.batch_grid, marker.steps, routes[1], routes[0])
+        assert len(table) == size
         for batch_size in range(size):
             assert table[batch_size] == params._specctl_lookup(marker, batch_size)
             assert table[batch_size][2] is params._specctl_lookup(marker, batch_size)[2]
@@ -667,22 +670,20 @@ def test_a_table_prepared_before_sglang_sets_its_graph_sizes_is_not_used_after(t
     params.set_cuda_graph_bs([8, 16])
     rt.controller = marker
     assert params.get_steps_for_batch(3) == 2
-    assert params._specctl_memo[1] is not params._specctl_prepared[0][2]
+    assert params._specctl_memo[1] == []  # looked up one by one instead
     params.specctl_prepare(marker2 := marker._replace(seq=2))
     rt.controller = marker2
     assert params.get_steps_for_batch(3) == 2
     assert params._specctl_memo[1] is params._specctl_prepared[0][2]  # prepared: used
 
 
-def test_a_table_that_cannot_be_built_is_a_fault_and_sglang_answers(monkeypatch):
+def test_a_broken_table_is_a_fault_and_sglang_answers():
     rt = runtime(fallback="table", table=((1, 3),), min_switch_steps=1)
     params = make_policy_class(ORIGINAL["params"], rt)(initial_steps=3, cfg_path=CONFIG)
-
-    def broken(*args):
-        raise RuntimeError("a bug")
-
-    monkeypatch.setattr("sglang_hooks.policy.decision_table", broken)
-    rt.controller = DecisionMarker(1, "controller", 0, (1,), (5,))
+    marker = DecisionMarker(1, "controller", 0, (1,), (5,))
+    params.specctl_prepare(marker)
+    params._specctl_prepared[0][2][4] = None  # a bug's stand-in
+    rt.controller = marker
     assert params.get_steps_for_batch(4) == ORIGINAL["params"].get_steps_for_batch(params, 4)
     assert rt.counters["fault_policy"] == 1
 
