@@ -74,17 +74,14 @@ def decision_table(grid: tuple[int, ...], steps: tuple[int, ...],
     and the routes' runs merged: a few list repetitions, not ``size`` lookups); never
     changed once built (the scheduler thread indexes it while another may build the next).
     """
+    if list(grid) != sorted(set(grid)):
+        return []  # not increasing (never from the wire): looked up one by one
     table: list[tuple[int, int, tuple[int, ...]]] = []
     last = len(grid) - 1
     count = len(routes)
     segment = route = start = 0  # steps[segment] holds from grid[segment] on (0: from 0)
     while start < size:
-        if segment < last:
-            grid_end = grid[segment + 1]
-            if grid_end <= grid[segment]:
-                return []  # not increasing (never from the wire): looked up one by one
-        else:
-            grid_end = size
+        grid_end = grid[segment + 1] if segment < last else size
         route_end = routes[route + 1][0] if route + 1 < count else size
         end = min(grid_end, route_end, size)
         want = steps[segment]
