@@ -22,6 +22,7 @@ import itertools
 import json
 import os
 import pickle
+import random
 import sys
 import tempfile
 import time
@@ -45,6 +46,9 @@ def main() -> None:
     parser.add_argument("--after", type=Path, default=REPO)
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--no-recording", action="store_true")
+    parser.add_argument("--wander", action="store_true",
+                        help="decode batch sizes a random walk in 1..--batch (the same for "
+                             "both trees), as a closed loop's are, instead of all --batch")
     parser.add_argument("--out", type=Path, default=None)
     args, rest = parser.parse_known_args()
     trees = {"before": args.before.resolve(), "after": args.after.resolve()}
@@ -78,6 +82,8 @@ def main() -> None:
     reqs = {tag: [modules[tag]["sglang_hooks.testing"].ReqStandIn(f"r{i}")
                   for i in range(options.batch)] for tag in trees}
     batch_of = {tag: modules[tag]["benchmarks.bench_online"].scheduler_batch for tag in trees}
+    if args.wander:
+        batch_of = {tag: wandering(modules[tag], args.steps, options.batch) for tag in trees}
     load_before = os.getloadavg()[0]
     try:
         order = list(trees)
@@ -123,6 +129,25 @@ def server_options(server: ModuleType, rest: list[str]) -> argparse.Namespace:
         return parser.parse_args()
     finally:
         sys.argv = saved
+
+
+def wandering(mods: dict[str, ModuleType], steps: int, largest: int):
+    """``scheduler_batch`` with each decode step's batch size a random walk in
+    ``1..largest`` (seeded: both trees see the same sizes)."""
+    testing = mods["sglang_hooks.testing"]
+    plain = mods["benchmarks.bench_online"].scheduler_batch
+    rng = random.Random(0)
+    sizes, size = [], largest // 2
+    for _ in range(steps):
+        size = max(1, min(largest, size + rng.choice((-2, -1, 0, 0, 0, 1, 2))))
+        sizes.append(size)
+
+    def batch(i: int, reqs: list):
+        made = plain(i, reqs)
+        if made.forward_mode.is_decode():
+            return testing.BatchStandIn(reqs[:sizes[i]], testing.DECODE)
+        return made
+    return batch
 
 
 def step(loop, work, batch) -> None:

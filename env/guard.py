@@ -43,6 +43,9 @@ import numpy as np
 
 from env.probe import RuleSpec
 
+#: Rows losing to off judged one by one up to this many (beyond, whole-array).
+_FEW = 4
+
 
 @dataclass(frozen=True)
 class GuardSpec(RuleSpec):
@@ -94,6 +97,13 @@ class GuardColumns:
         self.confidence = np.array([names.index(f"cost_confidence_{d}")
                                     for d in range(max_depth + 1)])
         self.profile_error = names.index("cost_profile_error")
+        #: Per depth, the four columns a row choosing it is judged by (its goodput, its
+        #: cost confidence, off's, the profile error): one gather per call.
+        self.judged = np.stack([self.goodput, self.confidence,
+                                np.full(max_depth + 1, self.confidence[0]),
+                                np.full(max_depth + 1, self.profile_error)], axis=1)
+        #: The same as plain ints, for the one-row path.
+        self.judged_ints = [tuple(int(c) for c in row) for row in self.judged]
 
 
 @functools.lru_cache(maxsize=16)
@@ -106,29 +116,67 @@ def guard_rows(guard: GuardSpec, columns: GuardColumns, observations: np.ndarray
                index: np.ndarray, actions: np.ndarray, off_index: int | None) -> None:
     """In place: the entries of ``index`` (action indices, any shape; ``observations``
     the matching rows, shape (index.size, size)) the guard overrules become
-    ``off_index`` (the policy's action 0; None: it has none, nothing changes)."""
+    ``off_index`` (the policy's action 0; None: it has none, nothing changes).
+
+    A row is overruled where its chosen depth ``d > 0`` has ``relative_goodput_d * 3 <
+    log1p(-margin)``, both ``cost_confidence_d`` and ``cost_confidence_0`` at least
+    ``confidence`` (the smaller of the two: a NaN in either fails) and
+    ``|cost_profile_error| <= max_profile_error``, each computed in the observations'
+    dtype. One row (the simulator's adapter, every step) is judged on scalars; more by
+    their goodput first, the rest read only for the rows that lose (on scalars too when
+    they are few)."""
     if not guard.enabled or off_index is None:
         return
+    if index.size == 1:
+        chosen = actions[index.flat[0]]
+        if chosen <= 0:
+            return
+        judged = columns.judged_ints[chosen]
+        row = observations[0]
+        # The same arithmetic on the same dtype as below, one scalar at a time.
+        if row[judged[0]] * 3.0 < math.log1p(-guard.margin) and _sure(guard, row, judged):
+            index.flat[0] = off_index
+        return
     steps = actions[index.ravel()]
-    rows = np.flatnonzero(steps > 0)
+    rows = (steps > 0).nonzero()[0]
     if not rows.size:
         return
     chosen = steps[rows]
-    obs = observations[rows]
-    # relative_goodput_d is log(goodput_d / goodput_0) / 3, clipped to [-1, 1].
-    goodput = obs[np.arange(rows.size), columns.goodput[chosen]] * 3.0
-    sure = np.minimum(obs[np.arange(rows.size), columns.confidence[chosen]],
-                      obs[:, columns.confidence[0]])
-    trusted = np.abs(obs[:, columns.profile_error]) <= guard.max_profile_error
-    overruled = rows[(goodput < math.log1p(-guard.margin)) & (sure >= guard.confidence)
-                     & trusted]
+    # relative_goodput_d is log(goodput_d / goodput_0) / 3, clipped to [-1, 1]. Most rows
+    # price their choice above off's: the rest is read only for those that do not.
+    losing = observations[rows, columns.goodput[chosen]] * 3.0 < math.log1p(-guard.margin)
+    if not losing.any():
+        return
+    rows = rows[losing]
+    if rows.size <= _FEW:  # each numpy call below costs more than judging a row
+        for row, depth in zip(rows.tolist(), chosen[losing].tolist(), strict=True):
+            if _sure(guard, observations[row], columns.judged_ints[depth]):
+                index.flat[row] = off_index
+        return
+    judged = observations[rows[:, None], columns.judged[chosen[losing]]]
+    confidence = guard.confidence
+    overruled = rows[(judged[:, 1] >= confidence) & (judged[:, 2] >= confidence)
+                     & (np.abs(judged[:, 3]) <= guard.max_profile_error)]
     index.flat[overruled] = off_index
+
+
+def _sure(guard: GuardSpec, row: np.ndarray, judged: tuple[int, int, int, int]) -> bool:
+    """Whether a row losing to off is sure enough to overrule: both costs measured, the
+    profile near (``judged``: its four columns, see :attr:`GuardColumns.judged`)."""
+    return (row[judged[1]] >= guard.confidence and row[judged[2]] >= guard.confidence
+            and abs(row[judged[3]]) <= guard.max_profile_error)
 
 
 def off_index(actions: np.ndarray) -> int | None:
     """Index of the action 0 (no speculation) in ``actions``, None if there is none."""
-    where = np.flatnonzero(np.asarray(actions) == 0)
-    return int(where[0]) if where.size else None
+    return _off_index(tuple(np.asarray(actions).tolist()))
+
+
+@functools.lru_cache(maxsize=16)
+def _off_index(actions: tuple) -> int | None:
+    # Cached by value: a policy's actions are the same at every call (the search costs
+    # a few numpy calls, the key a list and a tuple of a few ints).
+    return next((i for i, action in enumerate(actions) if action == 0), None)
 
 
 def apply_guard(guard: GuardSpec, columns: GuardColumns, observations: np.ndarray,

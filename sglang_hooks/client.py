@@ -9,8 +9,9 @@ values the hooks read (:meth:`ControllerClient.send_step`,
 byte conversion included), ageing decisions (:class:`DecisionAge`), turning the
 one in charge into the :class:`~sglang_hooks.marker.DecisionMarker` every rank
 should apply, and other work handed to it (:meth:`ControllerClient.add_chore`:
-the policy feeding SGLang's rule). The scheduler thread only appends to one
-deque and reads one attribute (:attr:`ControllerClient.marker`); it never waits.
+the policy feeding SGLang's rule; :meth:`ControllerClient.add_marker_chore`: the
+policy tabling each new marker's steps per batch size). The scheduler thread only
+appends to one deque and reads one attribute (:attr:`ControllerClient.marker`); it never waits.
 
 While telemetry flows (any in the last :data:`_ACTIVE_S`), the I/O thread looks
 at the outbox and the socket every :data:`_POLL_S` (5 ms; 0.1 ms in local
@@ -381,6 +382,9 @@ class ControllerClient:
                         else DecisionDecoder(accept_policy=True))
         #: Work the I/O thread does after each look's telemetry (add_chore).
         self._chores: list[Callable[[], None]] = []
+        #: What the I/O thread does with each new marker before publishing it
+        #: (add_marker_chore).
+        self._marker_chores: list[Callable[[DecisionMarker], None]] = []
         self._context = zmq.Context(io_threads=1)
         self._sock = (self._socket(endpoint, curve_server_key, curve_client_cert)
                       if endpoint else None)
@@ -423,6 +427,13 @@ class ControllerClient:
         rule). An exception from it is counted (``chore_failed``), never fatal."""
         self._chores.append(chore)
 
+    def add_marker_chore(self, chore: Callable[[DecisionMarker], None]) -> None:
+        """Have the I/O thread call ``chore(marker)`` with each new marker before it
+        publishes it (the policy tables the marker's steps per batch size, so that the
+        scheduler thread only indexes them). An exception from it is counted
+        (``marker_chore_failed``); the marker is published all the same."""
+        self._marker_chores.append(chore)
+
     def close(self) -> None:
         """Stop the I/O thread, close the socket (drops anything unsent)."""
         if self._stop:
@@ -458,7 +469,17 @@ class ControllerClient:
 
     def _set_marker(self, marker: DecisionMarker) -> None:
         seq = self.marker.seq + 1 if self.marker is not None else 1
-        self.marker = marker._replace(seq=seq)  # one store: the scheduler thread reads it
+        marker = marker._replace(seq=seq)
+        for chore in self._marker_chores:
+            try:
+                chore(marker)
+            except Exception:
+                counters = self.counters
+                counters["marker_chore_failed"] += 1
+                if counters["marker_chore_failed"] == 1:
+                    log.exception("specctl: a marker chore of the controller client's thread "
+                                  "failed (counted; the marker is published)")
+        self.marker = marker  # one store: the scheduler thread reads it
 
     def _socket(self, endpoint: str, server_key: str | None, client_cert: str | None):
         sock = self._context.socket(zmq.DEALER)

@@ -27,11 +27,16 @@ if it had been fed at every verify. Every other rank feeds at once.
 The result is clamped to the candidate steps SGLang built runtime states for
 for this batch size (asking for another one would raise in
 ``AdaptiveController._activate``; one outside the slot has no CUDA graph);
-clamps are counted. Outside exploration, a depth is kept for at least
-``min_switch_steps`` steps (``SPECCTL_MIN_SWITCH_STEPS``): every switch costs
-SGLang a buffer rebuild (see :mod:`sglang_hooks.switching`). ``on_verify_complete``
-never asks for an immediate switch (it returns None): every switch happens when
-the next batch is launched.
+clamps are counted. On the source rank a decision's clamped steps are tabled per
+batch size (:func:`decision_table`, SGLang's routing read once when it sets its
+CUDA graph sizes) by the client's I/O thread when it makes the marker
+(:meth:`specctl_prepare`), so the scheduler thread answers a decision with one
+index; every other rank looks each batch size up once per decision.
+
+Outside exploration, a depth is kept for at least ``min_switch_steps`` steps
+(``SPECCTL_MIN_SWITCH_STEPS``): every switch costs SGLang a buffer rebuild (see
+:mod:`sglang_hooks.switching`). ``on_verify_complete`` never asks for an immediate
+switch (it returns None): every switch happens when the next batch is launched.
 
 A follower that has not heard the source's rule yet (``Runtime.local is None``)
 is SGLang's class unchanged.
@@ -44,15 +49,52 @@ import random
 import threading
 from collections import deque
 
-from sglang_hooks.marker import RuleMarker
+from sglang_hooks.marker import CONTROLLER, DecisionMarker, RuleMarker
 from sglang_hooks.runtime import Runtime
 
 _STEP_RANGE = 128  # steps a decision may name (int8 on the wire)
+#: A decision's clamped steps are tabled for every batch size below the largest of this,
+#: SGLang's CUDA graph sizes and its tiers, plus one (larger ones: looked up one by one).
+_TABLE_MIN = 256
+_TABLE_MAX = 8192  # (a server whose graph sizes go beyond looks the rest up one by one)
+_PREPARED = 4  # tables built off the scheduler thread kept for markers not applied yet
 
 
 def _nearest(candidates: list[int]) -> tuple[int, ...]:
     """For every requested step 0..127, the closest candidate (ties: the smaller)."""
     return tuple(min(candidates, key=lambda c: (abs(c - s), c)) for s in range(_STEP_RANGE))
+
+
+def decision_table(grid: tuple[int, ...], steps: tuple[int, ...],
+                   routes: tuple[tuple[int, tuple[int, ...]], ...], size: int) -> list:
+    """Per batch size ``0 .. size - 1``: (steps clamped, steps asked, clamping table) of
+    the decision ``(grid, steps)`` (:meth:`DecisionMarker.steps_for`), clamped by
+    ``routes``: (first batch size, clamping table) of each run of batch sizes SGLang
+    routes to one slot, the first starting at 0. Built per run of equal entries (the grid's
+    and the routes' runs merged: a few list repetitions, not ``size`` lookups); never
+    changed once built (the scheduler thread indexes it while another may build the next).
+    """
+    if list(grid) != sorted(set(grid)):
+        return []  # not increasing (never from the wire): looked up one by one
+    table: list[tuple[int, int, tuple[int, ...]]] = []
+    last = len(grid) - 1
+    count = len(routes)
+    segment = route = start = 0  # steps[segment] holds from grid[segment] on (0: from 0)
+    while start < size:
+        grid_end = grid[segment + 1] if segment < last else size
+        route_end = routes[route + 1][0] if route + 1 < count else size
+        end = min(grid_end, route_end, size)
+        want = steps[segment]
+        nearest = routes[route][1]
+        if end > start:
+            table += [(nearest[want if want < _STEP_RANGE else _STEP_RANGE - 1], want,
+                       nearest)] * (end - start)
+            start = end
+        if start >= grid_end:
+            segment += 1
+        if start >= route_end:
+            route += 1
+    return table
 
 
 def default_tiers(base: type, initial_steps: int, built: list[int]):
@@ -102,8 +144,17 @@ def make_policy_class(base: type, runtime: Runtime) -> type:
             #: Batch size -> the slot of SGLang's rule it routes to (fixed once SGLang has
             #: set its CUDA graph sizes; cleared when it sets them).
             self._specctl_rule_slots: dict[int, object] = {}
-            #: (decision, batch size -> (steps clamped, steps asked, the clamping table)).
-            self._specctl_memo: tuple[object, dict[int, tuple]] = (None, {})
+            #: How this object clamps, per run of batch sizes: (table size, ((first batch
+            #: size, clamping table), ...)); replaced (one store) when SGLang sets its CUDA
+            #: graph sizes, and read by the client's I/O thread (specctl_prepare).
+            self._specctl_routes = self._specctl_routing()
+            #: The decision in charge and what it answers per batch size: (decision, table
+            #: of (steps clamped, steps asked, clamping table) per batch size below its
+            #: size, its size, batch size -> the same for the larger ones).
+            self._specctl_memo: tuple = (None, (), 0, {})
+            #: Tables the client's I/O thread built for markers not applied yet:
+            #: ((marker, routes they were built with, table), ...), newest first.
+            self._specctl_prepared: tuple = ()
             #: Verifies not fed to SGLang's rule yet: (drafts, batch size, depth run), in
             #: order. Fed at once unless :attr:`Runtime.defer_rule_feed` (then by the
             #: client's I/O thread, :meth:`specctl_feed_rule`, and before the rule is asked).
@@ -117,7 +168,9 @@ def make_policy_class(base: type, runtime: Runtime) -> type:
                 self._specctl_feed(sglang_verify)
                 super().set_cuda_graph_bs(cuda_graph_bs)
                 self._specctl_rule_slots = {}
-                self._specctl_memo = (None, {})  # the clamping follows the new routing
+                # The clamping follows the new routing (tables built before: not used).
+                self._specctl_routes = self._specctl_routing()
+                self._specctl_memo = (None, (), 0, {})
                 if self._specctl_rule is not self:  # route as SGLang would: padded sizes
                     base.set_cuda_graph_bs(self._specctl_rule, cuda_graph_bs)
 
@@ -131,20 +184,15 @@ def make_policy_class(base: type, runtime: Runtime) -> type:
                 decision = rt.controller
                 exploring = False
                 if decision is not None:
-                    # The decision's steps for this batch size, as clamped below, looked up
-                    # once per decision and batch size (a decision holds for many steps).
+                    # The decision's steps for this batch size, as clamped below: one index
+                    # into its table, which the client's I/O thread built when it made the
+                    # marker (the source rank); otherwise looked up once per batch size.
                     memo = self._specctl_memo
                     if memo[0] is not decision:
-                        memo = self._specctl_memo = (decision, {})
-                    known = memo[1].get(batch_size)
-                    if known is None:
-                        want = decision.steps_for(batch_size)
-                        nearest = (self._specctl_uniform
-                                   or self._specctl_nearest[id(self._route(batch_size))])
-                        known = memo[1][batch_size] = (
-                            nearest[want if want < _STEP_RANGE else _STEP_RANGE - 1], want,
-                            nearest)
-                    steps, want, nearest = known
+                        table = self._specctl_table_of(decision)
+                        memo = self._specctl_memo = (decision, table, len(table), {})
+                    steps, want, nearest = (memo[1][batch_size] if 0 <= batch_size < memo[2]
+                                            else self._specctl_lookup(decision, batch_size))
                 elif local.rule == "table":
                     want = self._table_steps(local, batch_size)
                 elif local.rule == "explore":
@@ -182,6 +230,63 @@ def make_policy_class(base: type, runtime: Runtime) -> type:
             steps = rt.offswitch.choose(steps)
             rt.last_steps = steps
             return steps
+
+        def specctl_prepare(self, marker: object) -> None:
+            """Build a new marker's table of steps per batch size (the client's I/O thread
+            calls it before it publishes the marker), so that the scheduler thread only
+            indexes it once the marker applies."""
+            if getattr(marker, "mode", None) != CONTROLLER:
+                return
+            routes = self._specctl_routes
+            table = decision_table(marker.batch_grid, marker.steps, routes[1], routes[0])
+            # One store: the scheduler thread reads the tuple whole.
+            self._specctl_prepared = ((marker, routes, table),
+                                      *self._specctl_prepared[:_PREPARED - 1])
+
+        def _specctl_table_of(self, decision: DecisionMarker) -> list:
+            """The table of the decision just applied: the one the I/O thread prepared
+            for it under the current routing; else none (other ranks, a marker that went
+            past the prepared ones, a routing changed since): each batch size is then
+            looked up when first asked (:meth:`_specctl_lookup`), which costs this
+            thread less in one step than building the whole table would."""
+            routes = self._specctl_routes
+            for marker, built_with, table in self._specctl_prepared:
+                # The same object on the source rank; a broadcast copy is equal.
+                if (marker is decision or marker == decision) and built_with is routes:
+                    return table
+            return []
+
+        def _specctl_lookup(self, decision: DecisionMarker, batch_size: int) -> tuple:
+            """(steps clamped, steps asked, clamping table) of a batch size outside the
+            decision's table, looked up once per decision and batch size."""
+            known = self._specctl_memo[3].get(batch_size)
+            if known is None:
+                want = decision.steps_for(batch_size)
+                nearest = (self._specctl_uniform
+                           or self._specctl_nearest[id(self._route(batch_size))])
+                known = self._specctl_memo[3][batch_size] = (
+                    nearest[want if want < _STEP_RANGE else _STEP_RANGE - 1], want, nearest)
+            return known
+
+        def _specctl_routing(self) -> tuple[int, tuple[tuple[int, tuple[int, ...]], ...]]:
+            """(table size, the clamping table of each run of batch sizes SGLang routes to
+            one slot) for :func:`decision_table`: SGLang's own routing asked once per
+            batch size (here, when SGLang sets its CUDA graph sizes: start-up). Never
+            raises: a routing it cannot read tables nothing (every size looked up alone)."""
+            try:
+                graph = getattr(self, "_cuda_graph_bs", None) or ()
+                size = min(_TABLE_MAX, max(_TABLE_MIN, *graph, *self._slots) + 1)
+                if self._specctl_uniform is not None:
+                    return size, ((0, self._specctl_uniform),)
+                runs: list[tuple[int, tuple[int, ...]]] = []
+                for batch_size in range(size):
+                    nearest = self._specctl_nearest[id(self._route(batch_size))]
+                    if not runs or runs[-1][1] is not nearest:
+                        runs.append((batch_size, nearest))
+                return size, tuple(runs)
+            except Exception as exc:
+                self._specctl.fault("policy", exc)
+                return 0, ()
 
         def on_verify_complete(self, num_correct_drafts_per_req: list[int],
                                batch_size: int) -> int | None:

@@ -43,8 +43,9 @@ no allocation beyond a few small objects, no pyarrow, no system call. What can
 happen elsewhere does: the launch keeps SGLang's values as it reads them (one
 tuple) and the result hands them over with its own (one tuple,
 :mod:`sglang_hooks.raw_step`); the client's I/O thread makes the telemetry of
-them, ages decisions, builds the markers, packs the frames and feeds SGLang's
-rule (:attr:`Runtime.defer_rule_feed`); the recorder's thread makes the same
+them, ages decisions, builds the markers (and the policy's table of each one's
+steps per batch size), packs the frames and feeds SGLang's rule
+(:attr:`Runtime.defer_rule_feed`); the recorder's thread makes the same
 telemetry and reads the request ids and the finished requests from the batch's
 request lists, handed over with their lengths (not copied: SGLang only appends to
 a batch's list in place). Every hook body is wrapped so that an exception is
@@ -225,6 +226,9 @@ class Runtime:
             if feed is not None:  # the rule's feeding moves to the client's thread
                 self.client.add_chore(feed)
                 self.defer_rule_feed = True
+            prepare = getattr(self.policy, "specctl_prepare", None)
+            if prepare is not None:  # a marker's steps per batch size: tabled there too
+                self.client.add_marker_chore(prepare)
         if cfg.record_dir:
             from sglang_hooks.recorder import start_recorder
 

@@ -6,9 +6,12 @@ adapter and local mode apply it on the same steps, and that ``specctl-serve guar
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from controller.decider import evaluate
 from controller.policy_file import ExportedPolicy, PolicyFileError
@@ -16,7 +19,7 @@ from controller.reload import PolicyHolder
 from controller.server import ControllerServer, ServeOptions
 from controller.wire import Decision, encode_step
 from env.features import FeatureBuilder, FeatureSpec
-from env.guard import DEFAULT_GUARD, GuardSpec, guard_columns, guard_rows
+from env.guard import DEFAULT_GUARD, GuardSpec, apply_guard, guard_columns, guard_rows, off_index
 from env.probe import NO_PROBE
 from env.rollout import DecisionLoop
 from env.sim.acceptance import SGLangSimulatedAcceptance
@@ -67,6 +70,88 @@ def test_guard_rows_overrule_only_confident_losing_speculation():
     index = np.array([[1, 1, 1, 1, 1, 3, 0]])
     guard_rows(OFF_GUARD, guard_columns(spec), rows, index, actions, 0)
     assert index.tolist() == [[1, 1, 1, 1, 1, 3, 0]]
+
+
+def reference_guard_rows(guard: GuardSpec, columns, observations: np.ndarray,
+                         index: np.ndarray, actions: np.ndarray, off: int | None) -> None:
+    """The guard as first written (whole-array numpy over every row choosing d > 0): what
+    the one-row and goodput-first paths must decide exactly alike."""
+    if not guard.enabled or off is None:
+        return
+    steps = actions[index.ravel()]
+    rows = np.flatnonzero(steps > 0)
+    if not rows.size:
+        return
+    chosen = steps[rows]
+    obs = observations[rows]
+    goodput = obs[np.arange(rows.size), columns.goodput[chosen]] * 3.0
+    sure = np.minimum(obs[np.arange(rows.size), columns.confidence[chosen]],
+                      obs[:, columns.confidence[0]])
+    trusted = np.abs(obs[:, columns.profile_error]) <= guard.max_profile_error
+    overruled = rows[(goodput < math.log1p(-guard.margin)) & (sure >= guard.confidence)
+                     & trusted]
+    index.flat[overruled] = off
+
+
+def _near(dtype, *centres: float):
+    """Values at, next to and around the guard's thresholds (in ``dtype``), and the odd
+    ones: NaN, infinities, zero."""
+    edges = []
+    for centre in centres:
+        value = dtype(centre)
+        edges += [value, np.nextafter(value, dtype(np.inf)), np.nextafter(value, dtype(-np.inf))]
+    return (st.sampled_from(edges) | st.sampled_from([np.nan, np.inf, -np.inf, 0.0, -0.0])
+            | st.floats(-1.5, 1.5, width=32))
+
+
+@settings(max_examples=300)
+@given(data=st.data(), streams=st.integers(1, 3), rows=st.integers(1, 20),
+       dtype=st.sampled_from([np.float32, np.float64]),
+       margin=st.sampled_from([0.1, 0.05, 0.3]), confidence=st.sampled_from([0.5, 0.2]),
+       max_error=st.sampled_from([0.5, 0.0, 1.0]), enabled=st.booleans(),
+       with_off=st.integers(0, 3))
+def test_the_guard_decides_as_the_whole_array_code_did(data, streams, rows, dtype, margin,
+                                                       confidence, max_error, enabled,
+                                                       with_off):
+    """Random observations (the four columns the guard reads at, beside and around its
+    thresholds, NaN and infinities too), actions with and without off, servers that may not
+    run off: apply_guard, its one-row path included, changes the entries the first
+    vectorised code did, and no other."""
+    spec = FeatureSpec()
+    columns = guard_columns(spec)
+    guard = GuardSpec(enabled=enabled, margin=margin, confidence=confidence,
+                      max_profile_error=max_error)
+    depths = list(range(spec.max_depth + 1))
+    actions = np.array(data.draw(st.permutations(depths)) if with_off else
+                       data.draw(st.lists(st.sampled_from(depths[1:]), min_size=1, max_size=8)))
+    observations = np.zeros((streams * rows, spec.size), dtype=dtype)
+    threshold = math.log1p(-margin) / 3.0
+    for row in observations:
+        for column in columns.goodput[1:]:
+            row[column] = data.draw(_near(dtype, threshold))
+        for column in columns.confidence:
+            row[column] = data.draw(_near(dtype, confidence))
+        row[columns.profile_error] = data.draw(_near(dtype, max_error, -max_error))
+    index = np.array(data.draw(st.lists(st.integers(0, len(actions) - 1),
+                                        min_size=streams * rows, max_size=streams * rows)))
+    index = index.reshape(streams, rows)
+    off = off_index(actions)
+    allowed = [None if mask is None else np.array(mask) for mask in data.draw(st.lists(
+        st.none() | st.lists(st.booleans(), min_size=len(actions), max_size=len(actions)),
+        min_size=streams, max_size=streams))]
+    expected = index.copy()
+    for i, mask in enumerate(allowed):
+        if mask is None or off is None or mask[off]:
+            reference_guard_rows(guard, columns, observations[i * rows:(i + 1) * rows],
+                                 expected[i], actions, off)
+    apply_guard(guard, columns, observations, index, actions, allowed)
+    assert index.tolist() == expected.tolist()
+    one = index[:1, :1].copy()  # one row on its own: the simulator adapter's call
+    expected_one = one.copy()
+    reference_guard_rows(guard, columns, observations[:1], expected_one, actions, off)
+    guard_rows(guard, columns, observations[:1], one, actions, off)
+    assert one.tolist() == expected_one.tolist()
+    assert off == (int(np.flatnonzero(actions == 0)[0]) if (actions == 0).any() else None)
 
 
 def _profiled_stream(profile, scale: float = 1.0, n: int = 40) -> list[StepRecord]:

@@ -274,6 +274,34 @@ def test_the_same_decision_again_publishes_no_new_marker():
         assert client.marker.steps == (5,) and client.marker.seq == first.seq + 1
 
 
+def test_each_new_marker_goes_to_the_marker_chores_before_it_is_published(caplog):
+    """The policy tables a marker's steps on the I/O thread: it must see the marker (its
+    sequence number included) before the scheduler thread can; a failing chore is counted,
+    logged once, and the marker is published all the same."""
+    clock = ManualClock()
+    seen: list[tuple] = []
+
+    def failing(marker) -> None:
+        raise RuntimeError("a bug")
+
+    with connected(0.5, monotonic=clock) as (router, client):
+        client.add_marker_chore(failing)
+        client.add_marker_chore(lambda marker: seen.append((marker, client.marker)))
+        router.receive()
+        for step in (1, 2, 3):
+            client.send_telemetry(frame(step), step, clock())
+            identity, record = router.telemetry()
+            router.answer(identity, record.step_index, steps=4 if step < 3 else 5)
+            handled(client, step)
+    assert [marker.steps for marker, _ in seen] == [(4,), (5,)]  # once per new marker
+    assert seen[0][1] is None and seen[1][1] is seen[0][0]  # not yet published
+    assert client.marker is seen[1][0]
+    assert client.counters["marker_chore_failed"] == 2
+    assert [r.getMessage() for r in caplog.records if "marker chore" in r.getMessage()] == [
+        "specctl: a marker chore of the controller client's thread failed (counted; the "
+        "marker is published)"]
+
+
 def test_a_failed_io_thread_leaves_every_rank_on_the_fallback():
     clock = ManualClock()
     with connected(5.0, monotonic=clock) as (router, client):

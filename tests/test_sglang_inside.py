@@ -19,6 +19,7 @@ import pickle
 import random
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from contextlib import contextmanager
@@ -26,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 VERSION = os.environ.get("SPECCTL_SGLANG_INSIDE")
 if not VERSION:
@@ -63,7 +66,7 @@ from sglang_hooks.compat import Ranks  # noqa: E402
 from sglang_hooks.config import PluginConfig  # noqa: E402
 from sglang_hooks.contract import HOOK_TARGETS, POLICY_CLASS  # noqa: E402
 from sglang_hooks.marker import DecisionMarker  # noqa: E402
-from sglang_hooks.policy import make_policy_class  # noqa: E402
+from sglang_hooks.policy import decision_table, make_policy_class  # noqa: E402
 from sglang_hooks.runtime import Runtime  # noqa: E402
 from sglang_hooks.testing import (  # noqa: E402
     DECODE,
@@ -541,7 +544,7 @@ def test_a_deferred_feed_leaves_sglangs_rule_where_feeding_every_verify_does(io_
 def test_the_source_with_a_client_defers_the_feed_to_the_clients_thread(monkeypatch):
     """A source that opens a client hands the feeding to it; without one, or on any
     other rank, each verify feeds the rule at once."""
-    chores = []
+    chores, marker_chores = [], []
 
     class Client:
         def __init__(self, *args, **kwargs) -> None:
@@ -549,6 +552,9 @@ def test_the_source_with_a_client_defers_the_feed_to_the_clients_thread(monkeypa
 
         def add_chore(self, chore) -> None:
             chores.append(chore)
+
+        def add_marker_chore(self, chore) -> None:
+            marker_chores.append(chore)
 
     monkeypatch.setattr("sglang_hooks.runtime.ControllerClient", Client)
     with_client = runtime(fallback="sglang", controller="ipc:///nowhere")
@@ -558,6 +564,7 @@ def test_the_source_with_a_client_defers_the_feed_to_the_clients_thread(monkeypa
         assert rt.is_source
     assert with_client.defer_rule_feed and not without.defer_rule_feed
     assert chores == [with_client.policy.specctl_feed_rule]
+    assert marker_chores == [with_client.policy.specctl_prepare]  # markers tabled there too
     for rt in (with_client, without):
         params = rt.policy
         slot = params._specctl_rule._route(1)
@@ -595,6 +602,90 @@ def test_a_decisions_steps_are_clamped_where_sglang_routes_after_its_graph_sizes
     rt.controller = DecisionMarker(2, "controller", 0, (1, 5), (1, 3))
     assert params.get_steps_for_batch(3) == 1  # a new decision: looked up again
     assert params.get_steps_for_batch(5) == 2 and rt.counters["clamped"] == 3
+
+
+# A decision's steps per batch size, tabled (on the source by the client's I/O thread)
+# against SGLang's own routing and the old one-by-one lookup.
+
+_tiers = st.dictionaries(st.integers(1, 600), st.lists(st.integers(0, 9), min_size=1, max_size=5),
+                         min_size=1, max_size=4)
+_graph_bs = st.none() | st.lists(st.integers(1, 1100), min_size=1, max_size=8, unique=True)
+_grids = st.lists(st.integers(1, 3000), min_size=1, max_size=8, unique=True).map(sorted)
+
+
+@settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow])
+@given(tiers=_tiers, graph_bs=_graph_bs, grids=st.lists(_grids, min_size=1, max_size=3),
+       data=st.data())
+def test_a_decisions_table_answers_what_sglangs_routing_and_the_lookup_do(tiers, graph_bs,
+                                                                          grids, data):
+    """Tabled by the I/O thread, looked up one by one (other ranks), or past the table's
+    end: every batch size gets SGLang's slot's candidate nearest to the decision's steps
+    (ties: the smaller; 127 for more), the clamp counted, and the table's entries are the
+    one-by-one lookup's."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump({str(bs): {"candidate_steps": c} for bs, c in tiers.items()}, f)
+    rt = runtime(fallback="table", table=((1, 3),), min_switch_steps=1)
+    params = make_policy_class(ORIGINAL["params"], rt)(initial_steps=3, cfg_path=f.name)
+    os.unlink(f.name)
+    params.set_cuda_graph_bs(graph_bs)
+    size = params._specctl_routes[0]
+    sizes = [0, 1, size - 1, size, size + 1, *data.draw(
+        st.lists(st.integers(0, 4000), max_size=20))]
+    for seq, grid in enumerate(grids, 1):
+        steps = tuple(data.draw(st.lists(st.integers(0, 200), min_size=len(grid),
+                                         max_size=len(grid))))
+        marker = DecisionMarker(seq, "controller", 0, tuple(grid), steps)
+        prepared = data.draw(st.booleans())
+        if prepared:
+            params.specctl_prepare(marker)
+        rt.controller = marker
+        for batch_size in sizes:
+            want = marker.steps_for(batch_size)
+            slot = ORIGINAL["params"]._route(params, batch_size)
+            expected = min(slot.candidate_steps, key=lambda c: (abs(c - min(want, 127)), c))
+            clamped = rt.counters["clamped"]
+            assert params.get_steps_for_batch(batch_size) == expected, (batch_size, marker)
+            assert rt.counters["clamped"] - clamped == (expected != want)
+        applied = params._specctl_memo[1]
+        assert applied is params._specctl_prepared[0][2] if prepared else applied == []
+        routes = params._specctl_routes
+        table = decision_table(marker.batch_grid, marker.steps, routes[1], routes[0])
+        assert len(table) == size
+        for batch_size in range(size):
+            assert table[batch_size] == params._specctl_lookup(marker, batch_size)
+            assert table[batch_size][2] is params._specctl_lookup(marker, batch_size)[2]
+    assert rt.counters["faults"] == 0
+
+
+def test_a_table_prepared_before_sglang_sets_its_graph_sizes_is_not_used_after(tmp_path):
+    """The I/O thread tabled a marker under the old routing; SGLang then set its CUDA graph
+    sizes (a batch of 3 now pads to 8, whose slot offers 1 and 2): the table is rebuilt."""
+    config = tmp_path / "tiers.json"
+    config.write_text(json.dumps({"1": {"candidate_steps": [1, 3, 7]},
+                                  "8": {"candidate_steps": [1, 2]}}))
+    rt = runtime(fallback="table", table=((1, 3),), min_switch_steps=1)
+    params = make_policy_class(ORIGINAL["params"], rt)(initial_steps=3, cfg_path=str(config))
+    marker = DecisionMarker(1, "controller", 0, (1,), (7,))
+    params.specctl_prepare(marker)
+    params.set_cuda_graph_bs([8, 16])
+    rt.controller = marker
+    assert params.get_steps_for_batch(3) == 2
+    assert params._specctl_memo[1] == []  # looked up one by one instead
+    params.specctl_prepare(marker2 := marker._replace(seq=2))
+    rt.controller = marker2
+    assert params.get_steps_for_batch(3) == 2
+    assert params._specctl_memo[1] is params._specctl_prepared[0][2]  # prepared: used
+
+
+def test_a_broken_table_is_a_fault_and_sglang_answers():
+    rt = runtime(fallback="table", table=((1, 3),), min_switch_steps=1)
+    params = make_policy_class(ORIGINAL["params"], rt)(initial_steps=3, cfg_path=CONFIG)
+    marker = DecisionMarker(1, "controller", 0, (1,), (5,))
+    params.specctl_prepare(marker)
+    params._specctl_prepared[0][2][4] = None  # a bug's stand-in
+    rt.controller = marker
+    assert params.get_steps_for_batch(4) == ORIGINAL["params"].get_steps_for_batch(params, 4)
+    assert rt.counters["fault_policy"] == 1
 
 
 # -- faults ---------------------------------------------------------------------------------
