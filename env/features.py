@@ -67,8 +67,18 @@ from env.traces.schema import StepRecord
 #: both near 0, so a policy could not learn to measure a depth before trusting it).
 FEATURE_VERSION = 3
 #: FeatureSpec.latency_model's values: 1 the shared regression (an absent field: a policy
-#: file written before the twelfth session computes as it did), 2 off's own level and slope.
-LATENCY_MODELS = frozenset({1, 2})
+#: file written before the twelfth session computes as it did), 2 off's own level and slope,
+#: 3 model 2 where a cost profile is handed and model 1 where none is (see effective_model).
+LATENCY_MODELS = frozenset({1, 2, 3})
+
+
+def effective_model(latency_model: int, has_profile: bool) -> int:
+    """The latency regression (1 or 2) a builder runs: model 3 is 2 with a profile (off's
+    residual apart from speculation's) and 1 without (the old prior, which a policy trained
+    on model 1 reads right)."""
+    if latency_model == 3:
+        return 2 if has_profile else 1
+    return latency_model
 #: The features' steps-since-acceptance count before any acceptance was measured (a
 #: stream's first decode record counts from here): see FeatureBuilder.acceptance_age().
 NEVER_MEASURED = 10**6
@@ -106,7 +116,7 @@ class FeatureSpec:
     #: ((depth + 1) x batch), so speculative steps move off's prediction only through the
     #: prior; without a profile the prior ties the speculative terms to off's
     #: (scale-free), so a speculative measurement prices off by the verify tokens
-    #: instead of at the flat fractions above.
+    #: instead of at the flat fractions above. 3: 2 where a profile is handed, 1 where not.
     latency_model: int = 1
     #: latency_model 2, no profile: the prior's batch slope of off per 64 requests, as a
     #: fraction of off's level (each further verify token costs as much as one of off's).
@@ -259,6 +269,8 @@ class FeatureBuilder:
         self.spec = spec or FeatureSpec()
         self._per_sample = 1.0 / self.spec.cost_confidence_samples
         self.cost_prior = cost_prior
+        #: The latency regression this builder runs (effective_model: per spec and profile).
+        self._model = effective_model(self.spec.latency_model, cost_prior is not None)
         self._layout = _layout(self.spec)
         # Depth first, shape (depth + 1, 1, 1): see _latency_predictions(). These and the
         # design cache depend on the spec and the profile only: kept across resets.
@@ -403,7 +415,7 @@ class FeatureBuilder:
             # The regression's sufficient statistics in one matrix, [x, y] [x, y]^T with
             # y the residual: X'X is its top-left 7 x 7 block, X'y its last column.
             # Folded (moments * forget + z z^T, record by record) when next read.
-            self._pending.append(_regressor_row(spec.latency_model, batch, steps,
+            self._pending.append(_regressor_row(self._model, batch, steps,
                                                 record.kv_used_tokens, residual_ms))
             self._theta = None
             if self._latency_ms_ema is None:
@@ -477,7 +489,7 @@ class FeatureBuilder:
             s = self._speculating[:, :, 0] + 0.0 * batches
             m = self._extra_drafts[:, :, 0] + 0.0 * batches
             s, m = s.ravel(), m.ravel()
-            if self.spec.latency_model == 1:
+            if self._model == 1:
                 design = np.stack([np.ones_like(b), b, s, s * b, m, m * b], axis=-1)
             else:  # as _regressor_row's model 2; its KV terms: _latency_predictions()
                 o, v = 1.0 - s, (depths.ravel() + 1) * b
@@ -634,7 +646,6 @@ class _Layout:
         self.ridge_eye = spec.latency_ridge * np.eye(7)
         self.prior_fractions = np.array([1.0, 0.0, spec.speculation_prior_fraction, 0.0,
                                          spec.draft_step_prior_fraction, 0.0, 0.0])
-        self.latency_model = spec.latency_model
         # latency_model 2 without a profile: the prior's precision (X'X's addend) and its
         # right-hand side per unit of level, (ridge Q'WQ, ridge W Q'c) of the penalties
         # W (Q theta - c level)^2 (see _prior_ties); with a profile (the residual's prior 0)
@@ -729,7 +740,7 @@ def _latency_predictions(builders: Sequence[FeatureBuilder], batch_sizes: np.nda
         precision = layout.ridge_eye
         if first.cost_prior is None:  # else: the residual over the profile, none expected
             level = base_ms if len(stale) == len(builders) else base_ms[stale]
-            if layout.latency_model == 1:
+            if first._model == 1:
                 # The observed level at depth 0, fixed fractions of it for speculating.
                 rhs = rhs + (level[:, None] * layout.prior_fractions) * layout.ridge
             else:  # speculation's terms tied to off's (see _prior_ties)
@@ -756,7 +767,7 @@ def _latency_predictions(builders: Sequence[FeatureBuilder], batch_sizes: np.nda
         predicted = np.matmul(design, thetas[:, :6, None]).reshape(n, depths, rows)
         predicted = predicted.transpose(1, 0, 2)
     kv = kv_tokens[:, None]
-    if layout.latency_model == 1:
+    if first._model == 1:
         predicted += thetas[:, 6:7] * (kv / 1e5)
     else:  # off's KV term at depth 0, speculation's at the others
         predicted[:1] += thetas[:, 5:6] * (kv / 1e5)

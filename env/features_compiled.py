@@ -27,7 +27,14 @@ import math
 import numpy as np
 from numba import njit
 
-from env.features import NEVER_MEASURED, FeatureBuilder, FeatureSpec, _Batch, _layout
+from env.features import (
+    NEVER_MEASURED,
+    FeatureBuilder,
+    FeatureSpec,
+    _Batch,
+    _layout,
+    effective_model,
+)
 
 # -- the state vector -----------------------------------------------------------------
 # Scalars first, then per-depth arrays whose offsets follow from max_depth (D):
@@ -62,15 +69,16 @@ _offsets_jit = njit(cache=True)(_offsets)
 
 
 @functools.lru_cache(maxsize=16)
-def _params(spec: FeatureSpec) -> np.ndarray:
-    """The spec's estimator settings and the vector layout, as one float64 array."""
+def _params(spec: FeatureSpec, has_profile: bool = False) -> np.ndarray:
+    """The spec's estimator settings and the vector layout, as one float64 array (the latency
+    model the one a builder with or without a profile runs: features.effective_model)."""
     layout = _layout(spec)
     head = np.array([
         spec.max_depth, spec.ema_alpha, spec.accept_decay, spec.latency_forgetting,
         spec.latency_ridge, spec.accept_prior_strength, spec.accept_prior_first,
         1.0 / spec.cost_confidence_samples, spec.speculation_prior_fraction,
         spec.draft_step_prior_fraction, layout.head, layout.width, 0.0,
-        spec.latency_model, 0.0, 0.0,
+        effective_model(spec.latency_model, has_profile), 0.0, 0.0,
     ])
     return np.concatenate([head, layout.logs.astype(float), layout.mul, layout.div,
                            layout.prior_matrix.ravel(), layout.prior_rhs])
@@ -357,7 +365,7 @@ class CompiledFeatureBuilder(FeatureBuilder):
 
     def reset(self) -> None:
         """Forget all telemetry."""
-        self._params = _params(self.spec)
+        self._params = _params(self.spec, self.cost_prior is not None)
         depth = self.spec.max_depth
         self._offsets = _offsets(depth)
         self._state = np.zeros(self._offsets[-1])

@@ -840,6 +840,22 @@ def test_model_2_without_telemetry_prices_speculation_by_its_verify_tokens():
 
 def test_the_latency_model_is_checked():
     with pytest.raises(ValueError, match="latency_model"):
-        FeatureSpec(latency_model=3)
+        FeatureSpec(latency_model=4)
     assert FeatureSpec.from_dict({"latency_model": 2}).latency_model == 2
     assert FeatureSpec.from_dict({}).latency_model == 1  # a file from before the field
+
+
+@pytest.mark.parametrize("with_profile", [False, True])
+def test_model_3_is_model_2_with_a_profile_and_model_1_without(with_profile):
+    profile = load_profile("h200_llama31_8b") if with_profile else None
+    rng = np.random.default_rng(5)
+    steps = [(int(b), int(d), 0.01 + 0.0003 * int(b) * (1 + int(d)), 1000 * i)
+             for i, (b, d) in enumerate(zip(rng.integers(1, 65, size=200),
+                                            rng.integers(0, 4, size=200), strict=True))]
+    grids = {}
+    for model in (1, 2, 3):
+        builder = FeatureBuilder(FeatureSpec(latency_model=model), profile)
+        _run(builder, steps)
+        grids[model] = builder.observation_grid()
+    np.testing.assert_array_equal(grids[3], grids[2 if with_profile else 1])
+    assert not np.array_equal(grids[1], grids[2])

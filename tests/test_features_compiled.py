@@ -22,7 +22,7 @@ pytest.importorskip("numba")
 PROFILE = load_profile("h200_llama31_8b")
 SPEC = FeatureSpec()
 #: Both latency regressions (FeatureSpec.latency_model): the compiled kernels branch on it.
-SPECS = (SPEC, FeatureSpec(latency_model=2))
+SPECS = (SPEC, FeatureSpec(latency_model=2), FeatureSpec(latency_model=3))
 
 
 @st.composite

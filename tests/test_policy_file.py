@@ -50,7 +50,7 @@ def _write(path, meta_changes: dict | None = None, spec_changes: dict | None = N
     (dict(spec_changes={"cost_confidence_samples": 0.0}), "cost_confidence_samples"),
     (dict(spec_changes={"ema_alpha": float("inf")}), "ema_alpha"),
     (dict(spec_changes={"batch_scale": -1.0}), "batch_scale"),
-    (dict(spec_changes={"latency_model": 3}), "latency_model"),
+    (dict(spec_changes={"latency_model": 4}), "latency_model"),
     (dict(spec_changes={"latency_model": 2.0}), "latency_model"),
     (dict(spec_changes={"level_prior_weight": 0.0}), "level_prior_weight"),
     (dict(spec_changes={"token_prior_fraction": -0.5}), "token_prior_fraction"),
