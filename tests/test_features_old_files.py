@@ -1,6 +1,6 @@
-"""A policy file written before ``FeatureSpec.latency_model`` existed (the shipped
-``default_policy.npz`` of the seventh session) loads as latency model 1 and its features
-compute as the code before the twelfth session computed them.
+"""A policy file written before ``FeatureSpec.latency_model`` existed (the seventh session's
+``778dd34c…``, shipped until the twelfth session and kept in ``docs/results/h200``) loads as
+latency model 1 and its features compute as the code before the twelfth session computed them.
 
 ``tests/data/features_before_latency_model.json`` holds that code's observations of a
 fixed telemetry stream (both backends, with and without a profile); regenerate it only
@@ -24,7 +24,7 @@ from env.sim.cost_model import load_profile
 from env.traces.schema import StepRecord
 
 GOLDEN = Path(__file__).parent / "data" / "features_before_latency_model.json"
-SHIPPED = Path(__file__).parents[1] / "controller" / "data" / "default_policy.npz"
+OLD_FILE = Path(__file__).parents[1] / "docs" / "results" / "h200" / "policy_778dd34c.npz"
 #: The observation points of the stream, and the batch sizes predicted at.
 CHECKPOINTS = (5, 60, 140, 260, 399)
 BATCHES = (1, 16, 64, 300)
@@ -69,18 +69,13 @@ def _cases() -> list[tuple[str, bool]]:
             for with_profile in (False, True)]
 
 
-def _spec_of_the_shipped_file() -> FeatureSpec:
+def test_an_old_file_predates_the_field_and_loads_as_model_1():
     from controller.policy_file import ExportedPolicy
 
-    return ExportedPolicy.load(SHIPPED).feature_spec
-
-
-def test_the_shipped_file_predates_the_field_and_loads_as_model_1():
-    with np.load(SHIPPED) as archive:
+    with np.load(OLD_FILE) as archive:
         stored = json.loads(archive["meta"].tobytes())["feature_spec"]
-    if "latency_model" in stored:
-        pytest.skip("the shipped policy file names its latency model")
-    spec = _spec_of_the_shipped_file()
+    assert "latency_model" not in stored
+    spec = ExportedPolicy.load(OLD_FILE).feature_spec
     assert spec.latency_model == 1
     assert spec == FeatureSpec()  # the defaults are the old features
 
