@@ -25,7 +25,10 @@ The observation holds only what a server can know online:
   server's cost profile when one is configured (fitted offline from the
   server's own recorded trace, see ``specctl-fit-profile``), plus a ridge
   regression of the observed residual on (batch size, speculation on, extra
-  draft steps, KV tokens) with exponential forgetting. Without a profile the
+  draft steps, KV tokens) with exponential forgetting (``FeatureSpec.latency_model``
+  2 gives off its own level, batch slope and KV term, so a speculative run cannot move
+  off's price; 3, the shipped policy's since the twelfth session, does so where a
+  profile is handed). Without a profile the
   regression models the whole latency from a generic prior: then the cost of a
   depth the server has not run recently is a guess (chain telemetry cannot
   show the cost of a depth that is never used), which is why serving with a
