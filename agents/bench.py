@@ -52,14 +52,14 @@ def run_cell(settings: Mapping[str, Any], policy_name: str, concurrency: int) ->
     workload = make_closed_loop(settings["workload"], concurrency,
                                 settings.get("requests_per_client"), profile)
     sim = Simulator(profile, acceptance, workload, config, seed=int(settings["seed"]))
-    loop = DecisionLoop(sim, FeatureSpec(max_depth=max_depth),
+    policy = make_policy(policy_name, profile=profile, max_depth=max_depth,
+                         policy_path=settings.get("policy_path"),
+                         sim_config=config)
+    loop = DecisionLoop(sim, policy.feature_spec(FeatureSpec(max_depth=max_depth)),
                         feedback_lag=int(settings["feedback_lag"]),
                         horizon_s=settings.get("horizon_s"),
                         cost_prior=profile if settings.get("cost_prior", "profile") == "profile"
                         else None)
-    policy = make_policy(policy_name, profile=profile, max_depth=max_depth,
-                         policy_path=settings.get("policy_path"),
-                         sim_config=config)
     return rollout(loop, policy, seed=int(settings["seed"]))
 
 

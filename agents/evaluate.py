@@ -95,15 +95,15 @@ def _run_scenario(env_json: str, windows: int, seed: int, modes: tuple[str, ...]
     sim = Simulator(scenario.profile, scenario.acceptance, scenario.workload, scenario.config,
                     seed=scenario.seed)
     slo = env.get("slo_tpot_ms")
-    loop = DecisionLoop(sim, FeatureSpec(max_depth=int(env["max_depth"])),
-                        feedback_lag=int(env["feedback_lag"]), horizon_s=scenario.horizon_s,
-                        slo_tpot_s=None if slo is None else slo / 1e3,
-                        cost_prior=scenario.prior)
     # goodput_greedy works from the profile the controller is handed; only the
     # oracle (and the kick-start teacher) see the true costs.
     profile = scenario.profile if policy_name == "oracle" else scenario.prior
     policy = make_policy(policy_name, profile=profile, max_depth=int(env["max_depth"]),
                          policy_path=policy_path, sim_config=scenario.config)
+    loop = DecisionLoop(sim, policy.feature_spec(FeatureSpec(max_depth=int(env["max_depth"]))),
+                        feedback_lag=int(env["feedback_lag"]), horizon_s=scenario.horizon_s,
+                        slo_tpot_s=None if slo is None else slo / 1e3,
+                        cost_prior=scenario.prior)
     result = rollout(loop, policy, seed=scenario.seed).as_dict()
     result["scenario"] = scenario.label
     return result

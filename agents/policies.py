@@ -76,6 +76,11 @@ class Policy(ABC):
     def act(self, obs: Observation) -> int:
         """Steps for the decode step described by ``obs``."""
 
+    def feature_spec(self, default: FeatureSpec) -> FeatureSpec:
+        """The features this policy must be fed: ``default`` (the environment's), except
+        for a trained policy, whose file fixes its own (e.g. its latency model)."""
+        return default
+
 
 class StaticPolicy(Policy):
     """Always the same depth (0 = no speculation)."""
@@ -592,6 +597,9 @@ class ExportedPolicyAdapter(Policy):
         self.guard = exported.guard if guard is None else guard
         self._columns = guard_columns(exported.feature_spec)
         self._actions = np.asarray(exported.actions)
+
+    def feature_spec(self, default: FeatureSpec) -> FeatureSpec:
+        return self.exported.feature_spec
 
     def act(self, obs: Observation) -> int:
         vector = obs.vector.reshape(1, -1)

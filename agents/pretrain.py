@@ -44,7 +44,6 @@ from tqdm.auto import tqdm
 from agents.export import export_ppo
 from agents.policies import make_policy
 from controller.policy_file import ExportedPolicy
-from env.features import FeatureSpec
 from env.spec_env import SpecDecodeEnv
 
 log = logging.getLogger(__name__)
@@ -77,9 +76,8 @@ def collect(env_cfg: dict[str, Any], teacher: str, steps: int, gamma: float, see
     The teacher acts, or the ``student`` (its deterministic action, through the
     numpy export, which is much faster than ``model.predict`` per step) when given.
     """
-    student_act = None if student is None else export_ppo(student, FeatureSpec(
-        max_depth=int(env_cfg.get("max_depth", 7)))).act
     env = SpecDecodeEnv(env_cfg, split="train")
+    student_act = None if student is None else export_ppo(student, env.feature_spec).act
     observations, actions, rewards, ends, durations, disagree = [], [], [], [], [], []
     positions: list[int] = []
     position = 0

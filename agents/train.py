@@ -55,7 +55,7 @@ from env.features import FeatureSpec
 from env.rollout import DecisionLoop, rollout
 from env.scenarios import ScenarioSampler
 from env.sim.simulator import Simulator
-from env.spec_env import SpecDecodeEnv
+from env.spec_env import SpecDecodeEnv, env_feature_spec
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,8 @@ def load_initial_policy(model: PPO, path: str | Path, spec: FeatureSpec) -> Expo
     or a stable-baselines3 ``model.zip`` that ``specctl-train`` saved (actor and
     critic). Returns the actor as an exported policy (what a warm-started kick-start
     anchors to). The network must be built as the file's was (``agent.net_arch``,
-    ``agent.activation``), and a policy file's observations must be ``spec``'s.
+    ``agent.activation``), and a policy file's observation vector laid out as ``spec``'s
+    (its estimators may differ, e.g. ``env.features.latency_model``).
     """
     path = Path(path)
     if path.suffix == ".zip":
@@ -96,9 +97,14 @@ def load_initial_policy(model: PPO, path: str | Path, spec: FeatureSpec) -> Expo
                              f"(agent.net_arch, agent.activation): {exc}") from exc
     else:
         exported = ExportedPolicy.load(path)
-        if exported.feature_spec != spec:
+        if exported.feature_spec.names() != spec.names():
             raise ValueError(f"{path}: its observations are {exported.feature_spec}, "
                              f"training's are {spec}")
+        if exported.feature_spec != spec:
+            # The same vector, computed otherwise (e.g. another latency model): the
+            # weights are a starting point the kick-start's rounds adapt.
+            log.info("%s: observations computed as %s, training's as %s", path,
+                     exported.feature_spec, spec)
         load_exported(model, exported, source=str(path))
     return export_ppo(model, spec)
 
@@ -133,7 +139,7 @@ def train(cfg: DictConfig, out_dir: Path) -> tuple[Path, float | None]:
     started = time.perf_counter()
     score = None
     pretrain = agent.pretrain
-    spec = FeatureSpec(max_depth=int(env_cfg["max_depth"]))
+    spec = env_feature_spec(env_cfg)
     kickstart_stats, kickstarted, kickstarted_state = None, None, None
     initial = None
     if agent.get("init_policy"):

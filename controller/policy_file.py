@@ -318,6 +318,8 @@ _SPEC_RANGES = (
     ("latency_ridge", 0.0, 1e9, True),
     ("speculation_prior_fraction", 0.0, 1e3, False),
     ("draft_step_prior_fraction", 0.0, 1e3, False),
+    ("token_prior_fraction", 0.0, 1e3, False),
+    ("level_prior_weight", 0.0, 1e9, True),  # 0: the no-profile prior has no scale
     ("cost_confidence_samples", 0.0, 1e9, True),  # divides: must be > 0
     ("batch_scale", 0.0, 1e12, True),
     ("waiting_scale", 0.0, 1e12, True),

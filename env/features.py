@@ -25,7 +25,10 @@ The observation holds only what a server can know online:
   server's cost profile when one is configured (fitted offline from the
   server's own recorded trace, see ``specctl-fit-profile``), plus a ridge
   regression of the observed residual on (batch size, speculation on, extra
-  draft steps, KV tokens) with exponential forgetting. Without a profile the
+  draft steps, KV tokens) with exponential forgetting (``FeatureSpec.latency_model``
+  2 gives off its own level, batch slope and KV term, so a speculative run cannot move
+  off's price; 3, the shipped policy's since the twelfth session, does so where a
+  profile is handed). Without a profile the
   regression models the whole latency from a generic prior: then the cost of a
   depth the server has not run recently is a guess (chain telemetry cannot
   show the cost of a depth that is never used), which is why serving with a
@@ -66,6 +69,19 @@ from env.traces.schema import StepRecord
 #: unmeasured depth from one measured a few steps ago (log1p(samples) / log1p(1e4) put
 #: both near 0, so a policy could not learn to measure a depth before trusting it).
 FEATURE_VERSION = 3
+#: FeatureSpec.latency_model's values: 1 the shared regression (an absent field: a policy
+#: file written before the twelfth session computes as it did), 2 off's own level and slope,
+#: 3 model 2 where a cost profile is handed and model 1 where none is (see effective_model).
+LATENCY_MODELS = frozenset({1, 2, 3})
+
+
+def effective_model(latency_model: int, has_profile: bool) -> int:
+    """The latency regression (1 or 2) a builder runs: model 3 is 2 with a profile (off's
+    residual apart from speculation's) and 1 without (the old prior, which a policy trained
+    on model 1 reads right)."""
+    if latency_model == 3:
+        return 2 if has_profile else 1
+    return latency_model
 #: The features' steps-since-acceptance count before any acceptance was measured (a
 #: stream's first decode record counts from here): see FeatureBuilder.acceptance_age().
 NEVER_MEASURED = 10**6
@@ -95,6 +111,23 @@ class FeatureSpec:
     #: further draft step, as fractions of the plain decode step.
     speculation_prior_fraction: float = 0.05
     draft_step_prior_fraction: float = 0.07
+    #: The latency regression's form. 1: off and the speculative depths share the
+    #: intercept, batch slope and KV term (speculating adds to them), so a long
+    #: speculative run moves off's prediction with it; the policies of FEATURE_VERSION 3
+    #: up to the twelfth session. 2 (see :data:`LATENCY_MODELS`): off has its own level,
+    #: batch slope and KV term, and the speculative batch term is per verify token
+    #: ((depth + 1) x batch), so speculative steps move off's prediction only through the
+    #: prior; without a profile the prior ties the speculative terms to off's
+    #: (scale-free), so a speculative measurement prices off by the verify tokens
+    #: instead of at the flat fractions above. 3: 2 where a profile is handed, 1 where not.
+    latency_model: int = 1
+    #: latency_model 2, no profile: the prior's batch slope of off per 64 requests, as a
+    #: fraction of off's level (each further verify token costs as much as one of off's).
+    token_prior_fraction: float = 0.25
+    #: latency_model 2, no profile: the weight (relative to the ties, 1) of the prior
+    #: pulling off's level toward the observed latency level: small, so that the level
+    #: (measured at whatever depth ran) only sets the scale when nothing else does.
+    level_prior_weight: float = 0.01
     #: Recent cost measurements of a depth at which its confidence is 1 - 1/e.
     cost_confidence_samples: float = 2.0
     #: EMA weight for the load and throughput trackers.
@@ -109,6 +142,11 @@ class FeatureSpec:
     batch_grid: tuple[int, ...] = (
         1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024,
     )
+
+    def __post_init__(self) -> None:
+        if type(self.latency_model) is not int or self.latency_model not in LATENCY_MODELS:
+            raise ValueError(f"feature spec field 'latency_model': {self.latency_model!r} is "
+                             f"not one of {sorted(LATENCY_MODELS)}")
 
     def to_dict(self) -> dict:
         """JSON-friendly copy, stored in exported policies."""
@@ -234,6 +272,8 @@ class FeatureBuilder:
         self.spec = spec or FeatureSpec()
         self._per_sample = 1.0 / self.spec.cost_confidence_samples
         self.cost_prior = cost_prior
+        #: The latency regression this builder runs (effective_model: per spec and profile).
+        self._model = effective_model(self.spec.latency_model, cost_prior is not None)
         self._layout = _layout(self.spec)
         # Depth first, shape (depth + 1, 1, 1): see _latency_predictions(). These and the
         # design cache depend on the spec and the profile only: kept across resets.
@@ -270,7 +310,9 @@ class FeatureBuilder:
         # Latency regression on x = [1, b, s, s*b, m, m*b, kv] with b = batch/64,
         # s = 1 if speculating, m = draft forwards beyond the first (depth - 1),
         # kv = tokens/1e5: the cost model's structure (verify + extend switch on
-        # with speculation; each further depth adds a draft forward). Its sufficient
+        # with speculation; each further depth adds a draft forward). latency_model 2:
+        # x = [o, o*b, s, s*v, m, o*kv, s*kv] with o = 1 - s and v = (depth + 1) * b, the
+        # verify tokens (see _regressor_row). Its sufficient
         # statistics X'X and X'y live in one 8 x 8 matrix (see update()); the records'
         # regressors are folded into it when it is next read (_fold_moments), batched
         # across the streams of a poll.
@@ -376,8 +418,8 @@ class FeatureBuilder:
             # The regression's sufficient statistics in one matrix, [x, y] [x, y]^T with
             # y the residual: X'X is its top-left 7 x 7 block, X'y its last column.
             # Folded (moments * forget + z z^T, record by record) when next read.
-            self._pending.append(self._regressors(batch, steps, record.kv_used_tokens,
-                                                  residual_ms))
+            self._pending.append(_regressor_row(self._model, batch, steps,
+                                                record.kv_used_tokens, residual_ms))
             self._theta = None
             if self._latency_ms_ema is None:
                 self._latency_ms_ema = latency_ms
@@ -450,7 +492,11 @@ class FeatureBuilder:
             s = self._speculating[:, :, 0] + 0.0 * batches
             m = self._extra_drafts[:, :, 0] + 0.0 * batches
             s, m = s.ravel(), m.ravel()
-            design = np.stack([np.ones_like(b), b, s, s * b, m, m * b], axis=-1)
+            if self._model == 1:
+                design = np.stack([np.ones_like(b), b, s, s * b, m, m * b], axis=-1)
+            else:  # as _regressor_row's model 2; its KV terms: _latency_predictions()
+                o, v = 1.0 - s, (depths.ravel() + 1) * b
+                design = np.stack([o, o * b, s, s * v, m, 0.0 * b], axis=-1)
             prior = None
             if self.cost_prior is not None:
                 flat_b, flat_d = batches.ravel(), depths.ravel()
@@ -519,13 +565,21 @@ class FeatureBuilder:
             10.0 if self._latency_ms_ema is None else self._latency_ms_ema, *expected,
         ]
 
-    @staticmethod
-    def _regressors(batch_size: int, steps: int, kv_tokens: int,
-                    residual_ms: float) -> list[float]:
-        b = batch_size / 64.0
-        s = 1.0 if steps > 0 else 0.0
-        m = float(max(steps - 1, 0))
+
+
+def _regressor_row(model: int, batch_size: int, steps: int, kv_tokens: int,
+                   residual_ms: float) -> list[float]:
+    """One decode step's row [x, y] of the latency regression (see FeatureBuilder.reset):
+    model 1 x = [1, b, s, s*b, m, m*b, kv]; model 2 x = [o, o*b, s, s*v, m, o*kv, s*kv],
+    off's terms apart from speculation's, whose batch term counts verify tokens (its span
+    holds model 1's m*b: s*v = 2*s*b + m*b)."""
+    b = batch_size / 64.0
+    s = 1.0 if steps > 0 else 0.0
+    m = float(max(steps - 1, 0))
+    if model == 1:
         return [1.0, b, s, s * b, m, m * b, kv_tokens / 1e5, residual_ms]
+    o, kv = 1.0 - s, kv_tokens / 1e5
+    return [o, o * b, s, s * ((steps + 1) * b), m, o * kv, s * kv, residual_ms]
 
 
 def observation_grids(builders: Sequence[FeatureBuilder]) -> np.ndarray:
@@ -595,6 +649,13 @@ class _Layout:
         self.ridge_eye = spec.latency_ridge * np.eye(7)
         self.prior_fractions = np.array([1.0, 0.0, spec.speculation_prior_fraction, 0.0,
                                          spec.draft_step_prior_fraction, 0.0, 0.0])
+        # latency_model 2 without a profile: the prior's precision (X'X's addend) and its
+        # right-hand side per unit of level, (ridge Q'WQ, ridge W Q'c) of the penalties
+        # W (Q theta - c level)^2 (see _prior_ties); with a profile (the residual's prior 0)
+        # and in model 1: ridge_eye.
+        ties, weights = _prior_ties(spec)
+        self.prior_matrix = spec.latency_ridge * (ties.T * weights) @ ties
+        self.prior_rhs = spec.latency_ridge * spec.level_prior_weight * ties[0]
         #: The spec's batch grid as an array: one object, so a builder can know it by
         #: identity (env.features_compiled caches its inputs so). Read only.
         self.grid = np.asarray(spec.batch_grid)
@@ -679,18 +740,23 @@ def _latency_predictions(builders: Sequence[FeatureBuilder], batch_sizes: np.nda
     if stale:  # one batched 7 x 7 solve for every stream that saw telemetry
         moments = _fold_moments([builders[i] for i in stale])
         rhs = moments[:, :7, 7]
+        precision = layout.ridge_eye
         if first.cost_prior is None:  # else: the residual over the profile, none expected
-            # The observed level at depth 0, fixed fractions of it for speculating.
             level = base_ms if len(stale) == len(builders) else base_ms[stale]
-            rhs = rhs + (level[:, None] * layout.prior_fractions) * layout.ridge
-        thetas = np.linalg.solve(moments[:, :7, :7] + layout.ridge_eye, rhs[:, :, None])[..., 0]
+            if first._model == 1:
+                # The observed level at depth 0, fixed fractions of it for speculating.
+                rhs = rhs + (level[:, None] * layout.prior_fractions) * layout.ridge
+            else:  # speculation's terms tied to off's (see _prior_ties)
+                rhs = rhs + level[:, None] * layout.prior_rhs
+                precision = layout.prior_matrix
+        thetas = np.linalg.solve(moments[:, :7, :7] + precision, rhs[:, :, None])[..., 0]
         for i, theta in zip(stale, thetas, strict=True):
             builders[i]._theta = theta
         if len(stale) < len(builders):
             thetas = _stack([b._theta for b in builders])
     else:
         thetas = _stack([b._theta for b in builders])
-    # The regression x = [1, b, s, s*b, m, m*b, kv] (see reset()): one matrix-vector
+    # The regression x = [1, b, s, s*b, m, m*b, kv] (model 2: see reset()): one matrix-vector
     # product per stream, never one product for all of them (its rounding could then
     # depend on how many streams are stacked: batching must be invisible), depth first.
     # A stacked matmul makes exactly those products, one per stream, in one call (bit for
@@ -704,7 +770,11 @@ def _latency_predictions(builders: Sequence[FeatureBuilder], batch_sizes: np.nda
         predicted = np.matmul(design, thetas[:, :6, None]).reshape(n, depths, rows)
         predicted = predicted.transpose(1, 0, 2)
     kv = kv_tokens[:, None]
-    predicted += thetas[:, 6:7] * (kv / 1e5)
+    if first._model == 1:
+        predicted += thetas[:, 6:7] * (kv / 1e5)
+    else:  # off's KV term at depth 0, speculation's at the others
+        predicted[:1] += thetas[:, 5:6] * (kv / 1e5)
+        predicted[1:] += thetas[:, 6:7] * (kv / 1e5)
     if prior is not None:
         at0, slope = prior
         predicted += at0 + slope * kv
@@ -804,6 +874,28 @@ def resolve_backend(backend: str | None = None) -> str:
         raise ValueError("feature backend 'compiled' needs numba, which is not installed "
                          "(pip install numba, or choose 'numpy')")
     return chosen
+
+
+def _prior_ties(spec: FeatureSpec) -> tuple[np.ndarray, np.ndarray]:
+    """latency_model 2's prior without a profile, as rows Q and weights W of the penalties
+    ``W (Q theta - c level)^2`` on theta = [o, o*b, s, s*v, m, o*kv, s*kv] (c: 1 in the
+    first row, else 0): off's level at the observed one (weakly: it sets the scale only
+    when nothing measured does), its slope per 64 requests ``token_prior_fraction`` of its
+    level, speculating's level off's plus ``speculation_prior_fraction``, its slope per
+    64 verify tokens off's per 64 tokens, each further draft step
+    ``draft_step_prior_fraction`` of off's level, off's KV term 0 (model 1's prior) and
+    speculating's off's. Every row but the first and the sixth ties speculation's terms
+    to off's: scale-free, so a measured depth prices off (and the other depths) by its
+    verify tokens, and a measured off prices the depths."""
+    ties = np.eye(7)
+    ties[1, 0] = -spec.token_prior_fraction
+    ties[2, 0] = -(1.0 + spec.speculation_prior_fraction)
+    ties[3, 1] = -1.0
+    ties[4, 0] = -spec.draft_step_prior_fraction
+    ties[6, 5] = -1.0
+    weights = np.ones(7)
+    weights[0] = spec.level_prior_weight
+    return ties, weights
 
 
 @functools.lru_cache(maxsize=16)

@@ -27,7 +27,14 @@ import math
 import numpy as np
 from numba import njit
 
-from env.features import NEVER_MEASURED, FeatureBuilder, FeatureSpec, _Batch, _layout
+from env.features import (
+    NEVER_MEASURED,
+    FeatureBuilder,
+    FeatureSpec,
+    _Batch,
+    _layout,
+    effective_model,
+)
 
 # -- the state vector -----------------------------------------------------------------
 # Scalars first, then per-depth arrays whose offsets follow from max_depth (D):
@@ -43,8 +50,9 @@ _SCALARS = 16
 # -- the parameter vector (per spec; see _params) ---------------------------------------
 _P_DEPTH, _P_ALPHA, _P_DECAY, _P_FORGET, _P_RIDGE = 0, 1, 2, 3, 4
 _P_STRENGTH, _P_PRIOR_FIRST, _P_PER_SAMPLE, _P_SPEC_FRACTION, _P_DRAFT_FRACTION = 5, 6, 7, 8, 9
-_P_HEAD, _P_WIDTH, _P_LOG_THROUGHPUT_AT = 10, 11, 12
-_P_LAYOUT = 16  # then the layout's logs, mul, div (width each)
+_P_HEAD, _P_WIDTH, _P_LOG_THROUGHPUT_AT, _P_MODEL = 10, 11, 12, 13
+_P_LAYOUT = 16  # then the layout's logs, mul, div (width each), then (latency_model 2)
+# the no-profile prior's precision (7 x 7) and right-hand side (7): see _prior_at
 
 
 def _offsets(depth: int) -> tuple[int, int, int, int, int, int]:
@@ -61,16 +69,26 @@ _offsets_jit = njit(cache=True)(_offsets)
 
 
 @functools.lru_cache(maxsize=16)
-def _params(spec: FeatureSpec) -> np.ndarray:
-    """The spec's estimator settings and the vector layout, as one float64 array."""
+def _params(spec: FeatureSpec, has_profile: bool = False) -> np.ndarray:
+    """The spec's estimator settings and the vector layout, as one float64 array (the latency
+    model the one a builder with or without a profile runs: features.effective_model)."""
     layout = _layout(spec)
     head = np.array([
         spec.max_depth, spec.ema_alpha, spec.accept_decay, spec.latency_forgetting,
         spec.latency_ridge, spec.accept_prior_strength, spec.accept_prior_first,
         1.0 / spec.cost_confidence_samples, spec.speculation_prior_fraction,
-        spec.draft_step_prior_fraction, layout.head, layout.width, 0.0, 0.0, 0.0, 0.0,
+        spec.draft_step_prior_fraction, layout.head, layout.width, 0.0,
+        effective_model(spec.latency_model, has_profile), 0.0, 0.0,
     ])
-    return np.concatenate([head, layout.logs.astype(float), layout.mul, layout.div])
+    return np.concatenate([head, layout.logs.astype(float), layout.mul, layout.div,
+                           layout.prior_matrix.ravel(), layout.prior_rhs])
+
+
+@njit(cache=True)
+def _prior_at(params):
+    """Where the no-profile prior's precision (then its right-hand side) starts in
+    ``params`` (latency_model 2)."""
+    return _P_LAYOUT + 3 * int(params[_P_WIDTH])
 
 
 # -- kernels --------------------------------------------------------------------------
@@ -98,12 +116,21 @@ def _solve(state, params, has_prior):
     _, _, _, mom, theta, _ = _offsets_jit(depth)
     ridge = params[_P_RIDGE]
     a = np.empty((7, 8))
+    tied = params[_P_MODEL] == 2.0 and not has_prior
     for i in range(7):
         for j in range(7):
             a[i, j] = state[mom + 8 * i + j]
-        a[i, i] = a[i, i] + ridge
+        if not tied:
+            a[i, i] = a[i, i] + ridge
         a[i, 7] = state[mom + 8 * i + 7]
-    if not has_prior:  # the observed level at depth 0, fixed fractions of it speculating
+    if tied:  # latency_model 2: speculation's terms tied to off's (features._prior_ties)
+        at = _prior_at(params)
+        level = state[_LATENCY_EMA] if state[_HAS_LATENCY] else 10.0
+        for i in range(7):
+            for j in range(7):
+                a[i, j] = a[i, j] + params[at + 7 * i + j]
+            a[i, 7] = a[i, 7] + level * params[at + 49 + i]
+    elif not has_prior:  # the observed level at depth 0, fixed fractions of it speculating
         level = state[_LATENCY_EMA] if state[_HAS_LATENCY] else 10.0
         a[0, 7] = a[0, 7] + (level * 1.0) * ridge
         a[2, 7] = a[2, 7] + (level * params[_P_SPEC_FRACTION]) * ridge
@@ -193,8 +220,13 @@ def _fold(state, params, has_prior, is_decode, batch_size, waiting, kv_tokens, k
         b = batch / 64.0
         s = 1.0 if steps > 0 else 0.0
         m = float(max(steps - 1, 0))
-        z[0], z[1], z[2], z[3] = 1.0, b, s, s * b
-        z[4], z[5], z[6], z[7] = m, m * b, kv_tokens / 1e5, residual_ms
+        if params[_P_MODEL] == 1.0:
+            z[0], z[1], z[2], z[3] = 1.0, b, s, s * b
+            z[4], z[5], z[6], z[7] = m, m * b, kv_tokens / 1e5, residual_ms
+        else:  # features._regressor_row's model 2: off apart, verify tokens
+            o, kv = 1.0 - s, kv_tokens / 1e5
+            z[0], z[1], z[2], z[3] = o, o * b, s, s * ((steps + 1) * b)
+            z[4], z[5], z[6], z[7] = m, o * kv, s * kv, residual_ms
         for i in range(8):
             for j in range(8):
                 k = mom + 8 * i + j
@@ -242,6 +274,7 @@ def _grids(states, params, has_prior, design, at0, slope, column0, out, latency,
     mul = params[_P_LAYOUT + width:_P_LAYOUT + 2 * width]
     div = params[_P_LAYOUT + 2 * width:_P_LAYOUT + 3 * width]
     strength, per_sample = params[_P_STRENGTH], params[_P_PER_SAMPLE]
+    split = params[_P_MODEL] == 2.0
     rows = column0.shape[0]
     entries = np.empty(width)
     log_tokens = np.empty(depth + 1)
@@ -293,7 +326,9 @@ def _grids(states, params, has_prior, design, at0, slope, column0, out, latency,
                 value = design[i, 0] * state[theta]
                 for j in range(1, 6):
                     value += design[i, j] * state[theta + j]
-                value += state[theta + 6] * (kv / 1e5)
+                # model 2: off's KV term at depth 0 (features._latency_predictions)
+                kv_at = 5 if split and d == 0 else 6
+                value += state[theta + kv_at] * (kv / 1e5)
                 if has_prior:
                     value += at0[d, 0, r] + slope[d, 0, r] * kv
                 running = _maximum(running, _maximum(value, floor))
@@ -330,7 +365,7 @@ class CompiledFeatureBuilder(FeatureBuilder):
 
     def reset(self) -> None:
         """Forget all telemetry."""
-        self._params = _params(self.spec)
+        self._params = _params(self.spec, self.cost_prior is not None)
         depth = self.spec.max_depth
         self._offsets = _offsets(depth)
         self._state = np.zeros(self._offsets[-1])

@@ -18,6 +18,18 @@ from env.rollout import DecisionLoop
 from env.scenarios import Scenario, ScenarioSampler
 from env.sim.simulator import Simulator
 
+
+def env_feature_spec(cfg: Mapping[str, Any]) -> FeatureSpec:
+    """The observation an environment config trains on: ``max_depth``'s default features,
+    with the optional ``features`` section's settings (e.g. ``{latency_model: 2}``; the
+    policy file exported from the run carries them)."""
+    overrides = dict(cfg.get("features") or {})
+    try:
+        return FeatureSpec(max_depth=int(cfg["max_depth"]), **overrides)
+    except TypeError as exc:  # an unknown field
+        raise ValueError(f"env.features: {exc}") from None
+
+
 #: A small, fast default: one profile, two workloads, light to overloaded.
 DEFAULT_CONFIG: dict[str, Any] = {
     "max_depth": 7,
@@ -99,7 +111,7 @@ class SpecDecodeEnv(gym.Env):
         self.cfg = cfg
         self.sampler = ScenarioSampler(cfg, split=split)
         self.max_depth = int(cfg["max_depth"])
-        self.feature_spec = FeatureSpec(max_depth=self.max_depth)
+        self.feature_spec = env_feature_spec(cfg)
         self.feedback_lag = int(cfg["feedback_lag"])
         self.tau = float(cfg["reward_time_scale_s"])
         slo = cfg.get("slo_tpot_ms")

@@ -276,3 +276,14 @@ def test_a_scenario_without_throughput_is_redrawn_a_hundred_times_then_refused(m
     assert len(calls) == 100
     assert str(info.value) == ("100 scenarios in a row had nothing to decode; check the env "
                                "config")
+
+
+def test_the_env_config_s_features_section_sets_the_observation_s_estimators():
+    from env.spec_env import DEFAULT_CONFIG, env_feature_spec
+
+    assert env_feature_spec(DEFAULT_CONFIG) == FeatureSpec()
+    spec = env_feature_spec({**DEFAULT_CONFIG, "features": {"latency_model": 2}})
+    assert spec == FeatureSpec(latency_model=2)
+    assert SpecDecodeEnv({"features": {"latency_model": 2}}).feature_spec == spec
+    with pytest.raises(ValueError, match=r"env\.features"):
+        env_feature_spec({**DEFAULT_CONFIG, "features": {"colour": 1}})

@@ -753,3 +753,109 @@ def test_the_layouts_batch_grid_is_read_only():
     assert list(grid) == list(FeatureSpec().batch_grid)
     with pytest.raises(ValueError, match="read-only"):
         grid[0] = 3
+
+
+# -- latency_model 2: off's own level, batch slope and KV term (twelfth session) --------
+
+
+def _run(builder: FeatureBuilder, steps, first: int = 0) -> int:
+    """Feed (batch, depth, latency_s, kv) steps; returns the next step index."""
+    for i, (batch, depth, latency, kv) in enumerate(steps, start=first):
+        builder.update(_step(i, depth, [0] * batch if depth else [], batch=batch,
+                             latency=latency, kv_used_tokens=kv))
+    return first + len(steps)
+
+
+@pytest.mark.parametrize("with_profile", [False, True])
+def test_model_2_speculative_steps_leave_off_s_prediction_alone(with_profile):
+    """Off measured at batches 8-64, then 400 depth-2 steps: with a profile, however slow
+    they are, off's prediction is the same (model 2), without one they move it only
+    through the prior's ties (less); in model 1 they move it (the eleventh session's cause 2: a
+    long speculative run moved off's prediction with it)."""
+    profile = load_profile("h200_llama31_8b") if with_profile else None
+    rng = np.random.default_rng(3)
+    off = [(int(b), 0, 0.010 + 0.0002 * int(b), 40_000 + 100 * i)
+           for i, b in enumerate(rng.integers(8, 65, size=60))]
+    spec_steps = [(int(b), 2, 0.0, 50_000 + 100 * i)
+                  for i, b in enumerate(rng.integers(8, 65, size=400))]
+    predictions = {}
+    for model in (1, 2):
+        for slow in (1.0, 3.0):
+            builder = FeatureBuilder(FeatureSpec(latency_model=model), profile)
+            at = _run(builder, off)
+            _run(builder, [(b, d, slow * (0.02 + 0.001 * b), kv)
+                           for b, d, _, kv in spec_steps], at)
+            predictions[model, slow] = builder.latency_predictions_s(np.array([16, 64]))
+    moved = {model: predictions[model, 3.0][:, 0] / predictions[model, 1.0][:, 0]
+             for model in (1, 2)}
+    if with_profile:  # the residual's prior is 0 for every term: nothing ties them
+        np.testing.assert_allclose(moved[2], 1.0, rtol=1e-12)
+    else:  # only through the prior's ties (weight latency_ridge against off's decayed
+        # steps: here off's batch slope, which its 60 steps pin down least, moves by ~20%)
+        assert (abs(moved[2] - 1.0) < 0.3).all(), moved
+    # the speculative depth's own prediction follows its steps (3x slower)
+    assert (predictions[2, 3.0][:, 2] > 2.5 * predictions[2, 1.0][:, 2]).all()
+    assert (abs(moved[1] - 1.0) > 0.15).all(), moved
+
+
+def _tied_server_ms(batch: int, depth: int) -> float:
+    """A server whose costs follow model 2's prior ties exactly: off 8 ms + 2 ms per 64
+    requests (token_prior_fraction 0.25), speculating +5 %, 2 ms per 64 verify tokens,
+    +7 % of off's level per further draft step."""
+    b, m = batch / 64, max(depth - 1, 0)
+    if depth == 0:
+        return 8.0 + 2.0 * b
+    return 8.0 * 1.05 + 2.0 * (depth + 1) * b + 0.07 * 8.0 * m
+
+
+def test_model_2_prices_off_from_a_speculative_run_by_its_verify_tokens():
+    """No profile, only depth 3 measured (at batches 8-64): off's price follows from the
+    ties (the verify tokens), where model 1 prices off at the run's level less 5 % and
+    the draft steps' 7 %s."""
+    rng = np.random.default_rng(4)
+    steps = [(int(b), 3, _tied_server_ms(int(b), 3) / 1e3, 0)
+             for b in rng.integers(8, 65, size=300)]
+    truth = np.array([[_tied_server_ms(b, d) for d in range(8)] for b in (16, 64)]) / 1e3
+    got = {}
+    for model in (1, 2):
+        builder = FeatureBuilder(FeatureSpec(latency_model=model))
+        _run(builder, steps)
+        got[model] = builder.latency_predictions_s(np.array([16, 64]))
+    np.testing.assert_allclose(got[2], truth, rtol=0.05)  # the level prior pulls a little
+    assert (got[1][:, 0] > 1.4 * truth[:, 0]).all()  # off priced near the run's level
+
+
+def test_model_2_without_telemetry_prices_speculation_by_its_verify_tokens():
+    """The prior alone: off 10 ms (the unmeasured level) + 25 % per 64 requests; a depth
+    d costs 5 % more than off's level, its (d + 1) x batch verify tokens at off's
+    per-token price, and 7 % of off's level per further draft step."""
+    builder = FeatureBuilder(FeatureSpec(latency_model=2))
+    for batch in (1, 64, 256):
+        b = batch / 64
+        expected = [10.0 + 2.5 * b] + [10.5 + 2.5 * (d + 1) * b + 0.7 * (d - 1)
+                                       for d in range(1, 8)]
+        np.testing.assert_allclose(builder.latency_predictions_s(batch),
+                                   np.array(expected) / 1e3, rtol=1e-9)
+
+
+def test_the_latency_model_is_checked():
+    with pytest.raises(ValueError, match="latency_model"):
+        FeatureSpec(latency_model=4)
+    assert FeatureSpec.from_dict({"latency_model": 2}).latency_model == 2
+    assert FeatureSpec.from_dict({}).latency_model == 1  # a file from before the field
+
+
+@pytest.mark.parametrize("with_profile", [False, True])
+def test_model_3_is_model_2_with_a_profile_and_model_1_without(with_profile):
+    profile = load_profile("h200_llama31_8b") if with_profile else None
+    rng = np.random.default_rng(5)
+    steps = [(int(b), int(d), 0.01 + 0.0003 * int(b) * (1 + int(d)), 1000 * i)
+             for i, (b, d) in enumerate(zip(rng.integers(1, 65, size=200),
+                                            rng.integers(0, 4, size=200), strict=True))]
+    grids = {}
+    for model in (1, 2, 3):
+        builder = FeatureBuilder(FeatureSpec(latency_model=model), profile)
+        _run(builder, steps)
+        grids[model] = builder.observation_grid()
+    np.testing.assert_array_equal(grids[3], grids[2 if with_profile else 1])
+    assert not np.array_equal(grids[1], grids[2])

@@ -21,6 +21,8 @@ pytest.importorskip("numba")
 
 PROFILE = load_profile("h200_llama31_8b")
 SPEC = FeatureSpec()
+#: Both latency regressions (FeatureSpec.latency_model): the compiled kernels branch on it.
+SPECS = (SPEC, FeatureSpec(latency_model=2), FeatureSpec(latency_model=3))
 
 
 @st.composite
@@ -46,9 +48,9 @@ def records(draw, max_steps: int = 9) -> list[StepRecord]:
     return out
 
 
-def _twins(prior) -> tuple[FeatureBuilder, FeatureBuilder]:
-    return (FeatureBuilder(SPEC, prior, backend="numpy"),
-            FeatureBuilder(SPEC, prior, backend="compiled"))
+def _twins(prior, spec: FeatureSpec = SPEC) -> tuple[FeatureBuilder, FeatureBuilder]:
+    return (FeatureBuilder(spec, prior, backend="numpy"),
+            FeatureBuilder(spec, prior, backend="compiled"))
 
 
 def _assert_same(reference: FeatureBuilder, compiled: FeatureBuilder, batch: int) -> None:
@@ -66,9 +68,9 @@ def _assert_same(reference: FeatureBuilder, compiled: FeatureBuilder, batch: int
 
 @settings(max_examples=60, deadline=None)
 @given(stream=records(), with_profile=st.booleans(), batch=st.integers(0, 2000),
-       every=st.integers(1, 7))
-def test_compiled_observations_equal_numpy_ones(stream, with_profile, batch, every):
-    reference, compiled = _twins(PROFILE if with_profile else None)
+       every=st.integers(1, 7), spec=st.sampled_from(SPECS))
+def test_compiled_observations_equal_numpy_ones(stream, with_profile, batch, every, spec):
+    reference, compiled = _twins(PROFILE if with_profile else None, spec)
     for i, record in enumerate(stream):
         reference.update(record)
         compiled.update(record)
@@ -84,11 +86,12 @@ def test_compiled_observations_equal_numpy_ones(stream, with_profile, batch, eve
 
 
 @settings(max_examples=25, deadline=None)
-@given(streams=st.lists(records(), min_size=2, max_size=5), with_profile=st.booleans())
-def test_compiled_batches_equal_numpy_batches(streams, with_profile):
+@given(streams=st.lists(records(), min_size=2, max_size=5), with_profile=st.booleans(),
+       spec=st.sampled_from(SPECS))
+def test_compiled_batches_equal_numpy_batches(streams, with_profile, spec):
     """Several streams in one call, as the daemon computes a poll's decisions."""
     prior = PROFILE if with_profile else None
-    pairs = [_twins(prior) for _ in streams]
+    pairs = [_twins(prior, spec) for _ in streams]
     for (reference, compiled), stream in zip(pairs, streams, strict=True):
         for record in stream:
             reference.update(record)

@@ -340,3 +340,16 @@ def test_off_hysteresis_reaches_goodput_explore_and_is_checked():
     assert make_policy("goodput_explore", profile=h200).greedy.rule.off_hysteresis == 0.0
     with pytest.raises(ValueError, match="off_hysteresis must be >= 0"):
         make_policy("goodput_explore", profile=h200, options={"off_hysteresis": -0.1})
+
+
+def test_a_trained_policy_is_fed_its_own_file_s_features():
+    """specctl-eval and the sweep build a ppo policy's features from its file's spec (e.g.
+    latency_model 2); every other policy gets the environment's."""
+    from agents.policies import ExportedPolicyAdapter, StaticPolicy
+    from controller.policy_file import ExportedPolicy
+    from env.features import FeatureSpec
+
+    spec = FeatureSpec(latency_model=2)
+    adapter = ExportedPolicyAdapter(ExportedPolicy.random(spec, seed=1))
+    assert adapter.feature_spec(FeatureSpec()) == spec
+    assert StaticPolicy(2).feature_spec(FeatureSpec()) == FeatureSpec()

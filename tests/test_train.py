@@ -228,6 +228,9 @@ def test_a_warm_start_keeps_the_initial_policy_and_lets_it_act_from_the_first_ro
                anchor_weight=2.0)
     with pytest.raises(ValueError, match="observations"):
         load_initial_policy(model, path, FeatureSpec(max_depth=5))
+    # The same vector from other estimators (e.g. the latency model): a starting point.
+    other = FeatureSpec(latency_model=2)
+    assert load_initial_policy(model, path, other).feature_spec == other
 
 
 def test_init_policy_is_checked_against_the_network_before_training(tmp_path):

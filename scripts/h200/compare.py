@@ -154,7 +154,9 @@ def simulate(cell: Cell, profile: CostProfile, prior: CostProfile, client, seed:
     policy = make_policy(name, profile=profile, sim_config=config, policy_path=policy_path,
                          probe=probe if ppo else None,
                          guard=(guard or served_guard(cell)) if ppo else None)
-    loop = DecisionLoop(sim, FeatureSpec(), 3, horizon, cost_prior=prior, features=features)
+    # The features the policy file asks for (a carried builder: the servings' ppo policy's).
+    spec = features.spec if features is not None else policy.feature_spec(FeatureSpec())
+    loop = DecisionLoop(sim, spec, 3, horizon, cost_prior=prior, features=features)
     result = rollout(loop, policy, keep_features=features is not None)
     out = {"throughput_tok_s": result.throughput_tok_s, "mean_tpot_ms": result.mean_tpot_ms,
            "steps_chosen": list(result.steps_chosen), "window_tok_s": None}
@@ -196,7 +198,7 @@ def simulate_servings(file: Path, cells: dict[str, Cell], profile: CostProfile,
     warmup_s, servings = order
     if any(source not in cells for sources in servings for source in sources):
         return {}  # a loop the reader did not take: the order cannot be replayed
-    features = FeatureBuilder(FeatureSpec(), prior)
+    features = FeatureBuilder(_servings_spec(cells, servings, policy_path), prior)
     first = cells[servings[0][0]]
     simulate(first, profile, prior, client, policy_path=policy_path(first),
              finish_lag_steps=finish_lag_steps, features=features, probe=probe,
@@ -213,6 +215,17 @@ def simulate_servings(file: Path, cells: dict[str, Cell], profile: CostProfile,
                                    finish_lag_steps=finish_lag_steps, features=features,
                                    probe=probe, guard=guard)
     return out
+
+
+def _servings_spec(cells: dict[str, Cell], servings, policy_path) -> FeatureSpec:
+    """The feature spec of the first ``ppo`` policy the servings ran (the controller's one
+    stream computed its features; the static policies ignore them), else the default."""
+    for sources in servings:
+        for source in sources:
+            path = policy_path(cells[source])
+            if cells[source].policy in ("ppo", NO_PROBE_NAME):
+                return make_policy("ppo", policy_path=path).feature_spec(FeatureSpec())
+    return FeatureSpec()
 
 
 def served_guard(cell: Cell) -> GuardSpec:
