@@ -242,8 +242,15 @@ def validation_scores(candidates: dict[str, ExportedPolicy], env_cfg: dict[str, 
     return scores
 
 
+#: Logit gap below which the exported policy and SB3 may pick different actions: a near-tie
+#: that float32 rounding decides (numpy's BLAS and torch's sum in different orders), not an
+#: export error (a barely trained policy in a test once split one of 500 this way).
+EXPORT_TIE_TOLERANCE = 1e-4
+
+
 def check_export(model: PPO, exported, env: SpecDecodeEnv, seed: int, steps: int = 500) -> None:
-    """The exported policy must choose the SB3 model's deterministic action everywhere we look."""
+    """The exported policy must choose the SB3 model's deterministic action everywhere we look
+    (up to near-ties: :data:`EXPORT_TIE_TOLERANCE`)."""
     obs, _ = env.reset(seed=seed)
     batch = []
     for _ in range(steps):
@@ -253,10 +260,22 @@ def check_export(model: PPO, exported, env: SpecDecodeEnv, seed: int, steps: int
             obs, _ = env.reset()
     batch = np.asarray(batch, dtype=np.float32)
     sb3_actions, _ = model.predict(batch, deterministic=True)
-    mismatches = int(np.sum(exported.act(batch) != sb3_actions))
+    mismatches = export_mismatches(exported, batch, np.asarray(sb3_actions))
     if mismatches:
         raise RuntimeError(f"exported policy disagrees with the SB3 model on {mismatches} "
-                           f"of {steps} observations")
+                           f"of {steps} observations (beyond near-ties)")
+
+
+def export_mismatches(exported, observations: np.ndarray, expected: np.ndarray) -> int:
+    """How many ``observations`` the exported policy answers other than ``expected`` (action
+    values), not counting those where its logit of the expected action is within
+    :data:`EXPORT_TIE_TOLERANCE` of its best."""
+    logits = np.atleast_2d(exported.logits(observations))
+    index = {action: i for i, action in enumerate(exported.actions)}
+    # An action the export does not have is never a tie: its logit counts as -inf.
+    expected_logit = np.array([logits[row, index[int(a)]] if int(a) in index else -np.inf
+                               for row, a in enumerate(expected)])
+    return int(np.sum(logits.max(axis=-1) - expected_logit > EXPORT_TIE_TOLERANCE))
 
 
 @hydra_app("train", prog="specctl-train")

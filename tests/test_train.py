@@ -15,7 +15,7 @@ from stable_baselines3 import PPO
 from agents import pretrain
 from agents.export import export_ppo, load_exported
 from agents.pretrain import Demonstrations, collect, dagger, kickstart, merge
-from agents.train import load_initial_policy
+from agents.train import EXPORT_TIE_TOLERANCE, export_mismatches, load_initial_policy
 from controller.policy_file import ExportedPolicy
 from env.features import FeatureSpec
 from env.spec_env import SpecDecodeEnv
@@ -377,3 +377,18 @@ def test_training_sweep_runs_through_hydras_local_launcher(tmp_path):
     rates = sorted(ExportedPolicy.load(sweep_dir / str(job) / "policy.npz")
                    .provenance["agent"]["learning_rate"] for job in (0, 1))
     assert rates == [1e-4, 3e-4]
+
+
+def test_export_check_counts_disagreements_but_not_near_ties():
+    """The export check compares actions: a near-tie that float32 rounding decides is not an
+    export error; a clear disagreement and an action the export lacks are."""
+    spec = FeatureSpec()
+    weight = np.zeros((spec.size, 3), np.float32)
+    policy = ExportedPolicy([weight], [np.array([1.0, 1.0 - EXPORT_TIE_TOLERANCE / 4, 0.0],
+                                                np.float32)], [0, 1, 3], spec)
+    observations = np.zeros((4, spec.size), np.float32)
+    assert list(policy.act(observations)) == [0, 0, 0, 0]
+    assert export_mismatches(policy, observations, np.array([0, 0, 0, 0])) == 0
+    assert export_mismatches(policy, observations, np.array([1, 0, 0, 0])) == 0  # near-tie
+    assert export_mismatches(policy, observations, np.array([3, 1, 0, 0])) == 1  # 1.0 apart
+    assert export_mismatches(policy, observations, np.array([7, 0, 3, 0])) == 2  # 7: unknown
