@@ -566,7 +566,6 @@ class FeatureBuilder:
         ]
 
 
-
 def _regressor_row(model: int, batch_size: int, steps: int, kv_tokens: int,
                    residual_ms: float) -> list[float]:
     """One decode step's row [x, y] of the latency regression (see FeatureBuilder.reset):
