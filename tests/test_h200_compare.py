@@ -644,3 +644,17 @@ def test_constant_policies_served_with_the_guard_are_reported_apart(tmp_path):
     assert apart["moe_acc1.1_load_run25.json:closed_static_1.16"] is None  # before the guard
     assert apart["moe_acc1.1_load_run28.json:closed_static_1.16"] is None  # served unguarded
     assert apart["moe_acc1.1_load_run27.json:closed_ppo.16"] is None
+
+
+def test_a_servings_features_are_its_first_ppo_variants_policy_files():
+    """One controller stream computed every serving's features, as the first PPO policy's
+    file says (the shipped one: latency_model 3); the static policies take none of their own."""
+    base = {"model": "moe", "server": "spec_off", "acceptance": 1.1, "workload": "closed",
+            "concurrency": 16, "seconds": 10.0, "radix_cache": False, "max_running": 48,
+            "throughput_tok_s": 1.0, "mean_tpot_ms": 1.0}
+    cells = {"s": Cell(**base, policy="static_1", source="s"),
+             "g": Cell(**base, policy=compare.NO_GUARD_NAME, source="g")}
+    shipped = compare.make_policy("ppo").feature_spec(compare.FeatureSpec())
+    assert shipped != compare.FeatureSpec()  # else this test shows nothing
+    assert compare._servings_spec(cells, [["s"], ["g"]], lambda cell: None) == shipped
+    assert compare._servings_spec(cells, [["s"]], lambda cell: None) == compare.FeatureSpec()

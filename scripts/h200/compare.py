@@ -84,6 +84,8 @@ REPO = Path(__file__).resolve().parents[2]
 NO_PROBE_NAME = "ppo_noprobe"
 #: The shipped policy served with its goodput guard off (``session.write_policies``).
 NO_GUARD_NAME = "ppo_noguard"
+#: Cells that ran the PPO policy file (its probe or guard off in the variants).
+PPO_NAMES = ("ppo", NO_PROBE_NAME, NO_GUARD_NAME)
 #: Target of issue 13: throughput and mean TPOT within this relative error.
 TOLERANCE = 0.10
 
@@ -222,9 +224,9 @@ def _servings_spec(cells: dict[str, Cell], servings, policy_path) -> FeatureSpec
     stream computed its features; the static policies ignore them), else the default."""
     for sources in servings:
         for source in sources:
-            path = policy_path(cells[source])
-            if cells[source].policy in ("ppo", NO_PROBE_NAME):
-                return make_policy("ppo", policy_path=path).feature_spec(FeatureSpec())
+            if cells[source].policy in PPO_NAMES:
+                return make_policy("ppo", policy_path=policy_path(cells[source])).feature_spec(
+                    FeatureSpec())
     return FeatureSpec()
 
 
@@ -245,10 +247,10 @@ def known_policies(extra: str | None = None) -> dict[str, str]:
 
 
 def policy_of(cell: Cell, known: dict[str, str], fallback: str | None) -> str | None:
-    """The policy file a ``ppo`` (or ``ppo_noprobe``) cell ran (its recorded sha256: the
-    ``ppo`` file's), else ``fallback`` (None: the shipped one), with a note on stderr where
-    the recorded one is not kept."""
-    if cell.policy not in ("ppo", NO_PROBE_NAME, NO_GUARD_NAME):
+    """The policy file a cell of ``PPO_NAMES`` ran (its recorded sha256: the ``ppo`` file's),
+    else ``fallback`` (None: the shipped one), with a note on stderr where the recorded one
+    is not kept."""
+    if cell.policy not in PPO_NAMES:
         return None
     if cell.policy_sha256 in known:
         return known[cell.policy_sha256]

@@ -165,12 +165,10 @@ def write_policies() -> dict[str, Path]:
         paths[f"static_{steps}"] = folder / f"static_{steps}.npz"
     shutil.copy(default_policy_path(), folder / "ppo.npz")
     paths["ppo"] = folder / "ppo.npz"
-    dataclasses.replace(ExportedPolicy.load(default_policy_path()), probe=NO_PROBE).save(
-        folder / "ppo_noprobe.npz")
-    paths["ppo_noprobe"] = folder / "ppo_noprobe.npz"
-    dataclasses.replace(ExportedPolicy.load(default_policy_path()), guard=NO_GUARD).save(
-        folder / "ppo_noguard.npz")
-    paths["ppo_noguard"] = folder / "ppo_noguard.npz"
+    shipped = ExportedPolicy.load(default_policy_path())
+    for name, rule in (("ppo_noprobe", {"probe": NO_PROBE}), ("ppo_noguard", {"guard": NO_GUARD})):
+        dataclasses.replace(shipped, **rule).save(folder / f"{name}.npz")
+        paths[name] = folder / f"{name}.npz"
     return paths
 
 
