@@ -75,6 +75,11 @@ FEATURE_VERSION = 3
 LATENCY_MODELS = frozenset({1, 2, 3})
 
 
+def _is_number(value: object) -> bool:
+    """A real number, not a bool (a spec field read from a file may be anything)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def effective_model(latency_model: int, has_profile: bool) -> int:
     """The latency regression (1 or 2) a builder runs: model 3 is 2 with a profile (off's
     residual apart from speculation's) and 1 without (the old prior, which a policy trained
@@ -128,6 +133,18 @@ class FeatureSpec:
     #: pulling off's level toward the observed latency level: small, so that the level
     #: (measured at whatever depth ran) only sets the scale when nothing else does.
     level_prior_weight: float = 0.01
+    #: A decode step measured more than this many times the handed cost profile's
+    #: prediction enters the latency estimators at this many times, while the stream's
+    #: measurements agree with the profile (the mean log error within
+    #: ``latency_outlier_trust``, after at least ``latency_outlier_warmup`` recent
+    #: measured steps): a server's one-off stall (a 112-ms first use of a depth among
+    #: 5-ms steps on a fresh H200, run 32) is not what a depth costs, and one such step
+    #: left the policy off for 3.5 s where depth 3 pays. A profile far off (another
+    #: server's) shows in the first steps' mean log error and is learned from whole
+    #: steps, as without a profile. 0: off (the features before the thirteenth session).
+    latency_outlier_ratio: float = 0.0
+    latency_outlier_trust: float = 0.5
+    latency_outlier_warmup: float = 10.0
     #: Recent cost measurements of a depth at which its confidence is 1 - 1/e.
     cost_confidence_samples: float = 2.0
     #: EMA weight for the load and throughput trackers.
@@ -147,6 +164,15 @@ class FeatureSpec:
         if type(self.latency_model) is not int or self.latency_model not in LATENCY_MODELS:
             raise ValueError(f"feature spec field 'latency_model': {self.latency_model!r} is "
                              f"not one of {sorted(LATENCY_MODELS)}")
+        ratio = self.latency_outlier_ratio
+        if not _is_number(ratio) or not (ratio == 0.0 or 1.0 < ratio < math.inf):
+            raise ValueError(f"feature spec field 'latency_outlier_ratio': {ratio!r} is not 0 "
+                             "(off) or a number above 1")
+        for name in ("latency_outlier_trust", "latency_outlier_warmup"):
+            value = getattr(self, name)
+            if not _is_number(value) or not 0.0 < value < math.inf:
+                raise ValueError(f"feature spec field {name!r}: {value!r} is not a positive "
+                                 "number")
 
     def to_dict(self) -> dict:
         """JSON-friendly copy, stored in exported policies."""
@@ -407,6 +433,11 @@ class FeatureBuilder:
             if self.cost_prior is not None:
                 prior_ms = 1e3 * self.cost_prior.step_latency_s(
                     batch, steps, record.kv_used_tokens, 0, **_latency_flags(steps))
+                ratio = spec.latency_outlier_ratio
+                if (ratio > 0.0 and latency_ms > ratio * prior_ms
+                        and abs(self._prior_log_error) < spec.latency_outlier_trust
+                        and sum(self._depth_samples) >= spec.latency_outlier_warmup):
+                    latency_ms = residual_ms = ratio * prior_ms  # an outlier: see the spec
                 residual_ms -= prior_ms
                 error = math.log(latency_ms / max(prior_ms, 1e-6))
                 self._prior_log_error += alpha * (error - self._prior_log_error)

@@ -51,7 +51,8 @@ _SCALARS = 16
 _P_DEPTH, _P_ALPHA, _P_DECAY, _P_FORGET, _P_RIDGE = 0, 1, 2, 3, 4
 _P_STRENGTH, _P_PRIOR_FIRST, _P_PER_SAMPLE, _P_SPEC_FRACTION, _P_DRAFT_FRACTION = 5, 6, 7, 8, 9
 _P_HEAD, _P_WIDTH, _P_LOG_THROUGHPUT_AT, _P_MODEL = 10, 11, 12, 13
-_P_LAYOUT = 16  # then the layout's logs, mul, div (width each), then (latency_model 2)
+_P_OUTLIER_RATIO, _P_OUTLIER_TRUST, _P_OUTLIER_WARMUP = 14, 15, 16
+_P_LAYOUT = 17  # then the layout's logs, mul, div (width each), then (latency_model 2)
 # the no-profile prior's precision (7 x 7) and right-hand side (7): see _prior_at
 
 
@@ -78,7 +79,8 @@ def _params(spec: FeatureSpec, has_profile: bool = False) -> np.ndarray:
         spec.latency_ridge, spec.accept_prior_strength, spec.accept_prior_first,
         1.0 / spec.cost_confidence_samples, spec.speculation_prior_fraction,
         spec.draft_step_prior_fraction, layout.head, layout.width, 0.0,
-        effective_model(spec.latency_model, has_profile), 0.0, 0.0,
+        effective_model(spec.latency_model, has_profile), spec.latency_outlier_ratio,
+        spec.latency_outlier_trust, spec.latency_outlier_warmup,
     ])
     return np.concatenate([head, layout.logs.astype(float), layout.mul, layout.div,
                            layout.prior_matrix.ravel(), layout.prior_rhs])
@@ -209,6 +211,15 @@ def _fold(state, params, has_prior, is_decode, batch_size, waiting, kv_tokens, k
         latency_ms = latency_s * 1e3
         residual_ms = latency_ms
         if has_prior:
+            ratio = params[_P_OUTLIER_RATIO]
+            measured = 0.0
+            for d in range(depth + 1):  # in FeatureBuilder's order: sum() of the list
+                measured += state[smp + d]
+            if (ratio > 0.0 and latency_ms > ratio * prior_ms
+                    and abs(state[_PRIOR_LOG_ERROR]) < params[_P_OUTLIER_TRUST]
+                    and measured >= params[_P_OUTLIER_WARMUP]):
+                latency_ms = ratio * prior_ms  # FeatureSpec.latency_outlier_ratio
+                residual_ms = latency_ms
             residual_ms -= prior_ms
             error = math.log(latency_ms / max(prior_ms, 1e-6))
             state[_PRIOR_LOG_ERROR] += alpha * (error - state[_PRIOR_LOG_ERROR])

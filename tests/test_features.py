@@ -859,3 +859,91 @@ def test_model_3_is_model_2_with_a_profile_and_model_1_without(with_profile):
         grids[model] = builder.observation_grid()
     np.testing.assert_array_equal(grids[3], grids[2 if with_profile else 1])
     assert not np.array_equal(grids[1], grids[2])
+
+
+def _profile_ms(profile, batch: int, depth: int, kv: int) -> float:
+    return 1e3 * profile.step_latency_s(batch, depth, kv, 0, draft_extend=depth > 0,
+                                        speculative_path=depth > 0)
+
+
+def _exact_steps(profile, count: int) -> list[tuple]:
+    """Decode steps at batch 1-8 of 300-token requests, off and depth 3 alternating in
+    runs of 10, each at the profile's own latency."""
+    steps = []
+    for i in range(count):
+        batch, depth = 1 + i % 8, 3 if (i // 10) % 2 else 0
+        kv = 300 * batch
+        steps.append((batch, depth, _profile_ms(profile, batch, depth, kv) / 1e3, kv))
+    return steps
+
+
+@pytest.mark.parametrize("model", [1, 3])
+def test_one_stalled_step_enters_the_latency_estimators_at_the_outlier_ratio(model):
+    """Run 32 (a fresh H200): one depth-3 step of 112 ms among 4-7 ms ones, a first-use
+    stall, priced depth 3 above off and left the policy off for 3.5 s. With
+    ``latency_outlier_ratio`` such a step counts as that ratio times the profile's
+    prediction: its cost estimates equal those of a stream whose step took exactly that
+    (the measured throughput keeps the stall: it is what the server served)."""
+    profile = load_profile("h200_qwen3_30b_a3b")
+    steps = _exact_steps(profile, 60)
+    batch, kv = 1, 300
+    prior_s = _profile_ms(profile, batch, 3, kv) / 1e3
+    grids = {}
+    for ratio, stall_s in ((0.0, 0.112), (3.0, 0.112), (3.0, 3.0 * prior_s)):
+        builder = FeatureBuilder(FeatureSpec(latency_model=model,
+                                             latency_outlier_ratio=ratio), profile)
+        at = _run(builder, steps)
+        _run(builder, [(batch, 3, stall_s, kv)], at)
+        grids[ratio, stall_s] = (builder.observation(batch).cost_profile_error,
+                                 builder.latency_predictions_s(np.array([1, 8]))[0])
+    clipped, exact = grids[3.0, 0.112], grids[3.0, 3.0 * prior_s]
+    assert clipped[0] == exact[0]
+    np.testing.assert_array_equal(clipped[1], exact[1])
+    unclipped = grids[0.0, 0.112][1]
+    # the stall moves depth 3's predicted cost far more unclipped than clipped
+    assert unclipped[3] - clipped[1][3] > 5 * (clipped[1][3] - prior_s), (unclipped, clipped)
+
+
+def test_a_profile_far_off_is_learned_from_unclipped_steps():
+    """A server 5x slower than the handed profile (another server's) is not a stream of
+    outliers: once the mean log error passes ``latency_outlier_trust`` the steps enter
+    whole, and the predictions follow the server as without the clip."""
+    profile = load_profile("h200_qwen3_30b_a3b")
+    slow = [(b, d, 5.0 * latency, kv) for b, d, latency, kv in _exact_steps(profile, 400)]
+    predictions = {}
+    for ratio in (0.0, 3.0):
+        builder = FeatureBuilder(FeatureSpec(latency_model=3, latency_outlier_ratio=ratio),
+                                 profile)
+        _run(builder, slow)
+        assert builder.observation(4).cost_profile_error > 0.5
+        predictions[ratio] = builder.latency_predictions_s(np.array([4]))[0]
+    kv = slow[-1][3]  # the predictions are at the latest KV use
+    truth = np.array([5.0 * _profile_ms(profile, 4, d, kv) / 1e3 for d in (0, 3)])
+    np.testing.assert_allclose(predictions[3.0][[0, 3]], truth, rtol=0.1)
+    np.testing.assert_allclose(predictions[3.0], predictions[0.0], rtol=0.02)
+
+
+def test_a_stall_among_the_first_steps_enters_whole():
+    """Before ``latency_outlier_warmup`` measured steps the mean log error says nothing
+    yet about the profile (another server's looks like a run of stalls at first): the
+    steps enter whole, as with the clip off."""
+    profile = load_profile("h200_qwen3_30b_a3b")
+    steps = _exact_steps(profile, 5) + [(1, 3, 0.112, 300)]
+    predictions = []
+    for ratio in (0.0, 3.0):
+        builder = FeatureBuilder(FeatureSpec(latency_model=3, latency_outlier_ratio=ratio),
+                                 profile)
+        _run(builder, steps)
+        predictions.append(builder.latency_predictions_s(np.array([1, 8])))
+    np.testing.assert_array_equal(predictions[0], predictions[1])
+
+
+@pytest.mark.parametrize("field, value", [
+    ("latency_outlier_warmup", 0.0), ("latency_outlier_ratio", 1.0), ("latency_outlier_ratio", -2.0),
+    ("latency_outlier_ratio", float("nan")), ("latency_outlier_ratio", True),
+    ("latency_outlier_ratio", "3"), ("latency_outlier_trust", 0.0),
+    ("latency_outlier_trust", float("inf")),
+])
+def test_outlier_settings_out_of_range_are_refused_by_name(field, value):
+    with pytest.raises(ValueError, match=field):
+        FeatureSpec(**{field: value})

@@ -22,7 +22,10 @@ pytest.importorskip("numba")
 PROFILE = load_profile("h200_llama31_8b")
 SPEC = FeatureSpec()
 #: Both latency regressions (FeatureSpec.latency_model): the compiled kernels branch on it.
-SPECS = (SPEC, FeatureSpec(latency_model=2), FeatureSpec(latency_model=3))
+SPECS = (SPEC, FeatureSpec(latency_model=2), FeatureSpec(latency_model=3),
+         # the outlier clip (the drawn latencies, 0.1 ms to 2 s, are often far off the profile)
+         FeatureSpec(latency_model=3, latency_outlier_ratio=3.0),
+         FeatureSpec(latency_outlier_ratio=1.5, latency_outlier_trust=2.0))
 
 
 @st.composite
