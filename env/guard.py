@@ -55,7 +55,10 @@ class GuardSpec(RuleSpec):
 
     #: Off: the policy's decisions unchanged.
     enabled: bool = True
-    #: A depth whose estimated goodput is below ``1 - margin`` of off's is overruled.
+    #: A depth whose estimated goodput is below ``1 - margin`` of off's is overruled. A
+    #: negative margin overrules ties too: the shipped policy's -0.02 runs off unless a
+    #: depth is priced at least 2% above off (the same tokens for less GPU work; at
+    #: ``specctl-eval`` seeds 0-2 two more never-pays windows each, every cell kept).
     margin: float = 0.1
     #: Cost confidence (``1 - exp(-samples / 2)``) both depths need for the guard to act.
     confidence: float = 0.5
@@ -72,11 +75,11 @@ class GuardSpec(RuleSpec):
         if isinstance(error, bool) or not isinstance(error, int | float) \
                 or not 0.0 <= error <= 1.0:
             raise ValueError(f"guard.max_profile_error: {error!r} is not a number in [0, 1]")
-        for name in ("margin", "confidence"):
+        for name, low in (("margin", -0.5), ("confidence", 0.0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) \
-                    or not 0.0 < value < 1.0:
-                raise ValueError(f"guard.{name}: {value!r} is not a number in (0, 1)")
+                    or not low < value < 1.0:
+                raise ValueError(f"guard.{name}: {value!r} is not a number in ({low:g}, 1)")
 
 
 

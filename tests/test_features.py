@@ -928,7 +928,7 @@ def test_a_stall_among_the_first_steps_enters_whole():
     yet about the profile (another server's looks like a run of stalls at first): the
     steps enter whole, as with the clip off."""
     profile = load_profile("h200_qwen3_30b_a3b")
-    steps = _exact_steps(profile, 5) + [(1, 3, 0.112, 300)]
+    steps = [*_exact_steps(profile, 5), (1, 3, 0.112, 300)]
     predictions = []
     for ratio in (0.0, 3.0):
         builder = FeatureBuilder(FeatureSpec(latency_model=3, latency_outlier_ratio=ratio),
@@ -939,7 +939,8 @@ def test_a_stall_among_the_first_steps_enters_whole():
 
 
 @pytest.mark.parametrize("field, value", [
-    ("latency_outlier_warmup", 0.0), ("latency_outlier_ratio", 1.0), ("latency_outlier_ratio", -2.0),
+    ("latency_outlier_warmup", 0.0), ("latency_outlier_ratio", 1.0),
+    ("latency_outlier_ratio", -2.0),
     ("latency_outlier_ratio", float("nan")), ("latency_outlier_ratio", True),
     ("latency_outlier_ratio", "3"), ("latency_outlier_trust", 0.0),
     ("latency_outlier_trust", float("inf")),

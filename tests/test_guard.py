@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -72,6 +73,27 @@ def test_guard_rows_overrule_only_confident_losing_speculation():
     assert index.tolist() == [[1, 1, 1, 1, 1, 3, 0]]
 
 
+def test_a_negative_margin_sends_ties_off():
+    """The shipped policy's margin, -0.02: a depth must be priced at least 2% above off's
+    goodput to run (a tie serves the same tokens for more GPU work); the conditions on
+    measured costs and the profile hold as before."""
+    spec = FeatureSpec()
+    actions = np.arange(spec.max_depth + 1)
+    rows = np.stack([
+        vector(spec, 1.01, 1.0, 1.0),  # 1% above off: a tie, off
+        vector(spec, 1.03, 1.0, 1.0),  # 3% above: kept
+        vector(spec, 1.01, 0.1, 1.0),  # a tie, depth 1's cost a guess: kept
+        vector(spec, 1.01, 1.0, 1.0, profile_error=0.9),  # the profile far off: kept
+    ])
+    for guard, want in ((GuardSpec(margin=-0.02), [0, 1, 1, 1]), (DEFAULT_GUARD, [1, 1, 1, 1])):
+        index = np.array([[1, 1, 1, 1]])
+        guard_rows(guard, guard_columns(spec), rows, index, actions, 0)
+        assert index.tolist() == [want], guard
+        one = np.array([[1]])  # the one-row path (the simulator's adapter) alike
+        guard_rows(guard, guard_columns(spec), rows[:1], one, actions, 0)
+        assert one.tolist() == [[want[0]]]
+
+
 def reference_guard_rows(guard: GuardSpec, columns, observations: np.ndarray,
                          index: np.ndarray, actions: np.ndarray, off: int | None) -> None:
     """The guard as first written (whole-array numpy over every row choosing d > 0): what
@@ -107,7 +129,7 @@ def _near(dtype, *centres: float):
 @settings(max_examples=300)
 @given(data=st.data(), streams=st.integers(1, 3), rows=st.integers(1, 20),
        dtype=st.sampled_from([np.float32, np.float64]),
-       margin=st.sampled_from([0.1, 0.05, 0.3]), confidence=st.sampled_from([0.5, 0.2]),
+       margin=st.sampled_from([0.1, 0.05, 0.3, 0.0, -0.02]), confidence=st.sampled_from([0.5, 0.2]),
        max_error=st.sampled_from([0.5, 0.0, 1.0]), enabled=st.booleans(),
        with_off=st.integers(0, 3))
 def test_the_guard_decides_as_the_whole_array_code_did(data, streams, rows, dtype, margin,
@@ -195,8 +217,9 @@ def test_a_profile_far_off_leaves_the_policy_alone(backend):
 
 
 def test_guard_settings_are_checked_and_travel_in_the_policy_file(tmp_path):
-    with pytest.raises(ValueError, match=r"guard\.margin"):
-        GuardSpec(margin=0.0)
+    for margin in (-0.5, 1.0, True):
+        with pytest.raises(ValueError, match=r"guard\.margin"):
+            GuardSpec(margin=margin)
     with pytest.raises(ValueError, match=r"guard\.max_profile_error"):
         GuardSpec(max_profile_error=2.0)
     with pytest.raises(ValueError, match=r"guard: unknown fields"):
@@ -205,10 +228,9 @@ def test_guard_settings_are_checked_and_travel_in_the_policy_file(tmp_path):
     changed = GuardSpec(margin=0.2, max_profile_error=0.3)
     depth1_policy(changed).save(path)
     assert ExportedPolicy.load(path).guard == changed
-    # a file without a guard (the shipped default_policy.npz) gets the default
-    from controller.default_policy import default_policy_path
-
-    assert ExportedPolicy.load(default_policy_path()).guard == DEFAULT_GUARD
+    # a file without a guard (written before the guard existed) gets the default
+    kept = Path(__file__).resolve().parents[1] / "docs/results/h200/policy_778dd34c.npz"
+    assert ExportedPolicy.load(kept).guard == DEFAULT_GUARD
     with pytest.raises(PolicyFileError, match="field 'guard'"):
         ExportedPolicy.loads(_with_meta(path, guard={"margin": 5}), "bad.npz")
 

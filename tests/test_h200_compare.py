@@ -596,13 +596,17 @@ def test_session_writes_the_shipped_policy_without_its_guard_for_an_ab(tmp_path,
     import session
 
     from controller.policy_file import ExportedPolicy
-    from env.guard import DEFAULT_GUARD, NO_GUARD
+    from env.guard import NO_GUARD
 
     monkeypatch.setattr(session, "RUN", tmp_path)
     monkeypatch.setattr(session, "CANDIDATES", [0, 1, 3])
+    from controller.default_policy import default_policy_path
+
     paths = session.write_policies()
     shipped, noguard = (ExportedPolicy.load(paths[k]) for k in ("ppo", "ppo_noguard"))
-    assert shipped.guard == DEFAULT_GUARD and noguard.guard == NO_GUARD
+    # the shipped file's own guard (margin -0.02 since the thirteenth session)
+    assert shipped.guard == ExportedPolicy.load(default_policy_path()).guard != NO_GUARD
+    assert noguard.guard == NO_GUARD
     # a constant depth is what the static policies measure: no guard turns them off
     assert all(ExportedPolicy.load(paths[f"static_{k}"]).guard == NO_GUARD for k in (0, 1, 3))
     assert noguard.probe == shipped.probe
@@ -615,16 +619,18 @@ def test_a_run_records_the_guard_specctl_serve_serves(tmp_path, monkeypatch):
     import session
 
     from controller.default_policy import default_policy_path
-    from env.guard import DEFAULT_GUARD, NO_GUARD
+    from controller.policy_file import ExportedPolicy
+    from env.guard import NO_GUARD
 
     path = default_policy_path()
+    files_guard = ExportedPolicy.load(path).guard.to_dict()
     monkeypatch.delenv("SPECCTL_SERVE_OVERRIDES", raising=False)
     record = session.served_policy(path)
     assert record == {"policy_sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
-                      "guard": DEFAULT_GUARD.to_dict(), "static_guard": NO_GUARD.to_dict()}
+                      "guard": files_guard, "static_guard": NO_GUARD.to_dict()}
     monkeypatch.setenv("SPECCTL_SERVE_OVERRIDES", "probe.enabled=false guard.enabled=false "
                                                   "guard.margin=0.3")
-    assert session.served_policy(path)["guard"] == {**DEFAULT_GUARD.to_dict(),
+    assert session.served_policy(path)["guard"] == {**files_guard,
                                                     "enabled": False, "margin": 0.3}
 
 
