@@ -26,6 +26,11 @@ the run, microseconds:
   ``work_wall`` the wall time of the same span: where they differ the thread was off
   the CPU mid-poll.
 
+Environment switches (the stamped daemon): ``RTT_FINE=1`` also times each of the poll's
+main calls (decode, folding, grids, the MLP, the guard, ...; ~0.15 us a call), and the core
+the daemon's thread waited and woke on; ``RTT_BATCH_AT=N`` sets ``controller.io_thread``'s
+threshold (an A/B of the I/O thread's batch scheduling).
+
     python benchmarks/rtt_breakdown.py --clients 1 8 --seconds 5 --out runs/rtt_breakdown.json
 """
 
@@ -129,6 +134,11 @@ def _stamped_daemon(out_path: str) -> None:
 
     server_mod.ControllerServer._send = _send
     server_mod.ControllerServer.poll_once = poll_once
+    if os.environ.get("RTT_BATCH_AT"):  # controller.io_thread's threshold, for an A/B
+        import functools
+
+        server_mod.IoThreadPolicy = functools.partial(
+            server_mod.IoThreadPolicy, batch_at=int(os.environ["RTT_BATCH_AT"]))
     parts: dict[str, int] = {}
     if os.environ.get("RTT_FINE"):  # each named call's wall time per poll (~0.15 us a call)
         def timed(name, fn):
@@ -344,7 +354,8 @@ def breakdown(polls: list[tuple], received: list[tuple], names: list[str]) -> di
     fine = [w[9] for w in polls if len(w[7]) == 1 and w[9]]  # one-answer polls
     if fine:
         out["per_call_one_answer_polls_us_p50"] = {
-            name: float(np.median([f.get(name, 0) for f in fine])) / 1e3 for name in fine[0]}
+            name: float(np.median([f.get(name, 0) for f in fine])) / 1e3 for name in fine[0]
+            if not name.startswith("core_")}
     return out
 
 
