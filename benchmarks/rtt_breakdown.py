@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import itertools
 import json
 import math
 import multiprocessing as mp
@@ -342,6 +343,9 @@ def breakdown(polls: list[tuple], received: list[tuple], names: list[str]) -> di
                           "out_p50": float(np.median(sel[:, 6])) / 1e3}
     # Per poll (not per step): how long the answerer waited between polls, its CPU.
     p = np.asarray([(w[2] - w[1], w[6], w[5] - w[2]) for w in polls], dtype=float) / 1e3
+    # From a poll's last send to the answerer's next wait: its thread's work after answering.
+    after = [nxt[1] - cur[5] for cur, nxt in itertools.pairwise(polls)]
+    out["after_send_us_p50"] = float(np.median(after)) / 1e3 if after else float("nan")
     answers = np.asarray([len(w[7]) for w in polls])
     counts = np.unique(answers, return_counts=True)
     out["polls_by_answers"] = {int(k): int(v) for k, v in zip(*counts, strict=True)}
