@@ -153,7 +153,7 @@ def test_serve_refuses_a_public_endpoint_and_a_missing_policy(policy_path):
         ([f"policy={policy_path}", "endpoint=tcp://0.0.0.0:5599"], "reachable from other hosts"),
         (["policy=/nonexistent/policy.npz", f"endpoint={ipc()}"], "not a readable .npz"),
         ([f"policy={policy_path}", f"endpoint={ipc()}", "probe.share=0"], "probe.share"),
-        ([f"policy={policy_path}", f"endpoint={ipc()}", "guard.margin=0"], "guard.margin"),
+        ([f"policy={policy_path}", f"endpoint={ipc()}", "guard.margin=1"], "guard.margin"),
     ]:
         result = subprocess.run([sys.executable, "-m", "controller.cli", *overrides], cwd=REPO,
                                 capture_output=True, text=True, timeout=60)
