@@ -348,17 +348,15 @@ def bench_hooks(sglang_path: Path, iterations: int, workdir: Path) -> dict:
 # -- (b) round trip ---------------------------------------------------------------------
 
 
-def _rtt_clients(endpoint: str, names: list[str], seconds: float, rate_hz: float,
-                 timeout_s: float, out, ready, server_pid: int | None = None) -> None:
-    """Servers ``names`` stepping at ``rate_hz``, one DEALER each, one poller for all.
+def paced_clients(endpoint: str, names: list[str], seconds: float, rate_hz: float,
+                  on_sent, on_answer, on_start=None) -> tuple[int, float]:
+    """Servers ``names`` stepping at ``rate_hz`` (staggered: server i at ``start + (k + i /
+    n) * period``), one DEALER each, one poller for all: the round-trip benchmarks' client.
 
-    Cheap on purpose (one process, prepacked accepted drafts, only the answered step read
-    back): eight client processes on a 2-core machine would measure the clients.
-    Puts (steps sent, own-answer latencies, covered latencies, CPU seconds of this
-    process and of ``server_pid`` during the run, the run's wall seconds): a step is
-    *covered* by the first decision, arriving within ``timeout_s``, that answers it or a
-    later step of its server (that decision folded its telemetry, and the plugin stops
-    waiting for an older step's answer once a newer one arrives: ``DecisionAge``).
+    Calls ``on_sent(i, step, sent_ns)`` before each telemetry is sent (a full queue drops it:
+    unanswered) and ``on_answer(i, answered_step, arrived_ns)`` for each decision read;
+    ``on_start()``, if given, once the HELLOs are in, just before the first step.
+    Returns (steps sent, wall seconds).
     """
     import msgpack
     import zmq
@@ -368,17 +366,12 @@ def _rtt_clients(endpoint: str, names: list[str], seconds: float, rate_hz: float
     _context, poller, socks, index = connect_servers(endpoint, names, "bench")  # kept alive
     accepted = bytes(np.random.default_rng(0).integers(0, 4, size=32).astype(np.int8))
     total = sum(accepted)
-    sent = [deque() for _ in names]  # (step, send time ns), oldest first, until answered
-    latencies: list[int] = []
-    covered: list[int] = []
-    timeout_ns = timeout_s * 1e9
     steps = [0] * len(names)
     period = 1.0 / rate_hz
-    ready.wait()
     time.sleep(0.3)  # HELLOs in
-    cpu0 = time.process_time(), server_pid and process_cpu_s(server_pid)
+    if on_start is not None:
+        on_start()
     start = time.perf_counter()
-    # Staggered: server i steps at start + (k + i / n) * period.
     due = [start + i * period / len(names) for i in range(len(names))]
     end = start + seconds
     while True:
@@ -392,27 +385,57 @@ def _rtt_clients(endpoint: str, names: list[str], seconds: float, rate_hz: float
                 step = steps[i]
                 frame = pack_telemetry(names[i], 0, step, now, 32, 4, 32, 50_000, 500_000, 0, 3,
                                        accepted, total, 0.012)
-                sent[i].append((step, time.perf_counter_ns()))
+                on_sent(i, step, time.perf_counter_ns())
                 with contextlib.suppress(zmq.Again):  # counted as unanswered
                     sock.send(frame, zmq.NOBLOCK)
         wait_ms = max(0.0, (min(due) - time.perf_counter()) * 1e3)
         for sock, _ in poller.poll(math.ceil(wait_ms)):
             i = index[sock]
-            waiting = sent[i]
             while sock.get(zmq.EVENTS) & zmq.POLLIN:
                 arrived = time.perf_counter_ns()
                 message = msgpack.unpackb(sock.recv(zmq.NOBLOCK))
-                answered = message[3] - DECISION_LAG  # DECISION: apply_from_step
-                while waiting and waiting[0][0] <= answered:
-                    step, sent_ns = waiting.popleft()
-                    if arrived - sent_ns <= timeout_ns:
-                        covered.append(arrived - sent_ns)
-                        if step == answered:
-                            latencies.append(arrived - sent_ns)
-    wall = time.perf_counter() - start
+                on_answer(i, message[3] - DECISION_LAG, arrived)  # DECISION: apply_from_step
+    return sum(steps), time.perf_counter() - start
+
+
+def _rtt_clients(endpoint: str, names: list[str], seconds: float, rate_hz: float,
+                 timeout_s: float, out, ready, server_pid: int | None = None) -> None:
+    """:func:`paced_clients` against ``endpoint``, latencies kept.
+
+    Cheap on purpose (one process, prepacked accepted drafts, only the answered step read
+    back): eight client processes on a 2-core machine would measure the clients.
+    Puts (steps sent, own-answer latencies, covered latencies, CPU seconds of this
+    process and of ``server_pid`` during the run, the run's wall seconds): a step is
+    *covered* by the first decision, arriving within ``timeout_s``, that answers it or a
+    later step of its server (that decision folded its telemetry, and the plugin stops
+    waiting for an older step's answer once a newer one arrives: ``DecisionAge``).
+    """
+    sent = [deque() for _ in names]  # (step, send time ns), oldest first, until answered
+    latencies: list[int] = []
+    covered: list[int] = []
+    timeout_ns = timeout_s * 1e9
+
+    def on_answer(i: int, answered: int, arrived: int) -> None:
+        waiting = sent[i]
+        while waiting and waiting[0][0] <= answered:
+            step, sent_ns = waiting.popleft()
+            if arrived - sent_ns <= timeout_ns:
+                covered.append(arrived - sent_ns)
+                if step == answered:
+                    latencies.append(arrived - sent_ns)
+
+    cpu0: list = []
+
+    def on_start() -> None:
+        cpu0.extend((time.process_time(), server_pid and process_cpu_s(server_pid)))
+
+    ready.wait()
+    sent_steps, wall = paced_clients(endpoint, names, seconds, rate_hz,
+                                     lambda i, step, ns: sent[i].append((step, ns)), on_answer,
+                                     on_start)
     cpu = (time.process_time() - cpu0[0],
            server_pid and process_cpu_s(server_pid) - cpu0[1])
-    out.put((sum(steps), latencies, covered, cpu, wall))
+    out.put((sent_steps, latencies, covered, cpu, wall))
 
 
 def _echo_server(endpoint: str) -> None:

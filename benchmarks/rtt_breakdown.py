@@ -38,10 +38,8 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import contextlib
 import itertools
 import json
-import math
 import multiprocessing as mp
 import os
 import pickle
@@ -57,7 +55,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from bench_online import connect_servers, process_cpu_s, wait_for_socket  # noqa: E402
+from bench_online import paced_clients, process_cpu_s, wait_for_socket  # noqa: E402
 
 from controller.policy_file import ExportedPolicy  # noqa: E402
 from controller.wire import DECISION_LAG  # noqa: E402
@@ -228,49 +226,23 @@ def _stamped_echo(endpoint: str, out_path: str) -> None:
 
 def _clients(endpoint: str, names: list[str], seconds: float, rate_hz: float, out,
              server_pid: int) -> None:
-    """``bench_online._rtt_clients``' loop, recording (server, step, sent, received)."""
-    import msgpack
-    import zmq
-
-    from controller.wire import pack_telemetry
-
-    _context, poller, socks, index = connect_servers(endpoint, names, "bench")
-    accepted = bytes(np.random.default_rng(0).integers(0, 4, size=32).astype(np.int8))
-    total = sum(accepted)
+    """``bench_online.paced_clients``, recording (server, step, sent, received)."""
     sent_at: dict[tuple[int, int], int] = {}
     received: list[tuple[int, int, int, int]] = []
-    steps = [0] * len(names)
-    period = 1.0 / rate_hz
-    time.sleep(0.3)  # HELLOs in
-    cpu0 = time.process_time(), process_cpu_s(server_pid)
-    start = time.perf_counter()
-    due = [start + i * period / len(names) for i in range(len(names))]
-    end = start + seconds
-    while True:
-        now = time.perf_counter()
-        if now >= end:
-            break
-        for i, sock in enumerate(socks):
-            if now >= due[i]:
-                due[i] += period
-                steps[i] += 1
-                step = steps[i]
-                frame = pack_telemetry(names[i], 0, step, now, 32, 4, 32, 50_000, 500_000, 0, 3,
-                                       accepted, total, 0.012)
-                sent_at[i, step] = time.perf_counter_ns()
-                with contextlib.suppress(zmq.Again):
-                    sock.send(frame, zmq.NOBLOCK)
-        wait_ms = max(0.0, (min(due) - time.perf_counter()) * 1e3)
-        for sock, _ in poller.poll(math.ceil(wait_ms)):
-            i = index[sock]
-            while sock.get(zmq.EVENTS) & zmq.POLLIN:
-                arrived = time.perf_counter_ns()
-                message = msgpack.unpackb(sock.recv(zmq.NOBLOCK))
-                step = message[3] - DECISION_LAG
-                if (i, step) in sent_at:
-                    received.append((i, step, sent_at[i, step], arrived))
-    wall = time.perf_counter() - start
-    out.put((sum(steps), received, time.process_time() - cpu0[0],
+    cpu0: list = []
+
+    def on_sent(i: int, step: int, sent_ns: int) -> None:
+        sent_at[i, step] = sent_ns
+
+    def on_answer(i: int, step: int, arrived: int) -> None:
+        if (i, step) in sent_at:
+            received.append((i, step, sent_at[i, step], arrived))
+
+    def on_start() -> None:
+        cpu0.extend((time.process_time(), process_cpu_s(server_pid)))
+
+    sent, wall = paced_clients(endpoint, names, seconds, rate_hz, on_sent, on_answer, on_start)
+    out.put((sent, received, time.process_time() - cpu0[0],
              process_cpu_s(server_pid) - cpu0[1], wall))
 
 
