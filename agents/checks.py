@@ -169,6 +169,17 @@ def run_config(cfg: Any, *, policy_key: str | None = None) -> None:
         raise UsageError(f"agent.pretrain.anchor_weight={show(weight)} needs "
                          "agent.init_policy (it weighs where the initial policy agrees with "
                          "the teacher)")
+    modes = pretrain.get("initial_label_modes") or []
+    if modes:
+        from env.scenarios import PRIOR_MODES
+
+        unknown = [m for m in modes if m not in PRIOR_MODES]
+        if isinstance(modes, str) or unknown:
+            raise UsageError(f"agent.pretrain.initial_label_modes={show(modes)}: must be a "
+                             f"list of cost-prior modes, of {list(PRIOR_MODES)}")
+        if not cfg.agent.get("init_policy"):
+            raise UsageError(f"agent.pretrain.initial_label_modes={show(modes)} needs "
+                             "agent.init_policy (its actions label those states)")
     rate = pretrain.get("learning_rate", 1e-3)
     if isinstance(rate, bool) or not isinstance(rate, int | float) or not rate > 0:
         raise UsageError(f"agent.pretrain.learning_rate={show(rate)}: must be a number > 0")

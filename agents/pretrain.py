@@ -27,12 +27,18 @@ student-driven (the states *it* visits get the teacher's labels) and, with a sma
 ``learning_rate`` and few ``epochs``, it keeps what it already does and learns
 where the teacher says otherwise. ``anchor_weight`` makes the states where the
 initial policy already chose the teacher's label count more, so that learning the
-others does not move it where it was right.
+others does not move it where it was right. ``initial_modes`` goes further: in the
+training scenarios whose cost profile is handed in one of these modes (e.g. ``exact``)
+the label is the initial policy's own action, not the teacher's, so a retrain for
+what the features changed elsewhere (``latency_model: 3`` computes the exact profile's
+features as before, to within the residual's noise) keeps its decisions there, the
+near-ties at break-even included, which the teacher's labels tip (docs/POLICY.md).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +50,7 @@ from tqdm.auto import tqdm
 from agents.export import export_ppo
 from agents.policies import make_policy
 from controller.policy_file import ExportedPolicy
+from env.scenarios import PRIOR_MODES
 from env.spec_env import SpecDecodeEnv
 
 log = logging.getLogger(__name__)
@@ -69,13 +76,21 @@ class Demonstrations:
 
 def collect(env_cfg: dict[str, Any], teacher: str, steps: int, gamma: float, seed: int,
             student: PPO | None = None, desc: str = "teacher steps",
-            teacher_options: dict[str, Any] | None = None) -> Demonstrations:
+            teacher_options: dict[str, Any] | None = None,
+            initial_act: Callable[[np.ndarray], Any] | None = None,
+            initial_modes: Collection[str] = ()) -> Demonstrations:
     """``steps`` decisions in training scenarios, labelled by ``teacher`` (built with
     ``teacher_options``, see :func:`agents.policies.make_policy`).
 
     The teacher acts, or the ``student`` (its deterministic action, through the
     numpy export, which is much faster than ``model.predict`` per step) when given.
+    In scenarios whose cost profile is handed in one of ``initial_modes`` the label is
+    ``initial_act``'s action instead (the teacher still sees every step: its probing
+    budget runs on as if it labelled them).
     """
+    if initial_modes and initial_act is None:
+        raise ValueError("initial_modes label states with the initial policy's action: "
+                         "it needs initial_act")
     env = SpecDecodeEnv(env_cfg, split="train")
     student_act = None if student is None else export_ppo(student, env.feature_spec).act
     observations, actions, rewards, ends, durations, disagree = [], [], [], [], [], []
@@ -87,6 +102,8 @@ def collect(env_cfg: dict[str, Any], teacher: str, steps: int, gamma: float, see
     while len(actions) < steps:
         bar.update()
         label = policy.act(env.last_observation)
+        if initial_modes and env.scenario.prior_mode in initial_modes:
+            label = int(np.asarray(initial_act(obs)).reshape(-1)[0])
         observations.append(obs)
         actions.append(label)
         positions.append(position)
@@ -130,18 +147,28 @@ def dagger(model: PPO, env_cfg: dict[str, Any], teacher: str, steps: int, rounds
            disagreement_weight: float = 1.0, start_weight: float = 1.0,
            start_decisions: int = 0, learning_rate: float = 1e-3,
            initial: ExportedPolicy | None = None,
-           anchor_weight: float = 1.0) -> dict[str, float]:
+           anchor_weight: float = 1.0,
+           initial_modes: Collection[str] = ()) -> dict[str, float]:
     """Teacher-driven round, then ``rounds - 1`` student-driven rounds, refitting each time
     (``teacher_options``: see :func:`collect`; ``disagreement_weight``, ``start_weight``,
     ``start_decisions``, ``learning_rate`` and ``anchor_weight``: see :func:`kickstart`).
 
     ``initial``: ``model`` already holds this policy's weights (a warm start): every round,
     the first too, is student-driven, and each state records whether ``initial`` chose
-    the teacher's label (what ``anchor_weight`` weighs).
+    the teacher's label (what ``anchor_weight`` weighs). ``initial_modes``: the cost-prior
+    modes (``env.scenarios.PRIOR_MODES``) whose states ``initial`` labels instead of the
+    teacher (:func:`collect`; they count as anchored).
     """
     if anchor_weight != 1.0 and initial is None:
         raise ValueError("anchor_weight weighs the states where the initial policy agrees "
                          "with the teacher: it needs an initial policy (agent.init_policy)")
+    unknown = sorted(set(initial_modes) - set(PRIOR_MODES))
+    if unknown:
+        raise ValueError(f"initial_modes: unknown cost-prior mode {unknown[0]!r}; use "
+                         f"{list(PRIOR_MODES)}")
+    if initial_modes and initial is None:
+        raise ValueError("initial_modes label states with the initial policy's action: "
+                         "it needs an initial policy (agent.init_policy)")
     weighting = {"disagreement_weight": disagreement_weight, "start_weight": start_weight,
                  "start_decisions": start_decisions, "learning_rate": learning_rate,
                  "anchor_weight": anchor_weight}
@@ -150,7 +177,9 @@ def dagger(model: PPO, env_cfg: dict[str, Any], teacher: str, steps: int, rounds
     for r in range(rounds):
         found = collect(env_cfg, teacher, steps, gamma, seed + r,
                         student=model if r or initial is not None else None,
-                        desc=f"kick-start {r + 1}/{rounds}", teacher_options=teacher_options)
+                        desc=f"kick-start {r + 1}/{rounds}", teacher_options=teacher_options,
+                        initial_act=None if initial is None else initial.act,
+                        initial_modes=frozenset(initial_modes))
         if initial is not None:
             found.anchored = np.asarray(initial.act(found.observations)) == found.actions
         demos = found if demos is None else merge(demos, found)

@@ -156,7 +156,9 @@ def train(cfg: DictConfig, out_dir: Path) -> tuple[Path, float | None]:
                                  start_decisions=int(pretrain.get("start_decisions", 0)),
                                  learning_rate=float(pretrain.get("learning_rate", 1e-3)),
                                  initial=initial,
-                                 anchor_weight=float(pretrain.get("anchor_weight", 1.0)))
+                                 anchor_weight=float(pretrain.get("anchor_weight", 1.0)),
+                                 initial_modes=[str(m) for m in
+                                                pretrain.get("initial_label_modes") or []])
         kickstarted = export_ppo(model, spec)
         kickstarted_state = copy.deepcopy(model.policy.state_dict())
     model.learn(total_timesteps=int(float(agent.total_timesteps)),

@@ -392,3 +392,30 @@ def test_export_check_counts_disagreements_but_not_near_ties():
     assert export_mismatches(policy, observations, np.array([1, 0, 0, 0])) == 0  # near-tie
     assert export_mismatches(policy, observations, np.array([3, 1, 0, 0])) == 1  # 1.0 apart
     assert export_mismatches(policy, observations, np.array([7, 0, 3, 0])) == 2  # 7: unknown
+
+
+def test_initial_label_modes_label_those_states_with_the_initial_policys_action():
+    torch.set_num_threads(1)
+    initial = export_ppo(_model(0), FeatureSpec())  # untrained: often not the teacher's choice
+    student = _model(2)  # acts in every run below, so they visit the same states
+    teacher = collect(TINY_ENV, "goodput_greedy", 80, 0.99, 0, student=student)
+    # TINY_ENV hands the exact profile in every scenario.
+    kept = collect(TINY_ENV, "goodput_greedy", 80, 0.99, 0, student=student,
+                   initial_act=initial.act, initial_modes={"exact"})
+    assert np.array_equal(kept.observations, teacher.observations)
+    assert np.array_equal(kept.actions, initial.act(kept.observations))
+    assert (kept.actions != teacher.actions).any()
+    acted = export_ppo(student, FeatureSpec()).act(kept.observations)
+    assert np.array_equal(kept.disagree, acted != kept.actions)  # measured against the label
+    other = collect(TINY_ENV, "goodput_greedy", 80, 0.99, 0, student=student,
+                    initial_act=initial.act, initial_modes={"none"})
+    assert np.array_equal(other.actions, teacher.actions)  # no scenario of that mode
+    with pytest.raises(ValueError, match="initial_act"):
+        collect(TINY_ENV, "goodput_greedy", 10, 0.99, 0, initial_modes={"exact"})
+    model = _model(1)
+    with pytest.raises(ValueError, match="initial policy"):
+        dagger(model, TINY_ENV, "goodput_greedy", steps=10, rounds=1, gamma=0.99, seed=0,
+               initial_modes=["exact"])
+    with pytest.raises(ValueError, match="'exakt'"):
+        dagger(model, TINY_ENV, "goodput_greedy", steps=10, rounds=1, gamma=0.99, seed=0,
+               initial=initial, initial_modes=["exakt"])
