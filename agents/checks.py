@@ -180,6 +180,14 @@ def run_config(cfg: Any, *, policy_key: str | None = None) -> None:
         if not cfg.agent.get("init_policy"):
             raise UsageError(f"agent.pretrain.initial_label_modes={show(modes)} needs "
                              "agent.init_policy (its actions label those states)")
+    fraction = pretrain.get("blend", 1.0)
+    if (isinstance(fraction, bool) or not isinstance(fraction, int | float)
+            or not 0 < fraction <= 1):
+        raise UsageError(f"agent.pretrain.blend={show(fraction)}: must be a number in (0, 1] "
+                         "(1: the retrained weights as they are)")
+    if fraction != 1 and not cfg.agent.get("init_policy"):
+        raise UsageError(f"agent.pretrain.blend={show(fraction)} needs agent.init_policy "
+                         "(it keeps part of the way from its weights)")
     rate = pretrain.get("learning_rate", 1e-3)
     if isinstance(rate, bool) or not isinstance(rate, int | float) or not rate > 0:
         raise UsageError(f"agent.pretrain.learning_rate={show(rate)}: must be a number > 0")

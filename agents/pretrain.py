@@ -33,6 +33,8 @@ the label is the initial policy's own action, not the teacher's, so a retrain fo
 what the features changed elsewhere (``latency_model: 3`` computes the exact profile's
 features as before, to within the residual's noise) keeps its decisions there, the
 near-ties at break-even included, which the teacher's labels tip (docs/POLICY.md).
+:func:`blend` keeps only part of the way from the initial weights to the retrained ones
+(weight-space interpolation, as WiSE-FT does for fine-tuned models).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ import torch
 from stable_baselines3 import PPO
 from tqdm.auto import tqdm
 
-from agents.export import export_ppo
+from agents.export import export_ppo, load_exported
 from agents.policies import make_policy
 from controller.policy_file import ExportedPolicy
 from env.scenarios import PRIOR_MODES
@@ -260,3 +262,27 @@ def kickstart(model: PPO, demos: Demonstrations, epochs: int = 20, batch_size: i
     log.info("kick-start on %d teacher steps: agreement %.3f, value R^2 %.3f",
              n, stats["agreement"], stats["value_r2"])
     return stats
+
+
+def blend(model: PPO, initial: ExportedPolicy, fraction: float) -> None:
+    """Set ``model``'s actor to ``initial``'s weights plus ``fraction`` of the way to its own:
+    ``w = w0 + fraction * (w - w0)`` per array (1: the model as it is; the critic is left
+    alone). A warm-started retrain moves decisions the initial policy got right as well as
+    the ones it learns (each seed of the twelfth session's lost another near-tie cell);
+    part of the step keeps more of the former (``agent.pretrain.blend``)."""
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"blend fraction must lie in (0, 1], got {fraction}")
+    if fraction == 1.0:
+        return
+    own = export_ppo(model, initial.feature_spec)
+    if [w.shape for w in own.weights] != [w.shape for w in initial.weights]:
+        raise ValueError(f"blend: the initial policy's layers are "
+                         f"{[w.shape for w in initial.weights]}, the model's "
+                         f"{[w.shape for w in own.weights]}")
+    mixed = ExportedPolicy(
+        weights=[w0 + fraction * (w - w0) for w0, w in zip(initial.weights, own.weights,
+                                                            strict=True)],
+        biases=[b0 + fraction * (b - b0) for b0, b in zip(initial.biases, own.biases,
+                                                           strict=True)],
+        actions=own.actions, feature_spec=own.feature_spec, activation=own.activation)
+    load_exported(model, mixed, source="blend")

@@ -102,6 +102,8 @@ def test_eval_mistakes_are_one_line(tmp_path, capsys, monkeypatch, args, starts,
      "agent.pretrain.initial_label_modes=[exakt]: "),
     (["agent.pretrain.initial_label_modes=[exact]"],
      "agent.pretrain.initial_label_modes=[exact] needs agent.init_policy"),
+    (["agent.pretrain.blend=0"], "agent.pretrain.blend=0: "),
+    (["agent.pretrain.blend=0.5"], "agent.pretrain.blend=0.5 needs agent.init_policy"),
 ])
 def test_train_mistakes_are_one_line(tmp_path, capsys, monkeypatch, args, starts):
     result = invoke("agents.train", *args, tmp_path=tmp_path, capsys=capsys,

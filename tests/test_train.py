@@ -419,3 +419,24 @@ def test_initial_label_modes_label_those_states_with_the_initial_policys_action(
     with pytest.raises(ValueError, match="'exakt'"):
         dagger(model, TINY_ENV, "goodput_greedy", steps=10, rounds=1, gamma=0.99, seed=0,
                initial=initial, initial_modes=["exakt"])
+
+
+def test_blend_keeps_that_fraction_of_the_way_from_the_initial_weights():
+    torch.set_num_threads(1)
+    initial = export_ppo(_model(0), FeatureSpec())
+    model = _model(1)
+    retrained = export_ppo(model, FeatureSpec())
+    pretrain.blend(model, initial, 0.25)
+    mixed = export_ppo(model, FeatureSpec())
+    for w0, w1, w in zip(initial.weights + initial.biases, retrained.weights + retrained.biases,
+                         mixed.weights + mixed.biases, strict=True):
+        assert np.allclose(w, w0 + 0.25 * (w1 - w0), atol=1e-7)
+    for w0, w1, w in zip(initial.weights, retrained.weights, mixed.weights, strict=True):
+        assert not np.allclose(w, w1) and not np.allclose(w, w0)  # (biases start at 0)
+    pretrain.blend(model, initial, 1.0)  # all the way: the model as it is
+    assert all(np.array_equal(a, b) for a, b in zip(export_ppo(model, FeatureSpec()).weights,
+                                                    mixed.weights, strict=True))
+    with pytest.raises(ValueError, match=r"\(0, 1\]"):
+        pretrain.blend(model, initial, 0.0)
+    with pytest.raises(ValueError, match="layers"):
+        pretrain.blend(_model(2, net_arch=(8, 8)), initial, 0.5)
