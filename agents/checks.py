@@ -180,6 +180,13 @@ def run_config(cfg: Any, *, policy_key: str | None = None) -> None:
         if not cfg.agent.get("init_policy"):
             raise UsageError(f"agent.pretrain.initial_label_modes={show(modes)} needs "
                              "agent.init_policy (its actions label those states)")
+    count = pretrain.get("initial_label_decisions", 0)
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise UsageError(f"agent.pretrain.initial_label_decisions={show(count)}: must be a "
+                         "whole number >= 0")
+    if count and not cfg.agent.get("init_policy"):
+        raise UsageError(f"agent.pretrain.initial_label_decisions={show(count)} needs "
+                         "agent.init_policy (its actions label those states)")
     fraction = pretrain.get("blend", 1.0)
     if (isinstance(fraction, bool) or not isinstance(fraction, int | float)
             or not 0 < fraction <= 1):

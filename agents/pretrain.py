@@ -33,6 +33,9 @@ the label is the initial policy's own action, not the teacher's, so a retrain fo
 what the features changed elsewhere (``latency_model: 3`` computes the exact profile's
 features as before, to within the residual's noise) keeps its decisions there, the
 near-ties at break-even included, which the teacher's labels tip (docs/POLICY.md).
+``initial_decisions`` does the same for each episode's first decisions, in every mode:
+taken before telemetry says much, on a slow server at batch 64 one of them decides a few
+per cent of a short window, and the retrains moved them (docs/POLICY.md).
 :func:`blend` keeps only part of the way from the initial weights to the retrained ones
 (weight-space interpolation, as WiSE-FT does for fine-tuned models).
 """
@@ -80,7 +83,8 @@ def collect(env_cfg: dict[str, Any], teacher: str, steps: int, gamma: float, see
             student: PPO | None = None, desc: str = "teacher steps",
             teacher_options: dict[str, Any] | None = None,
             initial_act: Callable[[np.ndarray], Any] | None = None,
-            initial_modes: Collection[str] = ()) -> Demonstrations:
+            initial_modes: Collection[str] = (),
+            initial_decisions: int = 0) -> Demonstrations:
     """``steps`` decisions in training scenarios, labelled by ``teacher`` (built with
     ``teacher_options``, see :func:`agents.policies.make_policy`).
 
@@ -88,11 +92,12 @@ def collect(env_cfg: dict[str, Any], teacher: str, steps: int, gamma: float, see
     numpy export, which is much faster than ``model.predict`` per step) when given.
     In scenarios whose cost profile is handed in one of ``initial_modes`` the label is
     ``initial_act``'s action instead (the teacher still sees every step: its probing
-    budget runs on as if it labelled them).
+    budget runs on as if it labelled them); so it is in each episode's first
+    ``initial_decisions`` decisions.
     """
-    if initial_modes and initial_act is None:
-        raise ValueError("initial_modes label states with the initial policy's action: "
-                         "it needs initial_act")
+    if (initial_modes or initial_decisions) and initial_act is None:
+        raise ValueError("initial_modes and initial_decisions label states with the initial "
+                         "policy's action: they need initial_act")
     env = SpecDecodeEnv(env_cfg, split="train")
     student_act = None if student is None else export_ppo(student, env.feature_spec).act
     observations, actions, rewards, ends, durations, disagree = [], [], [], [], [], []
@@ -104,7 +109,8 @@ def collect(env_cfg: dict[str, Any], teacher: str, steps: int, gamma: float, see
     while len(actions) < steps:
         bar.update()
         label = policy.act(env.last_observation)
-        if initial_modes and env.scenario.prior_mode in initial_modes:
+        if position < initial_decisions or (initial_modes
+                                             and env.scenario.prior_mode in initial_modes):
             label = int(np.asarray(initial_act(obs)).reshape(-1)[0])
         observations.append(obs)
         actions.append(label)
@@ -150,7 +156,8 @@ def dagger(model: PPO, env_cfg: dict[str, Any], teacher: str, steps: int, rounds
            start_decisions: int = 0, learning_rate: float = 1e-3,
            initial: ExportedPolicy | None = None,
            anchor_weight: float = 1.0,
-           initial_modes: Collection[str] = ()) -> dict[str, float]:
+           initial_modes: Collection[str] = (),
+           initial_decisions: int = 0) -> dict[str, float]:
     """Teacher-driven round, then ``rounds - 1`` student-driven rounds, refitting each time
     (``teacher_options``: see :func:`collect`; ``disagreement_weight``, ``start_weight``,
     ``start_decisions``, ``learning_rate`` and ``anchor_weight``: see :func:`kickstart`).
@@ -159,7 +166,8 @@ def dagger(model: PPO, env_cfg: dict[str, Any], teacher: str, steps: int, rounds
     the first too, is student-driven, and each state records whether ``initial`` chose
     the teacher's label (what ``anchor_weight`` weighs). ``initial_modes``: the cost-prior
     modes (``env.scenarios.PRIOR_MODES``) whose states ``initial`` labels instead of the
-    teacher (:func:`collect`; they count as anchored).
+    teacher (:func:`collect`; they count as anchored); so does each episode's first
+    ``initial_decisions`` decisions.
     """
     if anchor_weight != 1.0 and initial is None:
         raise ValueError("anchor_weight weighs the states where the initial policy agrees "
@@ -168,9 +176,11 @@ def dagger(model: PPO, env_cfg: dict[str, Any], teacher: str, steps: int, rounds
     if unknown:
         raise ValueError(f"initial_modes: unknown cost-prior mode {unknown[0]!r}; use "
                          f"{list(PRIOR_MODES)}")
-    if initial_modes and initial is None:
-        raise ValueError("initial_modes label states with the initial policy's action: "
-                         "it needs an initial policy (agent.init_policy)")
+    if initial_decisions < 0:
+        raise ValueError(f"initial_decisions must be >= 0, got {initial_decisions}")
+    if (initial_modes or initial_decisions) and initial is None:
+        raise ValueError("initial_modes and initial_decisions label states with the initial "
+                         "policy's action: they need an initial policy (agent.init_policy)")
     weighting = {"disagreement_weight": disagreement_weight, "start_weight": start_weight,
                  "start_decisions": start_decisions, "learning_rate": learning_rate,
                  "anchor_weight": anchor_weight}
@@ -181,7 +191,8 @@ def dagger(model: PPO, env_cfg: dict[str, Any], teacher: str, steps: int, rounds
                         student=model if r or initial is not None else None,
                         desc=f"kick-start {r + 1}/{rounds}", teacher_options=teacher_options,
                         initial_act=None if initial is None else initial.act,
-                        initial_modes=frozenset(initial_modes))
+                        initial_modes=frozenset(initial_modes),
+                        initial_decisions=initial_decisions)
         if initial is not None:
             found.anchored = np.asarray(initial.act(found.observations)) == found.actions
         demos = found if demos is None else merge(demos, found)

@@ -158,7 +158,9 @@ def train(cfg: DictConfig, out_dir: Path) -> tuple[Path, float | None]:
                                  initial=initial,
                                  anchor_weight=float(pretrain.get("anchor_weight", 1.0)),
                                  initial_modes=[str(m) for m in
-                                                pretrain.get("initial_label_modes") or []])
+                                                pretrain.get("initial_label_modes") or []],
+                                 initial_decisions=int(pretrain.get("initial_label_decisions",
+                                                                    0)))
         fraction = float(pretrain.get("blend", 1.0))
         if fraction != 1.0:
             if initial is None:

@@ -440,3 +440,23 @@ def test_blend_keeps_that_fraction_of_the_way_from_the_initial_weights():
         pretrain.blend(model, initial, 0.0)
     with pytest.raises(ValueError, match="layers"):
         pretrain.blend(_model(2, net_arch=(8, 8)), initial, 0.5)
+
+
+def test_initial_label_decisions_label_each_episodes_first_decisions_with_the_initial_policy():
+    torch.set_num_threads(1)
+    initial = export_ppo(_model(0), FeatureSpec())
+    student = _model(2)
+    teacher = collect(TINY_ENV, "goodput_greedy", 400, 0.99, 0, student=student)
+    first = collect(TINY_ENV, "goodput_greedy", 400, 0.99, 0, student=student,
+                    initial_act=initial.act, initial_decisions=3)
+    assert np.array_equal(first.observations, teacher.observations)
+    early = first.positions < 3
+    assert early.sum() > 3  # more than one episode
+    assert np.array_equal(first.actions[early], initial.act(first.observations[early]))
+    assert np.array_equal(first.actions[~early], teacher.actions[~early])
+    assert (first.actions[early] != teacher.actions[early]).any()
+    with pytest.raises(ValueError, match="initial_act"):
+        collect(TINY_ENV, "goodput_greedy", 10, 0.99, 0, initial_decisions=2)
+    with pytest.raises(ValueError, match="initial policy"):
+        dagger(_model(1), TINY_ENV, "goodput_greedy", steps=10, rounds=1, gamma=0.99, seed=0,
+               initial_decisions=2)
