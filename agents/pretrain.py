@@ -31,11 +31,13 @@ others does not move it where it was right. ``initial_modes`` goes further: in t
 training scenarios whose cost profile is handed in one of these modes (e.g. ``exact``)
 the label is the initial policy's own action, not the teacher's, so a retrain for
 what the features changed elsewhere (``latency_model: 3`` computes the exact profile's
-features as before, to within the residual's noise) keeps its decisions there, the
-near-ties at break-even included, which the teacher's labels tip (docs/POLICY.md).
+features as before, to within the residual's noise) is taught its decisions there, the
+near-ties at break-even included, which the teacher's labels tip (docs/POLICY.md; that
+does not stop the retrained network from moving decisions it generalises to, e.g. on
+held-out servers: docs/results/latency_model_3/candidates.md).
 ``initial_decisions`` does the same for each episode's first decisions, in every mode:
-taken before telemetry says much, on a slow server at batch 64 one of them decides a few
-per cent of a short window, and the retrains moved them (docs/POLICY.md).
+taken before telemetry says much, on a slow server at batch 64 one of them can decide a
+few per cent of a short window.
 :func:`blend` keeps only part of the way from the initial weights to the retrained ones
 (weight-space interpolation, as WiSE-FT does for fine-tuned models).
 """
