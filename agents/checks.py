@@ -169,6 +169,32 @@ def run_config(cfg: Any, *, policy_key: str | None = None) -> None:
         raise UsageError(f"agent.pretrain.anchor_weight={show(weight)} needs "
                          "agent.init_policy (it weighs where the initial policy agrees with "
                          "the teacher)")
+    modes = pretrain.get("initial_label_modes") or []
+    if modes:
+        from env.scenarios import PRIOR_MODES
+
+        unknown = [m for m in modes if m not in PRIOR_MODES]
+        if isinstance(modes, str) or unknown:
+            raise UsageError(f"agent.pretrain.initial_label_modes={show(modes)}: must be a "
+                             f"list of cost-prior modes, of {list(PRIOR_MODES)}")
+        if not cfg.agent.get("init_policy"):
+            raise UsageError(f"agent.pretrain.initial_label_modes={show(modes)} needs "
+                             "agent.init_policy (its actions label those states)")
+    count = pretrain.get("initial_label_decisions", 0)
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise UsageError(f"agent.pretrain.initial_label_decisions={show(count)}: must be a "
+                         "whole number >= 0")
+    if count and not cfg.agent.get("init_policy"):
+        raise UsageError(f"agent.pretrain.initial_label_decisions={show(count)} needs "
+                         "agent.init_policy (its actions label those states)")
+    fraction = pretrain.get("blend", 1.0)
+    if (isinstance(fraction, bool) or not isinstance(fraction, int | float)
+            or not 0 < fraction <= 1):
+        raise UsageError(f"agent.pretrain.blend={show(fraction)}: must be a number in (0, 1] "
+                         "(1: the retrained weights as they are)")
+    if fraction != 1 and not cfg.agent.get("init_policy"):
+        raise UsageError(f"agent.pretrain.blend={show(fraction)} needs agent.init_policy "
+                         "(it keeps part of the way from its weights)")
     rate = pretrain.get("learning_rate", 1e-3)
     if isinstance(rate, bool) or not isinstance(rate, int | float) or not rate > 0:
         raise UsageError(f"agent.pretrain.learning_rate={show(rate)}: must be a number > 0")

@@ -27,12 +27,25 @@ student-driven (the states *it* visits get the teacher's labels) and, with a sma
 ``learning_rate`` and few ``epochs``, it keeps what it already does and learns
 where the teacher says otherwise. ``anchor_weight`` makes the states where the
 initial policy already chose the teacher's label count more, so that learning the
-others does not move it where it was right.
+others does not move it where it was right. ``initial_modes`` goes further: in the
+training scenarios whose cost profile is handed in one of these modes (e.g. ``exact``)
+the label is the initial policy's own action, not the teacher's, so a retrain for
+what the features changed elsewhere (``latency_model: 3`` computes the exact profile's
+features as before, to within the residual's noise) is taught its decisions there, the
+near-ties at break-even included, which the teacher's labels tip (docs/POLICY.md; that
+does not stop the retrained network from moving decisions it generalises to, e.g. on
+held-out servers: docs/results/latency_model_3/candidates.md).
+``initial_decisions`` does the same for each episode's first decisions, in every mode:
+taken before telemetry says much, on a slow server at batch 64 one of them can decide a
+few per cent of a short window.
+:func:`blend` keeps only part of the way from the initial weights to the retrained ones
+(weight-space interpolation, as WiSE-FT does for fine-tuned models).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,9 +54,10 @@ import torch
 from stable_baselines3 import PPO
 from tqdm.auto import tqdm
 
-from agents.export import export_ppo
+from agents.export import export_ppo, load_exported
 from agents.policies import make_policy
 from controller.policy_file import ExportedPolicy
+from env.scenarios import PRIOR_MODES
 from env.spec_env import SpecDecodeEnv
 
 log = logging.getLogger(__name__)
@@ -69,13 +83,23 @@ class Demonstrations:
 
 def collect(env_cfg: dict[str, Any], teacher: str, steps: int, gamma: float, seed: int,
             student: PPO | None = None, desc: str = "teacher steps",
-            teacher_options: dict[str, Any] | None = None) -> Demonstrations:
+            teacher_options: dict[str, Any] | None = None,
+            initial_act: Callable[[np.ndarray], Any] | None = None,
+            initial_modes: Collection[str] = (),
+            initial_decisions: int = 0) -> Demonstrations:
     """``steps`` decisions in training scenarios, labelled by ``teacher`` (built with
     ``teacher_options``, see :func:`agents.policies.make_policy`).
 
     The teacher acts, or the ``student`` (its deterministic action, through the
     numpy export, which is much faster than ``model.predict`` per step) when given.
+    In scenarios whose cost profile is handed in one of ``initial_modes`` the label is
+    ``initial_act``'s action instead (the teacher still sees every step: its probing
+    budget runs on as if it labelled them); so it is in each episode's first
+    ``initial_decisions`` decisions.
     """
+    if (initial_modes or initial_decisions) and initial_act is None:
+        raise ValueError("initial_modes and initial_decisions label states with the initial "
+                         "policy's action: they need initial_act")
     env = SpecDecodeEnv(env_cfg, split="train")
     student_act = None if student is None else export_ppo(student, env.feature_spec).act
     observations, actions, rewards, ends, durations, disagree = [], [], [], [], [], []
@@ -87,6 +111,9 @@ def collect(env_cfg: dict[str, Any], teacher: str, steps: int, gamma: float, see
     while len(actions) < steps:
         bar.update()
         label = policy.act(env.last_observation)
+        if position < initial_decisions or (initial_modes
+                                             and env.scenario.prior_mode in initial_modes):
+            label = int(np.asarray(initial_act(obs)).reshape(-1)[0])
         observations.append(obs)
         actions.append(label)
         positions.append(position)
@@ -130,18 +157,32 @@ def dagger(model: PPO, env_cfg: dict[str, Any], teacher: str, steps: int, rounds
            disagreement_weight: float = 1.0, start_weight: float = 1.0,
            start_decisions: int = 0, learning_rate: float = 1e-3,
            initial: ExportedPolicy | None = None,
-           anchor_weight: float = 1.0) -> dict[str, float]:
+           anchor_weight: float = 1.0,
+           initial_modes: Collection[str] = (),
+           initial_decisions: int = 0) -> dict[str, float]:
     """Teacher-driven round, then ``rounds - 1`` student-driven rounds, refitting each time
     (``teacher_options``: see :func:`collect`; ``disagreement_weight``, ``start_weight``,
     ``start_decisions``, ``learning_rate`` and ``anchor_weight``: see :func:`kickstart`).
 
     ``initial``: ``model`` already holds this policy's weights (a warm start): every round,
     the first too, is student-driven, and each state records whether ``initial`` chose
-    the teacher's label (what ``anchor_weight`` weighs).
+    the teacher's label (what ``anchor_weight`` weighs). ``initial_modes``: the cost-prior
+    modes (``env.scenarios.PRIOR_MODES``) whose states ``initial`` labels instead of the
+    teacher (:func:`collect`; they count as anchored); so does each episode's first
+    ``initial_decisions`` decisions.
     """
     if anchor_weight != 1.0 and initial is None:
         raise ValueError("anchor_weight weighs the states where the initial policy agrees "
                          "with the teacher: it needs an initial policy (agent.init_policy)")
+    unknown = sorted(set(initial_modes) - set(PRIOR_MODES))
+    if unknown:
+        raise ValueError(f"initial_modes: unknown cost-prior mode {unknown[0]!r}; use "
+                         f"{list(PRIOR_MODES)}")
+    if initial_decisions < 0:
+        raise ValueError(f"initial_decisions must be >= 0, got {initial_decisions}")
+    if (initial_modes or initial_decisions) and initial is None:
+        raise ValueError("initial_modes and initial_decisions label states with the initial "
+                         "policy's action: they need an initial policy (agent.init_policy)")
     weighting = {"disagreement_weight": disagreement_weight, "start_weight": start_weight,
                  "start_decisions": start_decisions, "learning_rate": learning_rate,
                  "anchor_weight": anchor_weight}
@@ -150,7 +191,10 @@ def dagger(model: PPO, env_cfg: dict[str, Any], teacher: str, steps: int, rounds
     for r in range(rounds):
         found = collect(env_cfg, teacher, steps, gamma, seed + r,
                         student=model if r or initial is not None else None,
-                        desc=f"kick-start {r + 1}/{rounds}", teacher_options=teacher_options)
+                        desc=f"kick-start {r + 1}/{rounds}", teacher_options=teacher_options,
+                        initial_act=None if initial is None else initial.act,
+                        initial_modes=frozenset(initial_modes),
+                        initial_decisions=initial_decisions)
         if initial is not None:
             found.anchored = np.asarray(initial.act(found.observations)) == found.actions
         demos = found if demos is None else merge(demos, found)
@@ -231,3 +275,27 @@ def kickstart(model: PPO, demos: Demonstrations, epochs: int = 20, batch_size: i
     log.info("kick-start on %d teacher steps: agreement %.3f, value R^2 %.3f",
              n, stats["agreement"], stats["value_r2"])
     return stats
+
+
+def blend(model: PPO, initial: ExportedPolicy, fraction: float) -> None:
+    """Set ``model``'s actor to ``initial``'s weights plus ``fraction`` of the way to its own:
+    ``w = w0 + fraction * (w - w0)`` per array (1: the model as it is; the critic is left
+    alone). A warm-started retrain moves decisions the initial policy got right as well as
+    the ones it learns (each seed of the twelfth session's lost another near-tie cell);
+    part of the step keeps more of the former (``agent.pretrain.blend``)."""
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"blend fraction must lie in (0, 1], got {fraction}")
+    if fraction == 1.0:
+        return
+    own = export_ppo(model, initial.feature_spec)
+    if [w.shape for w in own.weights] != [w.shape for w in initial.weights]:
+        raise ValueError(f"blend: the initial policy's layers are "
+                         f"{[w.shape for w in initial.weights]}, the model's "
+                         f"{[w.shape for w in own.weights]}")
+    mixed = ExportedPolicy(
+        weights=[w0 + fraction * (w - w0) for w0, w in zip(initial.weights, own.weights,
+                                                            strict=True)],
+        biases=[b0 + fraction * (b - b0) for b0, b in zip(initial.biases, own.biases,
+                                                           strict=True)],
+        actions=own.actions, feature_spec=own.feature_spec, activation=own.activation)
+    load_exported(model, mixed, source="blend")

@@ -49,7 +49,7 @@ from agents.config import env_config
 from agents.evaluate import run_evaluation
 from agents.export import export_ppo, load_exported
 from agents.policies import ExportedPolicyAdapter
-from agents.pretrain import dagger
+from agents.pretrain import blend, dagger
 from controller.policy_file import ExportedPolicy
 from env.features import FeatureSpec
 from env.rollout import DecisionLoop, rollout
@@ -156,7 +156,19 @@ def train(cfg: DictConfig, out_dir: Path) -> tuple[Path, float | None]:
                                  start_decisions=int(pretrain.get("start_decisions", 0)),
                                  learning_rate=float(pretrain.get("learning_rate", 1e-3)),
                                  initial=initial,
-                                 anchor_weight=float(pretrain.get("anchor_weight", 1.0)))
+                                 anchor_weight=float(pretrain.get("anchor_weight", 1.0)),
+                                 initial_modes=[str(m) for m in
+                                                pretrain.get("initial_label_modes") or []],
+                                 initial_decisions=int(pretrain.get("initial_label_decisions",
+                                                                    0)))
+        fraction = float(pretrain.get("blend", 1.0))
+        if fraction != 1.0:
+            if initial is None:
+                raise ValueError("agent.pretrain.blend keeps part of the way from the initial "
+                                 "weights: it needs agent.init_policy")
+            blend(model, initial, fraction)
+            log.info("kept %.2f of the way from the initial weights to the retrained ones",
+                     fraction)
         kickstarted = export_ppo(model, spec)
         kickstarted_state = copy.deepcopy(model.policy.state_dict())
     model.learn(total_timesteps=int(float(agent.total_timesteps)),

@@ -392,3 +392,71 @@ def test_export_check_counts_disagreements_but_not_near_ties():
     assert export_mismatches(policy, observations, np.array([1, 0, 0, 0])) == 0  # near-tie
     assert export_mismatches(policy, observations, np.array([3, 1, 0, 0])) == 1  # 1.0 apart
     assert export_mismatches(policy, observations, np.array([7, 0, 3, 0])) == 2  # 7: unknown
+
+
+def test_initial_label_modes_label_those_states_with_the_initial_policys_action():
+    torch.set_num_threads(1)
+    initial = export_ppo(_model(0), FeatureSpec())  # untrained: often not the teacher's choice
+    student = _model(2)  # acts in every run below, so they visit the same states
+    teacher = collect(TINY_ENV, "goodput_greedy", 80, 0.99, 0, student=student)
+    # TINY_ENV hands the exact profile in every scenario.
+    kept = collect(TINY_ENV, "goodput_greedy", 80, 0.99, 0, student=student,
+                   initial_act=initial.act, initial_modes={"exact"})
+    assert np.array_equal(kept.observations, teacher.observations)
+    assert np.array_equal(kept.actions, initial.act(kept.observations))
+    assert (kept.actions != teacher.actions).any()
+    acted = export_ppo(student, FeatureSpec()).act(kept.observations)
+    assert np.array_equal(kept.disagree, acted != kept.actions)  # measured against the label
+    other = collect(TINY_ENV, "goodput_greedy", 80, 0.99, 0, student=student,
+                    initial_act=initial.act, initial_modes={"none"})
+    assert np.array_equal(other.actions, teacher.actions)  # no scenario of that mode
+    with pytest.raises(ValueError, match="initial_act"):
+        collect(TINY_ENV, "goodput_greedy", 10, 0.99, 0, initial_modes={"exact"})
+    model = _model(1)
+    with pytest.raises(ValueError, match="initial policy"):
+        dagger(model, TINY_ENV, "goodput_greedy", steps=10, rounds=1, gamma=0.99, seed=0,
+               initial_modes=["exact"])
+    with pytest.raises(ValueError, match="'exakt'"):
+        dagger(model, TINY_ENV, "goodput_greedy", steps=10, rounds=1, gamma=0.99, seed=0,
+               initial=initial, initial_modes=["exakt"])
+
+
+def test_blend_keeps_that_fraction_of_the_way_from_the_initial_weights():
+    torch.set_num_threads(1)
+    initial = export_ppo(_model(0), FeatureSpec())
+    model = _model(1)
+    retrained = export_ppo(model, FeatureSpec())
+    pretrain.blend(model, initial, 0.25)
+    mixed = export_ppo(model, FeatureSpec())
+    for w0, w1, w in zip(initial.weights + initial.biases, retrained.weights + retrained.biases,
+                         mixed.weights + mixed.biases, strict=True):
+        assert np.allclose(w, w0 + 0.25 * (w1 - w0), atol=1e-7)
+    for w0, w1, w in zip(initial.weights, retrained.weights, mixed.weights, strict=True):
+        assert not np.allclose(w, w1) and not np.allclose(w, w0)  # (biases start at 0)
+    pretrain.blend(model, initial, 1.0)  # all the way: the model as it is
+    assert all(np.array_equal(a, b) for a, b in zip(export_ppo(model, FeatureSpec()).weights,
+                                                    mixed.weights, strict=True))
+    with pytest.raises(ValueError, match=r"\(0, 1\]"):
+        pretrain.blend(model, initial, 0.0)
+    with pytest.raises(ValueError, match="layers"):
+        pretrain.blend(_model(2, net_arch=(8, 8)), initial, 0.5)
+
+
+def test_initial_label_decisions_label_each_episodes_first_decisions_with_the_initial_policy():
+    torch.set_num_threads(1)
+    initial = export_ppo(_model(0), FeatureSpec())
+    student = _model(2)
+    teacher = collect(TINY_ENV, "goodput_greedy", 400, 0.99, 0, student=student)
+    first = collect(TINY_ENV, "goodput_greedy", 400, 0.99, 0, student=student,
+                    initial_act=initial.act, initial_decisions=3)
+    assert np.array_equal(first.observations, teacher.observations)
+    early = first.positions < 3
+    assert early.sum() > 3  # more than one episode
+    assert np.array_equal(first.actions[early], initial.act(first.observations[early]))
+    assert np.array_equal(first.actions[~early], teacher.actions[~early])
+    assert (first.actions[early] != teacher.actions[early]).any()
+    with pytest.raises(ValueError, match="initial_act"):
+        collect(TINY_ENV, "goodput_greedy", 10, 0.99, 0, initial_decisions=2)
+    with pytest.raises(ValueError, match="initial policy"):
+        dagger(_model(1), TINY_ENV, "goodput_greedy", steps=10, rounds=1, gamma=0.99, seed=0,
+               initial_decisions=2)
