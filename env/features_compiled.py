@@ -212,14 +212,15 @@ def _fold(state, params, has_prior, is_decode, batch_size, waiting, kv_tokens, k
         residual_ms = latency_ms
         if has_prior:
             ratio = params[_P_OUTLIER_RATIO]
-            measured = 0.0
-            for d in range(depth + 1):  # in FeatureBuilder's order: sum() of the list
-                measured += state[smp + d]
             if (ratio > 0.0 and latency_ms > ratio * prior_ms
-                    and abs(state[_PRIOR_LOG_ERROR]) < params[_P_OUTLIER_TRUST]
-                    and measured >= params[_P_OUTLIER_WARMUP]):
-                latency_ms = ratio * prior_ms  # FeatureSpec.latency_outlier_ratio
-                residual_ms = latency_ms
+                    and abs(state[_PRIOR_LOG_ERROR]) < params[_P_OUTLIER_TRUST]):
+                # Summed only for a candidate outlier, as FeatureBuilder.update's sum()
+                measured = 0.0
+                for d in range(depth + 1):
+                    measured += state[smp + d]
+                if measured >= params[_P_OUTLIER_WARMUP]:
+                    latency_ms = ratio * prior_ms  # FeatureSpec.latency_outlier_ratio
+                    residual_ms = latency_ms
             residual_ms -= prior_ms
             error = math.log(latency_ms / max(prior_ms, 1e-6))
             state[_PRIOR_LOG_ERROR] += alpha * (error - state[_PRIOR_LOG_ERROR])
