@@ -118,18 +118,25 @@ def wait_for_socket(endpoint: str, alive, timeout_s: float = 30.0) -> None:
     raise RuntimeError(f"nothing listens on {endpoint}")
 
 
-def start_controller(policy: Path, endpoint: str, *overrides: str) -> subprocess.Popen:
-    """``specctl-serve`` in a process of its own; returns once its socket is bound."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "controller.cli", f"policy={policy}", f"endpoint={endpoint}",
-         "log_level=WARNING", *overrides],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def start_bound(command: list[str], endpoint: str, name: str,
+                env: dict | None = None) -> subprocess.Popen:
+    """``command`` in a process of its own, from the repository; returns once it has bound
+    ``endpoint`` (a process that dies first: RuntimeError with its output, named ``name``)."""
+    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, env=env)
     try:
         wait_for_socket(endpoint, lambda: process.poll() is None)
     except RuntimeError as exc:
         process.kill()
-        raise RuntimeError(f"specctl-serve: {exc}: {process.communicate()[0]}") from None
+        raise RuntimeError(f"{name}: {exc}: {process.communicate()[0]}") from None
     return process
+
+
+def start_controller(policy: Path, endpoint: str, *overrides: str) -> subprocess.Popen:
+    """``specctl-serve`` in a process of its own; returns once its socket is bound."""
+    return start_bound([sys.executable, "-m", "controller.cli", f"policy={policy}",
+                        f"endpoint={endpoint}", "log_level=WARNING", *overrides],
+                       endpoint, "specctl-serve")
 
 
 def free_port() -> int:

@@ -55,7 +55,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from bench_online import paced_clients, process_cpu_s, wait_for_socket  # noqa: E402
+from bench_online import (  # noqa: E402
+    paced_clients,
+    process_cpu_s,
+    start_bound,
+    wait_for_socket,
+)
 
 from controller.policy_file import ExportedPolicy  # noqa: E402
 from controller.wire import DECISION_LAG  # noqa: E402
@@ -168,17 +173,10 @@ def _stamped_daemon(out_path: str) -> None:
 
 def start_daemon(policy: Path, endpoint: str, out_path: Path) -> subprocess.Popen:
     """The stamped ``specctl-serve`` (the benchmark's overrides) in a process of its own."""
-    process = subprocess.Popen(
-        [sys.executable, str(Path(__file__).resolve()), "--daemon-out", str(out_path),
-         f"policy={policy}", f"endpoint={endpoint}", "log_level=WARNING"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)})
-    try:
-        wait_for_socket(endpoint, lambda: process.poll() is None)
-    except RuntimeError as exc:
-        process.kill()
-        raise RuntimeError(f"stamped daemon: {exc}: {process.communicate()[0]}") from None
-    return process
+    return start_bound([sys.executable, str(Path(__file__).resolve()), "--daemon-out",
+                        str(out_path), f"policy={policy}", f"endpoint={endpoint}",
+                        "log_level=WARNING"],
+                       endpoint, "stamped daemon", env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
 # -- the echo, stamped ------------------------------------------------------------------------
