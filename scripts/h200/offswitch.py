@@ -10,7 +10,10 @@ Phases (each starts its own server, drives it, stops it, writes ``$OUT/offswitch
                                               # the replay with static 0 / static 3 / the policy
 
 Environment: ``MODELS`` (model folders), ``ACC`` (simulated acceptance), ``REPS`` (one-batch
-sweeps per C, default 1), ``HEADLINE`` (0: skip the replay in nospec/off), ``POLICIES``
+sweeps per C, default 1), ``HEADLINE`` (0: skip the replay in nospec/off; ``only``: in
+nospec, the replay and nothing else), ``HEADLINE_RATES`` (nospec and sim: replay at each of
+these mean arrival rates, requests/s, one file per rate ``offswitch_<phase>_r<rate>.json``;
+default: one replay at ``session.headline_rate()``, ``offswitch_<phase>.json``), ``POLICIES``
 (sim: which policies replay), ``PROFILE`` (the cost profile handed to specctl-serve; by
 default the one of the model's shape), ``PROFILE_C`` (concurrency of a torch-profiler
 trace of the decode steps, 0: none), ``SWITCH_SECONDS`` (off: closed loop while every step
@@ -235,9 +238,25 @@ def prefill_probe(name: str, reps: int = 5) -> dict:
     return out
 
 
-def headline() -> dict:
-    arrivals, prompts, outputs = session.headline_workload()
+def headline(rate: float | None = None) -> dict:
+    arrivals, prompts, outputs = session.headline_workload(rate=rate)
     return loadgen.replay(URL, arrivals, prompts, outputs)
+
+
+def headline_rates() -> list[tuple[float | None, str]]:
+    """(rate, file suffix) per replay of ``HEADLINE_RATES``; unset: the default rate, no
+    suffix (the file names of runs 1-5)."""
+    value = os.environ.get("HEADLINE_RATES", "")
+    if not value:
+        return [(None, "")]
+    try:
+        rates = [float(rate) for rate in value.split(",")]
+    except ValueError:
+        raise SystemExit(f"HEADLINE_RATES={value!r} is not a comma-separated list of "
+                         "requests/s") from None
+    if not all(rate > 0 for rate in rates):
+        raise SystemExit(f"HEADLINE_RATES={value!r}: every rate must be > 0")
+    return [(rate, f"_r{rate:g}") for rate in rates]
 
 
 def save(name: str, data: dict) -> None:
@@ -248,6 +267,13 @@ def phase_nospec() -> None:
     server = start("nospec", spec=False, env={})
     result: dict = {"model": MODELS.name}
     try:
+        if os.environ.get("HEADLINE") == "only":
+            for rate, suffix in headline_rates():
+                replay = {**result, "headline_rate": rate or session.headline_rate(),
+                          "headline": headline(rate)}
+                session.log(f"nospec headline{suffix} {replay['headline']}")
+                save(f"nospec{suffix}", replay)
+            return
         result["greedy"] = greedy_ids()
         result["sweep"] = sweep()
         session.log("nospec sweep " + json.dumps({c: v["mean_tpot_ms"]
@@ -346,11 +372,13 @@ def phase_sim() -> None:
                     "simulate_acc_token_mode": TOKEN_MODE,
                     **session.served_policy(policies["ppo"])}
     try:
-        for name in os.environ.get("POLICIES", "static_3,ppo,static_0").split(","):
-            session.serve_policy(served, policies[name])
-            result[f"headline_{name}"] = headline()
-            session.log(f"sim headline {name}: {result[f'headline_{name}']}")
-            save("sim", result)
+        for rate, suffix in headline_rates():
+            replay = {**result, "headline_rate": rate or session.headline_rate()}
+            for name in os.environ.get("POLICIES", "static_3,ppo,static_0").split(","):
+                session.serve_policy(served, policies[name])
+                replay[f"headline_{name}"] = headline(rate)
+                session.log(f"sim headline{suffix} {name}: {replay[f'headline_{name}']}")
+                save(f"sim{suffix}", replay)
         time.sleep(4)
     finally:
         session.stop(server, "sim")

@@ -180,14 +180,34 @@ def serve_policy(served: Path, source: Path) -> None:
     time.sleep(1.0)
 
 
-def headline_workload(seconds: float = 40.0, seed: int = 0):
-    """Azure conv arrivals, modulated so load rises and falls twice, scaled to this server."""
+#: The headline replay's mean arrival rate (requests/s): light in the troughs, beyond the
+#: MoE's no-speculation capacity at the peaks (its queue never drains: TTFT 8.6 s).
+HEADLINE_RATE = 15.0
+
+
+def headline_rate() -> float:
+    """``HEADLINE_RATE`` from the environment (a lighter replay, whose troughs drain the
+    queue, where speculation pays between peaks), else :data:`HEADLINE_RATE`."""
+    value = os.environ.get("HEADLINE_RATE", "")
+    try:
+        rate = float(value) if value else HEADLINE_RATE
+    except ValueError:
+        raise SystemExit(f"HEADLINE_RATE={value!r} is not a number of requests/s") from None
+    if not rate > 0:
+        raise SystemExit(f"HEADLINE_RATE={value!r} must be > 0")
+    return rate
+
+
+def headline_workload(seconds: float = 40.0, seed: int = 0, rate: float | None = None):
+    """Azure conv arrivals, modulated so load rises and falls twice, at ``rate`` requests/s
+    on average (default :func:`headline_rate`): the trace from the same start, compressed
+    into ``seconds``."""
     from env.traces.workloads import shipped_workload
 
     trace = shipped_workload("azure_conv").with_output_cap(256)
     rng = np.random.default_rng(seed)
     start = float(rng.uniform(0, trace.duration_s * 0.7))
-    rate = 15.0  # mean requests/s: light in the troughs, beyond no-speculation capacity at peaks
+    rate = headline_rate() if rate is None else rate
     window = trace.window(start, seconds * rate / trace.mean_rate).scaled(rate / trace.mean_rate)
     window = window.modulated(period_s=seconds / 2, depth=0.9)
     keep = window.arrival_s < seconds
