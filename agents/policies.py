@@ -607,7 +607,7 @@ class ExportedPolicyAdapter(Policy):
         # The guard first, then the probe: as controller.decider.evaluate applies them.
         apply_guard(self.guard, self._columns, vector, index, self._actions, [None])
         if obs.probing:  # the features' probe budget: see DecisionLoop's ``probe``
-            apply_probe(self.probe, index, self._actions, [True], [None])
+            apply_probe(self.probe, index, self._actions, [obs.probing], [None])
         return int(self._actions[index[0, 0]])
 
 

@@ -53,17 +53,18 @@ def allowed_actions(actions: np.ndarray, candidates: Sequence[int] | None) -> np
 
 
 def probing_flags(probe: ProbeSpec, builders: Sequence[FeatureBuilder | None]
-                  ) -> list[bool] | None:
-    """Per stream whether its decision now probes (its features' probe budget, see
-    :mod:`env.probe`; a builder None: no); None when the probe is off (nothing to do)."""
+                  ) -> list[int] | None:
+    """Per stream which probe its decision now runs (its features' probe budgets, see
+    :mod:`env.probe`: 0 none, 1 acceptance, 2 off; a builder None: 0); None when the
+    probe is off (nothing to do)."""
     if not probe.enabled:
         return None
-    return [b is not None and b.probing for b in builders]
+    return [0 if b is None else b.probing for b in builders]
 
 
 def choose(policy: ExportedPolicy, actions: np.ndarray,
            grids: np.ndarray | Sequence[np.ndarray | None],
-           allowed: Sequence[np.ndarray | None], probing: Sequence[bool] | None = None,
+           allowed: Sequence[np.ndarray | None], probing: Sequence[int] | None = None,
            probe: ProbeSpec | None = None, guard: GuardSpec | None = None
            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One batched policy evaluation over several streams' observation grids.
@@ -90,7 +91,7 @@ def choose(policy: ExportedPolicy, actions: np.ndarray,
 
 
 def evaluate(policy: ExportedPolicy, grids: np.ndarray | Sequence[np.ndarray | None],
-             allowed: Sequence[np.ndarray | None], probing: Sequence[bool] | None = None,
+             allowed: Sequence[np.ndarray | None], probing: Sequence[int] | None = None,
              probe: ProbeSpec | None = None, guard: GuardSpec | None = None
              ) -> tuple[np.ndarray, list[bool], list[bool]]:
     """:func:`choose` with the chosen actions as their index into ``policy.actions``
@@ -134,7 +135,7 @@ def evaluate(policy: ExportedPolicy, grids: np.ndarray | Sequence[np.ndarray | N
     # order the simulator's policy adapter applies them in.
     apply_guard(policy.guard if guard is None else guard, guard_columns(policy.feature_spec),
                 observations, index, np.asarray(policy.actions), allowed)
-    if probing is not None and True in probing:
+    if probing is not None and any(probing):
         apply_probe(probe or policy.probe, index, np.asarray(policy.actions), probing, allowed)
     return index, healthy, runnable
 

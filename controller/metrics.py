@@ -132,8 +132,9 @@ class Metrics:
         self.policy_pushes = Counter("specctl_policy_pushes", "Policies pushed to servers",
                                      registry=r)
         self.probing = Counter("specctl_probing_decisions",
-                               "Decisions made while a stream's acceptance probe was due "
-                               "(env/probe.py): rows the policy left off run the probe's depth",
+                               "Decisions made while a stream's acceptance probe (rows the "
+                               "policy left off run the probe's depth) or off probe (rows "
+                               "that speculate run off) was due (env/probe.py)",
                                registry=r)
         self.streams = Gauge("specctl_streams", "Streams being served", registry=r)
         self.policy_info = Gauge("specctl_policy_info", "Policy being served",

@@ -514,8 +514,8 @@ class ControllerServer:
         probing = probing_flags(probe, [e.builder for e in entries])
         index, ok, can = evaluate(policy, grids, [e.stream.allowed for e in entries],
                                   probing, probe, self._guard)
-        if probing is not None and True in probing:
-            self.metrics.probing.inc(probing.count(True))
+        if probing is not None and any(probing):
+            self.metrics.probing.inc(sum(map(bool, probing)))
         if False in ok:
             entries, index, ok, can = self._after_nonfinite(entries, grids, index, ok, can)
         metrics, shadow = self.metrics, self.options.shadow

@@ -258,9 +258,9 @@ class Observation:
     cost_profile_error: float = 0.0
     #: Records fed since the previous observation, oldest first.
     new_records: tuple[StepRecord, ...] = field(default=())
-    #: Whether decisions made on this observation probe acceptance (the builder's
-    #: :class:`env.probe.ProbeTracker`; False without one).
-    probing: bool = False
+    #: Which probe decisions made on this observation run (the builder's
+    #: :class:`env.probe.ProbeTracker`'s ``due``: 0 none, 1 acceptance, 2 off; 0 without one).
+    probing: int = 0
 
 
 class FeatureBuilder:
@@ -321,10 +321,11 @@ class FeatureBuilder:
             self.probe_tracker = ProbeTracker(probe)
 
     @property
-    def probing(self) -> bool:
-        """Whether decisions made on the features as they are now probe acceptance."""
+    def probing(self) -> int:
+        """Which probe decisions made on the features as they are now run
+        (:attr:`env.probe.ProbeTracker.due`; 0, false: none)."""
         tracker = self.probe_tracker
-        return tracker is not None and tracker.remaining > 0
+        return 0 if tracker is None else tracker.due
 
     def reset(self) -> None:
         """Forget all telemetry."""
@@ -491,6 +492,12 @@ class FeatureBuilder:
         if self._trials[0] > 0.0:
             return self._steps_since_acceptance, True
         return self._steps_since_acceptance - NEVER_MEASURED, False
+
+    @property
+    def profile_log_error(self) -> float:
+        """Recent mean log(measured / profile-predicted latency) of the decode steps run
+        (0 without a profile): the observation's ``cost_profile_error`` before its clip."""
+        return self._prior_log_error
 
     def accept_rates(self) -> np.ndarray:
         """Conditional acceptance rate per draft position (1..max_depth)."""

@@ -1,4 +1,5 @@
-"""The acceptance probe: a few cheap speculative steps where acceptance is unmeasured.
+"""The acceptance probe: a few cheap speculative steps where acceptance is unmeasured;
+and the off probe: a few off steps where off's cost is unmeasured.
 
 While a stream runs without speculation, no acceptance is measured: the features keep
 their prior (0.7 for the first draft position) or an estimate made under other
@@ -23,6 +24,29 @@ measured acceptance. So probing costs at most about ``share`` of the time spent 
 (the same rule as ``goodput_greedy``'s hidden probe budget, :class:`agents.policies.
 _GreedyRule`, made visible to every decider).
 
+**The off probe** (``off_share`` > 0; 0, the default, is none, so a policy file without
+it decides as before) is the mirror image, for off's cost: while a stream speculates, no
+step measures what off costs at its batch size, and where the handed profile is another
+server's (its per-term misfit: off at 64 requests predicted at 20.7 ms, truly 4.7, while
+the depth run is predicted right) or there is none (off measured at batch 1-2 and
+extrapolated to 64: 43-79 ms, truly 23), the policy speculates where it loses 0.33-0.8x no
+speculation (``docs/POLICY.md``, fourteenth session). Every speculative decode step, while
+off has fewer than ``off_samples`` recent measurements near the stream's batch size
+(:meth:`ProbeTracker.off_coverage`: per power-of-two batch bucket, forgotten as the
+latency regression forgets, half weight from the neighbouring buckets), earns
+``off_share`` of its measured latency; once that covers ``off_steps`` off steps at the
+features' predicted off latency, the decisions made on the next ``off_steps`` decode
+records replace every row the policy speculates on with off. The first off step measured
+afterwards is compared with the prediction the probe was started on: within
+``off_confirm`` (a log ratio), off's prediction at that batch bucket is confirmed and the
+stream does not probe there again (an exact profile: one probe per batch bucket); off
+otherwise, the measurement corrects the features and the probe may return once it is
+forgotten. ``off_trust`` (0: none) holds the off probe back while the measured steps sit
+that close to a handed profile (a mean log ratio): in the simulator an exact profile sits
+at 0, but on the real H200 traces the shipped profiles sit within 0.05 on 22% of the
+decode steps only (``docs/POLICY.md``, fourteenth session). ``enabled: false`` turns both
+probes off.
+
 It reads only the features, so the simulator's evaluation
 (:class:`agents.policies.ExportedPolicyAdapter`), ``specctl-serve`` and the plugin's
 local mode (:mod:`controller.decider`) probe on exactly the same steps of the same
@@ -34,6 +58,7 @@ without it gets :data:`DEFAULT_PROBE`); ``specctl-serve probe.enabled=false`` an
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
@@ -100,6 +125,22 @@ class ProbeSpec(RuleSpec):
     share: float = 0.01
     #: Decode steps after the last measured acceptance from which it counts as stale.
     stale_after: int = 2000
+    #: The off probe (see the module): share of the time spent speculating, while off's
+    #: cost is unmeasured at the batch size, that off steps may take. 0: no off probe.
+    off_share: float = 0.0
+    #: Decode records whose decisions run off, once an off probe is due.
+    off_steps: int = 2
+    #: Recent off measurements near the batch size (forgotten as the latency regression
+    #: forgets) below which off's cost there counts as unmeasured.
+    off_samples: float = 0.5
+    #: |log(measured / predicted)| of the probe's first off step within which off's
+    #: prediction at that batch bucket is confirmed (no further off probe there).
+    off_confirm: float = 0.15
+    #: With a profile handed, no off probe while the measured steps sit within this of
+    #: its predictions (the mean log ratio, ``cost_profile_error``): 0, probe whatever
+    #: the profile error (another server's profile can price the depth run within 7%
+    #: and off 4x too high).
+    off_trust: float = 0.0
 
     def __post_init__(self) -> None:
         checks = (("enabled", isinstance(self.enabled, bool), "true or false"),
@@ -108,7 +149,17 @@ class ProbeSpec(RuleSpec):
                   ("share", _number(self.share) and 0.0 < self.share <= 1.0,
                    "a number in (0, 1]"),
                   ("stale_after", _int(self.stale_after) and self.stale_after >= 0,
-                   "an int >= 0"))
+                   "an int >= 0"),
+                  ("off_share", _number(self.off_share) and 0.0 <= self.off_share <= 1.0,
+                   "a number in [0, 1]"),
+                  ("off_steps", _int(self.off_steps) and 1 <= self.off_steps <= 64,
+                   "an int in 1..64"),
+                  ("off_samples", _number(self.off_samples) and 0.0 < self.off_samples
+                   < math.inf, "a positive number"),
+                  ("off_confirm", _number(self.off_confirm) and 0.0 <= self.off_confirm
+                   < math.inf, "a number >= 0"),
+                  ("off_trust", _number(self.off_trust) and 0.0 <= self.off_trust < math.inf,
+                   "a number >= 0"))
         for name, ok, expected in checks:
             if not ok:
                 raise ValueError(f"probe.{name}: {getattr(self, name)!r} is not {expected}")
@@ -135,10 +186,30 @@ DEFAULT_PROBE = ProbeSpec()
 NO_PROBE = ProbeSpec(enabled=False)
 
 
-class ProbeTracker:
-    """One stream's probe budget, folded record by record with its features."""
+#: A stream's probe state (:attr:`ProbeTracker.due`): no probe, the acceptance probe
+#: (rows left off speculate), the off probe (rows that speculate run off).
+NOT_PROBING, PROBE_ACCEPTANCE, PROBE_OFF = 0, 1, 2
+#: Batch buckets of the off probe's coverage: floor(log2(batch)), the last one open.
+_BUCKETS = 16
 
-    __slots__ = ("budget_s", "cost_s", "remaining", "spec")
+
+class ProbeTracker:
+    """One stream's probe budgets, folded record by record with its features."""
+
+    __slots__ = (
+        "budget_s",
+        "cost_s",
+        "decode_steps",
+        "off_budget_s",
+        "off_confirmed",
+        "off_cost_s",
+        "off_expected",
+        "off_remaining",
+        "off_stamps",
+        "off_weights",
+        "remaining",
+        "spec",
+    )
 
     def __init__(self, spec: ProbeSpec) -> None:
         self.spec = spec
@@ -149,17 +220,54 @@ class ProbeTracker:
         self.budget_s = 0.0
         self.cost_s = 0.0  # the latest estimate of a probe's extra cost
         self.remaining = 0  # decode records whose decisions still probe
+        # The off probe's (see the module): its budget, cost and due records; per batch
+        # bucket the off measurements (weight at decode step ``off_stamps``: forgotten
+        # lazily) and whether off's prediction there was confirmed; the bucket and the
+        # predicted off latency (s) of the latest probe, until its first off step.
+        self.off_budget_s = 0.0
+        self.off_cost_s = 0.0
+        self.off_remaining = 0
+        self.off_weights = [0.0] * _BUCKETS
+        self.off_stamps = [0] * _BUCKETS
+        self.off_confirmed = [False] * _BUCKETS
+        self.off_expected: tuple[int, float] | None = None
+        self.decode_steps = 0
 
     def copy(self) -> ProbeTracker:
         """An independent copy (the daemon evaluates a copy of a stream's features)."""
         new = ProbeTracker(self.spec)
         new.budget_s, new.cost_s, new.remaining = self.budget_s, self.cost_s, self.remaining
+        new.off_budget_s, new.off_cost_s = self.off_budget_s, self.off_cost_s
+        new.off_remaining, new.off_expected = self.off_remaining, self.off_expected
+        new.off_weights, new.off_stamps = list(self.off_weights), list(self.off_stamps)
+        new.off_confirmed, new.decode_steps = list(self.off_confirmed), self.decode_steps
         return new
+
+    @property
+    def due(self) -> int:
+        """Which probe the decisions made now run (:data:`NOT_PROBING`,
+        :data:`PROBE_ACCEPTANCE` or :data:`PROBE_OFF`)."""
+        if self.off_remaining:
+            return PROBE_OFF
+        return PROBE_ACCEPTANCE if self.remaining else NOT_PROBING
+
+    def off_coverage(self, batch: int, forget: float) -> float:
+        """Recent off measurements near ``batch``: its bucket's, and half of each
+        neighbouring bucket's, forgotten by ``forget`` per decode step since."""
+        bucket = min(max(batch, 1).bit_length() - 1, _BUCKETS - 1)
+        now, weights, stamps = self.decode_steps, self.off_weights, self.off_stamps
+        total = 0.0
+        for k, share in ((bucket - 1, 0.5), (bucket, 1.0), (bucket + 1, 0.5)):
+            if 0 <= k < _BUCKETS and weights[k]:
+                total += share * weights[k] * forget ** (now - stamps[k])
+        return total
 
     def fold(self, steps_used: int, latency_s: float, features, batch: int) -> None:
         """One decode record of ``batch`` requests at ``steps_used``, after ``features``
         (its :class:`env.features.FeatureBuilder`) folded it. Cheap unless the stream is
         off with stale acceptance: the daemon folds every record of every stream."""
+        if self.spec.off_share:
+            self._fold_off(steps_used, latency_s, features, batch)
         if self.remaining:
             self.remaining -= 1
             return
@@ -182,6 +290,47 @@ class ProbeTracker:
             self.budget_s = 0.0
             self.remaining = spec.steps
 
+    def _fold_off(self, steps_used: int, latency_s: float, features, batch: int) -> None:
+        """The off probe's part of :meth:`fold` (see the module)."""
+        self.decode_steps += 1
+        if latency_s <= 0.0:
+            return
+        spec = self.spec
+        bucket = min(max(batch, 1).bit_length() - 1, _BUCKETS - 1)
+        forget = features.spec.latency_forgetting
+        if not steps_used:  # off measured at this batch
+            weights, stamps = self.off_weights, self.off_stamps
+            weights[bucket] = 1.0 + weights[bucket] * forget ** (self.decode_steps
+                                                                 - stamps[bucket])
+            stamps[bucket] = self.decode_steps
+            expected = self.off_expected
+            if expected is not None and expected[0] == bucket:
+                self.off_expected = None
+                if abs(math.log(latency_s / expected[1])) <= spec.off_confirm:
+                    self.off_confirmed[bucket] = True
+            self.off_budget_s = 0.0
+            if self.off_remaining:
+                self.off_remaining -= 1
+            return
+        if self.off_remaining:
+            self.off_remaining -= 1
+            return
+        if (self.off_confirmed[bucket] or self.off_coverage(batch, forget) >= spec.off_samples
+                or (spec.off_trust and features.cost_prior is not None
+                    and abs(features.profile_log_error) <= spec.off_trust)):
+            self.off_budget_s = 0.0  # off's cost here is known or trusted: nothing to do
+            return
+        self.off_budget_s += spec.off_share * latency_s
+        if self.off_budget_s < self.off_cost_s:
+            return
+        # The features' own prediction of off at this batch: the time the probe spends off.
+        predicted = float(features.latency_predictions_s(batch)[0])
+        self.off_cost_s = spec.off_steps * max(predicted, 0.0)
+        if self.off_budget_s >= self.off_cost_s and predicted > 0.0:
+            self.off_budget_s = 0.0
+            self.off_remaining = spec.off_steps
+            self.off_expected = (bucket, predicted)
+
 
 def probe_rows(index: np.ndarray, actions: np.ndarray, probe_index: int) -> None:
     """In place: every entry of ``index`` (action indices) whose action is 0 becomes
@@ -189,13 +338,25 @@ def probe_rows(index: np.ndarray, actions: np.ndarray, probe_index: int) -> None
     index[actions[index] == 0] = probe_index
 
 
+def off_probe_rows(index: np.ndarray, actions: np.ndarray, off_index: int) -> None:
+    """In place: every entry of ``index`` (action indices) whose action speculates
+    becomes ``off_index`` (the action 0's)."""
+    index[actions[index] > 0] = off_index
+
+
 def apply_probe(probe: ProbeSpec, index: np.ndarray, actions: np.ndarray,
-                probing: Sequence[bool], allowed: Sequence[np.ndarray | None]) -> None:
+                probing: Sequence[int], allowed: Sequence[np.ndarray | None]) -> None:
     """In place: the rows (shape (streams, grid rows)) of the streams ``probing`` says
-    are due, probed (:func:`probe_rows`); the one place both deciders and the simulator's
-    policy adapter change a decision."""
+    are due (:attr:`ProbeTracker.due`; True counts as the acceptance probe), probed
+    (:func:`probe_rows`, or :func:`off_probe_rows` for the off probe where the server
+    lets the stream run off); the one place both deciders and the simulator's policy
+    adapter change a decision."""
     for i, due in enumerate(probing):
-        if due:
+        if due == PROBE_OFF:
+            off = np.flatnonzero(actions == 0)
+            if off.size and (allowed[i] is None or allowed[i][off[0]]):
+                off_probe_rows(index[i], actions, int(off[0]))
+        elif due:
             target = probe.action_index(actions, allowed[i])
             if target is not None:
                 probe_rows(index[i], actions, target)
