@@ -188,9 +188,10 @@ def test_off_probe_settings_are_checked_and_travel_in_the_policy_file(tmp_path):
     changed.save(tmp_path / "p.npz")
     loaded = ExportedPolicy.load(tmp_path / "p.npz")
     assert loaded.probe == ProbeSpec(off_share=0.1, off_steps=3, off_trust=0.05)
-    # the shipped file (written before these fields) has no off probe
-    shipped = ExportedPolicy.load("controller/data/default_policy.npz")
-    assert shipped.probe.off_share == 0.0
+    # a file written before these fields (the policy shipped until the fourteenth
+    # session) has no off probe
+    before = ExportedPolicy.load("docs/results/h200/policy_ffcabc92.npz")
+    assert before.probe.off_share == 0.0
     data = np.load(tmp_path / "p.npz")
     arrays = {k: data[k] for k in data.files}
     meta = arrays["meta"].tobytes().decode().replace('"off_steps": 3', '"off_steps": 0')
