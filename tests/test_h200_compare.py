@@ -277,6 +277,34 @@ def test_each_recording_server_starts_from_an_empty_folder(tmp_path, monkeypatch
     assert list(session.fresh(tmp_path / "hooks").iterdir()) == []
 
 
+def test_the_headline_replay_takes_a_lighter_rate(monkeypatch):
+    """HEADLINE_RATE(S): the same trace window compressed into 40 s at another mean rate
+    (runs 37-39: at 15 requests/s the MoE's queue never drains); bad values name the
+    variable."""
+    import offswitch
+    import session
+
+    monkeypatch.delenv("HEADLINE_RATE", raising=False)
+    monkeypatch.delenv("HEADLINE_RATES", raising=False)
+    assert session.headline_rate() == session.HEADLINE_RATE
+    assert offswitch.headline_rates() == [(None, "")]
+    default = session.headline_workload()
+    light = session.headline_workload(rate=6.0)
+    assert len(light[0]) < 0.6 * len(default[0])
+    assert max(light[0]) < 40.0 and min(light[0]) >= 0.0
+    monkeypatch.setenv("HEADLINE_RATE", "6")
+    assert session.headline_workload() == light
+    monkeypatch.setenv("HEADLINE_RATES", "8,6")
+    assert offswitch.headline_rates() == [(8.0, "_r8"), (6.0, "_r6")]
+    for bad, variable in (("8,x", "HEADLINE_RATES"), ("8,0", "HEADLINE_RATES")):
+        monkeypatch.setenv(variable, bad)
+        with pytest.raises(SystemExit, match=variable):
+            offswitch.headline_rates()
+    monkeypatch.setenv("HEADLINE_RATE", "fast")
+    with pytest.raises(SystemExit, match="HEADLINE_RATE='fast'"):
+        session.headline_rate()
+
+
 def test_a_policy_served_again_is_read_as_a_later_serving(tmp_path):
     """Policies served several times on one server, interleaved: each serving is a cell of
     its own (``serving``), under a key that says which."""
