@@ -90,6 +90,42 @@ def effective_model(latency_model: int, has_profile: bool) -> int:
 #: The features' steps-since-acceptance count before any acceptance was measured (a
 #: stream's first decode record counts from here): see FeatureBuilder.acceptance_age().
 NEVER_MEASURED = 10**6
+#: The local cost correction's batch buckets (FeatureSpec.latency_local_samples): bucket j
+#: holds batch sizes [2^j, 2^(j+1)), the last one everything above.
+LOCAL_BUCKETS = 12
+#: The weight of a neighbouring bucket's measurements (the profile carries them over the
+#: factor of two in batch size).
+LOCAL_NEIGHBOUR = 0.5
+
+
+def local_bucket(batch_size: int) -> int:
+    """The local cost correction's bucket of a batch size: floor(log2), within
+    [0, LOCAL_BUCKETS - 1] (a loop of integer compares, as the compiled backend's)."""
+    bucket = 0
+    while bucket < LOCAL_BUCKETS - 1 and (2 << bucket) <= batch_size:
+        bucket += 1
+    return bucket
+
+
+def local_tables(counts: np.ndarray, sums: np.ndarray, times: np.ndarray, clock: float,
+                 forget: float, samples: float) -> tuple[np.ndarray, np.ndarray]:
+    """The local cost correction per (depth, bucket), each shape (depth + 1,
+    LOCAL_BUCKETS): its weight ``1 - exp(-n / samples)`` and the mean log(measured /
+    profile) it moves toward, from the cells' counts and log-error sums as of their
+    last update (``times``, on the decode-step ``clock``), decayed now, each bucket's
+    neighbours added at LOCAL_NEIGHBOUR."""
+    decay = forget ** (clock - times)
+    counts, sums = counts * decay, sums * decay
+    near_counts, near_sums = counts.copy(), sums.copy()
+    near_counts[:, 1:] += LOCAL_NEIGHBOUR * counts[:, :-1]
+    near_sums[:, 1:] += LOCAL_NEIGHBOUR * sums[:, :-1]
+    near_counts[:, :-1] += LOCAL_NEIGHBOUR * counts[:, 1:]
+    near_sums[:, :-1] += LOCAL_NEIGHBOUR * sums[:, 1:]
+    measured = near_counts > 0.0
+    ratio = np.zeros_like(near_sums)
+    np.divide(near_sums, near_counts, out=ratio, where=measured)
+    weight = -np.expm1(-near_counts / samples)
+    return weight, ratio
 
 
 @dataclass(frozen=True)
@@ -145,6 +181,17 @@ class FeatureSpec:
     latency_outlier_ratio: float = 0.0
     latency_outlier_trust: float = 0.5
     latency_outlier_warmup: float = 10.0
+    #: The local measured-cost correction (where a cost profile is handed; 0: off, the
+    #: features before the fourteenth session): per depth and power-of-two batch bucket,
+    #: the recent mean log(measured / profile-predicted latency) of that depth's steps
+    #: there, forgotten as the regression forgets. A depth's prediction at a batch size
+    #: moves toward the profile's there times that measured ratio, with weight ``1 -
+    #: exp(-n / latency_local_samples)`` (n: its recent measurements in the batch size's
+    #: bucket, its neighbours' at half weight). The shared regression over another
+    #: server's profile mispredicts a depth measured a few steps ago by up to 5x (a
+    #: per-depth error its residual terms cannot represent: docs/POLICY.md "cause 3");
+    #: a depth unmeasured near this batch size keeps the regression's prediction.
+    latency_local_samples: float = 0.0
     #: Recent cost measurements of a depth at which its confidence is 1 - 1/e.
     cost_confidence_samples: float = 2.0
     #: EMA weight for the load and throughput trackers.
@@ -173,6 +220,10 @@ class FeatureSpec:
             if not _is_number(value) or not 0.0 < value < math.inf:
                 raise ValueError(f"feature spec field {name!r}: {value!r} is not a positive "
                                  "number")
+        local = self.latency_local_samples
+        if not _is_number(local) or not 0.0 <= local < math.inf:
+            raise ValueError(f"feature spec field 'latency_local_samples': {local!r} is not "
+                             "0 (off) or a positive number")
 
     def to_dict(self) -> dict:
         """JSON-friendly copy, stored in exported policies."""
@@ -300,6 +351,9 @@ class FeatureBuilder:
         self.cost_prior = cost_prior
         #: The latency regression this builder runs (effective_model: per spec and profile).
         self._model = effective_model(self.spec.latency_model, cost_prior is not None)
+        #: Whether the local measured-cost correction runs (it needs a profile to carry a
+        #: measured ratio across a bucket's batch sizes).
+        self._local_on = self.spec.latency_local_samples > 0.0 and cost_prior is not None
         self._layout = _layout(self.spec)
         # Depth first, shape (depth + 1, 1, 1): see _latency_predictions(). These and the
         # design cache depend on the spec and the profile only: kept across resets.
@@ -349,6 +403,14 @@ class FeatureBuilder:
         self._latency_ms_ema: float | None = None
         self._depth_samples = [0.0] * (self.spec.max_depth + 1)
         self._prior_log_error = 0.0
+        # The local cost correction's cells (depth * LOCAL_BUCKETS + bucket): forgotten
+        # count and log-error sum as of the cell's last update, that update's time on the
+        # decode-step clock (decayed when read: see local_tables).
+        cells = (self.spec.max_depth + 1) * LOCAL_BUCKETS
+        self._local_counts = [0.0] * cells
+        self._local_sums = [0.0] * cells
+        self._local_times = [0.0] * cells
+        self._local_clock = 0.0
         self._batch_size = 0
         self._batch_ema: float | None = None
         self._batch_trend = 0.0
@@ -381,6 +443,9 @@ class FeatureBuilder:
         self._trials = list(self._trials)
         self._successes = list(self._successes)
         self._depth_samples = list(self._depth_samples)
+        self._local_counts = list(self._local_counts)
+        self._local_sums = list(self._local_sums)
+        self._local_times = list(self._local_times)
         self._moments = self._moments.copy()
         self._pending = list(self._pending)  # the regressor rows themselves never change
 
@@ -447,6 +512,13 @@ class FeatureBuilder:
             for d in range(len(samples)):  # plain floats: 8 numpy calls cost more
                 samples[d] *= forget
             samples[steps] += 1.0
+            if self._local_on:  # the profile's error of this depth at this batch size
+                self._local_clock += 1.0
+                cell = steps * LOCAL_BUCKETS + local_bucket(batch)
+                decay = forget ** (self._local_clock - self._local_times[cell])
+                self._local_counts[cell] = self._local_counts[cell] * decay + 1.0
+                self._local_sums[cell] = self._local_sums[cell] * decay + error
+                self._local_times[cell] = self._local_clock
             # The regression's sufficient statistics in one matrix, [x, y] [x, y]^T with
             # y the residual: X'X is its top-left 7 x 7 block, X'y its last column.
             # Folded (moments * forget + z z^T, record by record) when next read.
@@ -814,10 +886,34 @@ def _latency_predictions(builders: Sequence[FeatureBuilder], batch_sizes: np.nda
         predicted[1:] += thetas[:, 6:7] * (kv / 1e5)
     if prior is not None:
         at0, slope = prior
-        predicted += at0 + slope * kv
+        profile_ms = at0 + slope * kv
+        predicted += profile_ms
     # Physically a deeper draft never costs less; keep the prediction sane.
     floor = np.maximum(0.05 * base_ms, 1e-3)[:, None]
-    return np.maximum.accumulate(np.maximum(predicted, floor), axis=0) * 1e-3
+    floored = np.maximum(predicted, floor)
+    if first._local_on:
+        _correct_locally(builders, batch_sizes, floored, profile_ms)
+    return np.maximum.accumulate(floored, axis=0) * 1e-3
+
+
+def _correct_locally(builders: Sequence[FeatureBuilder], batch_sizes: np.ndarray,
+                     predicted: np.ndarray, profile_ms: np.ndarray) -> None:
+    """In place: each builder's predictions (ms, shape (depth + 1, builders, batch
+    sizes)) moved toward the profile's (``profile_ms``, the same shape) times the
+    measured ratio of their depth and batch bucket, in log space, by the local weight
+    (FeatureSpec.latency_local_samples; weight 0 leaves a prediction as it was)."""
+    spec = builders[0].spec
+    shape = (spec.max_depth + 1, LOCAL_BUCKETS)
+    buckets = [local_bucket(int(b)) for b in batch_sizes.tolist()]
+    for i, builder in enumerate(builders):
+        weight, ratio = local_tables(
+            np.array(builder._local_counts).reshape(shape),
+            np.array(builder._local_sums).reshape(shape),
+            np.array(builder._local_times).reshape(shape), builder._local_clock,
+            spec.latency_forgetting, spec.latency_local_samples)
+        value = predicted[:, i, :]
+        target = np.log(profile_ms[:, i, :]) + ratio[:, buckets]
+        predicted[:, i, :] = value * np.exp(weight[:, buckets] * (target - np.log(value)))
 
 
 def _fold_moments(builders: Sequence[FeatureBuilder]) -> np.ndarray:

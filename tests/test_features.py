@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -948,3 +950,83 @@ def test_a_stall_among_the_first_steps_enters_whole():
 def test_outlier_settings_out_of_range_are_refused_by_name(field, value):
     with pytest.raises(ValueError, match=field):
         FeatureSpec(**{field: value})
+
+
+def _local_pair(profile, steps, samples: float = 1.0) -> tuple[FeatureBuilder, FeatureBuilder]:
+    """Two builders fed ``steps`` (see _run), model 3, without and with the local
+    measured-cost correction."""
+    pair = []
+    for local in (0.0, samples):
+        builder = FeatureBuilder(FeatureSpec(latency_model=3, latency_local_samples=local),
+                                 profile)
+        _run(builder, steps)
+        pair.append(builder)
+    return pair[0], pair[1]
+
+
+def test_the_local_correction_prices_a_depth_measured_nearby_as_measured():
+    """Issue 9 (docs/POLICY.md "cause 3"): a server whose depth 3 costs 2.5x the handed
+    profile's prediction and depths 1-2 what the profile says, run at depth 1, then 3,
+    then 2, all at batch 32. The shared residual terms cannot hold that per-depth error
+    (they are affine in the depth): the regression prices depth 1, measured 300 steps
+    ago, at under half its cost. With the correction every depth run is priced within
+    5% of its measurements, while a batch size far from any (512) keeps the regression's
+    prediction, bit for bit."""
+    profile = load_profile("h200_llama31_8b")
+    kv = 32 * 600
+
+    def truth(depth: int) -> float:
+        return (2.5 if depth == 3 else 1.0) * _profile_ms(profile, 32, depth, kv) / 1e3
+
+    steps = ([(32, 1, truth(1), kv)] * 100 + [(32, 3, truth(3), kv)] * 100
+             + [(32, 2, truth(2), kv)] * 200)
+    plain, local = _local_pair(profile, steps)
+    want = np.array([truth(d) for d in (1, 2, 3)])
+    uncorrected = plain.latency_predictions_s(32)[1:4]
+    assert uncorrected[0] < 0.6 * want[0], uncorrected / want
+    np.testing.assert_allclose(local.latency_predictions_s(32)[1:4], want, rtol=0.05)
+    np.testing.assert_array_equal(local.latency_predictions_s(512),
+                                  plain.latency_predictions_s(512))
+
+
+def test_the_local_correction_by_hand():
+    """One off step at batch 8 measured at e^0.7 times the profile: off's prediction at
+    batch 8 (bucket 3) moves toward the measurement in log space by 1 - exp(-1 / k),
+    at batch 16 (the neighbouring bucket, half weight) by 1 - exp(-0.5 / k), at batch 32
+    not at all; without a profile the setting changes nothing."""
+    profile = load_profile("h200_llama31_8b")
+    kv = 4000
+    measured = math.exp(0.7) * _profile_ms(profile, 8, 0, kv) / 1e3
+    plain, local = _local_pair(profile, [(8, 0, measured, kv)], samples=2.0)
+    for batch, weight in ((8, -math.expm1(-1 / 2.0)), (16, -math.expm1(-0.5 / 2.0)),
+                          (32, 0.0)):
+        target = math.exp(0.7) * _profile_ms(profile, batch, 0, kv) / 1e3
+        before = plain.latency_predictions_s(batch)[0]
+        want = before * math.exp(weight * (math.log(target) - math.log(before)))
+        assert local.latency_predictions_s(batch)[0] == pytest.approx(want, rel=1e-9)
+    steps = [(8, 0, measured, kv), (8, 2, 2 * measured, kv)]
+    plain, local = _local_pair(None, steps)
+    np.testing.assert_array_equal(local.observation_grid(), plain.observation_grid())
+
+
+def test_the_local_correction_forgets_as_the_regression_forgets():
+    """A measurement's weight decays by ``latency_forgetting`` per later decode step
+    (here 200 steps at another batch bucket): its pull shrinks as its count does."""
+    profile = load_profile("h200_llama31_8b")
+    kv = 4000
+    measured = math.exp(0.7) * _profile_ms(profile, 8, 0, kv) / 1e3
+    far = _profile_ms(profile, 256, 0, kv) / 1e3
+    steps = [(8, 0, measured, kv)] + [(256, 0, far, kv)] * 200
+    plain, local = _local_pair(profile, steps, samples=2.0)
+    count = FeatureSpec().latency_forgetting ** 200
+    weight = -math.expm1(-count / 2.0)
+    target = math.exp(0.7) * _profile_ms(profile, 8, 0, kv) / 1e3
+    before = plain.latency_predictions_s(8)[0]
+    want = before * math.exp(weight * (math.log(target) - math.log(before)))
+    assert local.latency_predictions_s(8)[0] == pytest.approx(want, rel=1e-9)
+
+
+@pytest.mark.parametrize("value", [-1.0, float("inf"), float("nan"), True, "1"])
+def test_a_bad_local_correction_setting_is_refused_by_name(value):
+    with pytest.raises(ValueError, match="latency_local_samples"):
+        FeatureSpec(latency_local_samples=value)
