@@ -892,19 +892,31 @@ def _latency_predictions(builders: Sequence[FeatureBuilder], batch_sizes: np.nda
     floor = np.maximum(0.05 * base_ms, 1e-3)[:, None]
     floored = np.maximum(predicted, floor)
     if first._local_on:
-        _correct_locally(builders, batch_sizes, floored, profile_ms)
+        weights = _correct_locally(builders, batch_sizes, floored, profile_ms)
+        # A depth measured here is priced as measured, not raised to an unmeasured
+        # shallower depth's guess (the running maximum, blended out by the depth's
+        # weight: an unmeasured depth still never costs less than a shallower one).
+        running = floored[0]
+        for depth in range(1, len(floored)):
+            value = floored[depth]
+            up = np.maximum(value, running)
+            running = floored[depth] = up * np.exp(
+                weights[depth] * (np.log(value) - np.log(up)))
+        return floored * 1e-3
     return np.maximum.accumulate(floored, axis=0) * 1e-3
 
 
 def _correct_locally(builders: Sequence[FeatureBuilder], batch_sizes: np.ndarray,
-                     predicted: np.ndarray, profile_ms: np.ndarray) -> None:
+                     predicted: np.ndarray, profile_ms: np.ndarray) -> np.ndarray:
     """In place: each builder's predictions (ms, shape (depth + 1, builders, batch
     sizes)) moved toward the profile's (``profile_ms``, the same shape) times the
     measured ratio of their depth and batch bucket, in log space, by the local weight
-    (FeatureSpec.latency_local_samples; weight 0 leaves a prediction as it was)."""
+    (FeatureSpec.latency_local_samples; weight 0 leaves a prediction as it was).
+    Returns the weights (the predictions' shape)."""
     spec = builders[0].spec
     shape = (spec.max_depth + 1, LOCAL_BUCKETS)
     buckets = [local_bucket(int(b)) for b in batch_sizes.tolist()]
+    weights = np.empty_like(predicted)
     for i, builder in enumerate(builders):
         weight, ratio = local_tables(
             np.array(builder._local_counts).reshape(shape),
@@ -913,7 +925,9 @@ def _correct_locally(builders: Sequence[FeatureBuilder], batch_sizes: np.ndarray
             spec.latency_forgetting, spec.latency_local_samples)
         value = predicted[:, i, :]
         target = np.log(profile_ms[:, i, :]) + ratio[:, buckets]
-        predicted[:, i, :] = value * np.exp(weight[:, buckets] * (target - np.log(value)))
+        weights[:, i, :] = weight[:, buckets]
+        predicted[:, i, :] = value * np.exp(weights[:, i, :] * (target - np.log(value)))
+    return weights
 
 
 def _fold_moments(builders: Sequence[FeatureBuilder]) -> np.ndarray:

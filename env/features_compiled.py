@@ -415,11 +415,17 @@ def _grids(states, params, has_prior, design, at0, slope, column0, buckets, out,
                     profile_ms = at0[d, 0, r] + slope[d, 0, r] * kv
                     value += profile_ms
                 value = _maximum(value, floor)
-                if local:  # features._correct_locally
+                if local:  # features._correct_locally, then its blended running maximum
                     j = buckets[r]
                     target = math.log(profile_ms) + ratio[d, j]
                     value = value * math.exp(weight[d, j] * (target - math.log(value)))
-                running = _maximum(running, value)
+                    if d == 0:
+                        running = value
+                    else:
+                        up = _maximum(value, running)
+                        running = up * math.exp(weight[d, j] * (math.log(value) - math.log(up)))
+                else:
+                    running = _maximum(running, value)
                 latency[d, n, r] = running * 1e-3
                 log_latency[d] = math.log(latency[d, n, r])
             # Every value saturates into the box [-1, 1] (column0 and entries already
