@@ -192,6 +192,11 @@ class FeatureSpec:
     #: per-depth error its residual terms cannot represent: docs/POLICY.md "cause 3");
     #: a depth unmeasured near this batch size keeps the regression's prediction.
     latency_local_samples: float = 0.0
+    #: The local correction moves a prediction only by the part of its log distance to
+    #: the measured target beyond this (0: all of it): a policy trained on the
+    #: regression's predictions reads their small drifts as it learned to, while an
+    #: error of several times (another server's profile) is corrected to within it.
+    latency_local_tolerance: float = 0.0
     #: Recent cost measurements of a depth at which its confidence is 1 - 1/e.
     cost_confidence_samples: float = 2.0
     #: EMA weight for the load and throughput trackers.
@@ -220,10 +225,11 @@ class FeatureSpec:
             if not _is_number(value) or not 0.0 < value < math.inf:
                 raise ValueError(f"feature spec field {name!r}: {value!r} is not a positive "
                                  "number")
-        local = self.latency_local_samples
-        if not _is_number(local) or not 0.0 <= local < math.inf:
-            raise ValueError(f"feature spec field 'latency_local_samples': {local!r} is not "
-                             "0 (off) or a positive number")
+        for name in ("latency_local_samples", "latency_local_tolerance"):
+            value = getattr(self, name)
+            if not _is_number(value) or not 0.0 <= value < math.inf:
+                raise ValueError(f"feature spec field {name!r}: {value!r} is not 0 or a "
+                                 "positive number")
 
     def to_dict(self) -> dict:
         """JSON-friendly copy, stored in exported policies."""
@@ -924,9 +930,10 @@ def _correct_locally(builders: Sequence[FeatureBuilder], batch_sizes: np.ndarray
             np.array(builder._local_times).reshape(shape), builder._local_clock,
             spec.latency_forgetting, spec.latency_local_samples)
         value = predicted[:, i, :]
-        target = np.log(profile_ms[:, i, :]) + ratio[:, buckets]
+        gap = np.log(profile_ms[:, i, :]) + ratio[:, buckets] - np.log(value)
+        beyond = np.maximum(np.abs(gap) - spec.latency_local_tolerance, 0.0)
         weights[:, i, :] = weight[:, buckets]
-        predicted[:, i, :] = value * np.exp(weights[:, i, :] * (target - np.log(value)))
+        predicted[:, i, :] = value * np.exp(weights[:, i, :] * np.copysign(beyond, gap))
     return weights
 
 

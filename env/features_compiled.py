@@ -57,7 +57,8 @@ _P_STRENGTH, _P_PRIOR_FIRST, _P_PER_SAMPLE, _P_SPEC_FRACTION, _P_DRAFT_FRACTION 
 _P_HEAD, _P_WIDTH, _P_LOG_THROUGHPUT_AT, _P_MODEL = 10, 11, 12, 13
 _P_OUTLIER_RATIO, _P_OUTLIER_TRUST, _P_OUTLIER_WARMUP = 14, 15, 16
 _P_LOCAL = 17  # latency_local_samples where the correction runs (a profile), else 0
-_P_LAYOUT = 18  # then the layout's logs, mul, div (width each), then (latency_model 2)
+_P_LOCAL_TOLERANCE = 18
+_P_LAYOUT = 19  # then the layout's logs, mul, div (width each), then (latency_model 2)
 # the no-profile prior's precision (7 x 7) and right-hand side (7): see _prior_at
 
 
@@ -103,7 +104,7 @@ def _params(spec: FeatureSpec, has_profile: bool = False) -> np.ndarray:
         spec.draft_step_prior_fraction, layout.head, layout.width, 0.0,
         effective_model(spec.latency_model, has_profile), spec.latency_outlier_ratio,
         spec.latency_outlier_trust, spec.latency_outlier_warmup,
-        spec.latency_local_samples if has_profile else 0.0,
+        spec.latency_local_samples if has_profile else 0.0, spec.latency_local_tolerance,
     ])
     return np.concatenate([head, layout.logs.astype(float), layout.mul, layout.div,
                            layout.prior_matrix.ravel(), layout.prior_rhs])
@@ -356,6 +357,7 @@ def _grids(states, params, has_prior, design, at0, slope, column0, buckets, out,
     log_tokens = np.empty(depth + 1)
     log_latency = np.empty(depth + 1)
     local = params[_P_LOCAL] > 0.0
+    tolerance = params[_P_LOCAL_TOLERANCE]
     weight = np.zeros((depth + 1, LOCAL_BUCKETS))
     ratio = np.zeros((depth + 1, LOCAL_BUCKETS))
     for n in range(states.shape[0]):
@@ -417,8 +419,9 @@ def _grids(states, params, has_prior, design, at0, slope, column0, buckets, out,
                 value = _maximum(value, floor)
                 if local:  # features._correct_locally, then its blended running maximum
                     j = buckets[r]
-                    target = math.log(profile_ms) + ratio[d, j]
-                    value = value * math.exp(weight[d, j] * (target - math.log(value)))
+                    gap = math.log(profile_ms) + ratio[d, j] - math.log(value)
+                    beyond = _maximum(abs(gap) - tolerance, 0.0)
+                    value = value * math.exp(weight[d, j] * math.copysign(beyond, gap))
                     if d == 0:
                         running = value
                     else:

@@ -1045,7 +1045,33 @@ def test_a_depth_measured_nearby_is_not_raised_to_an_unmeasured_shallower_guess(
     assert priced[6] >= priced[5] and priced[7] >= priced[6]
 
 
+def test_the_local_tolerance_corrects_only_beyond_it():
+    """``latency_local_tolerance``: the prediction moves by the weight times the part of
+    its log distance to the measured target beyond the tolerance, toward the target;
+    within it, not at all."""
+    profile = load_profile("h200_llama31_8b")
+    kv = 4000
+    for error in (0.7, -0.7, 0.1):
+        measured = math.exp(error) * _profile_ms(profile, 8, 0, kv) / 1e3
+        steps = [(8, 0, measured, kv)]
+        predictions = {}
+        for tolerance in (0.0, 0.3):
+            spec = FeatureSpec(latency_model=3, latency_local_samples=2.0,
+                               latency_local_tolerance=tolerance)
+            builder = FeatureBuilder(spec, profile)
+            _run(builder, steps)
+            predictions[tolerance] = builder.latency_predictions_s(8)[0]
+        plain, _ = _local_pair(profile, steps)
+        before = plain.latency_predictions_s(8)[0]
+        gap = math.log(measured) - math.log(before)
+        beyond = math.copysign(max(abs(gap) - 0.3, 0.0), gap)
+        weight = -math.expm1(-1 / 2.0)
+        assert predictions[0.3] == pytest.approx(before * math.exp(weight * beyond), rel=1e-9)
+        assert predictions[0.0] == pytest.approx(before * math.exp(weight * gap), rel=1e-9)
+
+
 @pytest.mark.parametrize("value", [-1.0, float("inf"), float("nan"), True, "1"])
-def test_a_bad_local_correction_setting_is_refused_by_name(value):
-    with pytest.raises(ValueError, match="latency_local_samples"):
-        FeatureSpec(latency_local_samples=value)
+@pytest.mark.parametrize("field", ["latency_local_samples", "latency_local_tolerance"])
+def test_a_bad_local_correction_setting_is_refused_by_name(value, field):
+    with pytest.raises(ValueError, match=field):
+        FeatureSpec(**{field: value})
