@@ -901,13 +901,19 @@ def _latency_predictions(builders: Sequence[FeatureBuilder], batch_sizes: np.nda
         weights = _correct_locally(builders, batch_sizes, floored, profile_ms)
         # A depth measured here is priced as measured, not raised to an unmeasured
         # shallower depth's guess (the running maximum, blended out by the depth's
-        # weight: an unmeasured depth still never costs less than a shallower one).
+        # weight: an unmeasured depth still never costs less than a shallower one);
+        # then, the same way, an unmeasured depth never costs more than a deeper one
+        # measured here (the running minimum from the deepest down).
         running = floored[0]
         for depth in range(1, len(floored)):
             value = floored[depth]
             up = np.maximum(value, running)
             running = floored[depth] = up * np.exp(
                 weights[depth] * (np.log(value) - np.log(up)))
+        for depth in range(len(floored) - 2, -1, -1):
+            value = floored[depth]
+            down = np.minimum(value, floored[depth + 1])
+            floored[depth] = down * np.exp(weights[depth] * (np.log(value) - np.log(down)))
         return floored * 1e-3
     return np.maximum.accumulate(floored, axis=0) * 1e-3
 

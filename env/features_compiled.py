@@ -360,6 +360,7 @@ def _grids(states, params, has_prior, design, at0, slope, column0, buckets, out,
     tolerance = params[_P_LOCAL_TOLERANCE]
     weight = np.zeros((depth + 1, LOCAL_BUCKETS))
     ratio = np.zeros((depth + 1, LOCAL_BUCKETS))
+    local_ms = np.empty(depth + 1)
     for n in range(states.shape[0]):
         state = states[n]
         # _acceptance(): each position's prior is the estimate of the position before it
@@ -427,10 +428,20 @@ def _grids(states, params, has_prior, design, at0, slope, column0, buckets, out,
                     else:
                         up = _maximum(value, running)
                         running = up * math.exp(weight[d, j] * (math.log(value) - math.log(up)))
+                    local_ms[d] = running
                 else:
                     running = _maximum(running, value)
-                latency[d, n, r] = running * 1e-3
-                log_latency[d] = math.log(latency[d, n, r])
+                    latency[d, n, r] = running * 1e-3
+                    log_latency[d] = math.log(latency[d, n, r])
+            if local:  # features._latency_predictions' blended cap from deeper depths
+                j = buckets[r]
+                for d in range(depth - 1, -1, -1):
+                    value = local_ms[d]
+                    down = _minimum(value, local_ms[d + 1])
+                    local_ms[d] = down * math.exp(weight[d, j] * (math.log(value) - math.log(down)))
+                for d in range(depth + 1):
+                    latency[d, n, r] = local_ms[d] * 1e-3
+                    log_latency[d] = math.log(latency[d, n, r])
             # Every value saturates into the box [-1, 1] (column0 and entries already
             # are; the goodput term is within it by construction).
             vector = out[n, r]

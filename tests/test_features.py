@@ -1026,23 +1026,26 @@ def test_the_local_correction_forgets_as_the_regression_forgets():
     assert local.latency_predictions_s(8)[0] == pytest.approx(want, rel=1e-9)
 
 
-def test_a_depth_measured_nearby_is_not_raised_to_an_unmeasured_shallower_guess():
+def test_a_depth_measured_nearby_bounds_the_unmeasured_depths_both_ways():
     """The fourteenth session's h100_llama31_8b trace with another server's profile:
     depth 6, measured at 48 ms, priced at 77 ms because depth 1, never run, was guessed
     there and a deeper draft is never priced below a shallower one. Here off and depth
-    5 (at 0.3x the profile) are measured at batch 64: with the correction depth 5 is
-    priced as measured although depths 1-4 are guessed about twice as high, and the
-    unmeasured deeper depths still cost no less than depth 5."""
+    5 (at 0.3x the profile) are measured at batch 64, depths 1-4 guessed about twice as
+    high: with the correction depth 5 is priced as measured, the unmeasured shallower
+    depths no higher than it (h200_llama31_8b at seed 3: depth 3 priced above the
+    measured depth 6 kept the policy at 6 where 3 serves 1.17x) and the unmeasured
+    deeper ones no lower; off, measured, keeps its own price."""
     profile = load_profile("h200_llama31_8b")
     kv = 64 * 600
     depth5 = 0.3 * _profile_ms(profile, 64, 5, kv) / 1e3
     steps = [(64, 0, _profile_ms(profile, 64, 0, kv) / 1e3, kv)] * 20 + [(64, 5, depth5, kv)] * 3
     plain, local = _local_pair(profile, steps, samples=0.5)
     guessed, priced = plain.latency_predictions_s(64), local.latency_predictions_s(64)
-    assert guessed[5] > 1.8 * depth5  # raised to depth 1-4's guess without the correction
-    assert priced[1] > 1.8 * depth5
+    assert guessed[1] > 1.8 * depth5 and guessed[5] > 1.8 * depth5
     assert priced[5] == pytest.approx(depth5, rel=0.02)
+    assert all(priced[d] <= priced[5] * (1 + 1e-12) for d in range(1, 5))
     assert priced[6] >= priced[5] and priced[7] >= priced[6]
+    assert priced[0] == pytest.approx(guessed[0], rel=1e-6)
 
 
 def test_the_local_tolerance_corrects_only_beyond_it():
