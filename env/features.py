@@ -32,7 +32,10 @@ The observation holds only what a server can know online:
   regression models the whole latency from a generic prior: then the cost of a
   depth the server has not run recently is a guess (chain telemetry cannot
   show the cost of a depth that is never used), which is why serving with a
-  profile is recommended;
+  profile is recommended; optionally (``FeatureSpec.latency_local_samples``, the
+  fourteenth session) a local measured-cost correction on top: a depth measured
+  recently near the batch size is priced as measured there, whatever the regression
+  over the profile says, and bounds the unmeasured depths around it;
 * their combination: the estimated goodput of each depth relative to no
   speculation, ``(1 + E[accepted | d]) / latency(d)``;
 * what is measured and what is assumed: per depth, a confidence that rises from
@@ -197,6 +200,11 @@ class FeatureSpec:
     #: regression's predictions reads their small drifts as it learned to, while an
     #: error of several times (another server's profile) is corrected to within it.
     latency_local_tolerance: float = 0.0
+    #: With the local correction, also price an unmeasured depth no higher than a deeper
+    #: one measured nearby (blended out by its own weight). Off: the fourteenth session's
+    #: candidate; on, it speculates more (report-only swapped-profile cells up to +0.04,
+    #: never-pays windows -1 and -3 at seeds 1 and 3): docs/results/local_cost/.
+    latency_local_cap: bool = False
     #: Recent cost measurements of a depth at which its confidence is 1 - 1/e.
     cost_confidence_samples: float = 2.0
     #: EMA weight for the load and throughput trackers.
@@ -225,6 +233,9 @@ class FeatureSpec:
             if not _is_number(value) or not 0.0 < value < math.inf:
                 raise ValueError(f"feature spec field {name!r}: {value!r} is not a positive "
                                  "number")
+        if not isinstance(self.latency_local_cap, bool):
+            raise ValueError("feature spec field 'latency_local_cap': "
+                             f"{self.latency_local_cap!r} is not true or false")
         for name in ("latency_local_samples", "latency_local_tolerance"):
             value = getattr(self, name)
             if not _is_number(value) or not 0.0 <= value < math.inf:
@@ -902,15 +913,15 @@ def _latency_predictions(builders: Sequence[FeatureBuilder], batch_sizes: np.nda
         # A depth measured here is priced as measured, not raised to an unmeasured
         # shallower depth's guess (the running maximum, blended out by the depth's
         # weight: an unmeasured depth still never costs less than a shallower one);
-        # then, the same way, an unmeasured depth never costs more than a deeper one
-        # measured here (the running minimum from the deepest down).
+        # then (latency_local_cap), the same way, an unmeasured depth never costs more
+        # than a deeper one measured here (the running minimum from the deepest down).
         running = floored[0]
         for depth in range(1, len(floored)):
             value = floored[depth]
             up = np.maximum(value, running)
             running = floored[depth] = up * np.exp(
                 weights[depth] * (np.log(value) - np.log(up)))
-        for depth in range(len(floored) - 2, -1, -1):
+        for depth in range(len(floored) - 2 if first.spec.latency_local_cap else -1, -1, -1):
             value = floored[depth]
             down = np.minimum(value, floored[depth + 1])
             floored[depth] = down * np.exp(weights[depth] * (np.log(value) - np.log(down)))

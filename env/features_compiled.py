@@ -57,8 +57,8 @@ _P_STRENGTH, _P_PRIOR_FIRST, _P_PER_SAMPLE, _P_SPEC_FRACTION, _P_DRAFT_FRACTION 
 _P_HEAD, _P_WIDTH, _P_LOG_THROUGHPUT_AT, _P_MODEL = 10, 11, 12, 13
 _P_OUTLIER_RATIO, _P_OUTLIER_TRUST, _P_OUTLIER_WARMUP = 14, 15, 16
 _P_LOCAL = 17  # latency_local_samples where the correction runs (a profile), else 0
-_P_LOCAL_TOLERANCE = 18
-_P_LAYOUT = 19  # then the layout's logs, mul, div (width each), then (latency_model 2)
+_P_LOCAL_TOLERANCE, _P_LOCAL_CAP = 18, 19
+_P_LAYOUT = 20  # then the layout's logs, mul, div (width each), then (latency_model 2)
 # the no-profile prior's precision (7 x 7) and right-hand side (7): see _prior_at
 
 
@@ -105,6 +105,7 @@ def _params(spec: FeatureSpec, has_profile: bool = False) -> np.ndarray:
         effective_model(spec.latency_model, has_profile), spec.latency_outlier_ratio,
         spec.latency_outlier_trust, spec.latency_outlier_warmup,
         spec.latency_local_samples if has_profile else 0.0, spec.latency_local_tolerance,
+        float(spec.latency_local_cap),
     ])
     return np.concatenate([head, layout.logs.astype(float), layout.mul, layout.div,
                            layout.prior_matrix.ravel(), layout.prior_rhs])
@@ -358,6 +359,7 @@ def _grids(states, params, has_prior, design, at0, slope, column0, buckets, out,
     log_latency = np.empty(depth + 1)
     local = params[_P_LOCAL] > 0.0
     tolerance = params[_P_LOCAL_TOLERANCE]
+    cap = params[_P_LOCAL_CAP] > 0.0
     weight = np.zeros((depth + 1, LOCAL_BUCKETS))
     ratio = np.zeros((depth + 1, LOCAL_BUCKETS))
     local_ms = np.empty(depth + 1)
@@ -433,9 +435,9 @@ def _grids(states, params, has_prior, design, at0, slope, column0, buckets, out,
                     running = _maximum(running, value)
                     latency[d, n, r] = running * 1e-3
                     log_latency[d] = math.log(latency[d, n, r])
-            if local:  # features._latency_predictions' blended cap from deeper depths
+            if local:  # features._latency_predictions' blended cap from deeper depths (if cap)
                 j = buckets[r]
-                for d in range(depth - 1, -1, -1):
+                for d in range(depth - 1 if cap else -1, -1, -1):
                     value = local_ms[d]
                     down = _minimum(value, local_ms[d + 1])
                     local_ms[d] = down * math.exp(weight[d, j] * (math.log(value) - math.log(down)))

@@ -952,13 +952,14 @@ def test_outlier_settings_out_of_range_are_refused_by_name(field, value):
         FeatureSpec(**{field: value})
 
 
-def _local_pair(profile, steps, samples: float = 1.0) -> tuple[FeatureBuilder, FeatureBuilder]:
+def _local_pair(profile, steps, samples: float = 1.0,
+                cap: bool = False) -> tuple[FeatureBuilder, FeatureBuilder]:
     """Two builders fed ``steps`` (see _run), model 3, without and with the local
     measured-cost correction."""
     pair = []
     for local in (0.0, samples):
-        builder = FeatureBuilder(FeatureSpec(latency_model=3, latency_local_samples=local),
-                                 profile)
+        builder = FeatureBuilder(FeatureSpec(latency_model=3, latency_local_samples=local,
+                                             latency_local_cap=cap), profile)
         _run(builder, steps)
         pair.append(builder)
     return pair[0], pair[1]
@@ -1031,21 +1032,25 @@ def test_a_depth_measured_nearby_bounds_the_unmeasured_depths_both_ways():
     depth 6, measured at 48 ms, priced at 77 ms because depth 1, never run, was guessed
     there and a deeper draft is never priced below a shallower one. Here off and depth
     5 (at 0.3x the profile) are measured at batch 64, depths 1-4 guessed about twice as
-    high: with the correction depth 5 is priced as measured, the unmeasured shallower
-    depths no higher than it (h200_llama31_8b at seed 3: depth 3 priced above the
-    measured depth 6 kept the policy at 6 where 3 serves 1.17x) and the unmeasured
-    deeper ones no lower; off, measured, keeps its own price."""
+    high: with the correction depth 5 is priced as measured and the unmeasured deeper
+    depths no lower; with ``latency_local_cap`` the unmeasured shallower depths no
+    higher than it either (h200_llama31_8b at seed 3: depth 3 priced above the measured
+    depth 6 kept the policy at 6 where 3 serves 1.17x), without it they keep their
+    guess; off, measured, keeps its own price."""
     profile = load_profile("h200_llama31_8b")
     kv = 64 * 600
     depth5 = 0.3 * _profile_ms(profile, 64, 5, kv) / 1e3
     steps = [(64, 0, _profile_ms(profile, 64, 0, kv) / 1e3, kv)] * 20 + [(64, 5, depth5, kv)] * 3
-    plain, local = _local_pair(profile, steps, samples=0.5)
+    plain, local = _local_pair(profile, steps, samples=0.5, cap=True)
+    _, uncapped = _local_pair(profile, steps, samples=0.5)
     guessed, priced = plain.latency_predictions_s(64), local.latency_predictions_s(64)
     assert guessed[1] > 1.8 * depth5 and guessed[5] > 1.8 * depth5
-    assert priced[5] == pytest.approx(depth5, rel=0.02)
+    for predictions in (priced, uncapped.latency_predictions_s(64)):
+        assert predictions[5] == pytest.approx(depth5, rel=0.02)
+        assert predictions[6] >= predictions[5] and predictions[7] >= predictions[6]
+        assert predictions[0] == pytest.approx(guessed[0], rel=1e-6)
     assert all(priced[d] <= priced[5] * (1 + 1e-12) for d in range(1, 5))
-    assert priced[6] >= priced[5] and priced[7] >= priced[6]
-    assert priced[0] == pytest.approx(guessed[0], rel=1e-6)
+    np.testing.assert_array_equal(uncapped.latency_predictions_s(64)[1:5], guessed[1:5])
 
 
 def test_the_local_tolerance_corrects_only_beyond_it():
@@ -1078,3 +1083,9 @@ def test_the_local_tolerance_corrects_only_beyond_it():
 def test_a_bad_local_correction_setting_is_refused_by_name(value, field):
     with pytest.raises(ValueError, match=field):
         FeatureSpec(**{field: value})
+
+
+@pytest.mark.parametrize("value", [1, 0.0, "true", None])
+def test_the_local_cap_must_be_a_bool(value):
+    with pytest.raises(ValueError, match="latency_local_cap"):
+        FeatureSpec(latency_local_cap=value)
