@@ -1089,3 +1089,14 @@ def test_a_bad_local_correction_setting_is_refused_by_name(value, field):
 def test_the_local_cap_must_be_a_bool(value):
     with pytest.raises(ValueError, match="latency_local_cap"):
         FeatureSpec(latency_local_cap=value)
+
+
+def test_the_local_correction_keeps_the_observation_layout_and_round_trips():
+    """The shipped weights read the vector by position: the settings change values, never
+    the layout, and travel in a policy file's spec."""
+    spec = FeatureSpec(latency_model=3, latency_local_samples=0.5,
+                       latency_local_tolerance=0.2, latency_local_cap=True)
+    assert spec.names() == FeatureSpec().names() and spec.size == FeatureSpec().size
+    assert FeatureSpec.from_dict(spec.to_dict()) == spec
+    old = {k: v for k, v in spec.to_dict().items() if not k.startswith("latency_local")}
+    assert FeatureSpec.from_dict(old) == FeatureSpec(latency_model=3)
