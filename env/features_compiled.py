@@ -310,18 +310,19 @@ def _fold(state, params, has_prior, is_decode, batch_size, waiting, kv_tokens, k
 
 
 @njit(cache=True)
-def _local_tables(state, params, weight, ratio):
+def _local_tables(state, params, weight, ratio, counts, sums):
     """``env.features.local_tables`` of one stream's state, into ``weight`` and
-    ``ratio`` (depth + 1, LOCAL_BUCKETS)."""
+    ``ratio`` (depth + 1, LOCAL_BUCKETS; ``counts`` and ``sums``: scratch, that shape)."""
     depth = int(params[_P_DEPTH])
     lo = _local_at(depth)
     cells = _cells_jit(depth)
     clock, forget, samples = state[lo], params[_P_FORGET], params[_P_LOCAL]
-    counts = np.empty((depth + 1, LOCAL_BUCKETS))
-    sums = np.empty((depth + 1, LOCAL_BUCKETS))
     for d in range(depth + 1):
         for j in range(LOCAL_BUCKETS):
             cell = lo + 1 + d * LOCAL_BUCKETS + j
+            if state[cell] == 0.0:  # never measured (most cells): 0 either way, no pow
+                counts[d, j] = sums[d, j] = 0.0
+                continue
             decay = forget ** (clock - state[cell + 2 * cells])
             counts[d, j] = state[cell] * decay
             sums[d, j] = state[cell + cells] * decay
@@ -363,6 +364,8 @@ def _grids(states, params, has_prior, design, at0, slope, column0, buckets, out,
     weight = np.zeros((depth + 1, LOCAL_BUCKETS))
     ratio = np.zeros((depth + 1, LOCAL_BUCKETS))
     local_ms = np.empty(depth + 1)
+    local_counts = np.empty((depth + 1, LOCAL_BUCKETS))
+    local_sums = np.empty((depth + 1, LOCAL_BUCKETS))
     for n in range(states.shape[0]):
         state = states[n]
         # _acceptance(): each position's prior is the estimate of the position before it
@@ -403,7 +406,7 @@ def _grids(states, params, has_prior, design, at0, slope, column0, buckets, out,
         for d in range(depth + 1):
             log_tokens[d] = math.log1p(expected[n, d])
         if local:
-            _local_tables(state, params, weight, ratio)
+            _local_tables(state, params, weight, ratio, local_counts, local_sums)
         for r in range(rows):
             # _latency_predictions(): the regression per depth, floored, non-decreasing
             running = -np.inf
@@ -422,14 +425,19 @@ def _grids(states, params, has_prior, design, at0, slope, column0, buckets, out,
                 value = _maximum(value, floor)
                 if local:  # features._correct_locally, then its blended running maximum
                     j = buckets[r]
-                    gap = math.log(profile_ms) + ratio[d, j] - math.log(value)
-                    beyond = _maximum(abs(gap) - tolerance, 0.0)
-                    value = value * math.exp(weight[d, j] * math.copysign(beyond, gap))
+                    w = weight[d, j]
+                    # (weight 0, an unmeasured cell: numpy's factors are exp(0) = 1 exactly)
+                    if w != 0.0:
+                        gap = math.log(profile_ms) + ratio[d, j] - math.log(value)
+                        beyond = _maximum(abs(gap) - tolerance, 0.0)
+                        value = value * math.exp(w * math.copysign(beyond, gap))
                     if d == 0:
                         running = value
-                    else:
+                    elif w != 0.0:
                         up = _maximum(value, running)
-                        running = up * math.exp(weight[d, j] * (math.log(value) - math.log(up)))
+                        running = up * math.exp(w * (math.log(value) - math.log(up)))
+                    else:
+                        running = _maximum(value, running)
                     local_ms[d] = running
                 else:
                     running = _maximum(running, value)
@@ -440,7 +448,9 @@ def _grids(states, params, has_prior, design, at0, slope, column0, buckets, out,
                 for d in range(depth - 1 if cap else -1, -1, -1):
                     value = local_ms[d]
                     down = _minimum(value, local_ms[d + 1])
-                    local_ms[d] = down * math.exp(weight[d, j] * (math.log(value) - math.log(down)))
+                    if weight[d, j] != 0.0:
+                        down = down * math.exp(weight[d, j] * (math.log(value) - math.log(down)))
+                    local_ms[d] = down
                 for d in range(depth + 1):
                     latency[d, n, r] = local_ms[d] * 1e-3
                     log_latency[d] = math.log(latency[d, n, r])
