@@ -32,7 +32,10 @@ The observation holds only what a server can know online:
   regression models the whole latency from a generic prior: then the cost of a
   depth the server has not run recently is a guess (chain telemetry cannot
   show the cost of a depth that is never used), which is why serving with a
-  profile is recommended;
+  profile is recommended; optionally (``FeatureSpec.latency_local_samples``, the
+  fourteenth session) a local measured-cost correction on top: a depth measured
+  recently near the batch size is priced as measured there, whatever the regression
+  over the profile says, and bounds the unmeasured depths around it;
 * their combination: the estimated goodput of each depth relative to no
   speculation, ``(1 + E[accepted | d]) / latency(d)``;
 * what is measured and what is assumed: per depth, a confidence that rises from
@@ -90,6 +93,42 @@ def effective_model(latency_model: int, has_profile: bool) -> int:
 #: The features' steps-since-acceptance count before any acceptance was measured (a
 #: stream's first decode record counts from here): see FeatureBuilder.acceptance_age().
 NEVER_MEASURED = 10**6
+#: The local cost correction's batch buckets (FeatureSpec.latency_local_samples): bucket j
+#: holds batch sizes [2^j, 2^(j+1)), the last one everything above.
+LOCAL_BUCKETS = 12
+#: The weight of a neighbouring bucket's measurements (the profile carries them over the
+#: factor of two in batch size).
+LOCAL_NEIGHBOUR = 0.5
+
+
+def local_bucket(batch_size: int) -> int:
+    """The local cost correction's bucket of a batch size: floor(log2), within
+    [0, LOCAL_BUCKETS - 1] (a loop of integer compares, as the compiled backend's)."""
+    bucket = 0
+    while bucket < LOCAL_BUCKETS - 1 and (2 << bucket) <= batch_size:
+        bucket += 1
+    return bucket
+
+
+def local_tables(counts: np.ndarray, sums: np.ndarray, times: np.ndarray, clock: float,
+                 forget: float, samples: float) -> tuple[np.ndarray, np.ndarray]:
+    """The local cost correction per (depth, bucket), each shape (depth + 1,
+    LOCAL_BUCKETS): its weight ``1 - exp(-n / samples)`` and the mean log(measured /
+    profile) it moves toward, from the cells' counts and log-error sums as of their
+    last update (``times``, on the decode-step ``clock``), decayed now, each bucket's
+    neighbours added at LOCAL_NEIGHBOUR."""
+    decay = forget ** (clock - times)
+    counts, sums = counts * decay, sums * decay
+    near_counts, near_sums = counts.copy(), sums.copy()
+    near_counts[:, 1:] += LOCAL_NEIGHBOUR * counts[:, :-1]
+    near_sums[:, 1:] += LOCAL_NEIGHBOUR * sums[:, :-1]
+    near_counts[:, :-1] += LOCAL_NEIGHBOUR * counts[:, 1:]
+    near_sums[:, :-1] += LOCAL_NEIGHBOUR * sums[:, 1:]
+    measured = near_counts > 0.0
+    ratio = np.zeros_like(near_sums)
+    np.divide(near_sums, near_counts, out=ratio, where=measured)
+    weight = -np.expm1(-near_counts / samples)
+    return weight, ratio
 
 
 @dataclass(frozen=True)
@@ -145,6 +184,27 @@ class FeatureSpec:
     latency_outlier_ratio: float = 0.0
     latency_outlier_trust: float = 0.5
     latency_outlier_warmup: float = 10.0
+    #: The local measured-cost correction (where a cost profile is handed; 0: off, the
+    #: features before the fourteenth session): per depth and power-of-two batch bucket,
+    #: the recent mean log(measured / profile-predicted latency) of that depth's steps
+    #: there, forgotten as the regression forgets. A depth's prediction at a batch size
+    #: moves toward the profile's there times that measured ratio, with weight ``1 -
+    #: exp(-n / latency_local_samples)`` (n: its recent measurements in the batch size's
+    #: bucket, its neighbours' at half weight). The shared regression over another
+    #: server's profile mispredicts a depth measured a few steps ago by up to 5x (a
+    #: per-depth error its residual terms cannot represent: docs/POLICY.md "cause 3");
+    #: a depth unmeasured near this batch size keeps the regression's prediction.
+    latency_local_samples: float = 0.0
+    #: The local correction moves a prediction only by the part of its log distance to
+    #: the measured target beyond this (0: all of it): a policy trained on the
+    #: regression's predictions reads their small drifts as it learned to, while an
+    #: error of several times (another server's profile) is corrected to within it.
+    latency_local_tolerance: float = 0.0
+    #: With the local correction, also price an unmeasured depth no higher than a deeper
+    #: one measured nearby (blended out by its own weight). Off: the fourteenth session's
+    #: candidate; on, it speculates more (report-only swapped-profile cells up to +0.04,
+    #: never-pays windows -1 and -3 at seeds 1 and 3): docs/results/local_cost/.
+    latency_local_cap: bool = False
     #: Recent cost measurements of a depth at which its confidence is 1 - 1/e.
     cost_confidence_samples: float = 2.0
     #: EMA weight for the load and throughput trackers.
@@ -173,6 +233,14 @@ class FeatureSpec:
             if not _is_number(value) or not 0.0 < value < math.inf:
                 raise ValueError(f"feature spec field {name!r}: {value!r} is not a positive "
                                  "number")
+        if not isinstance(self.latency_local_cap, bool):
+            raise ValueError("feature spec field 'latency_local_cap': "
+                             f"{self.latency_local_cap!r} is not true or false")
+        for name in ("latency_local_samples", "latency_local_tolerance"):
+            value = getattr(self, name)
+            if not _is_number(value) or not 0.0 <= value < math.inf:
+                raise ValueError(f"feature spec field {name!r}: {value!r} is not 0 or a "
+                                 "positive number")
 
     def to_dict(self) -> dict:
         """JSON-friendly copy, stored in exported policies."""
@@ -300,6 +368,9 @@ class FeatureBuilder:
         self.cost_prior = cost_prior
         #: The latency regression this builder runs (effective_model: per spec and profile).
         self._model = effective_model(self.spec.latency_model, cost_prior is not None)
+        #: Whether the local measured-cost correction runs (it needs a profile to carry a
+        #: measured ratio across a bucket's batch sizes).
+        self._local_on = self.spec.latency_local_samples > 0.0 and cost_prior is not None
         self._layout = _layout(self.spec)
         # Depth first, shape (depth + 1, 1, 1): see _latency_predictions(). These and the
         # design cache depend on the spec and the profile only: kept across resets.
@@ -349,6 +420,14 @@ class FeatureBuilder:
         self._latency_ms_ema: float | None = None
         self._depth_samples = [0.0] * (self.spec.max_depth + 1)
         self._prior_log_error = 0.0
+        # The local cost correction's cells (depth * LOCAL_BUCKETS + bucket): forgotten
+        # count and log-error sum as of the cell's last update, that update's time on the
+        # decode-step clock (decayed when read: see local_tables).
+        cells = (self.spec.max_depth + 1) * LOCAL_BUCKETS
+        self._local_counts = [0.0] * cells
+        self._local_sums = [0.0] * cells
+        self._local_times = [0.0] * cells
+        self._local_clock = 0.0
         self._batch_size = 0
         self._batch_ema: float | None = None
         self._batch_trend = 0.0
@@ -381,6 +460,9 @@ class FeatureBuilder:
         self._trials = list(self._trials)
         self._successes = list(self._successes)
         self._depth_samples = list(self._depth_samples)
+        self._local_counts = list(self._local_counts)
+        self._local_sums = list(self._local_sums)
+        self._local_times = list(self._local_times)
         self._moments = self._moments.copy()
         self._pending = list(self._pending)  # the regressor rows themselves never change
 
@@ -447,6 +529,13 @@ class FeatureBuilder:
             for d in range(len(samples)):  # plain floats: 8 numpy calls cost more
                 samples[d] *= forget
             samples[steps] += 1.0
+            if self._local_on:  # the profile's error of this depth at this batch size
+                self._local_clock += 1.0
+                cell = steps * LOCAL_BUCKETS + local_bucket(batch)
+                decay = forget ** (self._local_clock - self._local_times[cell])
+                self._local_counts[cell] = self._local_counts[cell] * decay + 1.0
+                self._local_sums[cell] = self._local_sums[cell] * decay + error
+                self._local_times[cell] = self._local_clock
             # The regression's sufficient statistics in one matrix, [x, y] [x, y]^T with
             # y the residual: X'X is its top-left 7 x 7 block, X'y its last column.
             # Folded (moments * forget + z z^T, record by record) when next read.
@@ -814,10 +903,55 @@ def _latency_predictions(builders: Sequence[FeatureBuilder], batch_sizes: np.nda
         predicted[1:] += thetas[:, 6:7] * (kv / 1e5)
     if prior is not None:
         at0, slope = prior
-        predicted += at0 + slope * kv
+        profile_ms = at0 + slope * kv
+        predicted += profile_ms
     # Physically a deeper draft never costs less; keep the prediction sane.
     floor = np.maximum(0.05 * base_ms, 1e-3)[:, None]
-    return np.maximum.accumulate(np.maximum(predicted, floor), axis=0) * 1e-3
+    floored = np.maximum(predicted, floor)
+    if first._local_on:
+        weights = _correct_locally(builders, batch_sizes, floored, profile_ms)
+        # A depth measured here is priced as measured, not raised to an unmeasured
+        # shallower depth's guess (the running maximum, blended out by the depth's
+        # weight: an unmeasured depth still never costs less than a shallower one);
+        # then (latency_local_cap), the same way, an unmeasured depth never costs more
+        # than a deeper one measured here (the running minimum from the deepest down).
+        running = floored[0]
+        for depth in range(1, len(floored)):
+            value = floored[depth]
+            up = np.maximum(value, running)
+            running = floored[depth] = up * np.exp(
+                weights[depth] * (np.log(value) - np.log(up)))
+        for depth in range(len(floored) - 2 if first.spec.latency_local_cap else -1, -1, -1):
+            value = floored[depth]
+            down = np.minimum(value, floored[depth + 1])
+            floored[depth] = down * np.exp(weights[depth] * (np.log(value) - np.log(down)))
+        return floored * 1e-3
+    return np.maximum.accumulate(floored, axis=0) * 1e-3
+
+
+def _correct_locally(builders: Sequence[FeatureBuilder], batch_sizes: np.ndarray,
+                     predicted: np.ndarray, profile_ms: np.ndarray) -> np.ndarray:
+    """In place: each builder's predictions (ms, shape (depth + 1, builders, batch
+    sizes)) moved toward the profile's (``profile_ms``, the same shape) times the
+    measured ratio of their depth and batch bucket, in log space, by the local weight
+    (FeatureSpec.latency_local_samples; weight 0 leaves a prediction as it was).
+    Returns the weights (the predictions' shape)."""
+    spec = builders[0].spec
+    shape = (spec.max_depth + 1, LOCAL_BUCKETS)
+    buckets = [local_bucket(int(b)) for b in batch_sizes.tolist()]
+    weights = np.empty_like(predicted)
+    for i, builder in enumerate(builders):
+        weight, ratio = local_tables(
+            np.array(builder._local_counts).reshape(shape),
+            np.array(builder._local_sums).reshape(shape),
+            np.array(builder._local_times).reshape(shape), builder._local_clock,
+            spec.latency_forgetting, spec.latency_local_samples)
+        value = predicted[:, i, :]
+        gap = np.log(profile_ms[:, i, :]) + ratio[:, buckets] - np.log(value)
+        beyond = np.maximum(np.abs(gap) - spec.latency_local_tolerance, 0.0)
+        weights[:, i, :] = weight[:, buckets]
+        predicted[:, i, :] = value * np.exp(weights[:, i, :] * np.copysign(beyond, gap))
+    return weights
 
 
 def _fold_moments(builders: Sequence[FeatureBuilder]) -> np.ndarray:

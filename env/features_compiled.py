@@ -28,18 +28,22 @@ import numpy as np
 from numba import njit
 
 from env.features import (
+    LOCAL_BUCKETS,
+    LOCAL_NEIGHBOUR,
     NEVER_MEASURED,
     FeatureBuilder,
     FeatureSpec,
     _Batch,
     _layout,
     effective_model,
+    local_bucket,
 )
 
 # -- the state vector -----------------------------------------------------------------
 # Scalars first, then per-depth arrays whose offsets follow from max_depth (D):
 # trials [D], successes [D], cost samples [D + 1], the regression's 8 x 8 moments,
-# its solution theta [7].
+# its solution theta [7], then the local cost correction's clock and its cells' counts,
+# log-error sums and update times [(D + 1) * LOCAL_BUCKETS each] (see _local_at).
 _WAITING, _KV_USE, _KV_TOKENS, _PREFILL_SHARE = 0, 1, 2, 3
 _BATCH_SIZE, _BATCH_EMA, _BATCH_TREND, _HAS_BATCH = 4, 5, 6, 7
 _STEPS_USED, _SINCE_SWITCH, _SINCE_ACCEPT = 8, 9, 10
@@ -52,7 +56,9 @@ _P_DEPTH, _P_ALPHA, _P_DECAY, _P_FORGET, _P_RIDGE = 0, 1, 2, 3, 4
 _P_STRENGTH, _P_PRIOR_FIRST, _P_PER_SAMPLE, _P_SPEC_FRACTION, _P_DRAFT_FRACTION = 5, 6, 7, 8, 9
 _P_HEAD, _P_WIDTH, _P_LOG_THROUGHPUT_AT, _P_MODEL = 10, 11, 12, 13
 _P_OUTLIER_RATIO, _P_OUTLIER_TRUST, _P_OUTLIER_WARMUP = 14, 15, 16
-_P_LAYOUT = 17  # then the layout's logs, mul, div (width each), then (latency_model 2)
+_P_LOCAL = 17  # latency_local_samples where the correction runs (a profile), else 0
+_P_LOCAL_TOLERANCE, _P_LOCAL_CAP = 18, 19
+_P_LAYOUT = 20  # then the layout's logs, mul, div (width each), then (latency_model 2)
 # the no-profile prior's precision (7 x 7) and right-hand side (7): see _prior_at
 
 
@@ -63,10 +69,27 @@ def _offsets(depth: int) -> tuple[int, int, int, int, int, int]:
     samples = successes + depth
     moments = samples + depth + 1
     theta = moments + 64
-    return trials, successes, samples, moments, theta, theta + 7
+    # then the local cost correction: its clock and 3 values per cell (see _cells)
+    return trials, successes, samples, moments, theta, theta + 8 + 3 * (depth + 1) * LOCAL_BUCKETS
+
+
+def _cells(depth: int) -> int:
+    """The local cost correction's cells (depth and batch bucket)."""
+    return (depth + 1) * LOCAL_BUCKETS
 
 
 _offsets_jit = njit(cache=True)(_offsets)
+_cells_jit = njit(cache=True)(_cells)
+
+
+@njit(cache=True)
+def _local_at(depth):
+    """Where the local cost correction's clock sits in the state vector (its cells'
+    counts, sums and times follow)."""
+    return _offsets_jit(depth)[4] + 7
+
+
+_local_bucket_jit = njit(cache=True)(local_bucket)
 
 
 @functools.lru_cache(maxsize=16)
@@ -81,6 +104,8 @@ def _params(spec: FeatureSpec, has_profile: bool = False) -> np.ndarray:
         spec.draft_step_prior_fraction, layout.head, layout.width, 0.0,
         effective_model(spec.latency_model, has_profile), spec.latency_outlier_ratio,
         spec.latency_outlier_trust, spec.latency_outlier_warmup,
+        spec.latency_local_samples if has_profile else 0.0, spec.latency_local_tolerance,
+        float(spec.latency_local_cap),
     ])
     return np.concatenate([head, layout.logs.astype(float), layout.mul, layout.div,
                            layout.prior_matrix.ravel(), layout.prior_rhs])
@@ -210,6 +235,7 @@ def _fold(state, params, has_prior, is_decode, batch_size, waiting, kv_tokens, k
     if latency_s > 0.0:
         latency_ms = latency_s * 1e3
         residual_ms = latency_ms
+        error = 0.0
         if has_prior:
             ratio = params[_P_OUTLIER_RATIO]
             if (ratio > 0.0 and latency_ms > ratio * prior_ms
@@ -228,6 +254,16 @@ def _fold(state, params, has_prior, is_decode, batch_size, waiting, kv_tokens, k
         for d in range(depth + 1):
             state[smp + d] *= forget
         state[smp + steps] += 1.0
+        if params[_P_LOCAL] > 0.0:  # FeatureBuilder.update's local cost correction
+            lo = _local_at(depth)
+            cells = _cells_jit(depth)
+            state[lo] += 1.0
+            clock = state[lo]
+            cell = lo + 1 + steps * LOCAL_BUCKETS + _local_bucket_jit(batch)
+            decay = forget ** (clock - state[cell + 2 * cells])
+            state[cell] = state[cell] * decay + 1.0
+            state[cell + cells] = state[cell + cells] * decay + error
+            state[cell + 2 * cells] = clock
         z = np.empty(8)
         b = batch / 64.0
         s = 1.0 if steps > 0 else 0.0
@@ -274,10 +310,41 @@ def _fold(state, params, has_prior, is_decode, batch_size, waiting, kv_tokens, k
 
 
 @njit(cache=True)
-def _grids(states, params, has_prior, design, at0, slope, column0, out, latency, rates,
-           expected):
+def _local_tables(state, params, weight, ratio, counts, sums):
+    """``env.features.local_tables`` of one stream's state, into ``weight`` and
+    ``ratio`` (depth + 1, LOCAL_BUCKETS; ``counts`` and ``sums``: scratch, that shape)."""
+    depth = int(params[_P_DEPTH])
+    lo = _local_at(depth)
+    cells = _cells_jit(depth)
+    clock, forget, samples = state[lo], params[_P_FORGET], params[_P_LOCAL]
+    for d in range(depth + 1):
+        for j in range(LOCAL_BUCKETS):
+            cell = lo + 1 + d * LOCAL_BUCKETS + j
+            if state[cell] == 0.0:  # never measured (most cells): 0 either way, no pow
+                counts[d, j] = sums[d, j] = 0.0
+                continue
+            decay = forget ** (clock - state[cell + 2 * cells])
+            counts[d, j] = state[cell] * decay
+            sums[d, j] = state[cell + cells] * decay
+    for d in range(depth + 1):
+        for j in range(LOCAL_BUCKETS):
+            near_count, near_sum = counts[d, j], sums[d, j]
+            if j > 0:
+                near_count += LOCAL_NEIGHBOUR * counts[d, j - 1]
+                near_sum += LOCAL_NEIGHBOUR * sums[d, j - 1]
+            if j < LOCAL_BUCKETS - 1:
+                near_count += LOCAL_NEIGHBOUR * counts[d, j + 1]
+                near_sum += LOCAL_NEIGHBOUR * sums[d, j + 1]
+            ratio[d, j] = near_sum / near_count if near_count > 0.0 else 0.0
+            weight[d, j] = -math.expm1(-near_count / samples)
+
+
+@njit(cache=True)
+def _grids(states, params, has_prior, design, at0, slope, column0, buckets, out, latency,
+           rates, expected):
     """``env.features._batch`` for stacked states: fills ``out`` (streams, rows, size),
-    ``latency`` (depth + 1, streams, rows) (s), ``rates`` and ``expected``."""
+    ``latency`` (depth + 1, streams, rows) (s), ``rates`` and ``expected`` (``buckets``:
+    each row's batch bucket, for the local cost correction)."""
     depth = int(params[_P_DEPTH])
     tri, suc, smp, _, theta, _ = _offsets_jit(depth)
     head = int(params[_P_HEAD])
@@ -291,6 +358,14 @@ def _grids(states, params, has_prior, design, at0, slope, column0, out, latency,
     entries = np.empty(width)
     log_tokens = np.empty(depth + 1)
     log_latency = np.empty(depth + 1)
+    local = params[_P_LOCAL] > 0.0
+    tolerance = params[_P_LOCAL_TOLERANCE]
+    cap = params[_P_LOCAL_CAP] > 0.0
+    weight = np.zeros((depth + 1, LOCAL_BUCKETS))
+    ratio = np.zeros((depth + 1, LOCAL_BUCKETS))
+    local_ms = np.empty(depth + 1)
+    local_counts = np.empty((depth + 1, LOCAL_BUCKETS))
+    local_sums = np.empty((depth + 1, LOCAL_BUCKETS))
     for n in range(states.shape[0]):
         state = states[n]
         # _acceptance(): each position's prior is the estimate of the position before it
@@ -330,6 +405,8 @@ def _grids(states, params, has_prior, design, at0, slope, column0, out, latency,
         floor = _maximum(0.05 * base_ms, 1e-3)
         for d in range(depth + 1):
             log_tokens[d] = math.log1p(expected[n, d])
+        if local:
+            _local_tables(state, params, weight, ratio, local_counts, local_sums)
         for r in range(rows):
             # _latency_predictions(): the regression per depth, floored, non-decreasing
             running = -np.inf
@@ -341,11 +418,42 @@ def _grids(states, params, has_prior, design, at0, slope, column0, out, latency,
                 # model 2: off's KV term at depth 0 (features._latency_predictions)
                 kv_at = 5 if split and d == 0 else 6
                 value += state[theta + kv_at] * (kv / 1e5)
+                profile_ms = 1.0
                 if has_prior:
-                    value += at0[d, 0, r] + slope[d, 0, r] * kv
-                running = _maximum(running, _maximum(value, floor))
-                latency[d, n, r] = running * 1e-3
-                log_latency[d] = math.log(latency[d, n, r])
+                    profile_ms = at0[d, 0, r] + slope[d, 0, r] * kv
+                    value += profile_ms
+                value = _maximum(value, floor)
+                if local:  # features._correct_locally, then its blended running maximum
+                    j = buckets[r]
+                    w = weight[d, j]
+                    # (weight 0, an unmeasured cell: numpy's factors are exp(0) = 1 exactly)
+                    if w != 0.0:
+                        gap = math.log(profile_ms) + ratio[d, j] - math.log(value)
+                        beyond = _maximum(abs(gap) - tolerance, 0.0)
+                        value = value * math.exp(w * math.copysign(beyond, gap))
+                    if d == 0:
+                        running = value
+                    elif w != 0.0:
+                        up = _maximum(value, running)
+                        running = up * math.exp(w * (math.log(value) - math.log(up)))
+                    else:
+                        running = _maximum(value, running)
+                    local_ms[d] = running
+                else:
+                    running = _maximum(running, value)
+                    latency[d, n, r] = running * 1e-3
+                    log_latency[d] = math.log(latency[d, n, r])
+            if local:  # features._latency_predictions' blended cap from deeper depths (if cap)
+                j = buckets[r]
+                for d in range(depth - 1 if cap else -1, -1, -1):
+                    value = local_ms[d]
+                    down = _minimum(value, local_ms[d + 1])
+                    if weight[d, j] != 0.0:
+                        down = down * math.exp(weight[d, j] * (math.log(value) - math.log(down)))
+                    local_ms[d] = down
+                for d in range(depth + 1):
+                    latency[d, n, r] = local_ms[d] * 1e-3
+                    log_latency[d] = math.log(latency[d, n, r])
             # Every value saturates into the box [-1, 1] (column0 and entries already
             # are; the goodput term is within it by construction).
             vector = out[n, r]
@@ -425,18 +533,19 @@ class CompiledFeatureBuilder(FeatureBuilder):
         # checks: 2 vs 7 us for 5 streams)
         states = (first._state[None] if n == 1
                   else np.array([b._state for b in builders]))
-        design, at0, slope, column0 = first._grid_inputs(batch_sizes)
+        design, at0, slope, column0, buckets = first._grid_inputs(batch_sizes)
         out = np.empty((n, rows, spec.size), dtype=np.float32)
         latency = np.empty((depth + 1, n, rows))
         rates = np.empty((n, depth))
         expected = np.empty((n, depth + 1))
         _grids(states, first._params, first.cost_prior is not None, design, at0, slope,
-               column0, out, latency, rates, expected)
+               column0, buckets, out, latency, rates, expected)
         return _Batch(out, latency, rates, expected)
 
     def _grid_inputs(self, batch_sizes: np.ndarray) -> tuple[np.ndarray, ...]:
-        """:meth:`_design`'s arrays (the prior's as 1 x 1 x 1 zeros without a profile)
-        and the vector's first column (log batch size, in the box), per set of batch
+        """:meth:`_design`'s arrays (the prior's as 1 x 1 x 1 zeros without a profile),
+        the vector's first column (log batch size, in the box) and each row's local
+        cost bucket, per set of batch
         sizes; the spec's grid found by identity (see ``observation_grids``)."""
         if batch_sizes is self._grid_key:
             return self._grid_value
@@ -447,7 +556,9 @@ class CompiledFeatureBuilder(FeatureBuilder):
             at0, slope = prior if prior is not None else (_NO_PRIOR, _NO_PRIOR)
             column0 = np.log1p(batch_sizes) / math.log1p(self.spec.batch_scale)
             column0 = np.maximum(np.minimum(column0, 1.0), -1.0)
-            cached = self._inputs_cache[key] = (design, at0, slope, column0)
+            buckets = np.array([local_bucket(int(b)) for b in batch_sizes.tolist()],
+                               dtype=np.int64)
+            cached = self._inputs_cache[key] = (design, at0, slope, column0, buckets)
         if batch_sizes is self._layout.grid:  # read only: safe to know by identity
             self._grid_key, self._grid_value = batch_sizes, cached
         return cached

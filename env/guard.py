@@ -65,7 +65,10 @@ class GuardSpec(RuleSpec):
     #: The guard acts only while the measured latencies sit within this of the handed
     #: profile's predictions (the observation's ``cost_profile_error``, a mean log ratio
     #: clipped to [-1, 1]; 1: always): with a profile far off (another server's), the
-    #: latency regression's prediction of a depth it ran long ago is far off too.
+    #: latency regression's prediction of a depth it ran long ago is far off too. With
+    #: the features' local measured-cost correction (``FeatureSpec.latency_local_samples``)
+    #: the costs compared near the batch are the measured ones: the fourteenth session's
+    #: candidate sets 1.0 (docs/results/local_cost/).
     max_profile_error: float = 0.5
 
     def __post_init__(self) -> None:
