@@ -1,19 +1,41 @@
 """The simulator's decisions against local mode's, step by step on one stream.
 
-Shared by the tests of the decision-layer rules (the acceptance probe, the goodput
-guard): both must decide the same steps in the simulator (``DecisionLoop`` +
+Shared by the tests of the decision-layer rules (the acceptance and off probes, the
+goodput guard): both must decide the same steps in the simulator (``DecisionLoop`` +
 ``ExportedPolicyAdapter``) and in the plugin's local mode (``StreamDecider`` fed the
-records the loop releases to its features).
+records the loop releases to its features). Also their synthetic decode records and the
+probe state a builder reaches record by record.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+
+import numpy as np
 
 from agents.policies import ExportedPolicyAdapter
 from controller.decider import StreamDecider, steps_at
 from controller.policy_file import ExportedPolicy
+from env.features import FeatureBuilder
 from env.rollout import DecisionLoop
+from env.traces.schema import StepRecord
+
+
+def decode_record(step: int, steps: int = 0, batch: int = 48, latency_s: float = 0.006,
+                  accepted: int = 1) -> StepRecord:
+    """A decode record of ``batch`` requests at ``steps`` (each accepting ``accepted``)."""
+    drafts = np.full(batch if steps else 0, min(accepted, steps), dtype=np.int8)
+    return StepRecord("srv", 0, step, step * latency_s, batch, 0, batch, 50_000, 500_000, 0,
+                      steps, drafts, latency_s)
+
+
+def probe_states(builder: FeatureBuilder, records: Iterable[StepRecord]) -> list[int]:
+    """The builder's probe state (``FeatureBuilder.probing``) after each record."""
+    out = []
+    for r in records:
+        builder.update(r)
+        out.append(builder.probing)
+    return out
 
 
 def lockstep(loop: DecisionLoop, policy: ExportedPolicy, profile, seed: int = 3,

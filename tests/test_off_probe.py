@@ -33,7 +33,7 @@ from env.sim.cost_model import load_profile
 from env.sim.simulator import SchedulerConfig, Simulator
 from env.traces.schema import StepRecord
 from env.traces.workloads import ClosedLoop
-from tests.lockstep import lockstep
+from tests.lockstep import decode_record, lockstep, probe_states
 
 BACKENDS = ("numpy", "compiled")
 OFF_PROBE = ProbeSpec(off_share=0.2)
@@ -41,18 +41,7 @@ OFF_PROBE = ProbeSpec(off_share=0.2)
 
 def step(i: int, steps: int, batch: int = 64, latency_s: float = 0.04) -> StepRecord:
     """A decode record of ``batch`` requests at ``steps``, each accepting one draft."""
-    drafts = np.full(batch if steps else 0, min(1, steps), dtype=np.int8)
-    return StepRecord("srv", 0, i, i * latency_s, batch, 0, batch, 50_000, 500_000, 0, steps,
-                      drafts, latency_s)
-
-
-def trace(builder: FeatureBuilder, records) -> list[int]:
-    """The builder's probe state after each record."""
-    out = []
-    for r in records:
-        builder.update(r)
-        out.append(builder.probing)
-    return out
+    return decode_record(i, steps, batch, latency_s)
 
 
 def speculating(n: int, start: int = 0, batch: int = 64) -> list[StepRecord]:
@@ -63,7 +52,7 @@ def speculating(n: int, start: int = 0, batch: int = 64) -> list[StepRecord]:
 def test_off_unmeasured_while_speculating_is_probed_once_the_budget_covers_it(backend):
     profile = load_profile("h200_llama31_8b")
     builder = FeatureBuilder(None, profile, backend, probe=OFF_PROBE)
-    flags = trace(builder, speculating(400))
+    flags = probe_states(builder, speculating(400))
     fired = [i for i, f in enumerate(flags) if f]
     assert fired and all(flags[i] == PROBE_OFF for i in fired)
     assert fired[:2] == [fired[0], fired[0] + 1]  # off_steps (2) records, consecutive
@@ -72,7 +61,7 @@ def test_off_unmeasured_while_speculating_is_probed_once_the_budget_covers_it(ba
     assert fired[0] >= OFF_PROBE.off_steps * off_s / (OFF_PROBE.off_share * 0.04) - 2
     # the default probe (and so every policy file without off_share) has no off probe
     plain = FeatureBuilder(None, profile, backend, probe=DEFAULT_PROBE)
-    assert not any(trace(plain, speculating(400)))
+    assert not any(probe_states(plain, speculating(400)))
 
 
 def _probe_then_off(builder: FeatureBuilder, scale: float) -> int:
@@ -96,12 +85,12 @@ def test_a_confirmed_off_prediction_is_not_probed_again_a_wrong_one_is(backend):
     profile = load_profile("h200_llama31_8b")
     confirmed = FeatureBuilder(None, profile, backend, probe=OFF_PROBE)
     start = _probe_then_off(confirmed, 1.0)
-    assert not any(trace(confirmed, speculating(3000, start)))  # long after: still known
+    assert not any(probe_states(confirmed, speculating(3000, start)))  # long after: still known
     # another batch size (bucket 8-15) is unmeasured: probed there
-    assert PROBE_OFF in trace(confirmed, speculating(400, start + 3000, batch=8))
+    assert PROBE_OFF in probe_states(confirmed, speculating(400, start + 3000, batch=8))
     wrong = FeatureBuilder(None, profile, backend, probe=OFF_PROBE)
     start = _probe_then_off(wrong, 0.25)  # off 4x cheaper than predicted
-    later = trace(wrong, speculating(3000, start))
+    later = probe_states(wrong, speculating(3000, start))
     # measured: not probed while the two off steps count (2 * 0.995^n >= 0.5: n < 277)
     assert not any(later[:270]) and PROBE_OFF in later
 
@@ -117,13 +106,13 @@ def test_a_profile_the_measurements_confirm_is_not_off_probed_unless_asked(backe
         latency = scale * profile.step_latency_s(64, 3, 50_000, 0)
         return [step(i, 3, latency_s=latency) for i in range(n)]
 
-    assert not any(trace(FeatureBuilder(None, profile, backend, probe=trusting),
+    assert not any(probe_states(FeatureBuilder(None, profile, backend, probe=trusting),
                          profiled(600, 1.0)))
-    assert PROBE_OFF in trace(FeatureBuilder(None, profile, backend, probe=OFF_PROBE),
+    assert PROBE_OFF in probe_states(FeatureBuilder(None, profile, backend, probe=OFF_PROBE),
                               profiled(600, 1.0))
-    assert PROBE_OFF in trace(FeatureBuilder(None, profile, backend, probe=trusting),
+    assert PROBE_OFF in probe_states(FeatureBuilder(None, profile, backend, probe=trusting),
                               profiled(600, 1.3))
-    assert PROBE_OFF in trace(FeatureBuilder(None, None, backend, probe=trusting),
+    assert PROBE_OFF in probe_states(FeatureBuilder(None, None, backend, probe=trusting),
                               profiled(600, 1.0))
 
 
@@ -142,7 +131,7 @@ def test_both_backends_off_probe_on_the_same_records():
     profile = load_profile("h200_llama31_8b")
     stream = (speculating(300) + [step(300 + i, 0, latency_s=0.01) for i in range(3)]
               + speculating(3000, 303) + speculating(300, 3303, batch=8))
-    traces = [trace(FeatureBuilder(None, profile, b, probe=OFF_PROBE), stream)
+    traces = [probe_states(FeatureBuilder(None, profile, b, probe=OFF_PROBE), stream)
               for b in BACKENDS]
     assert traces[0] == traces[1] and traces[0].count(PROBE_OFF) >= 4
 
@@ -150,7 +139,7 @@ def test_both_backends_off_probe_on_the_same_records():
 def test_the_off_probe_copies_with_the_features():
     profile = load_profile("h200_llama31_8b")
     stream = speculating(600)
-    first = trace(FeatureBuilder(None, profile, probe=OFF_PROBE), stream)
+    first = probe_states(FeatureBuilder(None, profile, probe=OFF_PROBE), stream)
     builder = FeatureBuilder(None, profile, probe=OFF_PROBE)
     second = []
     for r in stream:  # the daemon's copies must not share the budget or the coverage

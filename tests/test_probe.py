@@ -27,36 +27,20 @@ from env.sim.cost_model import load_profile
 from env.sim.simulator import SchedulerConfig, Simulator
 from env.traces.schema import StepRecord
 from env.traces.workloads import ClosedLoop
-from tests.lockstep import lockstep
+from tests.lockstep import decode_record, lockstep, probe_states
 
 BACKENDS = ("numpy", "compiled")
 
 
-def record(step: int, steps: int = 0, batch: int = 48, latency_s: float = 0.006,
-           accepted: int = 1) -> StepRecord:
-    """A decode record of ``batch`` requests at ``steps`` (each accepting ``accepted``)."""
-    drafts = np.full(batch if steps else 0, min(accepted, steps), dtype=np.int8)
-    return StepRecord("srv", 0, step, step * latency_s, batch, 0, batch, 50_000, 500_000, 0,
-                      steps, drafts, latency_s)
-
-
-def probing_trace(builder: FeatureBuilder, records) -> list[bool]:
-    out = []
-    for r in records:
-        builder.update(r)
-        out.append(builder.probing)
-    return out
-
-
 def off_stream(n: int, start: int = 0) -> list[StepRecord]:
-    return [record(start + i) for i in range(n)]
+    return [decode_record(start + i) for i in range(n)]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_never_measured_acceptance_is_probed_once_the_budget_covers_it(backend):
     profile = load_profile("h200_llama31_8b")
     builder = FeatureBuilder(None, profile, backend, probe=DEFAULT_PROBE)
-    flags = probing_trace(builder, off_stream(2000))
+    flags = probe_states(builder, off_stream(2000))
     fired = [i for i, f in enumerate(flags) if f]
     assert fired, "an off stream that never measured acceptance must be probed"
     # two records per probe (DEFAULT_PROBE.steps), consecutive
@@ -72,7 +56,7 @@ def test_the_probe_costs_at_most_its_share_of_the_time_off(backend):
     profile = load_profile("h200_llama31_8b")
     builder = FeatureBuilder(None, profile, backend, probe=DEFAULT_PROBE)
     n = 20_000
-    probes = sum(probing_trace(builder, off_stream(n))) / DEFAULT_PROBE.steps
+    probes = sum(probe_states(builder, off_stream(n))) / DEFAULT_PROBE.steps
     predicted = builder.latency_predictions_s(48)
     extra = DEFAULT_PROBE.steps * (predicted[1] - predicted[0])
     assert probes >= 2  # it keeps probing while acceptance stays unmeasured
@@ -83,12 +67,12 @@ def test_the_probe_costs_at_most_its_share_of_the_time_off(backend):
 def test_fresh_acceptance_is_not_probed_stale_is(backend):
     spec = ProbeSpec(stale_after=300)
     builder = FeatureBuilder(None, load_profile("h200_llama31_8b"), backend, probe=spec)
-    measured = [record(i, steps=3, accepted=3) for i in range(20)]
-    probing_trace(builder, measured)
+    measured = [decode_record(i, steps=3, accepted=3) for i in range(20)]
+    probe_states(builder, measured)
     assert builder.acceptance_age() == (0, True)
-    flags = probing_trace(builder, off_stream(spec.stale_after, start=20))
+    flags = probe_states(builder, off_stream(spec.stale_after, start=20))
     assert not any(flags)  # measured within stale_after decode steps: nothing to probe
-    flags = probing_trace(builder, off_stream(3000, start=20 + spec.stale_after))
+    flags = probe_states(builder, off_stream(3000, start=20 + spec.stale_after))
     assert any(flags)
 
 
@@ -96,22 +80,22 @@ def test_fresh_acceptance_is_not_probed_stale_is(backend):
 def test_the_probe_is_deterministic_and_copies_with_the_features(backend):
     stream = off_stream(1500)
     profile = load_profile("h200_llama31_8b")
-    first = probing_trace(FeatureBuilder(None, profile, backend, probe=DEFAULT_PROBE), stream)
+    first = probe_states(FeatureBuilder(None, profile, backend, probe=DEFAULT_PROBE), stream)
     builder = FeatureBuilder(None, profile, backend, probe=DEFAULT_PROBE)
     second = []
     for r in stream:  # the daemon's copies must not share the budget
         builder.update(r)
         copy = builder.copy()
         second.append(copy.probing)
-        copy.update(record(10_000))
+        copy.update(decode_record(10_000))
     assert first == second and any(first)
 
 
 def test_both_backends_probe_on_the_same_records():
     profile = load_profile("h200_llama31_8b")
-    stream = off_stream(1200) + [record(1200 + i, steps=1) for i in range(5)] + off_stream(
+    stream = off_stream(1200) + [decode_record(1200 + i, steps=1) for i in range(5)] + off_stream(
         2000, start=1205)
-    traces = [probing_trace(FeatureBuilder(None, profile, b, probe=ProbeSpec(stale_after=500)),
+    traces = [probe_states(FeatureBuilder(None, profile, b, probe=ProbeSpec(stale_after=500)),
                             stream) for b in BACKENDS]
     assert traces[0] == traces[1] and sum(traces[0]) >= 4
 
@@ -119,9 +103,9 @@ def test_both_backends_probe_on_the_same_records():
 def test_no_probe_when_disabled():
     builder = FeatureBuilder(None, load_profile("h200_llama31_8b"), probe=NO_PROBE)
     assert builder.probe_tracker is None
-    assert not any(probing_trace(builder, off_stream(5000)))
+    assert not any(probe_states(builder, off_stream(5000)))
     builder = FeatureBuilder(None, load_profile("h200_llama31_8b"))  # no probe given: none
-    assert not any(probing_trace(builder, off_stream(5000)))
+    assert not any(probe_states(builder, off_stream(5000)))
 
 
 def test_probe_rows_change_only_the_rows_left_off():
