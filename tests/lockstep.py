@@ -3,12 +3,14 @@
 Shared by the tests of the decision-layer rules (the acceptance and off probes, the
 goodput guard): both must decide the same steps in the simulator (``DecisionLoop`` +
 ``ExportedPolicyAdapter``) and in the plugin's local mode (``StreamDecider`` fed the
-records the loop releases to its features). Also their synthetic decode records and the
-probe state a builder reaches record by record.
+records the loop releases to its features). Also their synthetic decode records, the
+probe state a builder reaches record by record, and a policy file with its meta changed.
 """
 
 from __future__ import annotations
 
+import io
+import json
 from collections.abc import Callable, Iterable
 
 import numpy as np
@@ -27,6 +29,19 @@ def decode_record(step: int, steps: int = 0, batch: int = 48, latency_s: float =
     drafts = np.full(batch if steps else 0, min(accepted, steps), dtype=np.int8)
     return StepRecord("srv", 0, step, step * latency_s, batch, 0, batch, 50_000, 500_000, 0,
                       steps, drafts, latency_s)
+
+
+def with_meta(path, **changes) -> bytes:
+    """The bytes of the policy file at ``path`` with ``changes`` set in its JSON meta
+    (for ``ExportedPolicy.loads``: a rule's settings as a file could hold them)."""
+    with np.load(path) as archive:
+        arrays = {key: archive[key] for key in archive.files}
+    meta = json.loads(arrays["meta"].tobytes().decode())
+    meta.update(changes)
+    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
 
 
 def probe_states(builder: FeatureBuilder, records: Iterable[StepRecord]) -> list[int]:

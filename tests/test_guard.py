@@ -29,7 +29,7 @@ from env.sim.simulator import SchedulerConfig, Simulator
 from env.traces.schema import StepRecord
 from env.traces.workloads import ClosedLoop
 from sglang_hooks.local import LocalDecisions
-from tests.lockstep import lockstep
+from tests.lockstep import lockstep, with_meta
 
 BACKENDS = ("numpy", "compiled")
 OFF_GUARD = GuardSpec(enabled=False)
@@ -232,21 +232,7 @@ def test_guard_settings_are_checked_and_travel_in_the_policy_file(tmp_path):
     kept = Path(__file__).resolve().parents[1] / "docs/results/h200/policy_778dd34c.npz"
     assert ExportedPolicy.load(kept).guard == DEFAULT_GUARD
     with pytest.raises(PolicyFileError, match="field 'guard'"):
-        ExportedPolicy.loads(_with_meta(path, guard={"margin": 5}), "bad.npz")
-
-
-def _with_meta(path, **changes) -> bytes:
-    import io
-    import json
-
-    with np.load(path) as archive:
-        arrays = {key: archive[key] for key in archive.files}
-    meta = json.loads(arrays["meta"].tobytes().decode())
-    meta.update(changes)
-    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
-    buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
-    return buffer.getvalue()
+        ExportedPolicy.loads(with_meta(path, guard={"margin": 5}), "bad.npz")
 
 
 def test_specctl_eval_evaluates_a_copy_with_the_guard_changed(tmp_path):

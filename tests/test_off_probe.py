@@ -33,7 +33,7 @@ from env.sim.cost_model import load_profile
 from env.sim.simulator import SchedulerConfig, Simulator
 from env.traces.schema import StepRecord
 from env.traces.workloads import ClosedLoop
-from tests.lockstep import decode_record, lockstep, probe_states
+from tests.lockstep import decode_record, lockstep, probe_states, with_meta
 
 BACKENDS = ("numpy", "compiled")
 OFF_PROBE = ProbeSpec(off_share=0.2)
@@ -181,13 +181,9 @@ def test_off_probe_settings_are_checked_and_travel_in_the_policy_file(tmp_path):
     # session) has no off probe
     before = ExportedPolicy.load("docs/results/h200/policy_ffcabc92.npz")
     assert before.probe.off_share == 0.0
-    data = np.load(tmp_path / "p.npz")
-    arrays = {k: data[k] for k in data.files}
-    meta = arrays["meta"].tobytes().decode().replace('"off_steps": 3', '"off_steps": 0')
-    arrays["meta"] = np.frombuffer(meta.encode(), dtype=np.uint8)
-    np.savez(tmp_path / "bad.npz", **arrays)
+    bad = with_meta(tmp_path / "p.npz", probe={**loaded.probe.to_dict(), "off_steps": 0})
     with pytest.raises(PolicyFileError, match=r"field 'probe': probe\.off_steps"):
-        ExportedPolicy.load(tmp_path / "bad.npz")
+        ExportedPolicy.loads(bad, "bad.npz")
 
 
 def depth1_policy(probe: ProbeSpec) -> ExportedPolicy:

@@ -27,7 +27,7 @@ from env.sim.cost_model import load_profile
 from env.sim.simulator import SchedulerConfig, Simulator
 from env.traces.schema import StepRecord
 from env.traces.workloads import ClosedLoop
-from tests.lockstep import decode_record, lockstep, probe_states
+from tests.lockstep import decode_record, lockstep, probe_states, with_meta
 
 BACKENDS = ("numpy", "compiled")
 
@@ -135,15 +135,9 @@ def test_probe_settings_are_checked_and_travel_in_the_policy_file(tmp_path):
     changed.save(tmp_path / "p.npz")
     assert ExportedPolicy.load(tmp_path / "p.npz").probe == ProbeSpec(share=0.02,
                                                                       stale_after=10)
-    bad = dataclasses.replace(policy, probe=ProbeSpec())
-    bad.save(tmp_path / "bad.npz")
-    data = np.load(tmp_path / "bad.npz")
-    arrays = {k: data[k] for k in data.files}
-    meta = arrays["meta"].tobytes().decode().replace('"steps": 2', '"steps": 0')
-    arrays["meta"] = np.frombuffer(meta.encode(), dtype=np.uint8)
-    np.savez(tmp_path / "bad.npz", **arrays)
+    bad = with_meta(tmp_path / "p.npz", probe={**ProbeSpec().to_dict(), "steps": 0})
     with pytest.raises(PolicyFileError, match=r"field 'probe': probe\.steps"):
-        ExportedPolicy.load(tmp_path / "bad.npz")
+        ExportedPolicy.loads(bad, "bad.npz")
 
 
 def off_policy(probe: ProbeSpec = DEFAULT_PROBE) -> ExportedPolicy:
