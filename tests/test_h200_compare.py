@@ -296,6 +296,8 @@ def test_the_headline_replay_takes_a_lighter_rate(monkeypatch):
     assert session.headline_workload() == light
     monkeypatch.setenv("HEADLINE_RATES", "8,6")
     assert offswitch.headline_rates() == [(8.0, "_r8"), (6.0, "_r6")]
+    monkeypatch.setenv("HEADLINE_RATES", "8,6,8")
+    assert offswitch.headline_rates() == [(8.0, "_r8"), (6.0, "_r6"), (8.0, "_r8_2")]
     for bad, variable in (("8,x", "HEADLINE_RATES"), ("8,0", "HEADLINE_RATES")):
         monkeypatch.setenv(variable, bad)
         with pytest.raises(SystemExit, match=variable):
@@ -692,3 +694,50 @@ def test_a_servings_features_are_its_first_ppo_variants_policy_files():
     assert shipped != compare.FeatureSpec()  # else this test shows nothing
     assert compare._servings_spec(cells, [["s"], ["g"]], lambda cell: None) == shipped
     assert compare._servings_spec(cells, [["s"]], lambda cell: None) == compare.FeatureSpec()
+
+
+def test_extra_policies_are_served_by_name_and_bad_entries_name_the_variable(
+        tmp_path, monkeypatch):
+    """EXTRA_POLICIES: a candidate file served beside the shipped one (the GPU A/B of the
+    local cost correction); a malformed entry or a missing file fails before any server."""
+    import session
+
+    monkeypatch.delenv("EXTRA_POLICIES", raising=False)
+    assert session.extra_policies() == {}
+    candidate = REPO_ROOT / "docs/results/local_cost/policy_bc78eef5.npz"
+    monkeypatch.setenv("EXTRA_POLICIES", f" local={candidate} ,")
+    assert session.extra_policies() == {"local": candidate}
+    monkeypatch.setattr(session, "RUN", tmp_path)
+    monkeypatch.setattr(session, "CANDIDATES", [0, 3])
+    paths = session.write_policies()
+    assert paths["local"].read_bytes() == candidate.read_bytes()
+    assert {"static_0", "static_3", "ppo"} <= set(paths)
+    for bad, message in (("local", "not name=path"), ("=x.npz", "not name=path"),
+                         (f"local={tmp_path}/none.npz", "no file")):
+        monkeypatch.setenv("EXTRA_POLICIES", bad)
+        with pytest.raises(SystemExit, match=f"EXTRA_POLICIES: .*{message}"):
+            session.extra_policies()
+
+
+def test_the_compile_log_times_each_dynamo_compile(tmp_path):
+    """compile_log.install: a torch.compile compile is written as one timed JSON line (the
+    callbacks Dynamo calls around a compile, called here as Dynamo would)."""
+    from compile_log import install
+    from torch._dynamo.callback import CallbackArgs, CallbackTrigger, callback_handler
+
+    starts, ends = len(callback_handler.start_callbacks), len(callback_handler.end_callbacks)
+    install(str(tmp_path))
+    try:
+        args = CallbackArgs(CallbackTrigger.DYNAMO, "3/1")
+        callback_handler.start_callbacks[-1](args)
+        callback_handler.end_callbacks[-1](args)
+    finally:
+        for registered in callback_handler.start_callbacks[starts:]:
+            callback_handler.remove_start_callback(registered)
+        for registered in callback_handler.end_callbacks[ends:]:
+            callback_handler.remove_end_callback(registered)
+    lines = [json.loads(line) for file in tmp_path.glob("compiles-*.jsonl")
+             for line in file.read_text().splitlines()]
+    dynamo = [line for line in lines if line["kind"] == "dynamo"]
+    assert [line["name"] for line in dynamo] == ["3/1"]
+    assert 0 <= dynamo[0]["seconds"] < 60 and dynamo[0]["start"] > 1.7e9

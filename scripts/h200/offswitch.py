@@ -17,7 +17,9 @@ default: one replay at ``session.headline_rate()``, ``offswitch_<phase>.json``),
 (sim: which policies replay), ``PROFILE`` (the cost profile handed to specctl-serve; by
 default the one of the model's shape), ``PROFILE_C`` (concurrency of a torch-profiler
 trace of the decode steps, 0: none), ``SWITCH_SECONDS`` (off: closed loop while every step
-switches depth, sampling GPU and host memory; 0: none).
+switches depth, sampling GPU and host memory; 0: none), ``COMPILE_LOG`` (1: every Triton and
+torch.compile compile in the server's processes, timed, into ``$OUT/compiles-<phase>.jsonl``;
+``scripts/h200/compile_log.py``), ``EXTRA_POLICIES`` (``session.write_policies``).
 
 Every server: the same flags (``session.py``'s), ``--disable-radix-cache`` (replayed prompts
 would otherwise hit the prefix cache of earlier runs) and ``--max-running-requests 48``.
@@ -89,6 +91,9 @@ def start(name: str, *, spec: bool, env: dict[str, str], adaptive_config: dict |
                  "--speculative-num-steps", str(steps),
                  "--speculative-num-draft-tokens", str(steps + 1),
                  "--speculative-adaptive", "--speculative-adaptive-config", str(config)]
+    if os.environ.get("COMPILE_LOG") == "1":  # every JIT compile, timed (compile_log.py)
+        env = {**env, "SPECCTL_COMPILE_LOG": str(session.fresh(RUN / f"compiles-{name}")),
+               "TORCH_LOGS": "recompiles"}
     log_path = RUN / f"server-{name}.log"
     process = subprocess.Popen(args, env={**os.environ, **env}, stdout=open(log_path, "w"),  # noqa: SIM115
                                stderr=subprocess.STDOUT, start_new_session=True)
@@ -111,9 +116,15 @@ def start(name: str, *, spec: bool, env: dict[str, str], adaptive_config: dict |
 
 
 def save_log(path: Path) -> None:
+    """Copy a server's log (its last MB) and, with ``COMPILE_LOG=1``, its compile log."""
     OUT.mkdir(parents=True, exist_ok=True)
     text = path.read_text()
     (OUT / path.name).write_text(text[-1_000_000:])
+    compiles = RUN / path.stem.replace("server-", "compiles-", 1)
+    if compiles.is_dir():
+        lines = [line for file in sorted(compiles.glob("*.jsonl"))
+                 for line in file.read_text().splitlines()]
+        (OUT / f"{compiles.name}.jsonl").write_text("\n".join(lines) + "\n")
 
 
 def post(path: str, payload: dict) -> str:
@@ -245,7 +256,7 @@ def headline(rate: float | None = None) -> dict:
 
 def headline_rates() -> list[tuple[float | None, str]]:
     """(rate, file suffix) per replay of ``HEADLINE_RATES``; unset: the default rate, no
-    suffix (the file names of runs 1-5)."""
+    suffix (the file names of runs 1-5). A rate's second replay has suffix ``_r8_2``."""
     value = os.environ.get("HEADLINE_RATES", "")
     if not value:
         return [(None, "")]
@@ -256,7 +267,13 @@ def headline_rates() -> list[tuple[float | None, str]]:
                          "requests/s") from None
     if not all(rate > 0 for rate in rates):
         raise SystemExit(f"HEADLINE_RATES={value!r}: every rate must be > 0")
-    return [(rate, f"_r{rate:g}") for rate in rates]
+    # A rate repeated (a warm-up replay, then the one measured) gets a file of its own.
+    seen: dict[float, int] = {}
+    out = []
+    for rate in rates:
+        seen[rate] = seen.get(rate, 0) + 1
+        out.append((rate, f"_r{rate:g}" + (f"_{seen[rate]}" if seen[rate] > 1 else "")))
+    return out
 
 
 def save(name: str, data: dict) -> None:

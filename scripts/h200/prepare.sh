@@ -2,22 +2,25 @@
 # Prepare everything an H200 run of specctl needs, from the package registry, into .h200/
 # (git-ignored), so it can be carried to the GPU machine (which reaches no registry):
 #
-#   .h200/whl-a, .h200/whl-b  the pinned SGLang 0.5.15.post1 wheels for Python 3.12 (list:
+#   .h200/whl-1 ... whl-N     the pinned SGLang 0.5.15.post1 wheels for Python 3.12 (list:
 #                             wheels.txt, from shared/tools/sglang-h200/RECIPE.md), with
 #                             sglang-kernel trimmed to 16 MiB, plus specctl's own needs and a
-#                             wheel of this project (sglang_specctl-*.whl); split in two so
-#                             that each half travels with the working tree under the 64 MiB
-#                             limit of one call
+#                             wheel of this project (sglang_specctl-*.whl); split into as few
+#                             parts as let each travel with the working tree under the 64 MiB
+#                             limit of one call (the tree's size is measured, so N grows with
+#                             it: 4 at 35 MB of tracked files)
 #   .h200/models/{target,draft}  config-only model folders (Llama-3.1-8B shape, EAGLE-3 head)
+#   .h200/models_moe          the MoE's (copied from ../shared/measured/, where present)
 #   .h200/site/sitecustomize.py  a stand-in for SGLang's DSA attention backend module, whose
-#                             imports (cutlass, deep_gemm) are not available there
+#                             imports (cutlass, deep_gemm) are not available there, and the
+#                             hook of the compile diagnostic (SPECCTL_COMPILE_LOG)
 #
 # Usage: scripts/h200/prepare.sh   (then see docs/H200.md)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 python=${PYTHON:-python}
 out=.h200
-rm -rf "$out" && mkdir -p "$out/all" "$out/whl-a" "$out/whl-b" "$out/site" "$out/models"
+rm -rf "$out" && mkdir -p "$out/all" "$out/site" "$out/models"
 
 platforms=()
 for p in manylinux_2_34_x86_64 manylinux_2_31_x86_64 manylinux_2_28_x86_64 manylinux_2_27_x86_64 \
@@ -37,19 +40,33 @@ zip -q -d "$out"/all/sglang_kernel-*.whl 'sgl_kernel/flash_ops.abi3.so' \
     'sgl_kernel/flashmla_ops.abi3.so' 'sgl_kernel/sm100/*'
 "$python" -m pip wheel -q --no-deps -w "$out/all" .
 
-"$python" - "$out" <<'PY'
+# The working tree travels with every call; what is left of the 64 MiB carries wheels.
+tree_bytes=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
+"$python" - "$out" "$tree_bytes" <<'PY'
 import shutil, sys
 from pathlib import Path
-out = Path(sys.argv[1])
+out, tree = Path(sys.argv[1]), int(sys.argv[2])
+budget = 60 * 2**20 - tree  # 4 MiB of margin under the limit for untracked files
 wheels = sorted((out / "all").glob("*.whl"), key=lambda p: -p.stat().st_size)
-sizes = {"whl-a": 0, "whl-b": 0}
-for wheel in wheels:  # largest first, into the lighter half
-    half = min(sizes, key=sizes.get)
-    sizes[half] += wheel.stat().st_size
-    shutil.move(str(wheel), out / half / wheel.name)
-for half in sizes:
-    total = sum(p.stat().st_size for p in (out / half).glob("*.whl"))
-    print(f"{half}: {total / 2**20:.1f} MiB")
+if wheels[0].stat().st_size > budget:
+    sys.exit(f"prepare.sh: {wheels[0].name} ({wheels[0].stat().st_size / 2**20:.1f} MiB) does "
+             f"not fit beside the working tree ({tree / 2**20:.1f} MiB) in one 64 MiB call")
+parts: list[list[Path]] = []
+sizes: list[int] = []
+for wheel in wheels:  # first fit, largest first
+    size = wheel.stat().st_size
+    slot = next((i for i, used in enumerate(sizes) if used + size <= budget), None)
+    if slot is None:
+        parts.append([]), sizes.append(0)
+        slot = len(parts) - 1
+    parts[slot].append(wheel)
+    sizes[slot] += size
+for i, (part, size) in enumerate(zip(parts, sizes), start=1):
+    folder = out / f"whl-{i}"
+    folder.mkdir()
+    for wheel in part:
+        shutil.move(str(wheel), folder / wheel.name)
+    print(f"whl-{i}: {size / 2**20:.1f} MiB")
 (out / "all").rmdir()
 PY
 
@@ -65,6 +82,17 @@ if _name not in sys.modules:
     _module = types.ModuleType(_name)
     _module.DeepseekSparseAttnBackend = type("DeepseekSparseAttnBackend", (), {})
     sys.modules[_name] = _module
+
+# The compile diagnostic (scripts/h200/compile_log.py), only where asked for.
+import os
+
+if os.environ.get("SPECCTL_COMPILE_LOG"):
+    try:
+        from scripts.h200.compile_log import install
+
+        install(os.environ["SPECCTL_COMPILE_LOG"])
+    except Exception as error:  # a diagnostic must not stop the server
+        print(f"sitecustomize: compile log not installed: {error!r}", file=sys.stderr)
 PY
 
 mkdir -p "$out/models/target" "$out/models/draft"
@@ -86,4 +114,7 @@ cat > "$out/models/draft/config.json" <<'JSON'
  "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "bos_token_id": 128000,
  "eos_token_id": 128001, "tie_word_embeddings": false, "torch_dtype": "bfloat16"}
 JSON
+# The MoE (Qwen3-30B-A3B shape) of the off-switch runs, where the shared data has it.
+moe=../shared/measured/h200-sglang-0.5.15-offswitch/models_moe
+if [ -d "$moe" ]; then cp -r "$moe" "$out/models_moe"; fi
 du -sh "$out"/*

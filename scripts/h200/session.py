@@ -142,7 +142,9 @@ def write_policies() -> dict[str, Path]:
     """Constant policies for each candidate depth (without the acceptance probe and the
     goodput guard: a constant depth is what they measure), the shipped PPO policy (its file
     sets no probe: the default, on), ``ppo_noprobe``: the same policy with the probe off,
-    and ``ppo_noguard``: with its goodput guard off, each for an A/B on one server."""
+    and ``ppo_noguard``: with its goodput guard off, each for an A/B on one server; and
+    ``EXTRA_POLICIES`` (``name=path,...``, paths from the repository root): other policy
+    files to serve by name, e.g. a candidate against the shipped one."""
     import dataclasses
 
     from controller.default_policy import default_policy_path
@@ -169,7 +171,26 @@ def write_policies() -> dict[str, Path]:
     for name, rule in (("ppo_noprobe", {"probe": NO_PROBE}), ("ppo_noguard", {"guard": NO_GUARD})):
         dataclasses.replace(shipped, **rule).save(folder / f"{name}.npz")
         paths[name] = folder / f"{name}.npz"
+    for name, path in extra_policies().items():
+        ExportedPolicy.load(path)  # a bad file fails here, before any server starts
+        shutil.copy(path, folder / f"{name}.npz")
+        paths[name] = folder / f"{name}.npz"
     return paths
+
+
+def extra_policies() -> dict[str, Path]:
+    """``EXTRA_POLICIES=name=path,...`` as {name: path}; a malformed entry or a missing
+    file names the variable and the entry."""
+    value = os.environ.get("EXTRA_POLICIES", "").strip()
+    extra: dict[str, Path] = {}
+    for entry in filter(None, (part.strip() for part in value.split(","))):
+        name, sep, path = entry.partition("=")
+        if not sep or not name or not path:
+            raise SystemExit(f"EXTRA_POLICIES: {entry!r} is not name=path")
+        if not Path(path).is_file():
+            raise SystemExit(f"EXTRA_POLICIES: {entry!r}: no file {path}")
+        extra[name] = Path(path)
+    return extra
 
 
 def serve_policy(served: Path, source: Path) -> None:
