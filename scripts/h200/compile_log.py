@@ -53,7 +53,7 @@ def install(folder: str) -> None:
                       time.time() - start, constexprs=repr(constexprs)[:400])
 
         JITFunction._do_compile = timed_compile
-    except Exception as error:
+    except Exception as error:  # a diagnostic must not stop the server
         write("error", f"triton: {error!r}", time.time(), 0.0)
 
     try:

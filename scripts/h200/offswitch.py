@@ -19,7 +19,8 @@ default the one of the model's shape), ``PROFILE_C`` (concurrency of a torch-pro
 trace of the decode steps, 0: none), ``SWITCH_SECONDS`` (off: closed loop while every step
 switches depth, sampling GPU and host memory; 0: none), ``COMPILE_LOG`` (1: every Triton and
 torch.compile compile in the server's processes, timed, into ``$OUT/compiles-<phase>.jsonl``;
-``scripts/h200/compile_log.py``), ``EXTRA_POLICIES`` (``session.write_policies``).
+``scripts/h200/compile_log.py``), ``EXTRA_POLICIES`` (``session.write_policies``),
+``WARMUP_RAMP`` (sim, 1: every candidate depth at batch sizes 1-48 before the replays).
 
 Every server: the same flags (``session.py``'s), ``--disable-radix-cache`` (replayed prompts
 would otherwise hit the prefix cache of earlier runs) and ``--max-running-requests 48``.
@@ -373,6 +374,27 @@ def phase_off() -> None:
             session.pack(RUN / "trace-off", "offswitch_trace_off.tar.gz")
 
 
+#: Batch sizes of the warm-up ramp: one in every power-of-two bucket up to the 48 the
+#: servers admit (Triton kernels specialise on such buckets, ``compile_log.py``).
+RAMP_BATCHES = (1, 2, 3, 5, 9, 17, 33, 48)
+
+
+def warmup_ramp(served: Path, policies: dict[str, Path]) -> dict:
+    """Each candidate depth (a constant policy) decoding a batch of every size in
+    :data:`RAMP_BATCHES`, 24 tokens each: every (depth, batch bucket) runs once before the
+    replays, so first-use work (compiles) is not paid while serving. Returns seconds
+    per depth."""
+    seconds = {}
+    for steps in CANDIDATES:
+        session.serve_policy(served, policies[f"static_{steps}"])
+        started = time.time()
+        for batch in RAMP_BATCHES:
+            loadgen.one_batch(URL, batch, prompt=128, output=24, seed=900 + batch)
+        seconds[f"static_{steps}"] = round(time.time() - started, 2)
+    session.log(f"warm-up ramp: {seconds}")
+    return seconds
+
+
 def phase_sim() -> None:
     session.CANDIDATES = CANDIDATES
     policies = session.write_policies()
@@ -389,6 +411,8 @@ def phase_sim() -> None:
                     "simulate_acc_token_mode": TOKEN_MODE,
                     **session.served_policy(policies["ppo"])}
     try:
+        if os.environ.get("WARMUP_RAMP") == "1":
+            result["warmup_ramp"] = warmup_ramp(served, policies)
         for rate, suffix in headline_rates():
             replay = {**result, "headline_rate": rate or session.headline_rate()}
             for name in os.environ.get("POLICIES", "static_3,ppo,static_0").split(","):
