@@ -409,7 +409,10 @@ def phase_sim() -> None:
     result: dict = {"model": MODELS.name, "acceptance": float(ACC), "profile": PROFILE,
                     "off_prefill": os.environ.get("SPECCTL_OFF_PREFILL", "skip"),
                     "simulate_acc_token_mode": TOKEN_MODE,
-                    **session.served_policy(policies["ppo"])}
+                    **session.served_policy(policies["ppo"]),
+                    # what each EXTRA_POLICIES name served (its guard is its file's)
+                    "extra_policies": {name: session.served_policy(policies[name])
+                                       for name in session.extra_policies()}}
     try:
         if os.environ.get("WARMUP_RAMP") == "1":
             result["warmup_ramp"] = warmup_ramp(served, policies)
