@@ -741,3 +741,39 @@ def test_the_compile_log_times_each_dynamo_compile(tmp_path):
     dynamo = [line for line in lines if line["kind"] == "dynamo"]
     assert [line["name"] for line in dynamo] == ["3/1"]
     assert 0 <= dynamo[0]["seconds"] < 60 and dynamo[0]["start"] > 1.7e9
+
+
+def test_first_use_stalls_finds_the_slow_decode_step_and_the_compile_inside_it(
+        tmp_path, capsys):
+    """first_use_stalls.py: a decode step 120 ms over its (depth, batch) median is a stall,
+    reported with the compile that started during it; prefills and ordinary steps are not;
+    a bad compile-log line names the file and line."""
+    import numpy as np
+    from first_use_stalls import main, read_compiles
+
+    from env.traces.schema import StepRecord
+    from env.traces.trace_format import write_trace
+
+    t0_unix = 1_796_290_000.0
+    steps = []
+    for i in range(20):
+        latency = 0.130 if i == 7 else 0.010
+        prefill = 256 if i == 3 else 0
+        steps.append(StepRecord("srv", 0, i, 1.0 + 0.05 * i, 4, 0, 4, 100, 10_000, prefill,
+                                0, np.array([], np.int8), 0.5 if prefill else latency))
+    write_trace(tmp_path / "trace" / "t.parquet", steps=steps, meta={"t0_unix": t0_unix})
+    log = tmp_path / "compiles.jsonl"
+    log.write_text("\n".join(json.dumps(entry) for entry in (
+        {"kind": "triton", "name": "m.assign_extend_cache_locs", "start": t0_unix + 1.36,
+         "seconds": 0.11},
+        {"kind": "triton", "name": "m.far_away", "start": t0_unix + 30.0, "seconds": 0.2},
+        {"kind": "error", "name": "triton: not installed", "start": t0_unix + 1.37,
+         "seconds": 0.0})) + "\n")
+    main([str(tmp_path / "trace"), str(log)])
+    out = capsys.readouterr().out
+    assert "depth 0 batch 4: 130 ms; compiles: assign_extend_cache_locs 110 ms" in out
+    assert "far_away" not in out and "not installed" not in out
+    assert "1 stalled decode steps in the first 60 s (0.13 s); compiles during them: 0.11 s" in out
+    log.write_text('{"kind": "triton"}\n')
+    with pytest.raises(SystemExit, match=r"compiles\.jsonl, line 1"):
+        read_compiles(log)
