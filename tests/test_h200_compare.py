@@ -711,6 +711,9 @@ def test_extra_policies_are_served_by_name_and_bad_entries_name_the_variable(
     monkeypatch.setattr(session, "CANDIDATES", [0, 3])
     paths = session.write_policies()
     assert paths["local"].read_bytes() == candidate.read_bytes()
+    import hashlib  # what a run file records of it (offswitch.py's extra_policies)
+    assert session.served_policy(paths["local"])["policy_sha256"] == hashlib.sha256(
+        candidate.read_bytes()).hexdigest()
     assert {"static_0", "static_3", "ppo"} <= set(paths)
     for bad, message in (("local", "not name=path"), ("=x.npz", "not name=path"),
                          (f"local={tmp_path}/none.npz", "no file")):
