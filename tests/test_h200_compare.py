@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from dataclasses import replace
@@ -711,7 +712,7 @@ def test_extra_policies_are_served_by_name_and_bad_entries_name_the_variable(
     monkeypatch.setattr(session, "CANDIDATES", [0, 3])
     paths = session.write_policies()
     assert paths["local"].read_bytes() == candidate.read_bytes()
-    import hashlib  # what a run file records of it (offswitch.py's extra_policies)
+    # what a run file records of it (offswitch.py's extra_policies)
     assert session.served_policy(paths["local"])["policy_sha256"] == hashlib.sha256(
         candidate.read_bytes()).hexdigest()
     assert {"static_0", "static_3", "ppo"} <= set(paths)
