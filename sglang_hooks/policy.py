@@ -41,8 +41,8 @@ switch (it returns None): every switch happens when the next batch is launched.
 A warm-up step (:attr:`Runtime.warm_now`: the batch holds a request of the start-up
 warm-up, :mod:`sglang_hooks.warmup`) overrides all of the above: the depth is the next of
 the batch size's candidate steps in :func:`warmup.cycle`'s order, by the count of warm-up
-decode steps (the same on every rank), not held by ``min_switch_steps``; its verify does
-not feed SGLang's rule.
+decode steps (the same on every rank), not held by ``min_switch_steps`` and holding
+nothing (the first step after it decides at once); its verify does not feed SGLang's rule.
 
 A follower that has not heard the source's rule yet (``Runtime.local is None``)
 is SGLang's class unchanged (warm-up steps included).
@@ -252,9 +252,7 @@ def make_policy_class(base: type, runtime: Runtime) -> type:
                 rt.fault("policy", exc)
                 return sglang_steps(self, batch_size)
             rt.counters["warmup_steps"] += 1
-            if steps != self._specctl_current:
-                self._specctl_current = steps
-                self._specctl_switched_at = rt.launch_step
+            self._specctl_current = -1  # no depth to hold: the next real step decides at once
             return steps
 
         def specctl_prepare(self, marker: object) -> None:

@@ -57,9 +57,6 @@ DEFAULT_LIMIT = 64
 #: the requests of a batch in step, so the batch stays in its bucket until they all finish).
 PROMPT_TOKENS = 32
 
-#: Set once this process has registered the warm-up (the HTTP server process only).
-REGISTERED = False
-
 
 # -- what both halves agree on ---------------------------------------------------------------
 
@@ -130,11 +127,8 @@ def arrivals(recv_reqs: Iterable[Any]) -> bool | None:
 
 
 def register_http() -> bool:
-    """Register :func:`run` as SGLang's custom warm-up ``specctl`` (once per process);
-    returns whether this call registered it."""
-    global REGISTERED
-    if REGISTERED:
-        return False
+    """Register :func:`run` as SGLang's custom warm-up ``specctl`` (once per process:
+    not again if the registry has it); returns whether this call registered it."""
     try:
         import importlib
 
@@ -147,7 +141,6 @@ def register_http() -> bool:
         log.warning("specctl: could not register the %r warm-up (%s: %s)", NAME,
                     type(exc).__name__, exc)
         return False
-    REGISTERED = True
     log.info("specctl: warm-up %r registered (--warmups %s runs it at start-up)", NAME, NAME)
     return True
 
