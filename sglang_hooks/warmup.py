@@ -29,9 +29,10 @@ Two halves, in two kinds of SGLang process:
   sent as telemetry, not recorded, and does not feed SGLang's rule (its acceptance, on a
   made-up prompt, says nothing about the traffic to come).
 
-What one warm-up costs: one batch per bucket (1, 2, 4, ..., the limit), each decoding
-``SPECCTL_WARMUP_TOKENS`` (default 64) tokens; at 20-30 ms a step and 1-3 tokens a step,
-a few seconds plus the compiles it moves out of serving. Not yet run on a GPU.
+What one warm-up costs (an estimate: not yet run on a GPU): one batch per bucket (1, 2, 4,
+..., the limit: 7 batches up to 48), each decoding ``SPECCTL_WARMUP_TOKENS`` (default 64)
+tokens at 1-4 a step, 16-64 steps of some 20 ms on the H200's MoE: 2-11 s, plus the
+compiles it moves out of serving (2-4 s in runs 40-43).
 """
 
 from __future__ import annotations
