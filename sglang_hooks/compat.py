@@ -24,6 +24,11 @@ from sglang_hooks import contract
 SUPPORTED_VERSIONS = ("0.5.15.post1", "0.5.23")
 #: The function SGLang's scheduler processes (and only they) call ``load_plugins`` from.
 SCHEDULER_ENTRY = (contract.SCHEDULER, "run_scheduler_process")
+#: The module whose functions call ``load_plugins`` in the HTTP server's (main) process
+#: (``Engine.__init__``, ``Engine._launch_subprocesses``).
+HTTP_ENTRY_MODULE = contract.ENGINE
+#: SGLang's plugin loader (the frame whose caller tells the processes apart).
+LOADER = ("sglang.srt.plugins", "load_plugins")
 
 
 class Ranks(NamedTuple):
@@ -93,6 +98,25 @@ def in_scheduler_process() -> bool:
     while frame is not None:
         if frame.f_code.co_name == function and frame.f_globals.get("__name__") == module:
             return True
+        frame = frame.f_back
+    return False
+
+
+def in_http_process() -> bool:
+    """Whether ``load_plugins`` was called from ``sglang.srt.entrypoints.engine``: the
+    main process, where the tokenizer manager and the HTTP server run.
+
+    The loader's own caller decides, not any frame below it: a process forked from the
+    main one would still have the engine's frames beneath its own (SGLang spawns, but a
+    user's launcher may fork).
+    """
+    module, function = LOADER
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == function and frame.f_globals.get("__name__") == module:
+            caller = frame.f_back
+            return (caller is not None
+                    and caller.f_globals.get("__name__") == HTTP_ENTRY_MODULE)
         frame = frame.f_back
     return False
 

@@ -61,7 +61,16 @@ SPECCTL_CURVE_CLIENT_CERT   this server's CURVE certificate file (default: a fre
 SPECCTL_ALLOW_UNTESTED_SGLANG  ``1``: register on an SGLang version other than the
                             tested ones if its source passes a tested version's
                             contract (read even when the plugin is not enabled)
+SPECCTL_WARMUP_MAX_BS       the largest batch of the start-up warm-up (``--warmups
+                            specctl``, :mod:`sglang_hooks.warmup`; read in the HTTP
+                            server process when it runs): one batch per power-of-two
+                            bucket up to this one (default ``--max-running-requests``,
+                            else 64)
+SPECCTL_WARMUP_TOKENS       output tokens per warm-up request (default 64, 8-1024):
+                            enough for every candidate depth to run at each batch size
 ==========================  ===================================================
+
+The warm-up variables do not enable the plugin: ``--warmups specctl`` does.
 """
 
 from __future__ import annotations
@@ -199,6 +208,25 @@ def _local_rule(env: Mapping[str, str], name: str, what: str, block: str,
                           f"SPECCTL_POLICY=<policy.npz> as well (specctl-serve takes "
                           f"{block}.enabled=...)")
     return forced
+
+
+@dataclass(frozen=True)
+class WarmupSettings:
+    """The start-up warm-up's settings (:mod:`sglang_hooks.warmup`)."""
+
+    #: Largest batch of the ramp (None: the server's ``--max-running-requests``, else 64).
+    max_bs: int | None = None
+    #: Output tokens per warm-up request.
+    tokens: int = 64
+
+
+def warmup_settings(env: Mapping[str, str] | None = None) -> WarmupSettings:
+    """``SPECCTL_WARMUP_MAX_BS`` and ``SPECCTL_WARMUP_TOKENS``; raises ConfigError."""
+    env = os.environ if env is None else env
+    max_bs = (int(_number(env, "SPECCTL_WARMUP_MAX_BS", 64, lo=1, hi=65536))
+              if env.get("SPECCTL_WARMUP_MAX_BS") else None)
+    return WarmupSettings(max_bs=max_bs,
+                          tokens=int(_number(env, "SPECCTL_WARMUP_TOKENS", 64, lo=8, hi=1024)))
 
 
 def follower_off_path(env: Mapping[str, str] | None = None) -> str:

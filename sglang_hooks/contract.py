@@ -36,6 +36,10 @@ PREFIX_CACHE = "sglang.srt.mem_cache.base_prefix_cache"
 TP_WORKER = "sglang.srt.managers.tp_worker"
 MODEL_RUNNER = "sglang.srt.model_executor.model_runner"
 GRAPH_RUNNER = "sglang.srt.model_executor.runner.decode_cuda_graph_runner"
+ENGINE = "sglang.srt.entrypoints.engine"
+HTTP_SERVER = "sglang.srt.entrypoints.http_server"
+WARMUP = "sglang.srt.entrypoints.warmup"
+IO_STRUCT = "sglang.srt.managers.io_struct"
 
 
 @dataclass(frozen=True)
@@ -209,6 +213,35 @@ _COMMON = (
     *_OFF_SWITCH,
 )
 
+#: The start-up warm-up (:mod:`sglang_hooks.warmup`), the same in every supported version.
+#: Checked by the contract test, not at load: it parses the engine and the HTTP server
+#: (~7,000 lines), which only the HTTP process would need, and that process registers the
+#: warm-up only if SGLang's registry imports and has the ``warmup`` decorator.
+WARMUP_CONTRACT = (
+    # The main process's loader calls come from the engine (compat.in_http_process).
+    Calls(ENGINE, "Engine.__init__", ("load_plugins()",)),
+    Calls(ENGINE, "Engine._launch_subprocesses", ("load_plugins()",)),
+    # The registry and how SGLang runs a warm-up: awaited with these two arguments.
+    Calls(WARMUP, "warmup", ("_warmup_registry[name] = fn",)),
+    Calls(WARMUP, "execute_warmups", (
+        "await _warmup_registry[warmup_name](disaggregation_mode, tokenizer_manager)",)),
+    # ... at start-up, before the server takes requests (the lifespan's yield).
+    Calls(HTTP_SERVER, "lifespan", ("await execute_warmups(", ".warmups.split(',')", "yield")),
+    Method("sglang.srt.managers.tokenizer_manager", "TokenizerManager", "generate_request",
+           ("self", "obj", "request")),
+    Attributes("sglang.srt.managers.tokenizer_manager", "TokenizerManager",
+               ("server_args", "model_config")),
+    Attributes(IO_STRUCT, "GenerateReqInput", ("input_ids", "rid", "sampling_params", "stream")),
+    Attributes("sglang.srt.sampling.sampling_params", "SamplingParams",
+               ("max_new_tokens", "ignore_eos", "temperature")),
+    # The scheduler sees the tokenizer's request id, unchanged, on what it receives (the
+    # id is a field of the base class of every single-request message).
+    Attributes(IO_STRUCT, "BaseReq", ("rid",)),
+    Calls(IO_STRUCT, "TokenizedGenerateReqInput", ("class TokenizedGenerateReqInput(BaseReq,",)),
+    Attributes(IO_STRUCT, "TokenizedGenerateReqInput", ("input_ids",)),
+    Attributes(IO_STRUCT, "BatchTokenizedGenerateReqInput", ("batch",)),
+)
+
 #: Per supported version: everything above plus how ranks are read and who
 #: constructs the policy.
 CONTRACTS: dict[str, tuple] = {
@@ -306,6 +339,12 @@ def contract_problems(root: str | Path, version: str) -> list[str]:
     """Problems with everything the plugin relies on, for a supported ``version``."""
     tree = SourceTree(root)
     return [p for item in CONTRACTS[version] if (p := _check(tree, item))]
+
+
+def warmup_problems(root: str | Path) -> list[str]:
+    """Problems with what the start-up warm-up relies on (:data:`WARMUP_CONTRACT`)."""
+    tree = SourceTree(root)
+    return [p for item in WARMUP_CONTRACT if (p := _check(tree, item))]
 
 
 def append_only_problems(root: str | Path, item: AppendOnly = APPEND_ONLY) -> list[str]:

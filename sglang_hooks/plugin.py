@@ -1,7 +1,11 @@
 """SGLang plugin entry point (``sglang.srt.plugins: specctl = sglang_hooks.plugin:register``).
 
 SGLang calls :func:`register` in every process it starts, then applies the
-registered hooks with ``HookRegistry.apply_hooks()``. ``register`` patches
+registered hooks with ``HookRegistry.apply_hooks()``. In the HTTP server's
+process (``load_plugins`` called from ``sglang.srt.entrypoints.engine``,
+:func:`compat.in_http_process`) it only registers the start-up warm-up ``specctl``
+in SGLang's custom warm-up registry (:mod:`sglang_hooks.warmup`; it runs only with
+``--warmups specctl``), once. Elsewhere ``register`` patches
 nothing unless all of these hold, and says why (once, in scheduler processes
 only) when it stops:
 
@@ -41,7 +45,13 @@ RUNTIME = None
 def register() -> None:
     """Entry point: set up the plugin in this SGLang process, or do nothing."""
     global RUNTIME
-    if RUNTIME is not None or not compat.in_scheduler_process():
+    if RUNTIME is not None:
+        return
+    if not compat.in_scheduler_process():
+        if compat.in_http_process():
+            from sglang_hooks import warmup
+
+            warmup.register_http()
         return
     try:
         cfg = config.from_env()

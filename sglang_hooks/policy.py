@@ -38,8 +38,14 @@ Outside exploration, a depth is kept for at least ``min_switch_steps`` steps
 :mod:`sglang_hooks.switching`). ``on_verify_complete`` never asks for an immediate
 switch (it returns None): every switch happens when the next batch is launched.
 
+A warm-up step (:attr:`Runtime.warm_now`: the batch holds a request of the start-up
+warm-up, :mod:`sglang_hooks.warmup`) overrides all of the above: the depth is the next of
+the batch size's candidate steps in :func:`warmup.cycle`'s order, by the count of warm-up
+decode steps (the same on every rank), not held by ``min_switch_steps`` and holding
+nothing (the first step after it decides at once); its verify does not feed SGLang's rule.
+
 A follower that has not heard the source's rule yet (``Runtime.local is None``)
-is SGLang's class unchanged.
+is SGLang's class unchanged (warm-up steps included).
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ from collections import deque
 
 from sglang_hooks.marker import CONTROLLER, DecisionMarker, RuleMarker
 from sglang_hooks.runtime import Runtime
+from sglang_hooks.warmup import cycle as warmup_cycle
 
 _STEP_RANGE = 128  # steps a decision may name (int8 on the wire)
 #: A decision's clamped steps are tabled for every batch size below the largest of this,
@@ -180,6 +187,9 @@ def make_policy_class(base: type, runtime: Runtime) -> type:
             if local is None:  # a follower before the source's announcement: SGLang itself
                 steps = rt.last_steps = sglang_steps(self, batch_size)
                 return steps
+            if rt.warm_now:  # a start-up warm-up step: every candidate depth in turn
+                steps = rt.last_steps = rt.offswitch.choose(self._specctl_warmup(batch_size))
+                return steps
             try:
                 decision = rt.controller
                 exploring = False
@@ -229,6 +239,20 @@ def make_policy_class(base: type, runtime: Runtime) -> type:
             # warm-up for the draft); telemetry reports the steps that actually ran.
             steps = rt.offswitch.choose(steps)
             rt.last_steps = steps
+            return steps
+
+        def _specctl_warmup(self, batch_size: int) -> int:
+            """A warm-up step's depth: the batch size's candidates in :func:`warmup.cycle`'s
+            order, at the position of the warm-up decode step count (every rank's own)."""
+            rt = self._specctl
+            try:
+                depths = warmup_cycle(self._route(batch_size).candidate_steps)
+                steps = depths[(rt.warm_steps - 1) % len(depths)]
+            except Exception as exc:
+                rt.fault("policy", exc)
+                return sglang_steps(self, batch_size)
+            rt.counters["warmup_steps"] += 1
+            self._specctl_current = -1  # no depth to hold: the next real step decides at once
             return steps
 
         def specctl_prepare(self, marker: object) -> None:
@@ -295,7 +319,7 @@ def make_policy_class(base: type, runtime: Runtime) -> type:
             if local is None:  # a follower before the source's announcement: SGLang itself
                 rt.on_verify(num_correct_drafts_per_req)
                 return sglang_verify(self, num_correct_drafts_per_req, batch_size)
-            if local.rule == "sglang":
+            if local.rule == "sglang" and not rt.verify_warm:
                 # Keep SGLang's rule live, whoever is in charge: feed it what it would have
                 # seen at its own depth, in order (one append here; the feeding below, or
                 # on the client's I/O thread while the rule is not asked: deferred).

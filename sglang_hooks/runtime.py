@@ -38,6 +38,14 @@ that came through the broadcast request list, at a step index
 controller's replies, faults) is acted on locally; the source turns them into
 markers too.
 
+Start-up warm-up (``--warmups specctl``, :mod:`sglang_hooks.warmup`): every rank reads
+the same broadcast request list, so every rank opens the warm-up at the same iteration
+(a warm-up request arrives) and closes it for good at the same iteration (any other
+generate request arrives). While it is open, a batch holding a warm-up request is a
+warm-up step on every rank (its requests are the same everywhere): the policy cycles
+through the candidate depths by :attr:`Runtime.warm_steps`, and the source neither
+sends nor records the step. Once closed, the hooks pay one attribute test per call.
+
 Hook cost matters (they run on the scheduler thread every step): no logging,
 no allocation beyond a few small objects, no pyarrow, no system call. What can
 happen elsewhere does: the launch keeps SGLang's values as it reads them (one
@@ -70,6 +78,9 @@ from sglang_hooks.marker import CONTROLLER, FALLBACK, DecisionMarker, RuleMarker
 from sglang_hooks.offswitch import OffSwitch
 from sglang_hooks.switching import OverridesLogTrimmer
 from sglang_hooks.timing import HookClock
+from sglang_hooks.warmup import arrivals as warmup_arrivals
+from sglang_hooks.warmup import in_batch as warmup_in_batch
+from sglang_hooks.warmup import is_warmup_rid
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +161,18 @@ class Runtime:
         self.clock = (HookClock(f"{cfg.hook_timing}.{os.getpid()}.json",
                                 cpu=cfg.hook_timing_cpu)
                       if cfg.hook_timing else None)
+        #: Received request lists are still looked at for warm-up requests (until the
+        #: first other generate request: SGLang sends its warm-ups before it serves).
+        self._warm_watch = True
+        #: A warm-up is open (warm-up requests arrived, no other generate request yet).
+        self.warming = False
+        #: The batch being launched holds a warm-up request: a warm-up step.
+        self.warm_now = False
+        #: Warm-up decode steps launched so far (the warm-up cycle's position).
+        self.warm_steps = 0
+        #: The batch whose result is being processed was a warm-up step.
+        self.verify_warm = False
+        self._warm = [False] * _RING  # per launched step: a warm-up step (every rank)
 
     # -- wiring ---------------------------------------------------------------------
 
@@ -300,6 +323,16 @@ class Runtime:
             self._pending = decision
         if rule is not None:
             self.local = rule  # the same iteration on every rank
+        watching = self._warm_watch
+        if watching:  # the same list on every rank: the same answer
+            try:
+                seen = warmup_arrivals(kept)
+            except Exception as exc:
+                self.fault("warmup", exc)
+                seen = False
+            if seen is not None:
+                self.warming = seen
+                self._warm_watch = seen
         if kept is not recv_reqs:
             if isinstance(recv_reqs, list):
                 recv_reqs[:] = kept  # so nothing downstream (PP relay, dispatch) sees a marker
@@ -309,7 +342,7 @@ class Runtime:
                 return (scheduler,), {**kwargs, "recv_reqs": kept}
         if self.recorder is not None and self.is_source:
             try:
-                self._record_arrivals(recv_reqs)
+                self._record_arrivals(recv_reqs, watching)
             except Exception as exc:
                 self.fault("arrivals", exc)
         return None
@@ -329,7 +362,19 @@ class Runtime:
             self._pending = None
             self.controller = pending if pending.mode == CONTROLLER else None
         self.last_steps = -1
-        if self.is_source and not self._broken:
+        warm = False
+        if self.warming:  # the same batch on every rank: the same answer
+            try:
+                batch = args[0] if args else kwargs["batch"]
+                warm = warmup_in_batch(batch.reqs)
+                if warm and batch.forward_mode.is_decode():
+                    self.warm_steps += 1
+            except Exception as exc:
+                self.fault("warmup", exc)
+                warm = False
+        self.warm_now = warm
+        self._warm[step % _RING] = warm
+        if self.is_source and not self._broken and not warm:
             # What SGLang will have changed by the result, read now and kept as read (one
             # tuple; what derives from it is computed off this thread: raw_step).
             try:
@@ -386,12 +431,19 @@ class Runtime:
             step = batch.forward_iter
             index = step % _RING
             ran = self.verify_steps = self._ran[index]
+            warm = self.verify_warm = self._warm[index]
         except Exception as exc:  # same on every rank
             self.verify_steps = -1
+            self.verify_warm = False
             self.fault("result", exc)
             return original(scheduler, *args, **kwargs)
         if not self.is_source:
             return original(scheduler, *args, **kwargs)
+        if warm:  # a warm-up step: neither sent nor recorded
+            result = original(scheduler, *args, **kwargs)
+            self.counters["warmup_results"] += 1
+            self._last_result_end = self.monotonic()
+            return result
         self.accepted = None  # what the policy reports while this result is processed
         result = original(scheduler, *args, **kwargs)
         try:
@@ -450,13 +502,15 @@ class Runtime:
             self.counters["timeouts"] += 1
         return marker
 
-    def _record_arrivals(self, recv_reqs: Any) -> None:
+    def _record_arrivals(self, recv_reqs: Any, watching: bool = False) -> None:
         now = self.monotonic()
         for item in recv_reqs:
             for req in getattr(item, "batch", None) or (item,):
                 rid = getattr(req, "rid", None)
                 ids = getattr(req, "input_ids", None)
                 if isinstance(rid, str) and ids is not None:
+                    if watching and is_warmup_rid(rid):
+                        continue  # a warm-up request: not traffic
                     self.recorder.add_arrival(rid, now, len(ids))
 
     def _summary(self, now: float) -> None:

@@ -68,6 +68,72 @@ def load_plugins_as_scheduler() -> None:
     namespace[function]()
 
 
+def load_plugins_as_http() -> None:
+    """Run SGLang's ``load_plugins()`` the way its HTTP server's process does: called from
+    the engine module (``Engine._launch_subprocesses``; a function of that module's name
+    stands in for it)."""
+    from sglang_hooks.compat import HTTP_ENTRY_MODULE
+
+    namespace: dict[str, Any] = {"__name__": HTTP_ENTRY_MODULE}
+    exec("def _launch_subprocesses():\n    from sglang.srt.plugins import load_plugins\n"
+         "    load_plugins()\n", namespace)
+    namespace["_launch_subprocesses"]()
+
+
+class GenerateReqInputStandIn:
+    """``io_struct.GenerateReqInput``: the fields the warm-up sets (keywords only)."""
+
+    def __init__(self, *, input_ids: Any = None, rid: Any = None,
+                 sampling_params: Any = None, stream: bool = False) -> None:
+        self.input_ids = input_ids
+        self.rid = rid
+        self.sampling_params = sampling_params
+        self.stream = stream
+
+
+#: Stand-ins for the two modules SGLang's warm-up registry imports that need packages a
+#: CPU install lacks (``transformers``, through SGLang's model configs).
+WARMUP_IMPORT_STAND_INS = {
+    "sglang.srt.managers.io_struct": {"GenerateReqInput": GenerateReqInputStandIn},
+    "sglang.srt.disaggregation.utils": {"FAKE_BOOTSTRAP_HOST": "2.2.2.2"},
+}
+
+
+def warmup_import_stand_ins() -> list[str]:
+    """Put :data:`WARMUP_IMPORT_STAND_INS` in ``sys.modules`` where ``transformers`` is not
+    installed (then the real modules cannot be imported); returns the names put there."""
+    if importlib.util.find_spec("transformers") is not None:
+        return []
+    for name, attributes in WARMUP_IMPORT_STAND_INS.items():
+        module = types.ModuleType(name)
+        module.__dict__.update(attributes)
+        sys.modules[name] = module
+    return sorted(WARMUP_IMPORT_STAND_INS)
+
+
+class TokenizerManagerStandIn:
+    """``TokenizerManager`` for the warm-up: ``generate_request`` records each request and
+    yields one output per request of it (the batch finished); ``events`` lists
+    ("sent", batch size) and ("done", batch size) in order."""
+
+    def __init__(self, max_running_requests: int | None = None, vocab_size: int = 1000,
+                 fail_at: int | None = None) -> None:
+        self.server_args = types.SimpleNamespace(max_running_requests=max_running_requests)
+        self.model_config = types.SimpleNamespace(vocab_size=vocab_size)
+        self.requests: list[Any] = []
+        self.events: list[tuple[str, int]] = []
+        self.fail_at = fail_at
+
+    async def generate_request(self, obj: Any, request: Any = None):
+        size = len(obj.input_ids)
+        self.requests.append(obj)
+        self.events.append(("sent", size))
+        if size == self.fail_at:
+            raise ValueError(f"stand-in failure at batch {size}")
+        yield [{"meta_info": {"id": rid}} for rid in obj.rid]
+        self.events.append(("done", size))
+
+
 def socket_dir() -> str:
     """A short folder for ``ipc://`` sockets (their paths must stay under 107
     characters, too short for pytest's ``tmp_path``), removed when the process exits."""

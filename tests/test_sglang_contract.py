@@ -22,6 +22,7 @@ from sglang_hooks.contract import (
     append_only_problems,
     contract_problems,
     target_problems,
+    warmup_problems,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,6 +47,27 @@ def test_pinned_source_satisfies_the_contract(version):
     assert target_problems(root) == []
     # The recorder reads a step's request lists later, by reference.
     assert append_only_problems(root) == []
+    # The start-up warm-up (sglang_hooks.warmup): registry, runner, requests.
+    assert warmup_problems(root) == []
+
+
+@pytest.mark.parametrize(("path", "old", "new", "problem"), [
+    ("sglang/srt/entrypoints/warmup.py",
+     "await _warmup_registry[warmup_name](disaggregation_mode, tokenizer_manager)",
+     "await _warmup_registry[warmup_name](tokenizer_manager)", "execute_warmups: does not"),
+    ("sglang/srt/entrypoints/engine.py", "        load_plugins()\n\n        # Not read-only",
+     "\n        # Not read-only", "Engine._launch_subprocesses: does not contain"),
+])
+def test_the_checker_notices_a_broken_warmup_contract(tmp_path, path, old, new, problem):
+    root = installed("0.5.23")
+    copy = tmp_path / "sglang-copy"
+    shutil.copytree(root / "sglang" / "srt" / "entrypoints", copy / "sglang/srt/entrypoints")
+    text = (copy / path).read_text()
+    assert old in text
+    (copy / path).write_text(text.replace(old, new))
+    problems = warmup_problems(copy)
+    assert any(problem in p for p in problems), problems
+    assert all(problem in p or "module source not found" in p for p in problems), problems
 
 
 @pytest.mark.parametrize(("path", "old", "new", "problem"), [

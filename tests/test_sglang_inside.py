@@ -11,6 +11,7 @@ are the real ones; the scheduler is the stand-in of :mod:`sglang_hooks.testing`
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 import logging
@@ -1198,3 +1199,143 @@ def test_sglangs_switch_log_line_is_filtered_and_counted():
         logger.level = level
     assert seen == ["Built adaptive runtime state steps=5: elapsed=1.00s, mem=0.10GB"]
     assert installed.dropped == before + 1
+
+
+# -- the start-up warm-up (--warmups specctl) ---------------------------------------------------
+
+WARM = "specctl-warmup-"
+
+
+class _Client:
+    """Stands in for the controller client: keeps every step the source sends."""
+
+    def __init__(self) -> None:
+        self.marker = None
+        self.sent: list[tuple] = []
+        self.counters: dict = {}
+
+    def send_step(self, raw: tuple) -> None:
+        self.sent.append(raw)
+
+    def close(self) -> None:
+        pass
+
+
+def warm_then_serve(loops: list[RankLoop], sizes=(1, 2, 4, 8), decode_steps: int = 10,
+                    serve: int = 12, finish: bool = False) -> list[tuple[str, int, bool]]:
+    """The warm-up's traffic as the scheduler sees it, then real traffic: per ramp size,
+    its warm-up requests arrive, one prefill, ``decode_steps`` decode steps; then 6 real
+    requests arrive, one prefill, ``serve`` decode steps. Returns (kind, batch size, warm-up
+    batch) per launched batch, in step order. ``finish``: every batch's requests finish at
+    its last decode step (the recorder writes request rows for finished requests)."""
+    plan = []
+    for size in sizes:
+        plan.append([ReqStandIn(f"{WARM}77-{size}-{i}") for i in range(size)])
+    plan.append([ReqStandIn(f"user-{i}") for i in range(6)])
+    launched = []
+    for reqs in plan:
+        warm = reqs[0].rid.startswith(WARM)
+        count = decode_steps if warm else serve
+        arrivals = [replace_rid(r) for r in reqs]
+        for i in range(1 + count):
+            broadcast = pickle.dumps((loops[0].pull() or []) + (arrivals if i == 0 else []))
+            if finish and i == count:
+                for r in reqs:
+                    r.finished_reason = "length"
+            batch = (BatchStandIn(reqs, EXTEND, extend_num_tokens=16 * len(reqs)) if i == 0
+                     else BatchStandIn(reqs, DECODE))
+            launched.append(("extend" if i == 0 else "decode", len(reqs), warm))
+            for loop in loops:
+                loop.iterate(pickle.loads(broadcast), batch.copy())
+    for loop in loops:
+        loop.drain()
+    return launched
+
+
+def warm_ranks(ready: bool, **cfg) -> tuple[list[Runtime], list[RankLoop]]:
+    """A source, a second rank with the variables and a follower without them."""
+    cfg = {"fallback": "table", "table": ((1, 3),), "min_switch_steps": 4, **cfg}
+    ranks = [runtime(SOURCE, **cfg), runtime(SECOND, **cfg),
+             Runtime(PluginConfig(), VERSION, ranks=Ranks(2, 3, 0, 1, 0, False), follower=True)]
+    loops = [build_rank(rt, is_source=rt is ranks[0]) for rt in ranks]
+    for rt in ranks:
+        rt.offswitch.ready = ready  # with the plain-decode off path, as on a GPU
+    return ranks, loops
+
+
+@pytest.mark.parametrize("ready", [False, True])
+def test_warmup_batches_run_every_depth_at_every_bucket_the_same_on_every_rank(ready):
+    """Ten decode steps per batch are enough: the cycle is nine long (off, the first depth
+    twice, the rest), and one step of it may be the off path's return step."""
+    ranks, loops = warm_ranks(ready)
+    launched = warm_then_serve(loops)
+    runs = [loop.scheduler.launched for loop in loops]
+    assert runs[0] == runs[1] == runs[2], "every rank runs the same depth at every step"
+    decode = [(size, warm) for kind, size, warm in launched if kind == "decode"]
+    depths = [steps for _, steps in runs[0]]
+    assert len(depths) == len(decode)
+    for size in (1, 2, 4, 8):
+        ran = {d for (s, warm), d in zip(decode, depths, strict=True) if warm and s == size}
+        assert ran == set(range(8)), f"batch {size}: depths {sorted(ran)}"
+    served = [d for (_, warm), d in zip(decode, depths, strict=True) if not warm]
+    assert served == [3] * 12, "after the warm-up the rule runs, from its first step"
+    assert ranks[0].counters["warmup_steps"] == 40 and ranks[0].warm_steps == 40
+    assert not ranks[0].warming
+    assert not any(k.startswith("fault") for rt in ranks for k in rt.counters)
+
+
+def test_warmup_steps_are_neither_sent_nor_recorded(tmp_path):
+    from env.traces.trace_format import read_trace
+
+    ranks, loops = warm_ranks(False, record_dir=str(tmp_path / "trace"))
+    source = ranks[0]
+    source.attach(loops[0].scheduler)
+    source.client = client = _Client()
+    launched = warm_then_serve(loops, finish=True)
+    source.close()
+    open_requests = set(source.recorder._open)  # arrivals seen, not finished
+    real = [i + 1 for i, (_, _, warm) in enumerate(launched) if not warm]
+    assert len(real) == 13 and len(launched) == 13 + 4 * 11
+    assert [raw[0][0] for raw in client.sent] == real, "only the real steps reach the client"
+    trace = read_trace(sorted((tmp_path / "trace").glob("*.parquet")))
+    assert [s.step_index for s in trace.steps] == real
+    assert sorted(r.request_id for r in trace.requests.records()) == [
+        f"user-{i}" for i in range(6)]
+    assert not any(rid.startswith(WARM) for rid in open_requests), "arrivals not recorded"
+    assert source.counters["warmup_results"] == 4 * 11
+    assert "unmatched_results" not in source.counters
+    assert "telemetry_overwritten" not in source.counters, "warm-up launches not captured"
+
+
+def test_a_warmup_does_not_feed_sglangs_rule():
+    ranks, loops = warm_ranks(False, fallback="sglang")
+    rule = loops[0].scheduler.adaptive.params._specctl_rule
+    before = copy.deepcopy({bs: vars(slot) for bs, slot in rule._slots.items()})
+    warm_then_serve(loops, serve=0)
+    assert {bs: vars(slot) for bs, slot in rule._slots.items()} == before
+    assert ranks[0].counters["warmup_steps"] == 40
+
+
+def test_outside_a_warmup_batches_are_untouched():
+    """A batch without a warm-up request while one is open, and a warm-up-like request
+    after real traffic (the warm-up is over for good), both run the rule."""
+    ranks, loops = warm_ranks(False, min_switch_steps=1)
+    warm = [ReqStandIn(f"{WARM}1-{i}") for i in range(2)]
+    other = [ReqStandIn(f"not-{WARM}{i}") for i in range(3)]
+    script = [([replace_rid(r) for r in warm], BatchStandIn(warm, EXTEND, 32)),
+              ([], BatchStandIn(warm, DECODE)),
+              ([], BatchStandIn(other, DECODE)),  # open warm-up, no warm-up request in it
+              ([], BatchStandIn(warm, DECODE)),
+              ([replace_rid(other[0])], BatchStandIn(other, DECODE)),  # real: closed
+              ([replace_rid(warm[0])], BatchStandIn(warm, DECODE)),  # too late to open
+              ([], BatchStandIn(warm, DECODE))]
+    for broadcast, batch in script:
+        payload = pickle.dumps((loops[0].pull() or []) + broadcast)
+        for loop in loops:
+            loop.iterate(pickle.loads(payload), batch.copy())
+    for loop in loops:
+        loop.drain()
+    runs = [[s for _, s in loop.scheduler.launched] for loop in loops]
+    assert runs[0] == runs[1] == runs[2]
+    assert runs[0] == [0, 3, 1, 3, 3, 3]  # warm-up positions 1 and 2 of the cycle: 0, 1
+    assert ranks[0].counters["warmup_steps"] == 2 and not ranks[0].warming

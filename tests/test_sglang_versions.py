@@ -35,6 +35,7 @@ from sglang_hooks.testing import write_import_stand_ins
 REPO = Path(__file__).resolve().parents[1]
 VERSIONS = ("0.5.15.post1", "0.5.23")
 NEWEST = "0.5.23"
+OLDEST = "0.5.15.post1"
 UNUSED = "ipc:///tmp/specctl-never-connected.sock"  # registering does not connect
 
 
@@ -111,18 +112,38 @@ logging.getLogger("sglang.srt.plugins.hook_registry").setLevel(logging.CRITICAL)
 import os, sys
 from sglang.srt.speculative import adaptive_spec_params as asp
 original = {"cls": asp.AdaptiveSpeculativeParams}
+from sglang_hooks import testing
+testing.warmup_import_stand_ins()  # SGLang's warm-up module needs transformers otherwise
 if sys.argv[1] == "scheduler":
-    from sglang_hooks.testing import load_plugins_as_scheduler
-    load_plugins_as_scheduler()
-else:  # the HTTP server, detokenizer, DP controller
+    testing.load_plugins_as_scheduler()
+elif sys.argv[1] == "http":  # the HTTP server's process: called from the engine module
+    testing.load_plugins_as_http()
+else:  # the detokenizer, DP controller
     import sglang.srt.plugins
     sglang.srt.plugins.load_plugins()
 from sglang.srt.plugins.hook_registry import HookRegistry
-print(json.dumps({
+warmups = sys.modules.get("sglang.srt.entrypoints.warmup")
+report = {
     "hooks": sorted(HookRegistry._hooks),
     "replaced": asp.AdaptiveSpeculativeParams is not original["cls"],
-    "logs": records,
-}))
+    "warmups": sorted(warmups._warmup_registry) if warmups else None,
+}
+if sys.argv[1] == "http":
+    import asyncio
+    registered = warmups._warmup_registry["specctl"]
+    # Engine.__init__ and Engine._launch_subprocesses both load plugins: again, past
+    # SGLang's own once-only flag
+    import sglang.srt.plugins
+    sglang.srt.plugins._plugins_loaded = False
+    testing.load_plugins_as_http()
+    report["same_function"] = warmups._warmup_registry["specctl"] is registered
+    tm = testing.TokenizerManagerStandIn(max_running_requests=48)
+    # SGLang's own runner, as the HTTP server's lifespan calls it with --warmups specctl
+    asyncio.run(warmups.execute_warmups("null", ["specctl"], tm))
+    report["batches"] = [len(r.rid) for r in tm.requests]
+    report["rids"] = sorted({rid.rsplit("-", 2)[0] for r in tm.requests for rid in r.rid})
+report["logs"] = records
+print(json.dumps(report))
 """
 
 
@@ -172,6 +193,9 @@ def probes(extra_path, tmp_path_factory) -> dict[str, dict]:
         "sglang_off_path": (root, {"SPECCTL_CONTROLLER": UNUSED, "SPECCTL_OFF_PATH": "sglang"},
                             "scheduler"),
         "not_a_scheduler": (root, {"SPECCTL_CONTROLLER": UNUSED}, "main"),
+        "http": (root, {"SPECCTL_CONTROLLER": UNUSED}, "http"),
+        "http_no_variables": (root, {}, "http"),
+        "http_oldest": (require(OLDEST), {}, "http"),
         "no_variables": (root, {"SPECCTL_TIMEOUT_MS": "50"}, "scheduler"),
         "no_variables_not_a_scheduler": (root, {}, "main"),
         "bad_variable": (root, {"SPECCTL_CONTROLLER": UNUSED, "SPECCTL_TIMEOUT_MS": "soon"},
@@ -212,8 +236,27 @@ def test_active_plugin_registers_everything(probes, scenario):
 
 @pytest.mark.parametrize("scenario", ["not_a_scheduler", "no_variables_not_a_scheduler"])
 def test_other_sglang_processes_register_nothing_and_say_nothing(probes, scenario):
-    """The HTTP server, detokenizer and DP controller run no hooks."""
-    assert probes[scenario] == {"hooks": [], "replaced": False, "logs": []}
+    """The detokenizer and DP controller run no hooks and register no warm-up."""
+    assert probes[scenario] == {"hooks": [], "replaced": False, "warmups": None, "logs": []}
+
+
+@pytest.mark.parametrize("scenario", ["http", "http_no_variables", "http_oldest"])
+def test_the_http_process_registers_the_warmup_once_and_nothing_else(probes, scenario):
+    """With or without the variables (``--warmups specctl`` asks for it), in both pinned
+    versions; SGLang's own ``execute_warmups`` runs it through the tokenizer manager."""
+    report = probes[scenario]
+    assert report["hooks"] == [] and not report["replaced"], report
+    assert "specctl" in report["warmups"], report
+    assert report["same_function"], report
+    assert report["batches"] == [1, 2, 4, 8, 16, 32, 48]
+    [tag] = report["rids"]  # one run: every request id is "<prefix><pid>-<batch>-<i>"
+    assert tag.startswith("specctl-warmup-"), report
+    assert [m for _, m in report["logs"]].count(
+        "specctl: warm-up 'specctl' registered (--warmups specctl runs it at start-up)") == 1
+
+
+def test_scheduler_processes_register_no_warmup(probes):
+    assert probes["active"]["warmups"] is None and probes["no_variables"]["warmups"] is None
 
 
 def test_without_variables_a_scheduler_registers_a_follower(probes):
