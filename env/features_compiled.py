@@ -331,27 +331,34 @@ def _fold(state, params, has_prior, is_decode, batch_size, waiting, kv_tokens, k
         state[_SINCE_ACCEPT] += 1.0
 
 
+# The off probe's kernels read its bucket count from the state vector's length, not from
+# env.probe's constant: numba freezes a global at compile time, and a cached kernel is not
+# recompiled when another module changes (see the module's docstring), so a stale one must
+# still index within the vector the tracker allocates.
+
+
 @njit(cache=True)
-def _off_bucket(batch):
+def _off_bucket(batch, buckets):
     """``env.probe.off_bucket``: floor(log2(max(batch, 1))), the last bucket open."""
     bucket = 0
     rest = max(batch, 1)
     while rest > 1:
         rest >>= 1
         bucket += 1
-    return min(bucket, _BUCKETS - 1)
+    return min(bucket, buckets - 1)
 
 
 @njit(cache=True)
-def _off_coverage(off, bucket, forget):
+def _off_coverage(off, bucket, forget, buckets):
     """``ProbeTracker.off_coverage`` at ``bucket``."""
     now = off[_OFF_STEPS]
+    stamps = _OFF_WEIGHTS + buckets
     total = 0.0
     for j in range(3):
         k = bucket - 1 + j
         share = 1.0 if j == 1 else 0.5
-        if 0 <= k < _BUCKETS and off[_OFF_WEIGHTS + k] != 0.0:
-            total += share * off[_OFF_WEIGHTS + k] * forget ** (now - off[_OFF_STAMPS + k])
+        if 0 <= k < buckets and off[_OFF_WEIGHTS + k] != 0.0:
+            total += share * off[_OFF_WEIGHTS + k] * forget ** (now - off[stamps + k])
     return total
 
 
@@ -361,18 +368,20 @@ def fold_off(off, settings, forget, has_prior, profile_log_error, steps_used, la
     """``ProbeTracker._fold_off`` on the state vector, up to the step that needs the
     features' prediction: returns True when that step is due (the caller then runs
     :meth:`ProbeTracker.off_due`)."""
+    buckets = (off.shape[0] - _OFF_WEIGHTS) // 3
+    stamps, confirmed = _OFF_WEIGHTS + buckets, _OFF_WEIGHTS + 2 * buckets
     off[_OFF_STEPS] += 1.0
     if latency_s <= 0.0:
         return False
-    bucket = _off_bucket(batch)
+    bucket = _off_bucket(batch, buckets)
     if not steps_used:  # off measured at this batch
         at = _OFF_WEIGHTS + bucket
-        off[at] = 1.0 + off[at] * forget ** (off[_OFF_STEPS] - off[_OFF_STAMPS + bucket])
-        off[_OFF_STAMPS + bucket] = off[_OFF_STEPS]
+        off[at] = 1.0 + off[at] * forget ** (off[_OFF_STEPS] - off[stamps + bucket])
+        off[stamps + bucket] = off[_OFF_STEPS]
         if off[_OFF_BUCKET] == bucket:
             off[_OFF_BUCKET] = -1.0
             if abs(math.log(latency_s / off[_OFF_PREDICTED])) <= settings[_OFF_CONFIRM]:
-                off[_OFF_CONFIRMED + bucket] = 1.0
+                off[confirmed + bucket] = 1.0
         off[_OFF_BUDGET] = 0.0
         if off[_OFF_REMAINING]:
             off[_OFF_REMAINING] -= 1.0
@@ -380,7 +389,8 @@ def fold_off(off, settings, forget, has_prior, profile_log_error, steps_used, la
     if off[_OFF_REMAINING]:
         off[_OFF_REMAINING] -= 1.0
         return False
-    if (off[_OFF_CONFIRMED + bucket] or _off_coverage(off, bucket, forget) >= settings[_OFF_SAMPLES]
+    if (off[confirmed + bucket]
+            or _off_coverage(off, bucket, forget, buckets) >= settings[_OFF_SAMPLES]
             or (settings[_OFF_TRUST] and has_prior
                 and abs(profile_log_error) <= settings[_OFF_TRUST])):
         off[_OFF_BUDGET] = 0.0  # off's cost here is known or trusted: nothing to do

@@ -13,13 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from env.features import FeatureSpec
-from env.probe import ProbeSpec, ProbeTracker
+from env.probe import _BUCKETS, ProbeSpec, ProbeTracker, off_bucket
 from env.sim.cost_model import load_profile
 from env.traces.schema import StepRecord
 
 pytest.importorskip("numba")
 
-from env.features_compiled import CompiledFeatureBuilder, CompiledProbeTracker
+from env.features_compiled import CompiledFeatureBuilder, CompiledProbeTracker, _off_bucket
 
 PROFILE = load_profile("h200_llama31_8b")
 #: Every attribute of a tracker's state.
@@ -42,7 +42,7 @@ def stream(seed: int, length: int, builder: CompiledFeatureBuilder | None = None
     i = 0
     while i < length:
         steps = int(rng.choice([0, 1, 3, 3, 5]))
-        batch = int(rng.choice([1, 2, 7, 8, 48, 64, 200]))
+        batch = int(rng.choice([1, 2, 7, 8, 48, 64, 200, 40_000]))
         off_s = float(rng.choice([0.0, 0.004, 0.01, 0.02, 0.04]))
         prefill = 512 if rng.random() < 0.02 else 0
         for _ in range(int(rng.integers(1, 120))):
@@ -114,3 +114,8 @@ def test_a_reset_compiled_tracker_is_a_fresh_one():
     used.reset()
     fresh = CompiledFeatureBuilder(None, PROFILE, probe=probe)
     assert_same(used, fresh, "after reset")
+
+
+def test_the_compiled_buckets_are_the_python_ones():
+    sizes = [*range(0, 300), *(2**k + d for k in range(8, 20) for d in (-1, 0, 1))]
+    assert [_off_bucket(b, _BUCKETS) for b in sizes] == [off_bucket(b) for b in sizes]
