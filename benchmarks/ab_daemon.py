@@ -5,6 +5,7 @@ more than a few percent with the other engineers' load; two servers measured pol
 poll, in alternating order, in one process, see the same load.
 
     python benchmarks/ab_daemon.py --before /path/to/other/checkout [--streams 1 5 64]
+        [--policy controller/data/default_policy.npz]
 
 Each tree's ``controller`` and ``env`` packages are imported as their own copies (the
 module table is swapped to a tree's copies while its server runs: the feature builder
@@ -42,16 +43,20 @@ DAEMON_MODULES = ("controller.server", "controller.policy_file", "controller.rel
 
 
 def measure(trees: dict[str, Path], streams: int, polls: int, through_socket: bool = False,
-            cold: bool = False) -> dict[str, np.ndarray]:
+            cold: bool = False, policy: Path | None = None) -> dict[str, np.ndarray]:
     """Thread CPU (us) of each tree's handle_frame + decide per poll, lock-step (see the
-    module's docstring for ``through_socket`` and ``cold``)."""
+    module's docstring for ``through_socket`` and ``cold``); both trees serve ``policy``
+    (default: a random one, which has no off probe)."""
     tmp = Path(tempfile.mkdtemp(prefix="sc-ab-"))
     servers, modules = {}, {}
     for tag, root in trees.items():
         mods = modules[tag] = load_tree(root, DAEMON_MODULES)
         server_mod = mods["controller.server"]
         path = tmp / f"{tag}.npz"
-        mods["controller.policy_file"].ExportedPolicy.random(seed=1).save(path)
+        if policy is None:
+            mods["controller.policy_file"].ExportedPolicy.random(seed=1).save(path)
+        else:
+            path.write_bytes(policy.read_bytes())
         mods["controller.streams"].keep_freed_memory()
         endpoint = f"inproc://ab-{tag}" if through_socket else f"ipc://{tmp}/{tag}.sock"
         servers[tag] = server_mod.ControllerServer(
@@ -126,6 +131,9 @@ def main() -> None:
                         help="frames through each server's socket: _drain + decide + _send")
     parser.add_argument("--cold", action="store_true",
                         help="1 ms asleep and 32 MiB written before each poll")
+    parser.add_argument("--policy", type=Path,
+                        help="the policy file both serve (default: a random one; the shipped "
+                             "controller/data/default_policy.npz has the off probe on)")
     args = parser.parse_args()
     # each tree's env package registers the same gymnasium env id: expected here
     warnings.filterwarnings("ignore", message=".*Overriding environment")
@@ -134,7 +142,7 @@ def main() -> None:
     threadpool_limits(1, user_api="blas")
     for n in args.streams:
         us = measure({"before": args.before.resolve(), "after": args.after.resolve()},
-                     n, args.polls, args.socket, args.cold)
+                     n, args.polls, args.socket, args.cold, args.policy)
         before, after = np.median(us["before"]), np.median(us["after"])
         what = "drain + decide + send" if args.socket else "handle + decide"
         print(f"{n:4d} streams: {what} per poll p50 before {before:8.1f} us, "

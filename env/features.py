@@ -341,6 +341,8 @@ class FeatureBuilder:
     #: Which implementation this is: "numpy" here, "compiled" for
     #: :class:`env.features_compiled.CompiledFeatureBuilder`.
     backend = "numpy"
+    #: What keeps a probe's budgets (the compiled backend folds the off probe compiled).
+    tracker_type: type[ProbeTracker] = ProbeTracker
 
     def __new__(cls, spec: FeatureSpec | None = None, cost_prior=None,
                 backend: str | None = None, probe: ProbeSpec | None = None) -> FeatureBuilder:
@@ -389,7 +391,7 @@ class FeatureBuilder:
         if probe is None or not probe.enabled:
             self.probe_tracker = None
         elif self.probe_tracker is None or self.probe_tracker.spec != probe:
-            self.probe_tracker = ProbeTracker(probe)
+            self.probe_tracker = self.tracker_type(probe)
 
     @property
     def probing(self) -> int:
@@ -1006,10 +1008,13 @@ def warm_up(spec: FeatureSpec | None = None, cost_prior=None, backend: str | Non
     (or loads from numba's cache) now, at start-up, not at the first decision (seconds
     when compiling, ~0.5 s loading). A daemon and a local decider call this first."""
     builders = [FeatureBuilder(spec, cost_prior, backend) for _ in range(2)]
+    probed = FeatureBuilder(spec, cost_prior, backend, probe=ProbeSpec(off_share=1.0))
     drafts = np.zeros(1, dtype=np.int8)
-    # Both kinds of int8 drafts the builders are fed: decoded (read only) and simulated.
+    # Both kinds of int8 drafts the builders are fed: decoded (read only) and simulated;
+    # and a fold with the off probe (the compiled backend folds both in one call).
     for accepted in (drafts, np.frombuffer(drafts.tobytes(), dtype=np.int8)):
-        builders[0].update(StepRecord("warm-up", 0, 1, 0.0, 1, 0, 1, 0, 1, 0, 1, accepted,
+        for builder in (builders[0], probed):
+            builder.update(StepRecord("warm-up", 0, 1, 0.0, 1, 0, 1, 0, 1, 0, 1, accepted,
                                       0.01))
     observation_grids(builders)
     builders[0].observation()

@@ -15,8 +15,18 @@ not bit for bit; within one backend batching stays invisible, bit for bit. Train
 serving on one installation use the same backend (``SPECCTL_FEATURES`` chooses; the
 default is compiled when numba imports).
 
+The off probe (:mod:`env.probe`, ``ProbeSpec.off_share`` > 0) is folded here too
+(:class:`CompiledProbeTracker`, :func:`fold_off`: ``ProbeTracker._fold_off`` operation for
+operation, the C library's ``pow`` and ``log`` as Python's, so the same state bit for bit,
+``tests/test_probe_compiled.py``), in the same compiled call as the record's features
+(:func:`_fold_probed`): in Python it had cost ~1.1 us per decode record on top of a
+~2.5-us fold. Its step that needs the features' latency prediction (``off_due``) and the
+acceptance probe stay in Python, shared with the numpy backend.
+
 Compiled functions are cached on disk (numba's ``cache=True``): the first process that
-uses them compiles for a few seconds, later ones load in well under one.
+uses them compiles for a few seconds, later ones load in well under one. numba checks
+only the cached function's own file for changes, so every kernel another one calls lives
+in this file (a kernel in another module, changed, would leave a stale caller cached).
 """
 
 from __future__ import annotations
@@ -38,6 +48,7 @@ from env.features import (
     effective_model,
     local_bucket,
 )
+from env.probe import _BUCKETS, ProbeSpec, ProbeTracker
 
 # -- the state vector -----------------------------------------------------------------
 # Scalars first, then per-depth arrays whose offsets follow from max_depth (D):
@@ -116,6 +127,17 @@ def _prior_at(params):
     """Where the no-profile prior's precision (then its right-hand side) starts in
     ``params`` (latency_model 2)."""
     return _P_LAYOUT + 3 * int(params[_P_WIDTH])
+
+
+# -- the off probe's state vector (CompiledProbeTracker.off) -------------------------
+# Scalars, then per batch bucket the weights, stamps and confirmations.
+_OFF_STEPS, _OFF_BUDGET, _OFF_COST, _OFF_REMAINING, _OFF_BUCKET, _OFF_PREDICTED = 0, 1, 2, 3, 4, 5
+_OFF_WEIGHTS = 6
+_OFF_STAMPS = _OFF_WEIGHTS + _BUCKETS
+_OFF_CONFIRMED = _OFF_STAMPS + _BUCKETS
+_OFF_SIZE = _OFF_CONFIRMED + _BUCKETS
+# The settings vector (CompiledProbeTracker.settings: ProbeSpec's off fields).
+_OFF_SHARE, _OFF_CONFIRM, _OFF_TRUST, _OFF_SAMPLES = 0, 1, 2, 3
 
 
 # -- kernels --------------------------------------------------------------------------
@@ -309,6 +331,86 @@ def _fold(state, params, has_prior, is_decode, batch_size, waiting, kv_tokens, k
         state[_SINCE_ACCEPT] += 1.0
 
 
+# The off probe's kernels read its bucket count from the state vector's length, not from
+# env.probe's constant: numba freezes a global at compile time, and a cached kernel is not
+# recompiled when another module changes (see the module's docstring), so a stale one must
+# still index within the vector the tracker allocates.
+
+
+@njit(cache=True)
+def _off_bucket(batch, buckets):
+    """``env.probe.off_bucket``: floor(log2(max(batch, 1))), the last bucket open."""
+    bucket = 0
+    rest = max(batch, 1)
+    while rest > 1:
+        rest >>= 1
+        bucket += 1
+    return min(bucket, buckets - 1)
+
+
+@njit(cache=True)
+def _off_coverage(off, bucket, forget, buckets):
+    """``ProbeTracker.off_coverage`` at ``bucket``."""
+    now = off[_OFF_STEPS]
+    stamps = _OFF_WEIGHTS + buckets
+    total = 0.0
+    for j in range(3):
+        k = bucket - 1 + j
+        share = 1.0 if j == 1 else 0.5
+        if 0 <= k < buckets and off[_OFF_WEIGHTS + k] != 0.0:
+            total += share * off[_OFF_WEIGHTS + k] * forget ** (now - off[stamps + k])
+    return total
+
+
+@njit(cache=True)
+def fold_off(off, settings, forget, has_prior, profile_log_error, steps_used, latency_s,
+             batch):
+    """``ProbeTracker._fold_off`` on the state vector, up to the step that needs the
+    features' prediction: returns True when that step is due (the caller then runs
+    :meth:`ProbeTracker.off_due`)."""
+    buckets = (off.shape[0] - _OFF_WEIGHTS) // 3
+    stamps, confirmed = _OFF_WEIGHTS + buckets, _OFF_WEIGHTS + 2 * buckets
+    off[_OFF_STEPS] += 1.0
+    if latency_s <= 0.0:
+        return False
+    bucket = _off_bucket(batch, buckets)
+    if not steps_used:  # off measured at this batch
+        at = _OFF_WEIGHTS + bucket
+        off[at] = 1.0 + off[at] * forget ** (off[_OFF_STEPS] - off[stamps + bucket])
+        off[stamps + bucket] = off[_OFF_STEPS]
+        if off[_OFF_BUCKET] == bucket:
+            off[_OFF_BUCKET] = -1.0
+            if abs(math.log(latency_s / off[_OFF_PREDICTED])) <= settings[_OFF_CONFIRM]:
+                off[confirmed + bucket] = 1.0
+        off[_OFF_BUDGET] = 0.0
+        if off[_OFF_REMAINING]:
+            off[_OFF_REMAINING] -= 1.0
+        return False
+    if off[_OFF_REMAINING]:
+        off[_OFF_REMAINING] -= 1.0
+        return False
+    if (off[confirmed + bucket]
+            or _off_coverage(off, bucket, forget, buckets) >= settings[_OFF_SAMPLES]
+            or (settings[_OFF_TRUST] and has_prior
+                and abs(profile_log_error) <= settings[_OFF_TRUST])):
+        off[_OFF_BUDGET] = 0.0  # off's cost here is known or trusted: nothing to do
+        return False
+    off[_OFF_BUDGET] += settings[_OFF_SHARE] * latency_s
+    return not off[_OFF_BUDGET] < off[_OFF_COST]
+
+
+@njit(cache=True)
+def _fold_probed(state, params, has_prior, batch_size, waiting, kv_tokens, kv_capacity,
+                 steps_used, accepted, latency_s, prior_ms, off, settings):
+    """:func:`_fold` of a decode record, then the off probe's fold of it
+    (:func:`fold_off`, in the same call): whether the probe's step
+    that needs the features' prediction is due (``ProbeTracker.off_due``)."""
+    _fold(state, params, has_prior, True, batch_size, waiting, kv_tokens, kv_capacity,
+          steps_used, accepted, latency_s, prior_ms)
+    return fold_off(off, settings, params[_P_FORGET], has_prior, state[_PRIOR_LOG_ERROR],
+                    steps_used, latency_s, max(batch_size, 1))
+
+
 @njit(cache=True)
 def _local_tables(state, params, weight, ratio, counts, sums):
     """``env.features.local_tables`` of one stream's state, into ``weight`` and
@@ -470,6 +572,98 @@ def _grids(states, params, has_prior, design, at0, slope, column0, buckets, out,
                 vector[at + 2 * depth + j - head] = entries[j]
 
 
+# -- the off probe's tracker ---------------------------------------------------------
+
+
+class CompiledProbeTracker(ProbeTracker):
+    """:class:`~env.probe.ProbeTracker` with the off probe's state (its budget and cost,
+    due records, the latest probe's bucket and prediction, and per batch bucket the off
+    measurements' weights and stamps and the confirmations) in :attr:`off`, folded by
+    :func:`fold_off`. Its off attributes read (and :meth:`off_due` writes) that array."""
+
+    __slots__ = ("off", "settings")
+
+    def __init__(self, spec: ProbeSpec) -> None:
+        #: The off fields of ``spec`` (see _OFF_SHARE...), as :func:`fold_off` reads them.
+        self.settings = np.array([spec.off_share, spec.off_confirm, spec.off_trust,
+                                  spec.off_samples], dtype=np.float64)
+        super().__init__(spec)
+
+    def reset(self) -> None:
+        """Forget the budgets (a new stream)."""
+        self.budget_s = 0.0
+        self.cost_s = 0.0
+        self.remaining = 0
+        self.off = np.zeros(_OFF_SIZE)
+        self.off[_OFF_BUCKET] = -1.0
+
+    def copy(self) -> CompiledProbeTracker:
+        """An independent copy (the daemon evaluates a copy of a stream's features)."""
+        new = object.__new__(CompiledProbeTracker)
+        new.spec, new.settings = self.spec, self.settings  # never changed once built
+        new.budget_s, new.cost_s, new.remaining = self.budget_s, self.cost_s, self.remaining
+        new.off = self.off.copy()
+        return new
+
+    def _fold_off(self, steps_used: int, latency_s: float, features, batch: int) -> None:
+        if fold_off(self.off, self.settings, features.spec.latency_forgetting,
+                    features.cost_prior is not None, features.profile_log_error,
+                    steps_used, latency_s, batch):
+            self.off_due(features, batch)
+
+    # -- ProbeTracker's off attributes, on the state vector --------------------------
+
+    @property
+    def decode_steps(self) -> int:
+        return int(self.off[_OFF_STEPS])
+
+    @property
+    def off_budget_s(self) -> float:
+        return float(self.off[_OFF_BUDGET])
+
+    @off_budget_s.setter
+    def off_budget_s(self, value: float) -> None:
+        self.off[_OFF_BUDGET] = value
+
+    @property
+    def off_cost_s(self) -> float:
+        return float(self.off[_OFF_COST])
+
+    @off_cost_s.setter
+    def off_cost_s(self, value: float) -> None:
+        self.off[_OFF_COST] = value
+
+    @property
+    def off_remaining(self) -> int:
+        return int(self.off[_OFF_REMAINING])
+
+    @off_remaining.setter
+    def off_remaining(self, value: int) -> None:
+        self.off[_OFF_REMAINING] = value
+
+    @property
+    def off_expected(self) -> tuple[int, float] | None:
+        bucket = int(self.off[_OFF_BUCKET])
+        return None if bucket < 0 else (bucket, float(self.off[_OFF_PREDICTED]))
+
+    @off_expected.setter
+    def off_expected(self, value: tuple[int, float] | None) -> None:
+        bucket, predicted = (-1, 0.0) if value is None else value
+        self.off[_OFF_BUCKET], self.off[_OFF_PREDICTED] = bucket, predicted
+
+    @property
+    def off_weights(self) -> list[float]:
+        return self.off[_OFF_WEIGHTS:_OFF_WEIGHTS + _BUCKETS].tolist()
+
+    @property
+    def off_stamps(self) -> list[int]:
+        return [int(v) for v in self.off[_OFF_STAMPS:_OFF_STAMPS + _BUCKETS]]
+
+    @property
+    def off_confirmed(self) -> list[bool]:
+        return [bool(v) for v in self.off[_OFF_CONFIRMED:_OFF_CONFIRMED + _BUCKETS]]
+
+
 # -- the builder ----------------------------------------------------------------------
 
 
@@ -482,6 +676,7 @@ class CompiledFeatureBuilder(FeatureBuilder):
     """
 
     backend = "compiled"
+    tracker_type = CompiledProbeTracker
 
     def reset(self) -> None:
         """Forget all telemetry."""
@@ -516,12 +711,24 @@ class CompiledFeatureBuilder(FeatureBuilder):
             prior_ms = 1e3 * self.cost_prior.step_latency_s(
                 max(record.batch_size, 1), steps, record.kv_used_tokens, 0,
                 draft_extend=steps > 0, speculative_path=steps > 0)
+        tracker = self.probe_tracker
+        if is_decode and type(tracker) is CompiledProbeTracker and tracker.spec.off_share:
+            # The features' and the off probe's fold in one compiled call (the probe's
+            # acceptance part, and the off part's rare step that needs a prediction, here).
+            batch = max(record.batch_size, 1)
+            if _fold_probed(self._state, self._params, has_prior, record.batch_size,
+                            record.waiting_requests, record.kv_used_tokens,
+                            record.kv_capacity_tokens, record.steps_used, accepted,
+                            record.step_latency_s, prior_ms, tracker.off, tracker.settings):
+                tracker.off_due(self, batch)
+            tracker.fold_acceptance(record.steps_used, record.step_latency_s, self, batch)
+            return
         _fold(self._state, self._params, has_prior, is_decode, record.batch_size,
               record.waiting_requests, record.kv_used_tokens, record.kv_capacity_tokens,
               record.steps_used, accepted, record.step_latency_s, prior_ms)
-        if is_decode and self.probe_tracker is not None:
-            self.probe_tracker.fold(record.steps_used, record.step_latency_s, self,
-                                    max(record.batch_size, 1))
+        if is_decode and tracker is not None:
+            tracker.fold(record.steps_used, record.step_latency_s, self,
+                         max(record.batch_size, 1))
 
     @staticmethod
     def _batch(builders, batch_sizes: np.ndarray) -> _Batch:

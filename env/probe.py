@@ -193,6 +193,11 @@ NOT_PROBING, PROBE_ACCEPTANCE, PROBE_OFF = 0, 1, 2
 _BUCKETS = 16
 
 
+def off_bucket(batch: int) -> int:
+    """The off probe's batch bucket of ``batch`` requests."""
+    return min(max(batch, 1).bit_length() - 1, _BUCKETS - 1)
+
+
 class ProbeTracker:
     """One stream's probe budgets, folded record by record with its features."""
 
@@ -254,7 +259,7 @@ class ProbeTracker:
     def off_coverage(self, batch: int, forget: float) -> float:
         """Recent off measurements near ``batch``: its bucket's, and half of each
         neighbouring bucket's, forgotten by ``forget`` per decode step since."""
-        bucket = min(max(batch, 1).bit_length() - 1, _BUCKETS - 1)
+        bucket = off_bucket(batch)
         now, weights, stamps = self.decode_steps, self.off_weights, self.off_stamps
         total = 0.0
         for k, share in ((bucket - 1, 0.5), (bucket, 1.0), (bucket + 1, 0.5)):
@@ -268,6 +273,10 @@ class ProbeTracker:
         off with stale acceptance: the daemon folds every record of every stream."""
         if self.spec.off_share:
             self._fold_off(steps_used, latency_s, features, batch)
+        self.fold_acceptance(steps_used, latency_s, features, batch)
+
+    def fold_acceptance(self, steps_used: int, latency_s: float, features, batch: int) -> None:
+        """The acceptance probe's part of :meth:`fold`."""
         if self.remaining:
             self.remaining -= 1
             return
@@ -296,7 +305,7 @@ class ProbeTracker:
         if latency_s <= 0.0:
             return
         spec = self.spec
-        bucket = min(max(batch, 1).bit_length() - 1, _BUCKETS - 1)
+        bucket = off_bucket(batch)
         forget = features.spec.latency_forgetting
         if not steps_used:  # off measured at this batch
             weights, stamps = self.off_weights, self.off_stamps
@@ -323,13 +332,18 @@ class ProbeTracker:
         self.off_budget_s += spec.off_share * latency_s
         if self.off_budget_s < self.off_cost_s:
             return
-        # The features' own prediction of off at this batch: the time the probe spends off.
+        self.off_due(features, batch)
+
+    def off_due(self, features, batch: int) -> None:
+        """The end of :meth:`_fold_off` once the budget covers the latest estimate of an
+        off probe's cost: estimate it again (the features' prediction of off at ``batch``,
+        the time the probe spends off) and start the probe if the budget covers that."""
         predicted = float(features.latency_predictions_s(batch)[0])
-        self.off_cost_s = spec.off_steps * max(predicted, 0.0)
+        self.off_cost_s = self.spec.off_steps * max(predicted, 0.0)
         if self.off_budget_s >= self.off_cost_s and predicted > 0.0:
             self.off_budget_s = 0.0
-            self.off_remaining = spec.off_steps
-            self.off_expected = (bucket, predicted)
+            self.off_remaining = self.spec.off_steps
+            self.off_expected = (off_bucket(batch), predicted)
 
 
 def probe_rows(index: np.ndarray, actions: np.ndarray, probe_index: int) -> None:
