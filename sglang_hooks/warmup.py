@@ -2,9 +2,10 @@
 
 Why: Triton compiles SGLang's speculative kernels (``assign_req_to_token_pool``,
 ``assign_extend_cache_locs``, ... in ``sglang/srt/speculative/triton_ops/cache_locs.py``, and
-the MoE fused kernel for a new token count) the first time each power-of-two batch bucket (a
-``tl.constexpr``) meets each verify width; each depth the policy uses is a width of its own
-(off: 1, depth d: d + 1). On an H200 a fresh server paid 19 compiles of 60-130 ms (and two
+the MoE fused kernel for a new token count) the first time a batch falls in each
+power-of-two batch bucket (a ``tl.constexpr``; the same kernels for every depth), and a few
+(``fill_bonus_tokens``, ``assign_draft_cache_locs_contiguous``) once per verify width (off:
+1, depth d: d + 1). On an H200 a fresh server paid 19 compiles of 60-130 ms (and two
 of ~0.8 s), 3.5 s of stalls, in its first 40 s of load (``docs/OFFSWITCH.md``, runs 40-43);
 a ramp of every candidate depth at one batch per bucket before serving removed them.
 
