@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import tarfile
+import tempfile
 
 import numpy as np
 import pyarrow as pa
@@ -21,6 +23,7 @@ from env.traces.trace_format import (
     TraceWriter,
     expand_paths,
     is_trace_file,
+    read_packed_trace,
     read_trace,
     write_trace,
 )
@@ -1054,3 +1057,30 @@ def test_prefill_pairs_round_trip_and_a_file_written_before_the_column_reads_as_
     meta = table.schema.metadata
     pq.write_table(table.drop_columns(["prefill_pairs"]).replace_schema_metadata(meta), path)
     assert [s.prefill_pairs for s in read_trace(path).steps] == [None] * 6
+
+
+def test_a_packed_trace_folder_reads_as_the_folder_and_leaves_no_scratch(tmp_path, monkeypatch):
+    """read_packed_trace: a ``.tar.gz`` holding one trace folder (as the H200 scripts pack a
+    recording) reads as that folder, its scratch copy removed; two folders inside are an
+    error that names the archive; any other path is read_trace's."""
+    folder = tmp_path / "trace-sim"
+    write_trace(folder / "t.parquet", make_requests(), make_steps(), meta={"t0_unix": 1.0})
+    archive = tmp_path / "trace.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(folder, arcname=folder.name)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    packed = read_packed_trace(archive)
+    assert_steps_equal(packed.steps, read_trace(folder).steps)
+    assert packed.meta["t0_unix"] == 1.0
+    assert list(scratch.iterdir()) == []
+    assert_steps_equal(read_packed_trace(folder).steps, packed.steps)
+    other = tmp_path / "other"
+    write_trace(other / "t.parquet", make_requests(), make_steps())
+    with tarfile.open(tmp_path / "two.tar.gz", "w:gz") as tar:
+        tar.add(folder, arcname="a")
+        tar.add(other, arcname="b")
+    with pytest.raises(TraceFormatError, match=r"two\.tar\.gz.*one trace folder.*\['a', 'b'\]"):
+        read_packed_trace(tmp_path / "two.tar.gz")

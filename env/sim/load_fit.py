@@ -39,16 +39,13 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
-import tarfile
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from env.sim.cost_model import CostProfile, FitReport, LatencyPoints, fit_profile
-from env.traces.trace_format import read_trace
+from env.traces.trace_format import read_packed_trace
 
 #: A step this many times slower than its group's median is idle time, not work.
 OUTLIER_RATIO = 5.0
@@ -97,16 +94,7 @@ class StepArrays:
     @classmethod
     def load(cls, path: str | os.PathLike, prefills_measured: bool = True) -> StepArrays:
         """The steps of a recorded trace folder, or of a ``.tar.gz`` holding one folder."""
-        path = Path(path)
-        if not path.name.endswith(".tar.gz"):
-            return cls.from_trace(read_trace(path), prefills_measured)
-        with tempfile.TemporaryDirectory() as scratch, tarfile.open(path) as tar:
-            tar.extractall(scratch, filter="data")
-            folders = [p for p in Path(scratch).iterdir() if p.is_dir()]
-            if len(folders) != 1:
-                raise ValueError(f"{path}: expected one trace folder inside, found "
-                                 f"{[f.name for f in folders]}")
-            return cls.from_trace(read_trace(folders[0]), prefills_measured)
+        return cls.from_trace(read_packed_trace(path), prefills_measured)
 
     @classmethod
     def from_trace(cls, trace, prefills_measured: bool = True) -> StepArrays:

@@ -67,6 +67,8 @@ import glob
 import json
 import os
 import re
+import tarfile
+import tempfile
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -913,6 +915,22 @@ def read_trace(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> Trace:
         sources=files,
         _step_columns=step_columns,
     )
+
+
+def read_packed_trace(path: str | os.PathLike) -> Trace:
+    """Read a trace folder packed as ``.tar.gz`` (one folder inside, as the H200 scripts
+    pack a recording), or anything :func:`read_trace` takes. The archive is unpacked into
+    a temporary folder, removed once the trace is read."""
+    path = Path(path)
+    if not path.name.endswith(".tar.gz"):
+        return read_trace(path)
+    with tempfile.TemporaryDirectory() as scratch, tarfile.open(path) as tar:
+        tar.extractall(scratch, filter="data")
+        folders = [p for p in Path(scratch).iterdir() if p.is_dir()]
+        if len(folders) != 1:
+            raise TraceFormatError(str(path), None, None, "expected one trace folder inside, "
+                                   f"found {sorted(f.name for f in folders)}")
+        return read_trace(folders[0])
 
 
 def _open_parquet(path: Path, name: str) -> pq.ParquetFile:

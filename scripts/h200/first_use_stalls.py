@@ -16,26 +16,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import tarfile
-import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
-from env.traces.trace_format import read_trace
+from env.traces.trace_format import read_packed_trace
 
 
 def read_steps(path: Path) -> tuple[dict[str, np.ndarray], float]:
     """The trace's step columns and its start on the Unix clock (``t0_unix``)."""
-    if path.name.endswith(".tar.gz"):
-        folder = Path(tempfile.mkdtemp(prefix="stalls-"))
-        with tarfile.open(path) as tar:
-            tar.extractall(folder, filter="data")
-        parquet = sorted(folder.rglob("*.parquet"))  # packed with the trace's folder name
-        path = parquet[0].parent if parquet else folder
-    trace = read_trace(path)
+    trace = read_packed_trace(path)
     if "t0_unix" not in trace.meta:
         raise SystemExit(f"{path}: the trace's metadata has no t0_unix (recorded before it)")
     columns = trace.step_columns()

@@ -14,13 +14,11 @@ from __future__ import annotations
 import json
 import random
 import sys
-import tarfile
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from env.traces.trace_format import read_trace
+from env.traces.trace_format import read_packed_trace
 
 #: (model name, no-speculation result, off result, run) per measured pair, in run order.
 #: Runs 1-2 (dense) and 1 (MoE): the off switch at commit 81e6690; run 3: at 4cc857b (the
@@ -157,10 +155,7 @@ def switch_costs(folder: Path, batch_sizes=(1, 32)) -> dict:
     """
     out = {}
     for model, name in TRACES:
-        with tempfile.TemporaryDirectory() as tmp:
-            with tarfile.open(folder / name) as tar:
-                tar.extractall(tmp, filter="data")
-            steps = read_trace(next(Path(tmp).iterdir())).steps
+        steps = read_packed_trace(folder / name).steps
         decode = [s for s in steps if s.prefill_tokens == 0]
         kinds, previous = [], None
         for s in decode:
