@@ -102,11 +102,7 @@ def is_warmup_rid(rid: object) -> bool:
 def in_batch(reqs: Sequence[Any]) -> bool:
     """Whether a batch's requests include a warm-up request (only asked while a warm-up is
     open: one look per request)."""
-    for req in reqs:
-        rid = req.rid
-        if rid.__class__ is str and rid.startswith(PREFIX):
-            return True
-    return False
+    return any(is_warmup_rid(req.rid) for req in reqs)
 
 
 def arrivals(recv_reqs: Iterable[Any]) -> bool | None:
@@ -119,7 +115,7 @@ def arrivals(recv_reqs: Iterable[Any]) -> bool | None:
             rid = getattr(req, "rid", None)
             if rid.__class__ is not str or getattr(req, "input_ids", None) is None:
                 continue
-            if not rid.startswith(PREFIX):
+            if not is_warmup_rid(rid):
                 return False
             seen = True
     return seen

@@ -383,7 +383,8 @@ def warmup_ramp(served: Path, policies: dict[str, Path]) -> dict:
     """Each candidate depth (a constant policy) decoding a batch of every size in
     :data:`RAMP_BATCHES`, 24 tokens each: every (depth, batch bucket) runs once before the
     replays, so first-use work (compiles) is not paid while serving. Returns seconds
-    per depth."""
+    per depth. The load generator's ramp that run 42 measured; the plugin's own start-up
+    version (``--warmups specctl``) is :mod:`sglang_hooks.warmup`."""
     seconds = {}
     for steps in CANDIDATES:
         session.serve_policy(served, policies[f"static_{steps}"])
