@@ -20,7 +20,9 @@ trace of the decode steps, 0: none), ``SWITCH_SECONDS`` (off: closed loop while 
 switches depth, sampling GPU and host memory; 0: none), ``COMPILE_LOG`` (1: every Triton and
 torch.compile compile in the server's processes, timed, into ``$OUT/compiles-<phase>.jsonl``;
 ``scripts/h200/compile_log.py``), ``EXTRA_POLICIES`` (``session.write_policies``),
-``WARMUP_RAMP`` (sim, 1: every candidate depth at batch sizes 1-48 before the replays).
+``WARMUP_RAMP`` (sim, 1: every candidate depth at batch sizes 1-48 before the replays),
+``SERVER_ARGS`` (more SGLang flags for every server, space-separated, e.g. ``--warmups
+specctl``; recorded in the run file with the seconds the server took to answer).
 
 Every server: the same flags (``session.py``'s), ``--disable-radix-cache`` (replayed prompts
 would otherwise hit the prefix cache of earlier runs) and ``--max-running-requests 48``.
@@ -58,6 +60,10 @@ SKIP_SERVER_WARMUP = os.environ.get("SKIP_SERVER_WARMUP") == "1"
 SWITCH_SECONDS = float(os.environ.get("SWITCH_SECONDS", "0"))
 PROFILE = os.environ.get("PROFILE") or (
     "h200_qwen3_30b_a3b" if "moe" in MODELS.name else "h200_llama31_8b_recorded")
+SERVER_ARGS = os.environ.get("SERVER_ARGS", "").split()
+#: Seconds from launch until each server (by name) answered /health: a start-up warm-up
+#: (``--warmups``) runs before the server listens, so its cost shows here.
+READY_S: dict[str, float] = {}
 GREEDY_PROMPTS, GREEDY_PROMPT_LEN, GREEDY_NEW = 8, 200, 64
 PREFILL_LENGTHS = (256, 1024, 3072)
 
@@ -92,6 +98,7 @@ def start(name: str, *, spec: bool, env: dict[str, str], adaptive_config: dict |
                  "--speculative-num-steps", str(steps),
                  "--speculative-num-draft-tokens", str(steps + 1),
                  "--speculative-adaptive", "--speculative-adaptive-config", str(config)]
+    args += SERVER_ARGS
     if os.environ.get("COMPILE_LOG") == "1":  # every JIT compile, timed (compile_log.py)
         env = {**env, "SPECCTL_COMPILE_LOG": str(session.fresh(RUN / f"compiles-{name}")),
                "TORCH_LOGS": "recompiles"}
@@ -106,7 +113,8 @@ def start(name: str, *, spec: bool, env: dict[str, str], adaptive_config: dict |
         try:
             with urllib.request.urlopen(f"{URL}/health", timeout=2) as response:
                 if response.status == 200:
-                    session.log(f"{name} ready after {time.time() - started:.0f} s")
+                    READY_S[name] = round(time.time() - started, 1)
+                    session.log(f"{name} ready after {READY_S[name]:.0f} s")
                     if not SKIP_SERVER_WARMUP:
                         loadgen.one_batch(URL, 2, output=16)
                     return process
@@ -283,7 +291,8 @@ def save(name: str, data: dict) -> None:
 
 def phase_nospec() -> None:
     server = start("nospec", spec=False, env={})
-    result: dict = {"model": MODELS.name}
+    result: dict = {"model": MODELS.name, "server_args": SERVER_ARGS,
+                    "ready_s": READY_S["nospec"]}
     try:
         if os.environ.get("HEADLINE") == "only":
             for rate, suffix in headline_rates():
@@ -410,6 +419,8 @@ def phase_sim() -> None:
     result: dict = {"model": MODELS.name, "acceptance": float(ACC), "profile": PROFILE,
                     "off_prefill": os.environ.get("SPECCTL_OFF_PREFILL", "skip"),
                     "simulate_acc_token_mode": TOKEN_MODE,
+                    "server_args": SERVER_ARGS, "ready_s": READY_S["sim"],
+                    "triton_cache_dir": os.environ.get("TRITON_CACHE_DIR"),
                     **session.served_policy(policies["ppo"]),
                     # what each EXTRA_POLICIES name served (its guard is its file's)
                     "extra_policies": {name: session.served_policy(policies[name])
