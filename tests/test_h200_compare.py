@@ -781,3 +781,28 @@ def test_first_use_stalls_finds_the_slow_decode_step_and_the_compile_inside_it(
     log.write_text('{"kind": "triton"}\n')
     with pytest.raises(SystemExit, match=r"compiles\.jsonl, line 1"):
         read_compiles(log)
+
+
+def test_replays_at_a_rate_are_read_with_their_rate_and_simulated_at_it(tmp_path):
+    def summary(tpot):
+        return {"throughput_tok_s": 1000.0 / tpot, "mean_tpot_ms": tpot}
+
+    # offswitch.py's HEADLINE_RATES files, as docs/results keeps them (_r8, _r8_2, _runN)
+    (tmp_path / "moe_acc2.5_replay_r8_run41.json").write_text(json.dumps({
+        "acceptance": 2.5, "profile": "h200_qwen3_30b_a3b", "headline_rate": 8.0,
+        "headline_static_0": summary(23.8), "headline_local": summary(22.0)}))
+    (tmp_path / "moe_nospec_replay_r6_2_run40.json").write_text(json.dumps({
+        "model": "models_moe", "headline_rate": 6.0, "headline": summary(20.1)}))
+    cells, skipped = read_run_dir(tmp_path)
+    assert not skipped
+    by_key = {c.key(): c for c in cells}
+    assert by_key["spec_off@2.5 headline 8/s 40s static_0"].rate == 8.0
+    assert by_key["nospec headline 6/s 40s no_spec"].rate == 6.0
+    # the simulator replays the rate the run did: more requests at 8/s than at 6/s
+    light = compare.workload_of(replace(by_key["spec_off@2.5 headline 8/s 40s static_0"],
+                                        rate=6.0), None)[0]
+    heavy = compare.workload_of(by_key["spec_off@2.5 headline 8/s 40s static_0"], None)[0]
+    assert len(heavy.arrival_s) > len(light.arrival_s)
+    # an EXTRA_POLICIES name is read but not simulable (compare.py says so and skips it)
+    assert compare.simulable("static_0") and compare.simulable("ppo")
+    assert not compare.simulable(by_key["spec_off@2.5 headline 8/s 40s local"].policy)

@@ -69,7 +69,7 @@ from measured_runs import (
     window_throughput,
 )
 
-from agents.policies import make_policy
+from agents.policies import POLICY_NAMES, make_policy
 from env.features import FeatureBuilder, FeatureSpec
 from env.guard import DEFAULT_GUARD, NO_GUARD, GuardSpec
 from env.probe import DEFAULT_PROBE, NO_PROBE, ProbeSpec
@@ -95,7 +95,7 @@ def workload_of(cell: Cell, client) -> tuple[object, float | None]:
     if cell.workload == "headline":
         from session import headline_workload
 
-        arrivals, prompts, outputs = headline_workload(cell.seconds)
+        arrivals, prompts, outputs = headline_workload(cell.seconds, rate=cell.rate)
         return Workload("headline", np.asarray(arrivals), np.asarray(prompts, np.int32),
                         np.asarray(outputs, np.int32)), None
     if cell.workload in PREFIX_WORKLOADS:
@@ -228,6 +228,14 @@ def _servings_spec(cells: dict[str, Cell], servings, policy_path) -> FeatureSpec
                 return make_policy("ppo", policy_path=policy_path(cells[source])).feature_spec(
                     FeatureSpec())
     return FeatureSpec()
+
+
+def simulable(name: str) -> bool:
+    """Whether :func:`simulate` can run the policy a cell names (``make_policy``'s names and
+    :data:`PPO_NAMES`)."""
+    if name in PPO_NAMES or name in POLICY_NAMES:
+        return True
+    return name.startswith("static_") and name.removeprefix("static_").isdigit()
 
 
 def served_guard(cell: Cell) -> GuardSpec:
@@ -540,6 +548,11 @@ def main(argv: list[str] | None = None) -> int:
         carried: dict[str, dict] = {}  # plugin files: the loops replayed in order
         replayed: set[str] = set()  # files whose order was read (once each)
         for cell in cells:
+            if not simulable(cell.policy):
+                print(f"skipped {cell.source}: policy {cell.policy!r} is not one the simulator "
+                      "knows (an EXTRA_POLICIES name: its file is in the run's extra_policies)",
+                      file=sys.stderr)
+                continue
             profile = profile_for(cell, profiles)
             if profile is None:
                 print(f"skipped {cell.source}: no --profile for {cell.model}", file=sys.stderr)

@@ -116,8 +116,9 @@ class Cell:
     #: A closed loop's output tokens within its sending window per second
     #: (:func:`window_throughput`), where the run kept each request's times; else None.
     window_tok_s: float | None = None
-    #: A prefix replay's arrival rate (requests/s; ``prefix_workload.RATE`` where the run
-    #: file does not say).
+    #: A replay's mean arrival rate, requests/s (a prefix replay: ``prefix_workload.RATE``
+    #: where the run file does not say; a headline replay: ``headline_rate`` of
+    #: ``offswitch.py``'s files, else ``session.headline_rate()``).
     rate: float | None = None
 
     def key(self) -> str:
@@ -228,10 +229,18 @@ def _serving(key: str, source: str) -> tuple[str, int] | None:
     return match[2], serving
 
 
+#: ``offswitch.py``'s replay at one of ``HEADLINE_RATES`` (``_r8``; its second at that rate
+#: ``_r8_2``), before a docs copy's ``_runN``.
+RATE_SUFFIX = r"(_r[\d.]+(_\d+)?)?"
+
+
 def _offswitch(path: Path, data: dict) -> list[Cell]:
     name = path.name
     model = _model(name, data)
-    common = {"model": model, "radix_cache": False, "max_running": 48}
+    # The replay's mean arrival rate where the file records it (HEADLINE_RATES); else the
+    # default rate of session.headline_workload.
+    rate = float(data["headline_rate"]) if "headline_rate" in data else None
+    common = {"model": model, "radix_cache": False, "max_running": 48, "rate": rate}
     seconds = float(data.get("closed_seconds", 10.0))
     cells = []
     if "_nospec" in name:
@@ -248,7 +257,7 @@ def _offswitch(path: Path, data: dict) -> list[Cell]:
             cells.append(_cell(base, data["headline_off"], f"{name}:headline_off",
                                workload="headline", concurrency=None, seconds=40.0,
                                policy="static_0"))
-    elif re.search(r"_(replay(_[a-z]+)?|load|sglang)(_run\d+)?\.json$", name):
+    elif re.search(rf"_(replay(_[a-z]+)?|load|sglang){RATE_SUFFIX}(_run\d+)?\.json$", name):
         mode = data.get("simulate_acc_token_mode", "fixed")
         if mode not in TOKEN_MODES:
             raise ValueError(f"{name}: simulate_acc_token_mode {mode!r} is not one of "
@@ -259,7 +268,7 @@ def _offswitch(path: Path, data: dict) -> list[Cell]:
                 "prior": data.get("profile"), "tokens": TOKEN_MODES[mode],
                 "policy_sha256": data.get("policy_sha256"), "guard": data.get("guard")}
         for key, r in data.items():
-            if key.startswith("headline_"):
+            if key.startswith("headline_") and key != "headline_rate":
                 cells.append(_cell(base, r, f"{name}:{key}", workload="headline",
                                    concurrency=None, seconds=40.0,
                                    policy=key[len("headline_"):]))
@@ -385,8 +394,8 @@ def read_run_dir(folder: str | Path) -> tuple[list[Cell], dict[str, str]]:
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path}: invalid JSON at line {exc.lineno}: {exc.msg}") from exc
         name = path.name
-        if re.match(r"(dense|moe)_(nospec|off|acc[\d.]+_(replay(_[a-z]+)?|load|sglang))"
-                    r"(_run\d+)?\.json$", name):
+        if re.match(r"(dense|moe)_(nospec(_replay)?|off|acc[\d.]+_(replay(_[a-z]+)?|load|sglang))"
+                    rf"{RATE_SUFFIX}(_run\d+)?\.json$", name):
             found = _offswitch(path, data)
         elif re.match(r"(dense|moe)_prefix(_run\d+)?\.json$", name):
             found = _prefix(path, data)
