@@ -5,7 +5,8 @@
 
 Prints cells met (and which are lost / gained), never-pays windows, the mean oracle
 fraction over cells with a target, the worst missed never-pays window against no
-speculation, and every cell moved by 0.005 of the oracle or more.
+speculation, the never-pays windows met by one only, and every cell moved by 0.005 of
+the oracle or more.
 """
 
 from __future__ import annotations
@@ -37,6 +38,12 @@ def main(shipped_path: str, candidate_path: str) -> None:
     met = {k for k, c in ship["cells"].items() if c["met"]}
     met_c = {k for k, c in cand["cells"].items() if c["met"]}
     print("lost:", sorted(met - met_c) or "none", "gained:", sorted(met_c - met) or "none")
+    missed = {m["scenario"]: m["vs_no_spec"] for m in ship["never_pays"]["missed_windows"]}
+    missed_c = {m["scenario"]: m["vs_no_spec"] for m in cand["never_pays"]["missed_windows"]}
+    for label in sorted(set(missed) - set(missed_c)):
+        print(f"  never-pays window now met: {label} (was {missed[label]}x no spec)")
+    for label in sorted(set(missed_c) - set(missed)):
+        print(f"  never-pays window now missed: {label} ({missed_c[label]}x no spec)")
     for key, c in sorted(ship["cells"].items()):
         new = cand["cells"][key]["oracle_fraction"]
         if abs(new - c["oracle_fraction"]) >= 0.005:
