@@ -24,9 +24,13 @@ from sglang_hooks import contract
 SUPPORTED_VERSIONS = ("0.5.15.post1", "0.5.23")
 #: The function SGLang's scheduler processes (and only they) call ``load_plugins`` from.
 SCHEDULER_ENTRY = (contract.SCHEDULER, "run_scheduler_process")
-#: The module whose functions call ``load_plugins`` in the HTTP server's (main) process
-#: (``Engine.__init__``, ``Engine._launch_subprocesses``).
-HTTP_ENTRY_MODULE = contract.ENGINE
+#: The modules that call ``load_plugins`` in the HTTP server's (main) process: the engine
+#: (``Engine.__init__``, ``Engine._launch_subprocesses``) and the two command-line entries,
+#: ``python -m sglang.launch_server`` and ``sglang serve``, which load the plugins first
+#: (SGLang's loader runs once, so theirs is the call that counts; on the H200, run 44, a
+#: server started with ``-m sglang.launch_server`` never registered the warm-up while only
+#: the engine was listed).
+HTTP_ENTRY_MODULES = (contract.ENGINE, contract.LAUNCH_SERVER, contract.CLI_SERVE)
 #: SGLang's plugin loader (the frame whose caller tells the processes apart).
 LOADER = ("sglang.srt.plugins", "load_plugins")
 
@@ -103,7 +107,7 @@ def in_scheduler_process() -> bool:
 
 
 def in_http_process() -> bool:
-    """Whether ``load_plugins`` was called from ``sglang.srt.entrypoints.engine``: the
+    """Whether ``load_plugins`` was called from one of :data:`HTTP_ENTRY_MODULES`: the
     main process, where the tokenizer manager and the HTTP server run.
 
     The loader's own caller decides, not any frame below it: a process forked from the
@@ -115,10 +119,16 @@ def in_http_process() -> bool:
     while frame is not None:
         if frame.f_code.co_name == function and frame.f_globals.get("__name__") == module:
             caller = frame.f_back
-            return (caller is not None
-                    and caller.f_globals.get("__name__") == HTTP_ENTRY_MODULE)
+            return caller is not None and module_of(caller) in HTTP_ENTRY_MODULES
         frame = frame.f_back
     return False
+
+
+def module_of(frame: Any) -> str | None:
+    """The module a frame's code belongs to, by its import name: ``python -m X`` runs X as
+    ``__main__``, whose ``__spec__`` still names X."""
+    spec = frame.f_globals.get("__spec__")
+    return getattr(spec, "name", None) or frame.f_globals.get("__name__")
 
 
 def read_ranks(scheduler: Any, version: str) -> Ranks:

@@ -39,6 +39,8 @@ GRAPH_RUNNER = "sglang.srt.model_executor.runner.decode_cuda_graph_runner"
 ENGINE = "sglang.srt.entrypoints.engine"
 HTTP_SERVER = "sglang.srt.entrypoints.http_server"
 WARMUP = "sglang.srt.entrypoints.warmup"
+LAUNCH_SERVER = "sglang.launch_server"
+CLI_SERVE = "sglang.cli.serve"
 IO_STRUCT = "sglang.srt.managers.io_struct"
 
 
@@ -221,6 +223,9 @@ WARMUP_CONTRACT = (
     # The main process's loader calls come from the engine (compat.in_http_process).
     Calls(ENGINE, "Engine.__init__", ("load_plugins()",)),
     Calls(ENGINE, "Engine._launch_subprocesses", ("load_plugins()",)),
+    # ... or first from `sglang serve` (and `python -m sglang.launch_server`, whose call is
+    # module-level code under `if __name__ == "__main__"`, which Calls cannot name).
+    Calls(CLI_SERVE, "serve", ("load_plugins()",)),
     # The registry and how SGLang runs a warm-up: awaited with these two arguments.
     Calls(WARMUP, "warmup", ("_warmup_registry[name] = fn",)),
     Calls(WARMUP, "execute_warmups", (

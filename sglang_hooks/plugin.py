@@ -2,7 +2,7 @@
 
 SGLang calls :func:`register` in every process it starts, then applies the
 registered hooks with ``HookRegistry.apply_hooks()``. In the HTTP server's
-process (``load_plugins`` called from ``sglang.srt.entrypoints.engine``,
+process (``load_plugins`` called from the engine or the command-line entries,
 :func:`compat.in_http_process`) it only registers the start-up warm-up ``specctl``
 in SGLang's custom warm-up registry (:mod:`sglang_hooks.warmup`; it runs only with
 ``--warmups specctl``), once. Elsewhere ``register`` patches

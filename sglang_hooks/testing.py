@@ -68,16 +68,28 @@ def load_plugins_as_scheduler() -> None:
     namespace[function]()
 
 
-def load_plugins_as_http() -> None:
-    """Run SGLang's ``load_plugins()`` the way its HTTP server's process does: called from
-    the engine module (``Engine._launch_subprocesses``; a function of that module's name
-    stands in for it)."""
-    from sglang_hooks.compat import HTTP_ENTRY_MODULE
+def load_plugins_as_http(entry: str = "engine") -> None:
+    """Run SGLang's ``load_plugins()`` the way its HTTP server's process does, from
+    ``entry``: ``engine`` (``Engine._launch_subprocesses``), ``launch_server`` (the
+    module-level code of ``python -m sglang.launch_server``: ``__name__`` is ``__main__``,
+    its ``__spec__`` names the module) or ``serve`` (``sglang serve``'s ``serve``). Stand-ins
+    of those names call it: the real ones need a GPU stack to import."""
+    from importlib.machinery import ModuleSpec
 
-    namespace: dict[str, Any] = {"__name__": HTTP_ENTRY_MODULE}
-    exec("def _launch_subprocesses():\n    from sglang.srt.plugins import load_plugins\n"
-         "    load_plugins()\n", namespace)
-    namespace["_launch_subprocesses"]()
+    from sglang_hooks import contract
+
+    call = "from sglang.srt.plugins import load_plugins\nload_plugins()\n"
+    if entry == "launch_server":
+        namespace: dict[str, Any] = {"__name__": "__main__",
+                                     "__spec__": ModuleSpec(contract.LAUNCH_SERVER, None)}
+        exec(compile(call, "<launch_server>", "exec"), namespace)
+        return
+    module, function = {"engine": (contract.ENGINE, "_launch_subprocesses"),
+                        "serve": (contract.CLI_SERVE, "serve")}[entry]
+    namespace = {"__name__": module}
+    exec(f"def {function}():\n" + "".join(f"    {line}\n" for line in call.splitlines()),
+         namespace)
+    namespace[function]()
 
 
 class GenerateReqInputStandIn:

@@ -12,7 +12,8 @@ a ramp of every candidate depth at one batch per bucket before serving removed t
 Two halves, in two kinds of SGLang process:
 
 * **HTTP server process** (:func:`register_http`, called by :func:`sglang_hooks.plugin.register`
-  when ``load_plugins()`` was called from ``sglang.srt.entrypoints.engine``): registers
+  when ``load_plugins()`` was called from the engine, ``python -m sglang.launch_server`` or
+  ``sglang serve``: :func:`sglang_hooks.compat.in_http_process`): registers
   :func:`run` in SGLang's custom warm-up registry under the name ``specctl``. Nothing else
   changes in that process. With ``--warmups specctl`` SGLang awaits it at start-up, before
   the server listens (``http_server.lifespan`` -> ``execute_warmups``): for each batch size
@@ -30,10 +31,11 @@ Two halves, in two kinds of SGLang process:
   sent as telemetry, not recorded, and does not feed SGLang's rule (its acceptance, on a
   made-up prompt, says nothing about the traffic to come).
 
-What one warm-up costs (an estimate: not yet run on a GPU): one batch per bucket (1, 2, 4,
-..., the limit: 7 batches up to 48), each decoding ``SPECCTL_WARMUP_TOKENS`` (default 64)
-tokens at 1-4 a step, 16-64 steps of some 20 ms on the H200's MoE: 2-11 s, plus the
-compiles it moves out of serving (2-4 s in runs 40-43).
+What one warm-up costs (an estimate: its one GPU start, run 44, ran without it, because the
+plugin then recognised only the engine's loader call, not ``launch_server``'s): one batch
+per bucket (1, 2, 4, ..., the limit: 7 batches up to 48), each decoding
+``SPECCTL_WARMUP_TOKENS`` (default 64) tokens at 1-4 a step, 16-64 steps of some 20 ms on
+the H200's MoE: 2-11 s, plus the compiles it moves out of serving (2-4 s in runs 40-43).
 """
 
 from __future__ import annotations

@@ -116,8 +116,8 @@ from sglang_hooks import testing
 testing.warmup_import_stand_ins()  # SGLang's warm-up module needs transformers otherwise
 if sys.argv[1] == "scheduler":
     testing.load_plugins_as_scheduler()
-elif sys.argv[1] == "http":  # the HTTP server's process: called from the engine module
-    testing.load_plugins_as_http()
+elif sys.argv[1].startswith("http"):  # the HTTP server's process: "http_<entry>"
+    testing.load_plugins_as_http(sys.argv[1][len("http_"):] or "engine")
 else:  # the detokenizer, DP controller
     import sglang.srt.plugins
     sglang.srt.plugins.load_plugins()
@@ -128,7 +128,7 @@ report = {
     "replaced": asp.AdaptiveSpeculativeParams is not original["cls"],
     "warmups": sorted(warmups._warmup_registry) if warmups else None,
 }
-if sys.argv[1] == "http":
+if sys.argv[1].startswith("http"):
     import asyncio
     registered = warmups._warmup_registry["specctl"]
     # Engine.__init__ and Engine._launch_subprocesses both load plugins: again, past
@@ -196,6 +196,11 @@ def probes(extra_path, tmp_path_factory) -> dict[str, dict]:
         "http": (root, {"SPECCTL_CONTROLLER": UNUSED}, "http"),
         "http_no_variables": (root, {}, "http"),
         "http_oldest": (require(OLDEST), {}, "http"),
+        # the command-line entries, which load the plugins before the engine does
+        "http_launch_server": (root, {"SPECCTL_CONTROLLER": UNUSED}, "http_launch_server"),
+        "http_launch_server_oldest": (require(OLDEST), {}, "http_launch_server"),
+        "http_serve": (root, {}, "http_serve"),
+        "http_serve_oldest": (require(OLDEST), {}, "http_serve"),
         "no_variables": (root, {"SPECCTL_TIMEOUT_MS": "50"}, "scheduler"),
         "no_variables_not_a_scheduler": (root, {}, "main"),
         "bad_variable": (root, {"SPECCTL_CONTROLLER": UNUSED, "SPECCTL_TIMEOUT_MS": "soon"},
@@ -240,7 +245,9 @@ def test_other_sglang_processes_register_nothing_and_say_nothing(probes, scenari
     assert probes[scenario] == {"hooks": [], "replaced": False, "warmups": None, "logs": []}
 
 
-@pytest.mark.parametrize("scenario", ["http", "http_no_variables", "http_oldest"])
+@pytest.mark.parametrize("scenario", ["http", "http_no_variables", "http_oldest",
+                                      "http_launch_server", "http_launch_server_oldest",
+                                      "http_serve", "http_serve_oldest"])
 def test_the_http_process_registers_the_warmup_once_and_nothing_else(probes, scenario):
     """With or without the variables (``--warmups specctl`` asks for it), in both pinned
     versions; SGLang's own ``execute_warmups`` runs it through the tokenizer manager."""
