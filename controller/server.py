@@ -537,6 +537,8 @@ class ControllerServer:
         last record, a copy after an earlier one), or None where folding failed (that
         stream is reset and answered with a fallback)."""
         entries: list[_Answer] = []
+        # _Answer(...) without its Python-level __new__ (the same tuple; a call less per answer)
+        new, answer = tuple.__new__, _Answer
         for stream in streams:
             backlog, builder = stream.backlog, stream.builder
             unanswered = len(backlog) - answers  # the oldest are folded without an answer
@@ -548,8 +550,8 @@ class ControllerServer:
                     builder.update(record)
                     unanswered -= 1
                     if unanswered < 0:
-                        entries.append(_Answer(stream, builder.copy() if backlog else builder,
-                                               record, stream.batch_size))
+                        entries.append(new(answer, (stream, builder.copy() if backlog else builder,
+                                                    record, stream.batch_size)))
             except Exception:  # a bug, or a record the estimators cannot take
                 self._reset_failed(stream)
                 entries.append(_Answer(stream, None, record, stream.batch_size))
