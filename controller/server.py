@@ -29,6 +29,7 @@ import threading
 import time
 from bisect import bisect_right
 from collections import Counter, deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -371,15 +372,16 @@ class ControllerServer:
         self._handle_frames(peer, (frame,), pending,
                             time.perf_counter() if received is None else received)
 
-    def _handle_frames(self, peer: Peer, frames, pending: dict[StreamKey, _Stream],
-                       received: float) -> None:
+    def _handle_frames(self, peer: Peer, frames: Iterable[bytes],
+                       pending: dict[StreamKey, _Stream], received: float) -> None:
         """:meth:`handle_frame` for each of ``frames`` (from ``peer``, in order).
 
         The common frame, telemetry of a known stream continuing its run, is decoded and
-        queued here in one loop (a poll's frames of a connection, without three calls
-        each: 64-stream polls spent ~6 us a frame besides decoding); any other goes
-        through :meth:`_handle_frame`, which decodes it again (a refused frame then
-        gets its error named), as every frame did before.
+        queued here in one loop (a poll's frames of a connection, without the
+        ``handle_frame``, ``decode`` and ``_telemetry`` calls each: docs/ONLINE.md,
+        sixteenth pass). Telemetry of a new or restarted stream goes on to
+        :meth:`_handle_message`; any other frame (or one the fast decoder refuses) to
+        :meth:`_handle_frame`, which decodes it in full (naming a refused frame's error).
         """
         fast, header = decode_telemetry_fast, TELEMETRY_HEADER
         get = self.streams.get
