@@ -20,7 +20,7 @@ import numpy as np
 from controller.policy_file import ExportedPolicy
 from controller.wire import DECISION_LAG, Decision
 from env.features import FeatureBuilder, warm_up
-from env.guard import GuardSpec, apply_guard, guard_columns
+from env.guard import GuardSpec, apply_guard
 from env.probe import ProbeSpec, apply_probe
 from env.traces.schema import StepRecord
 
@@ -133,10 +133,11 @@ def evaluate(policy: ExportedPolicy, grids: np.ndarray | Sequence[np.ndarray | N
     index = logits.argmax(axis=1).reshape(n, rows)
     # The goodput guard, then the probe (which may turn a guarded row into a probe): the
     # order the simulator's policy adapter applies them in.
-    apply_guard(policy.guard if guard is None else guard, guard_columns(policy.feature_spec),
-                observations, index, np.asarray(policy.actions), allowed)
+    actions = policy.action_array
+    apply_guard(policy.guard if guard is None else guard, policy.guard_columns,
+                observations, index, actions, allowed)
     if probing is not None and any(probing):
-        apply_probe(probe or policy.probe, index, np.asarray(policy.actions), probing, allowed)
+        apply_probe(probe or policy.probe, index, actions, probing, allowed)
     return index, healthy, runnable
 
 

@@ -20,6 +20,7 @@ The chosen action is the arg-max logit (the deterministic PPO action).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import itertools
 import json
@@ -33,7 +34,7 @@ import numpy as np
 
 from controller.wire import MAX_BATCH, MAX_GRID, MAX_NAME_CHARS
 from env.features import FeatureSpec
-from env.guard import DEFAULT_GUARD, GuardSpec
+from env.guard import DEFAULT_GUARD, GuardColumns, GuardSpec, guard_columns
 from env.probe import DEFAULT_PROBE, ProbeSpec
 
 FORMAT = "specctl-policy"
@@ -135,6 +136,17 @@ class ExportedPolicy:
             if i < last:
                 self._act(x, out=x)
         return x
+
+    @property
+    def action_array(self) -> np.ndarray:
+        """:attr:`actions` as an int64 array (made once; read it, do not write it)."""
+        return self._actions
+
+    @functools.cached_property
+    def guard_columns(self) -> GuardColumns:
+        """Where the goodput guard reads this policy's observations (looked up once:
+        :func:`env.guard.guard_columns` hashes the feature spec at every call)."""
+        return guard_columns(self.feature_spec)
 
     def act(self, observations: np.ndarray) -> np.ndarray | int:
         """Speculation steps chosen for one observation (int) or a batch (array)."""

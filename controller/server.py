@@ -29,6 +29,7 @@ import threading
 import time
 from bisect import bisect_right
 from collections import Counter, deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -53,6 +54,7 @@ from controller.streams import Peer, StreamKey, StreamLimits, StreamTable, trim_
 from controller.wire import (
     DECISION_LAG,
     MAX_POLICY_BYTES,
+    TELEMETRY_HEADER,
     WIRE_VERSION,
     Decision,
     Hello,
@@ -61,6 +63,7 @@ from controller.wire import (
     WireError,
     apply_socket_limits,
     decode,
+    decode_telemetry_fast,
     encode_decision,
     encode_policy,
     new_decision,
@@ -295,7 +298,7 @@ class ControllerServer:
         keep = (options.overload_records_per_poll if self._busy_s > options.overload_busy_s
                 else options.max_records_per_poll)
         keep = max(keep, 1)
-        latest: dict[Peer, deque[bytes]] = {}
+        latest: dict[Peer, list[bytes]] = {}  # each connection's frames, oldest first
         hellos: list[tuple[Peer, bytes]] = []
         shed = 0
         clock = time.perf_counter
@@ -344,18 +347,19 @@ class ControllerServer:
                 continue
             frames = latest.get(peer)
             if frames is None:
-                frames = latest[peer] = deque(maxlen=keep)
-            elif len(frames) == keep:
-                shed += 1
-            frames.append(frame)
+                latest[peer] = [frame]
+            else:
+                frames.append(frame)
+                if len(frames) > keep:  # its oldest frame is shed (cut below, unread)
+                    shed += 1
         if shed:
             self.metrics.frames_shed.inc(shed)
         pending: dict[StreamKey, _Stream] = {}
         for peer, frame in hellos:
             self.handle_frame(peer, frame, pending, started)
+        handle = self._handle_frames
         for peer, frames in latest.items():
-            for frame in frames:
-                self.handle_frame(peer, frame, pending, started)
+            handle(peer, frames if len(frames) <= keep else frames[-keep:], pending, started)
         return pending
 
     def handle_frame(self, peer: Peer, frame: bytes, pending: dict[StreamKey, _Stream],
@@ -365,8 +369,48 @@ class ControllerServer:
         A stream that sent telemetry is added to ``pending`` (answered by :meth:`decide`).
         ``received`` (``time.perf_counter()``, default now) starts the decision-latency clock.
         """
-        if received is None:
-            received = time.perf_counter()
+        self._handle_frames(peer, (frame,), pending,
+                            time.perf_counter() if received is None else received)
+
+    def _handle_frames(self, peer: Peer, frames: Iterable[bytes],
+                       pending: dict[StreamKey, _Stream], received: float) -> None:
+        """:meth:`handle_frame` for each of ``frames`` (from ``peer``, in order).
+
+        The common frame, telemetry of a known stream continuing its run, is decoded and
+        queued here in one loop (a poll's frames of a connection, without the
+        ``handle_frame``, ``decode`` and ``_telemetry`` calls each: docs/ONLINE.md,
+        sixteenth pass). Telemetry of a new or restarted stream goes on to
+        :meth:`_handle_message`; any other frame (or one the fast decoder refuses) to
+        :meth:`_handle_frame`, which decodes it in full (naming a refused frame's error).
+        """
+        fast, header = decode_telemetry_fast, TELEMETRY_HEADER
+        get = self.streams.get
+        for frame in frames:
+            record = fast(frame) if fast is not None and frame[:5] == header else None
+            if record is None:  # not telemetry, or refused (decode names the error)
+                self._handle_frame(peer, frame, pending, received)
+                continue
+            key = (peer, record.server, record.rank)
+            try:
+                stream = get(key)
+                if stream is None or record.step_index <= stream.last_step:
+                    self._handle_message(key, record, pending, received)  # new, restarted
+                    continue
+                # _telemetry, for a stream that did not restart
+                stream.last_step = record.step_index
+                stream.received = received
+                pending[stream.key] = stream
+                self._telemetry_folded += 1
+                backlog = stream.backlog
+                if len(backlog) == backlog.maxlen:
+                    self.metrics.frames_shed.inc()
+                backlog.append(record)  # folded by decide()
+            except Exception:  # a bug: one frame must not stop the daemon serving everyone
+                self._frame_failed(key, pending)
+
+    def _handle_frame(self, peer: Peer, frame: bytes, pending: dict[StreamKey, _Stream],
+                      received: float) -> None:
+        """:meth:`handle_frame` for one frame, decoded in full (any kind, any error)."""
         try:
             message = decode(frame)
         except WireError as exc:
@@ -377,7 +421,11 @@ class ControllerServer:
         if type(message) is Decision or type(message) is PolicyPush:
             self._count(self.metrics.wire_errors, "kind")  # controller -> server kinds
             return
-        key = (peer, message.server, message.rank)
+        self._handle_message((peer, message.server, message.rank), message, pending, received)
+
+    def _handle_message(self, key: StreamKey, message: StepRecord | Hello,
+                        pending: dict[StreamKey, _Stream], received: float) -> None:
+        """Queue a decoded TELEMETRY or HELLO on its stream (opened if new and allowed)."""
         try:
             stream = self.streams.get(key)
             if stream is None:  # a new stream (or one refused): the clock, evictions
@@ -390,13 +438,17 @@ class ControllerServer:
             else:
                 self._hello(stream, message)
         except Exception:  # a bug: one frame must not stop the daemon serving everyone
-            self.metrics.internal_errors.inc()
-            stream = self.streams.get(key)
-            if stream is not None:
-                stream.builder.reset()
-            pending.pop(key, None)
-            self._log_internal_error("specctl_internal_errors_total",
-                                     "handling a frame of server %r", message.server)
+            self._frame_failed(key, pending)
+
+    def _frame_failed(self, key: StreamKey, pending: dict[StreamKey, _Stream]) -> None:
+        """A frame's handling raised: counted and logged, its stream afresh, unanswered."""
+        self.metrics.internal_errors.inc()
+        stream = self.streams.get(key)
+        if stream is not None:
+            stream.builder.reset()
+        pending.pop(key, None)
+        self._log_internal_error("specctl_internal_errors_total",
+                                 "handling a frame of server %r", key[1])
 
     def _telemetry(self, stream: _Stream, record: StepRecord, received: float,
                    pending: dict[StreamKey, _Stream]) -> None:
@@ -487,6 +539,8 @@ class ControllerServer:
         last record, a copy after an earlier one), or None where folding failed (that
         stream is reset and answered with a fallback)."""
         entries: list[_Answer] = []
+        # _Answer(...) without its Python-level __new__ (the same tuple; a call less per answer)
+        new, answer = tuple.__new__, _Answer
         for stream in streams:
             backlog, builder = stream.backlog, stream.builder
             unanswered = len(backlog) - answers  # the oldest are folded without an answer
@@ -498,8 +552,8 @@ class ControllerServer:
                     builder.update(record)
                     unanswered -= 1
                     if unanswered < 0:
-                        entries.append(_Answer(stream, builder.copy() if backlog else builder,
-                                               record, stream.batch_size))
+                        entries.append(new(answer, (stream, builder.copy() if backlog else builder,
+                                                    record, stream.batch_size)))
             except Exception:  # a bug, or a record the estimators cannot take
                 self._reset_failed(stream)
                 entries.append(_Answer(stream, None, record, stream.batch_size))

@@ -530,6 +530,12 @@ def _make_fast_decoder():
 
 
 _decode_fast = _make_fast_decoder()
+#: :func:`decode`'s own TELEMETRY path, for a frame that starts with
+#: :data:`TELEMETRY_HEADER`: its record, or None (then :func:`decode` decides, and names
+#: the error); None where msgspec is missing. The daemon's per-frame loop calls it.
+decode_telemetry_fast = _decode_fast
+#: The first bytes of every TELEMETRY frame (a 17-item array, WIRE_VERSION, TELEMETRY).
+TELEMETRY_HEADER = _TELEMETRY_HEADER
 
 
 def _decode_decision(m: list) -> Decision:
