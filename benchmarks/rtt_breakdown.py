@@ -145,23 +145,16 @@ def _stamped_daemon(out_path: str) -> None:
             server_mod.IoThreadPolicy, batch_at=int(os.environ["RTT_BATCH_AT"]))
     parts: dict[str, int] = {}
     if os.environ.get("RTT_FINE"):  # each named call's wall time per poll (~0.15 us a call)
-        def timed(name, fn):
-            def wrapper(*args, **kwargs):
-                t = clock()
-                try:
-                    return fn(*args, **kwargs)
-                finally:
-                    parts[name] = parts.get(name, 0) + clock() - t
-            return wrapper
+        from daemon_parts import timed  # the same wrapper, here on the wall clock
+
         for name in ("decode", "evaluate", "probing_flags", "encode_decision"):
-            setattr(server_mod, name, timed(name, getattr(server_mod, name)))
+            timed(server_mod, name, parts, clock)
         from controller import decider, policy_file
-        decider.apply_guard = timed("apply_guard", decider.apply_guard)
-        policy_file.ExportedPolicy.logits = timed("logits", policy_file.ExportedPolicy.logits)
+        timed(decider, "apply_guard", parts, clock)
+        timed(policy_file.ExportedPolicy, "logits", parts, clock)
         encode = server_mod.encode_decision
-        for name in ("handle_frame", "_fold", "_observation_grids", "_answer"):
-            setattr(server_mod.ControllerServer, name,
-                    timed(name, getattr(server_mod.ControllerServer, name)))
+        for name in ("_handle_frames", "_fold", "_observation_grids", "_answer"):
+            timed(server_mod.ControllerServer, name, parts, clock)
 
     def dump() -> None:
         with open(out_path, "wb") as f:
