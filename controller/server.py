@@ -378,7 +378,7 @@ class ControllerServer:
 
         The common frame, telemetry of a known stream continuing its run, is decoded and
         queued here in one loop (a poll's frames of a connection, without the
-        ``handle_frame``, ``decode`` and ``_telemetry`` calls each: docs/ONLINE.md,
+        ``handle_frame``, ``decode`` and ``_handle_message`` calls each: docs/ONLINE.md,
         sixteenth pass). Telemetry of a new or restarted stream goes on to
         :meth:`_handle_message`; any other frame (or one the fast decoder refuses) to
         :meth:`_handle_frame`, which decodes it in full (naming a refused frame's error).
@@ -395,16 +395,8 @@ class ControllerServer:
                 stream = get(key)
                 if stream is None or record.step_index <= stream.last_step:
                     self._handle_message(key, record, pending, received)  # new, restarted
-                    continue
-                # _telemetry, for a stream that did not restart
-                stream.last_step = record.step_index
-                stream.received = received
-                pending[stream.key] = stream
-                self._telemetry_folded += 1
-                backlog = stream.backlog
-                if len(backlog) == backlog.maxlen:
-                    self.metrics.frames_shed.inc()
-                backlog.append(record)  # folded by decide()
+                else:
+                    self._telemetry(stream, record, received, pending)
             except Exception:  # a bug: one frame must not stop the daemon serving everyone
                 self._frame_failed(key, pending)
 
