@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 from dataclasses import dataclass
 
@@ -378,6 +379,28 @@ def test_warmup_commits_one_token_and_keeps_stale_kv_of_positions_decoded_off():
     assert committed[:4] == [1, 1, 3, 3]  # off, warm-up, then 4 drafts halved to 2 (+1)
     assert [r.accepted_drafts.tolist() for _, _, r in steps[:4]] == [[], [], [2], [2]]
     assert sim.stats().finished.all()
+
+
+@pytest.mark.parametrize("stale_loss", [0.0, 0.5])
+def test_true_accepted_after_warmup_is_what_the_step_after_it_accepts(stale_loss):
+    """The oracle's look past a due warm-up: ``true_accepted(d, after_warmup=True)`` is
+    what the drafting step after the warm-up accepts (one position on, warm draft)."""
+    workload = _Workload(np.zeros(6), np.full(6, 5), np.array([3, 40, 2, 90, 60, 1]))
+    config = SchedulerConfig(cold_recovery_accept_fraction=0.5, stale_accept_loss=stale_loss)
+    sim = Simulator(_LinearCost(), _RandomAcceptance(), workload, config, seed=4)
+    sim.advance()
+    sim.decode(0)
+    assert sim.warmup_due
+    for depth in (1, 4, 7):
+        trial = copy.deepcopy(sim)
+        predicted = trial.true_accepted(depth, after_warmup=True)
+        assert not trial.true_accepted(depth).any()  # the warm-up itself drafts nothing
+        live = trial.remaining_tokens() > 1
+        assert trial.decode(depth).steps_used == 0
+        n = trial.batch_size  # (requests the warm-up finished are gone)
+        record = trial.decode(depth)
+        assert record.steps_used == depth and n == int(live.sum())
+        assert record.accepted_drafts.tolist() == predicted[live].tolist()
 
 
 def test_reentry_warmup_false_reproduces_the_cold_stream():
