@@ -35,7 +35,10 @@ The observation holds only what a server can know online:
   profile is recommended; optionally (``FeatureSpec.latency_local_samples``, the
   fourteenth session) a local measured-cost correction on top: a depth measured
   recently near the batch size is priced as measured there, whatever the regression
-  over the profile says, and bounds the unmeasured depths around it;
+  over the profile says, and bounds the unmeasured depths around it; and
+  (``FeatureSpec.drop_warmup_latency``, the seventeenth session) a depth-0 step that
+  the next decode step follows speculating is left out of every cost estimate: on the
+  plugin's off switch it is the re-entry warm-up (SGLang's own steps=0), not off;
 * their combination: the estimated goodput of each depth relative to no
   speculation, ``(1 + E[accepted | d]) / latency(d)``;
 * what is measured and what is assumed: per depth, a confidence that rises from
@@ -58,7 +61,7 @@ import math
 import operator
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import NamedTuple
 
 import numpy as np
@@ -205,6 +208,15 @@ class FeatureSpec:
     #: candidate; on, it speculates more (report-only swapped-profile cells up to +0.04,
     #: never-pays windows -1 and -3 at seeds 1 and 3): docs/results/local_cost/.
     latency_local_cap: bool = False
+    #: Leave out the latency of a depth-0 decode step that the next decode step follows
+    #: speculating: on the plugin's off switch that step is the re-entry warm-up (SGLang's
+    #: own steps=0, a verify forward and the draft extend, 1.3-2.9x an off step on the
+    #: H200), not an off step. Counted as off, each short off period (the off probe's one
+    #: step) priced off about 1.4x too slow on the H200 MoE (run 44). A depth-0 decode
+    #: record, and the records after it, are folded when the next decode record arrives
+    #: (the observation lags one step while off). False: the features before the
+    #: seventeenth session (an absent field in a policy file).
+    drop_warmup_latency: bool = False
     #: Recent cost measurements of a depth at which its confidence is 1 - 1/e.
     cost_confidence_samples: float = 2.0
     #: EMA weight for the load and throughput trackers.
@@ -233,9 +245,10 @@ class FeatureSpec:
             if not _is_number(value) or not 0.0 < value < math.inf:
                 raise ValueError(f"feature spec field {name!r}: {value!r} is not a positive "
                                  "number")
-        if not isinstance(self.latency_local_cap, bool):
-            raise ValueError("feature spec field 'latency_local_cap': "
-                             f"{self.latency_local_cap!r} is not true or false")
+        for name in ("latency_local_cap", "drop_warmup_latency"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"feature spec field {name!r}: "
+                                 f"{getattr(self, name)!r} is not true or false")
         for name in ("latency_local_samples", "latency_local_tolerance"):
             value = getattr(self, name)
             if not _is_number(value) or not 0.0 <= value < math.inf:
@@ -442,6 +455,7 @@ class FeatureBuilder:
         self._steps_since_switch = 0
         self._steps_since_acceptance = NEVER_MEASURED
         self._new_records: list[StepRecord] = []
+        self._held: list[StepRecord] = []
         if self.probe_tracker is not None:
             self.probe_tracker.reset()
 
@@ -452,6 +466,7 @@ class FeatureBuilder:
         new = object.__new__(type(self))
         new.__dict__.update(self.__dict__)
         new._new_records = []
+        new._held = list(self._held)
         new._copy_estimators()
         if new.probe_tracker is not None:
             new.probe_tracker = new.probe_tracker.copy()
@@ -476,9 +491,31 @@ class FeatureBuilder:
             self.update(record)
 
     def update(self, record: StepRecord) -> None:
-        """Fold one step record into the estimators."""
-        spec = self.spec
+        """Fold one step record into the estimators (with ``spec.drop_warmup_latency``, a
+        depth-0 decode record and those after it once the next decode record is known)."""
         self._new_records.append(record)
+        if not self.spec.drop_warmup_latency:
+            self._fold_record(record)
+            return
+        held = self._held
+        decode = record.prefill_tokens == 0
+        if held:
+            if not decode:
+                held.append(record)
+                return
+            if record.steps_used > 0:  # the held depth-0 step was the re-entry warm-up
+                held[0] = replace(held[0], step_latency_s=0.0)
+            for earlier in held:
+                self._fold_record(earlier)
+            held.clear()
+        if decode and record.steps_used <= 0 and record.step_latency_s > 0.0:
+            held.append(record)
+            return
+        self._fold_record(record)
+
+    def _fold_record(self, record: StepRecord) -> None:
+        """Fold one step record into the estimators, now."""
+        spec = self.spec
         self._waiting = record.waiting_requests
         self._kv_use = record.kv_use
         self._kv_used_tokens = record.kv_used_tokens

@@ -686,6 +686,7 @@ class CompiledFeatureBuilder(FeatureBuilder):
         self._state = np.zeros(self._offsets[-1])
         self._state[_SINCE_ACCEPT] = NEVER_MEASURED
         self._new_records = []
+        self._held = []
         if self.probe_tracker is not None:
             self.probe_tracker.reset()
         if not hasattr(self, "_inputs_cache"):  # spec and profile only: kept across resets
@@ -697,9 +698,8 @@ class CompiledFeatureBuilder(FeatureBuilder):
     def _copy_estimators(self) -> None:
         self._state = self._state.copy()
 
-    def update(self, record) -> None:
-        """Fold one step record into the estimators."""
-        self._new_records.append(record)
+    def _fold_record(self, record) -> None:
+        """Fold one step record into the estimators, now."""
         accepted = record.accepted_drafts
         if type(accepted) is not np.ndarray or accepted.dtype is not _INT8:
             accepted = _drafts(accepted)
