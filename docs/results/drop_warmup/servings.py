@@ -2,7 +2,8 @@
 re-entry warm-ups (a depth-0 step the next decode step follows speculating) and the
 measured step latency per depth at batch >= 24.
 
-    PYTHONPATH=$PWD python docs/results/drop_warmup/servings.py > docs/results/drop_warmup/servings.txt
+    PYTHONPATH=$PWD python docs/results/drop_warmup/servings.py \
+        > docs/results/drop_warmup/servings.txt
 
 Servings are cut at the controller's reloads (its log, UTC, against the trace's
 ``t0_unix``); the names of each run's servings, in order, are below (the load generator's
@@ -15,6 +16,7 @@ import json
 import re
 from collections import Counter
 from datetime import datetime, timezone
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -25,11 +27,11 @@ OFFSWITCH = Path(__file__).resolve().parents[1] / "h200/offswitch"
 RAMP = ["ramp_0", "ramp_1", "ramp_3", "ramp_5"]
 #: run -> (profile handed, servings in order after the first reload)
 RUNS = {
-    46: ("h100_llama31_8b", RAMP + ["static_3 r8", "dw r8", "ppo r8",
-                                    "static_3 r6", "dw r6", "ppo r6"]),
+    46: ("h100_llama31_8b", [*RAMP, "static_3 r8", "dw r8", "ppo r8",
+                                "static_3 r6", "dw r6", "ppo r6"]),
     48: ("h200_qwen3_30b_a3b", ["dw r8", "ppo r8", "dw r6", "ppo r6"]),
-    49: ("h200_qwen3_30b_a3b", RAMP + ["ppo r8", "dw r8", "ppo r6", "dw r6"]),
-    50: ("h100_llama31_8b", RAMP + ["ppo r8", "dw r8", "ppo r6", "dw r6"]),
+    49: ("h200_qwen3_30b_a3b", [*RAMP, "ppo r8", "dw r8", "ppo r6", "dw r6"]),
+    50: ("h100_llama31_8b", [*RAMP, "ppo r8", "dw r8", "ppo r6", "dw r6"]),
 }
 BANDS = (("<8", 0, 8), ("8-23", 8, 24), (">=24", 24, 10**9))
 RELOAD = re.compile(r"^(\S+ \S+) INFO controller.reload: policy reloaded")
@@ -49,7 +51,7 @@ def reload_times(log: Path) -> list[float]:
 def serving_rows(steps: list) -> dict:
     """Depth shares per band, warm-ups per 1,000 decode steps, latency per depth >= 24."""
     decode = [r for r in steps if r.is_decode]
-    warmups = sum(1 for a, b in zip(decode, decode[1:], strict=False)
+    warmups = sum(1 for a, b in pairwise(decode)
                   if a.steps_used == 0 and b.steps_used > 0)
     row = {"decode_steps": len(decode),
            "warmups_per_1000": round(1000 * warmups / max(len(decode), 1), 1)}
