@@ -1,0 +1,94 @@
+"""Per serving of an H200 plugin run: the decode steps' depth shares per batch band, the
+re-entry warm-ups (a depth-0 step the next decode step follows speculating) and the
+measured step latency per depth at batch >= 24.
+
+    PYTHONPATH=$PWD python docs/results/drop_warmup/servings.py \
+        > docs/results/drop_warmup/servings.txt
+
+Servings are cut at the controller's reloads (its log, UTC, against the trace's
+``t0_unix``); the names of each run's servings, in order, are below (the load generator's
+ramp, ``WARMUP_RAMP=1``, reloads static_0/1/3/5 first).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from datetime import datetime, timezone
+from itertools import pairwise
+from pathlib import Path
+
+import numpy as np
+
+from env.traces.trace_format import read_packed_trace
+
+OFFSWITCH = Path(__file__).resolve().parents[1] / "h200/offswitch"
+RAMP = ["ramp_0", "ramp_1", "ramp_3", "ramp_5"]
+#: run -> (profile handed, servings in order after the first reload)
+RUNS = {
+    46: ("h100_llama31_8b", [*RAMP, "static_3 r8", "dw r8", "ppo r8",
+                                "static_3 r6", "dw r6", "ppo r6"]),
+    48: ("h200_qwen3_30b_a3b", ["dw r8", "ppo r8", "dw r6", "ppo r6"]),
+    49: ("h200_qwen3_30b_a3b", [*RAMP, "ppo r8", "dw r8", "ppo r6", "dw r6"]),
+    50: ("h100_llama31_8b", [*RAMP, "ppo r8", "dw r8", "ppo r6", "dw r6"]),
+}
+BANDS = (("<8", 0, 8), ("8-23", 8, 24), (">=24", 24, 10**9))
+RELOAD = re.compile(r"^(\S+ \S+) INFO controller.reload: policy reloaded")
+
+
+def reload_times(log: Path) -> list[float]:
+    """Unix times of the controller's policy reloads."""
+    out = []
+    for line in log.read_text().splitlines():
+        match = RELOAD.match(line)
+        if match:
+            stamp = datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f")
+            out.append(stamp.replace(tzinfo=timezone.utc).timestamp())
+    return out
+
+
+def serving_rows(steps: list) -> dict:
+    """Depth shares per band, warm-ups per 1,000 decode steps, latency per depth >= 24."""
+    decode = [r for r in steps if r.is_decode]
+    warmups = sum(1 for a, b in pairwise(decode)
+                  if a.steps_used == 0 and b.steps_used > 0)
+    row = {"decode_steps": len(decode),
+           "warmups_per_1000": round(1000 * warmups / max(len(decode), 1), 1)}
+    for band, lo, hi in BANDS:
+        sel = [r for r in decode if lo <= r.batch_size < hi]
+        counts = Counter(r.steps_used for r in sel)
+        row[band] = {d: round(c / max(len(sel), 1), 3) for d, c in sorted(counts.items())}
+    high = [r for r in decode if r.batch_size >= 24]
+    row["ms_at_24_plus"] = {
+        d: round(float(np.median([1e3 * r.step_latency_s for r in high
+                                  if r.steps_used == d])), 2)
+        for d in sorted({r.steps_used for r in high})}
+    return row
+
+
+def main() -> None:
+    for run, (profile, names) in RUNS.items():
+        trace = read_packed_trace(OFFSWITCH / f"moe_acc2.5_trace_r8r6_run{run}.tar.gz")
+        t0 = trace.meta["t0_unix"]
+        # The controller's log on one machine runs on across runs: this run's reloads are
+        # those after its trace began.
+        times = [t for t in reload_times(OFFSWITCH / f"moe_acc2.5_controller_run{run}.log")
+                 if t >= t0]
+        if len(times) != len(names):
+            raise SystemExit(f"run {run}: {len(times)} reloads, {len(names)} names")
+        replays = {rate: json.loads((OFFSWITCH / f"moe_acc2.5_replay_{rate}_run{run}.json")
+                                    .read_text()) for rate in ("r8", "r6")}
+        bounds = [t - t0 for t in times] + [float("inf")]
+        for i, name in enumerate(names):
+            if name.startswith("ramp"):
+                continue
+            policy, rate = name.split()
+            steps = [r for r in trace.steps if bounds[i] <= r.time_s < bounds[i + 1]]
+            tpot = replays[rate][f"headline_{policy}"]["mean_tpot_ms"]
+            print(json.dumps({"run": run, "profile": profile, "serving": name,
+                              "mean_tpot_ms": round(tpot, 2), **serving_rows(steps)}))
+
+
+if __name__ == "__main__":
+    main()
