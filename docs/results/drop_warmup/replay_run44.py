@@ -25,7 +25,9 @@ def main() -> None:
     print("| file | profile | rate | >= 24: depth shares | predicted off / depth 3 ms "
           "| depth 3 / off as priced | 8-23 | < 8 |")
     print("|---|---|---|---|---|---|---|---|")
-    for name, path in (("shipped", rd.SHIPPED), ("c45d9410", CANDIDATE)):
+    files = (("shipped", rd.SHIPPED), ("c45d9410", CANDIDATE),
+             ("9505319e", CANDIDATE.parent / "policy_9505319e.npz"))
+    for name, path in files:
         policy = ExportedPolicy.load(path)
         for profile in ("h100_llama31_8b", "h200_qwen3_30b_a3b"):
             prior = load_profile(profile)
