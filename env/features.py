@@ -96,6 +96,9 @@ def effective_model(latency_model: int, has_profile: bool) -> int:
 #: The features' steps-since-acceptance count before any acceptance was measured (a
 #: stream's first decode record counts from here): see FeatureBuilder.acceptance_age().
 NEVER_MEASURED = 10**6
+#: The accepted drafts of a step that measured none (see FeatureBuilder._warmup).
+_NO_DRAFTS = np.zeros(0, dtype=np.int8)
+_NO_DRAFTS.flags.writeable = False
 #: The local cost correction's batch buckets (FeatureSpec.latency_local_samples): bucket j
 #: holds batch sizes [2^j, 2^(j+1)), the last one everything above.
 LOCAL_BUCKETS = 12
@@ -217,6 +220,12 @@ class FeatureSpec:
     #: (the observation lags one step while off). False: the features before the
     #: seventeenth session (an absent field in a policy file).
     drop_warmup_latency: bool = False
+    #: With ``drop_warmup_latency``: the warm-up is taken as the step where the server went
+    #: back on, at the next step's depth, measuring nothing; so the speculative step after
+    #: it is not a cold re-entry and its acceptance counts (the warm-up gave the draft a
+    #: starting state). Without it, that step's acceptance is dropped as cold, and a
+    #: two-step acceptance probe (warm-up, then one drafting step) measures nothing.
+    warmup_restarts_draft: bool = False
     #: Recent cost measurements of a depth at which its confidence is 1 - 1/e.
     cost_confidence_samples: float = 2.0
     #: EMA weight for the load and throughput trackers.
@@ -245,7 +254,7 @@ class FeatureSpec:
             if not _is_number(value) or not 0.0 < value < math.inf:
                 raise ValueError(f"feature spec field {name!r}: {value!r} is not a positive "
                                  "number")
-        for name in ("latency_local_cap", "drop_warmup_latency"):
+        for name in ("latency_local_cap", "drop_warmup_latency", "warmup_restarts_draft"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"feature spec field {name!r}: "
                                  f"{getattr(self, name)!r} is not true or false")
@@ -504,7 +513,7 @@ class FeatureBuilder:
                 held.append(record)
                 return
             if record.steps_used > 0:  # the held depth-0 step was the re-entry warm-up
-                held[0] = replace(held[0], step_latency_s=0.0)
+                held[0] = self._warmup(held[0], record.steps_used)
             for earlier in held:
                 self._fold_record(earlier)
             held.clear()
@@ -512,6 +521,14 @@ class FeatureBuilder:
             held.append(record)
             return
         self._fold_record(record)
+
+    def _warmup(self, record: StepRecord, next_steps: int) -> StepRecord:
+        """The re-entry warm-up ``record`` as folded: without its latency, and (with
+        ``spec.warmup_restarts_draft``) at the depth that followed, with no acceptance."""
+        if not self.spec.warmup_restarts_draft:
+            return replace(record, step_latency_s=0.0)
+        return replace(record, step_latency_s=0.0, steps_used=next_steps,
+                       accepted_drafts=_NO_DRAFTS)
 
     def _fold_record(self, record: StepRecord) -> None:
         """Fold one step record into the estimators, now."""

@@ -135,3 +135,45 @@ def test_the_field_is_false_in_an_old_file_and_must_be_a_bool():
     assert FeatureSpec.from_dict(data).drop_warmup_latency is False
     with pytest.raises(ValueError, match="drop_warmup_latency"):
         FeatureSpec(drop_warmup_latency=1)
+
+
+RESTART = replace(DROP, warmup_restarts_draft=True)
+
+
+@pytest.mark.parametrize("spec, counted", [(DROP, False), (RESTART, True)])
+def test_the_step_after_a_warmup_counts_with_warmup_restarts_draft(spec, counted):
+    """An acceptance probe on the plugin is a warm-up then one drafting step: with
+    ``warmup_restarts_draft`` that step's acceptance is measured (the warm-up restarted
+    the draft), without it the step is dropped as a cold re-entry."""
+    prior = load_profile("h200_llama31_8b")
+    records = [_record(i, 3, 0.03) for i in range(20)]  # accepting 2 of 3
+    records += [_record(20 + i, 0, 0.012) for i in range(30)]
+    warmup, probe = _record(50, 0, 0.03), _record(51, 1, 0.02)  # probe: accepts 1 of 1
+    builder = FeatureBuilder(spec, cost_prior=prior)
+    builder.update_many([*records, warmup, probe])
+    age, measured = builder.acceptance_age()
+    assert measured
+    assert bool(age == 0) is counted
+    reference = FeatureBuilder(spec, cost_prior=prior)
+    reference.update_many(records)
+    first_position = (builder.accept_rates()[0], reference.accept_rates()[0])
+    assert bool(first_position[0] > first_position[1]) is counted
+
+
+def test_warmup_restarts_draft_still_drops_the_warmups_latency():
+    """The warm-up folded at the next depth is still not a latency measurement: off's
+    and depth 3's predictions equal those of a stream without the warm-up record's
+    latency, whichever depth it is counted at."""
+    prior = load_profile("h200_qwen3_30b_a3b")
+    records, i = [], 0
+    for _ in range(20):
+        for depth, latency in ((0, 0.017), (0, 0.040), (3, 0.050), (3, 0.050)):
+            records.append(_record(i, depth, latency))
+            i += 1
+    records.append(_record(i, 3, 0.05))
+    dropped = FeatureBuilder(DROP, cost_prior=prior)
+    restarted = FeatureBuilder(RESTART, cost_prior=prior)
+    dropped.update_many(records)
+    restarted.update_many(records)
+    np.testing.assert_array_equal(dropped.latency_predictions_s(32),
+                                  restarted.latency_predictions_s(32))

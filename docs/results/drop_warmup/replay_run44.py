@@ -1,6 +1,6 @@
 """Run 44's two ``ppo`` servings replayed open loop (swap16's ``replay_decisions``) with the
-shipped file and with ``policy_c45d9410.npz`` (the same file, ``drop_warmup_latency`` on),
-each with the borrowed profile served in run 44 and with the MoE's own.
+shipped file, ``policy_c45d9410.npz`` (the same file, ``drop_warmup_latency`` on) and
+``policy_9505319e.npz`` (also ``warmup_restarts_draft``), each with the borrowed profile served in run 44 and with the MoE's own.
 
     PYTHONPATH=$PWD:docs/results/swap16 python docs/results/drop_warmup/replay_run44.py \\
         > docs/results/drop_warmup/replay_run44.txt
@@ -25,7 +25,9 @@ def main() -> None:
     print("| file | profile | rate | >= 24: depth shares | predicted off / depth 3 ms "
           "| depth 3 / off as priced | 8-23 | < 8 |")
     print("|---|---|---|---|---|---|---|---|")
-    for name, path in (("shipped", rd.SHIPPED), ("c45d9410", CANDIDATE)):
+    files = (("shipped", rd.SHIPPED), ("c45d9410", CANDIDATE),
+             ("9505319e", CANDIDATE.parent / "policy_9505319e.npz"))
+    for name, path in files:
         policy = ExportedPolicy.load(path)
         for profile in ("h100_llama31_8b", "h200_qwen3_30b_a3b"):
             prior = load_profile(profile)
