@@ -173,6 +173,8 @@ def evaluate_workloads(env: Mapping[str, Any], policies: Sequence[str], policy_p
                     if oracle_tok_s else None,
                     "steps_chosen": run["steps_chosen"],
                     "off_share": run["steps_chosen"][0] / max(run["decisions"], 1),
+                    # decisions for depth > 0 that ran as the re-entry warm-up
+                    "warmups": run.get("warmups", 0),
                     "slo_goodput_tok_s": run["slo_goodput_tok_s"],
                 }
                 for name, run in runs.items()

@@ -41,7 +41,7 @@ import numpy as np
 from env.features import FeatureSpec, Observation
 from env.guard import apply_guard, guard_columns
 from env.probe import apply_probe
-from env.sim.simulator import SchedulerConfig
+from env.sim.simulator import WARMUP_LATENCY_FLAGS, SchedulerConfig
 
 #: vLLM V1's documented EAGLE-3 example: [[min_batch, max_batch, steps], ...].
 VLLM_EAGLE3_TABLE: tuple[tuple[int, int, int], ...] = (
@@ -552,7 +552,11 @@ class OraclePolicy(Policy):
     """Hindsight per-step best: true acceptance of every running request, true cost.
 
     Not realisable online (it reads the simulator's acceptance tables); it is the
-    reference that ``oracle_fraction`` is measured against.
+    reference that ``oracle_fraction`` is measured against. Where the step would be the
+    warm-up (``Simulator.warmup_due``: the first step back on after off runs SGLang's
+    steps=0 once, ``SchedulerConfig.reentry_warmup``), a depth > 0 is priced as that
+    warm-up and the drafting step after it together (one step alone would never pay:
+    the warm-up commits what off does, at a higher cost).
     """
 
     name = "oracle"
@@ -572,11 +576,27 @@ class OraclePolicy(Policy):
         cfg = sim.config
         n = sim.batch_size
         remaining = sim.remaining_tokens()
+        warmup = sim.warmup_due
+        if warmup:  # what the warm-up step commits and costs, and leaves to do after it
+            live = remaining > 0
+            warm_tokens = int(live.sum())
+            warm_s = self.profile.step_latency_s(n, 0, sim.kv_used, 0, **WARMUP_LATENCY_FLAGS)
+            remaining = remaining - live
         best, best_rate = 0, -math.inf
         for depth in range(self.max_depth + 1):
-            tokens = np.minimum(sim.true_accepted(depth) + 1, remaining).sum() if depth else n
-            latency = self.profile.step_latency_s(n, depth, sim.kv_used, 0,
-                                                  **cfg.latency_flags(depth))
+            if not depth:
+                tokens, latency = n, self.profile.step_latency_s(n, 0, sim.kv_used, 0,
+                                                                 **cfg.latency_flags(0))
+            else:
+                accepted = sim.true_accepted(depth, after_warmup=warmup)
+                tokens = np.minimum(accepted + 1, remaining).sum()
+                if warmup:
+                    tokens += warm_tokens
+                    latency = warm_s + self.profile.step_latency_s(
+                        n, depth, sim.kv_used + warm_tokens, 0, **cfg.latency_flags(depth))
+                else:
+                    latency = self.profile.step_latency_s(n, depth, sim.kv_used, 0,
+                                                          **cfg.latency_flags(depth))
             rate = tokens / latency
             if rate > best_rate:
                 best, best_rate = depth, rate

@@ -106,6 +106,7 @@ class DecisionLoop:
         self.slo_violating_tokens = 0.0
         self.decisions = 0
         self.steps_chosen = np.zeros(self.sim.config.max_depth + 1, dtype=np.int64)
+        self.warmups = 0
         tokens0 = self.sim.output_tokens_total
         self._pending.extend(self.sim.advance())
         tokens, elapsed, _ = self._clip_to_horizon(0.0, self.sim.time_s,
@@ -132,9 +133,13 @@ class DecisionLoop:
         """Run the due decode step at ``depth``, then everything up to the next one."""
         sim = self.sim
         t0, tokens0 = sim.time_s, sim.output_tokens_total
-        record = sim.decode(depth)
+        asked = min(max(int(depth), 0), sim.config.max_depth)
+        record = sim.decode(asked)
         self.decisions += 1
-        self.steps_chosen[record.steps_used] += 1
+        # The depth decided, which is the depth run except at a warm-up (a step asked for
+        # depth > 0 right after off runs SGLang's steps=0 once: ``reentry_warmup``).
+        self.steps_chosen[asked] += 1
+        self.warmups += record.steps_used != asked
         violating = self._slo_violations(record)
         self._pending.append(record)
         if sim.time_s < self.end_s:
@@ -206,6 +211,9 @@ class RunResult:
     decisions: int
     steps_chosen: list[int]
     slo_goodput_tok_s: float | None = None
+    #: Decisions for depth > 0 that ran as the warm-up after off (counted in
+    #: ``steps_chosen`` at the depth decided).
+    warmups: int = 0
 
     def as_dict(self) -> dict:
         """JSON-friendly form."""
@@ -252,4 +260,5 @@ def summarise(loop: DecisionLoop, name: str) -> RunResult:
         decisions=loop.decisions,
         steps_chosen=loop.steps_chosen.tolist(),
         slo_goodput_tok_s=slo,
+        warmups=loop.warmups,
     )

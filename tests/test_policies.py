@@ -115,6 +115,29 @@ def test_oracle_picks_the_true_per_step_best():
     assert len(set(np.round(rates, 9))) == 8  # no tie hides a wrong choice
 
 
+def test_oracle_prices_reentry_as_the_warmup_and_the_step_after_it():
+    """After an off step the next step asked for depth > 0 is the warm-up
+    (``reentry_warmup``): the oracle prices each depth as the warm-up and the drafting
+    step after it together, so it comes back on where speculation pays (one step alone
+    never would: the warm-up commits what off does, at a higher cost)."""
+    profile = load_profile("h200_llama31_8b")
+    sim = Simulator(profile, SGLangSimulatedAcceptance(3.5), ClosedLoop(16, 256, 200), seed=0)
+    sim.advance()
+    sim.decode(0)
+    assert sim.warmup_due
+    oracle = OraclePolicy(profile, max_depth=7)
+    oracle.reset(sim)
+    choice = oracle.act(_obs(16))
+    rates = []
+    for d in range(8):  # independently: run the steps on a copy of the simulator
+        trial = copy.deepcopy(sim)
+        before = trial.output_tokens_total
+        latency = sum(trial.decode(d).step_latency_s for _ in range(1 if d == 0 else 2))
+        rates.append((trial.output_tokens_total - before) / latency)
+    assert choice == int(np.argmax(rates)) > 0
+    assert len(set(np.round(rates, 9))) == 8  # no tie hides a wrong choice
+
+
 def test_goodput_online_measures_off_one_and_deepest_before_trusting_its_model():
     from agents.policies import GoodputOnlinePolicy
 

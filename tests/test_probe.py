@@ -222,7 +222,15 @@ def test_serving_without_the_probe(tmp_path):
         server.close()
 
 
-def test_a_cold_dense_h200_at_64_clients_speculates_with_the_probe():
+@pytest.mark.parametrize("warmup", [
+    False,
+    pytest.param(True, marks=pytest.mark.xfail(strict=True, reason=(
+        "with the plugin's re-entry warm-up simulated (reentry_warmup), the default "
+        "two-step probe at depth 1 is the warm-up (depth 0) and one drafting step that "
+        "the features drop as a cold re-entry (features.py: steps > 0 after steps 0), so "
+        "it measures nothing and the stream stays off: docs/results/warm17/README.md"))),
+])
+def test_a_cold_dense_h200_at_64_clients_speculates_with_the_probe(warmup):
     """The shipped policy, cold, at 64 clients on the dense H200 (batch 48, 16 waiting):
     on the prior it never speculates, so it never measures acceptance; with the probe it
     measures it and runs speculation (docs/POLICY_PROBE.md)."""
@@ -231,7 +239,8 @@ def test_a_cold_dense_h200_at_64_clients_speculates_with_the_probe():
     results = {}
     for name, probe in (("off", NO_PROBE), ("on", DEFAULT_PROBE)):
         simulator = Simulator(profile, SGLangSimulatedAcceptance(3.5),
-                              ClosedLoop(64, 256, 256), SchedulerConfig(max_running_requests=48),
+                              ClosedLoop(64, 256, 256),
+                              SchedulerConfig(max_running_requests=48, reentry_warmup=warmup),
                               seed=5)
         loop = DecisionLoop(simulator, None, feedback_lag=3, horizon_s=6.0, cost_prior=profile)
         results[name] = rollout(loop, ExportedPolicyAdapter(policy, probe=probe), seed=5)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -253,3 +256,33 @@ def test_a_horizon_falling_exactly_where_a_decode_step_ends():
     assert loop.elapsed_s == end
     assert last.elapsed_s == pytest.approx(last.record.step_latency_s, rel=1e-12)
     assert last.tokens == loop.sim.output_tokens_total - tokens0  # in full
+
+
+class _Pattern:
+    def __init__(self, depths: list[int]) -> None:
+        self.name, self.depths, self.i = "pattern", depths, 0
+
+    def reset(self, sim=None) -> None:
+        self.i = 0
+
+    def act(self, obs) -> int:
+        self.i += 1
+        return self.depths[(self.i - 1) % len(self.depths)]
+
+
+@pytest.mark.parametrize("warmup", [True, False])
+def test_steps_chosen_counts_the_depth_decided_and_warmups_apart(warmup):
+    """A decision for depth > 0 right after off runs as the warm-up (depth 0 in its
+    record): ``steps_chosen`` counts the depth decided, ``warmups`` those decisions."""
+    loop = _loop(concurrency=4, output=60)
+    loop.sim.config = dataclasses.replace(loop.sim.config, reentry_warmup=warmup)
+    ran = []
+    decode = loop.sim.decode
+    loop.sim.decode = lambda depth: (ran.append(r := decode(depth)), r)[1]
+    result = rollout(loop, _Pattern([0, 3, 3]), seed=0)
+    assert result.decisions == sum(result.steps_chosen) > 30
+    asked = [(0, 3, 3)[i % 3] for i in range(result.decisions)]
+    assert result.steps_chosen == [asked.count(d) for d in range(8)]
+    transitions = sum(a == 0 < b for a, b in itertools.pairwise(asked))
+    assert result.warmups == (transitions if warmup else 0)
+    assert sum(r.steps_used == 0 for r in ran) == result.steps_chosen[0] + result.warmups

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 from dataclasses import dataclass
 
@@ -82,6 +83,7 @@ def scenarios(draw):
         zero_step=draw(st.sampled_from(["off", "sglang_steps0"])),
         skip_zero_step_draft_extend=draw(st.booleans()),
         cold_recovery_accept_fraction=draw(st.sampled_from([0.0, 0.5, 1.0])),
+        reentry_warmup=draw(st.booleans()),
         stale_accept_loss=draw(st.sampled_from([0.0, 0.3])),
         finish_lag_steps=draw(st.sampled_from([0, 1, 2])),
         prefix_cache=draw(st.booleans()),
@@ -131,6 +133,45 @@ def _drain(sim: Simulator, depths: list[int], max_steps: int = 100_000, rides=No
 @given(scenarios())
 def test_invariants_hold_on_random_workloads(scenario):
     _check_invariants(*scenario)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios())
+def test_warmup_follows_the_plugins_off_switch(scenario):
+    """Whatever the workload and decisions, a decode step runs as the warm-up exactly
+    where the plugin's ``OffSwitch.choose`` turns the asked depth into steps=0: asked for
+    depth > 0 with an off step since the last draft extend (with the off path and
+    ``reentry_warmup``); it drafts nothing, commits one token per live request, and costs
+    SGLang's steps=0 with the extend. Every other step runs the depth asked."""
+    workload, config, depths, seed = scenario
+    sim = Simulator(_LinearCost(), _RandomAcceptance(), workload, config, seed=seed)
+    cost = _LinearCost()
+    stale = False  # OffSwitch.stale
+    i = 0
+    while not sim.done:
+        sim.advance()
+        if sim.done:
+            break
+        asked = depths[i % len(depths)]
+        i += 1
+        tokens0 = sim.output_tokens_total
+        live = int((sim.remaining_tokens() > 0).sum())
+        retractions = sim.retractions
+        record = sim.decode(asked)
+        warmup = config.zero_step == "off" and config.reentry_warmup and stale and asked > 0
+        if asked == 0:
+            stale = True
+        elif warmup:
+            stale = False
+        assert record.steps_used == (0 if warmup else asked)
+        if warmup:
+            assert record.accepted_drafts.size == 0
+            if sim.retractions == retractions:  # (a retraction takes requests out first)
+                assert sim.output_tokens_total - tokens0 == live
+            assert record.step_latency_s == pytest.approx(cost.step_latency_s(
+                record.batch_size, 0, record.kv_used_tokens, 0, draft_extend=True,
+                speculative_path=True))
+        assert i < 100_000
 
 
 def test_a_batch_of_finished_requests_rides_without_making_room():
@@ -225,8 +266,9 @@ def test_replaying_at_max_depth_reproduces_the_table_runs():
 def test_skip_zero_step_extend_makes_first_speculative_step_cold():
     workload = _Workload(np.array([0.0]), np.array([5]), np.array([500]))
     for mode in ("off", "sglang_steps0"):
+        # (off without the plugin's warm-up: that cold re-entry is reentry_warmup=False's)
         config = SchedulerConfig(zero_step=mode, skip_zero_step_draft_extend=True,
-                                 cold_recovery_accept_fraction=0.0)
+                                 cold_recovery_accept_fraction=0.0, reentry_warmup=False)
         sim = Simulator(_LinearCost(), _RandomAcceptance(), workload, config, seed=5)
         records = [r for r in _drain(sim, [0, 0, 3, 3]) if r.is_decode]
         # Steps follow 0,0,3,3,...: every first step of a depth-3 pair accepted nothing.
@@ -263,19 +305,141 @@ def test_zero_step_costs_off_vs_sglang_steps0_vs_skipped_extend():
 
 
 def test_off_period_reentry_penalty_and_lasting_loss():
-    """The first speculative step after an off period keeps ``cold_recovery_accept_fraction``
-    of its drafts; requests that decoded while off keep ``1 - stale_accept_loss`` after."""
+    """Without the warm-up, the first speculative step after an off period keeps
+    ``cold_recovery_accept_fraction`` of its drafts; requests that decoded while off keep
+    ``1 - stale_accept_loss`` after."""
     workload = _Workload(np.array([0.0]), np.array([5]), np.array([400]))
 
-    def accepted(config):
+    def accepted(**config):
+        config = SchedulerConfig(reentry_warmup=False, **config)
         sim = Simulator(_LinearCost(), _ConstantAcceptance(4), workload, config, seed=0)
         return [int(r.accepted_drafts[0]) for r in _drain(sim, [0, 4, 4, 4]) if r.is_decode
                 and r.steps_used]
 
-    assert accepted(SchedulerConfig(cold_recovery_accept_fraction=1.0))[:6] == [4] * 6
-    assert accepted(SchedulerConfig(cold_recovery_accept_fraction=0.5))[:6] == [2, 4, 4] * 2
-    lasting = accepted(SchedulerConfig(cold_recovery_accept_fraction=0.5, stale_accept_loss=0.5))
+    assert accepted(cold_recovery_accept_fraction=1.0)[:6] == [4] * 6
+    assert accepted(cold_recovery_accept_fraction=0.5)[:6] == [2, 4, 4] * 2
+    lasting = accepted(cold_recovery_accept_fraction=0.5, stale_accept_loss=0.5)
     assert lasting[:6] == [1, 2, 2] * 2
+
+
+def _decode_steps(config: SchedulerConfig, asked: list[int], output: int = 400,
+                  k: int = 4) -> tuple[Simulator, list]:
+    """One request decoding at the depths ``asked`` in turn: the simulator and, per
+    decision, (depth asked, its record, draft KV stale before it)."""
+    workload = _Workload(np.array([0.0]), np.array([5]), np.array([output]))
+    sim = Simulator(_LinearCost(), _ConstantAcceptance(k), workload, config, seed=0)
+    steps = []
+    while not sim.done:
+        sim.advance()
+        if sim.done:
+            break
+        depth = asked[len(steps) % len(asked)]
+        steps.append((depth, sim.warmup_due, sim.decode(depth)))
+    return sim, steps
+
+
+@pytest.mark.parametrize("pattern", [[0, 4, 4, 4], [0, 0, 3, 0, 2, 2], [0, 5], [2, 0, 1]])
+def test_reentry_runs_one_warmup_per_off_to_on_transition(pattern):
+    """As ``OffSwitch.choose``: the first step asked for depth > 0 after an off step runs
+    SGLang's steps=0 with the draft extend (depth 0 in its record, one token, the
+    sglang_steps0 cost); the next step asked for depth > 0 drafts warm at that depth."""
+    config = SchedulerConfig(cold_recovery_accept_fraction=0.0, stale_accept_loss=0.0)
+    _, steps = _decode_steps(config, pattern)
+    cost = _LinearCost()
+    ran_off = False  # the plugin's OffSwitch.stale: an off step since the last extend
+    warmups = 0
+    for asked, due, record in steps:
+        assert due == ran_off
+        if asked == 0:
+            assert record.steps_used == 0 and record.accepted_drafts.size == 0
+            assert record.step_latency_s == pytest.approx(cost.step_latency_s(
+                1, 0, record.kv_used_tokens, 0, draft_extend=False, speculative_path=False))
+            ran_off = True
+        elif ran_off:  # the warm-up
+            warmups += 1
+            assert record.steps_used == 0 and record.accepted_drafts.size == 0
+            assert record.step_latency_s == pytest.approx(cost.step_latency_s(
+                1, 0, record.kv_used_tokens, 0, draft_extend=True, speculative_path=True))
+            ran_off = False
+        else:  # warm: every draft the table accepts (no cold penalty at fraction 0)
+            assert record.steps_used == asked
+            assert record.accepted_drafts.tolist() == [min(4, asked)]
+    transitions = sum(1 for (a, _, _), (b, _, _) in itertools.pairwise(steps) if a == 0 < b)
+    assert warmups == transitions > 0
+
+
+def test_warmup_commits_one_token_and_keeps_stale_kv_of_positions_decoded_off():
+    """The warm-up commits one token per request; requests that decoded while off keep
+    their lasting loss after it (``stale_accept_loss``), and the first drafting step after
+    it has no cold penalty."""
+    config = SchedulerConfig(cold_recovery_accept_fraction=0.0, stale_accept_loss=0.5)
+    sim, steps = _decode_steps(config, [0, 4, 4, 4], output=60)
+    kv = [record.kv_used_tokens for _, _, record in steps]
+    committed = np.diff(kv).tolist()
+    assert committed[:4] == [1, 1, 3, 3]  # off, warm-up, then 4 drafts halved to 2 (+1)
+    assert [r.accepted_drafts.tolist() for _, _, r in steps[:4]] == [[], [], [2], [2]]
+    assert sim.stats().finished.all()
+
+
+@pytest.mark.parametrize("stale_loss", [0.0, 0.5])
+def test_true_accepted_after_warmup_is_what_the_step_after_it_accepts(stale_loss):
+    """The oracle's look past a due warm-up: ``true_accepted(d, after_warmup=True)`` is
+    what the drafting step after the warm-up accepts (one position on, warm draft)."""
+    workload = _Workload(np.zeros(6), np.full(6, 5), np.array([3, 40, 2, 90, 60, 1]))
+    config = SchedulerConfig(cold_recovery_accept_fraction=0.5, stale_accept_loss=stale_loss)
+    sim = Simulator(_LinearCost(), _RandomAcceptance(), workload, config, seed=4)
+    sim.advance()
+    sim.decode(0)
+    assert sim.warmup_due
+    for depth in (1, 4, 7):
+        trial = copy.deepcopy(sim)
+        predicted = trial.true_accepted(depth, after_warmup=True)
+        assert not trial.true_accepted(depth).any()  # the warm-up itself drafts nothing
+        live = trial.remaining_tokens() > 1
+        assert trial.decode(depth).steps_used == 0
+        n = trial.batch_size  # (requests the warm-up finished are gone)
+        record = trial.decode(depth)
+        assert record.steps_used == depth and n == int(live.sum())
+        assert record.accepted_drafts.tolist() == predicted[live].tolist()
+
+
+def test_reentry_warmup_false_reproduces_the_cold_stream():
+    """``reentry_warmup=False`` is the simulator before the warm-up: the first step back
+    drafts at the asked depth from a cold draft."""
+    config = SchedulerConfig(cold_recovery_accept_fraction=0.5, reentry_warmup=False)
+    _, steps = _decode_steps(config, [0, 4, 4])
+    assert all(record.steps_used == asked and not due for asked, due, record in steps)
+    assert [r.accepted_drafts.tolist() for _, _, r in steps[:3]] == [[], [2], [4]]
+
+
+@pytest.mark.parametrize("mode,skip", [("sglang_steps0", False), ("sglang_steps0", True)])
+def test_no_warmup_on_sglang_steps0(mode, skip):
+    """The warm-up is the plugin's off path's: SGLang's own steps=0 never runs one."""
+    config = SchedulerConfig(zero_step=mode, skip_zero_step_draft_extend=skip)
+    _, steps = _decode_steps(config, [0, 4])
+    assert all(record.steps_used == asked and not due for asked, due, record in steps)
+
+
+def test_prefill_after_the_warmup_runs_the_draft_extend():
+    """As the plugin's ``OffSwitch.prefill_off`` (``stale``): a prefill after an off step
+    skips the draft's extend, one after the warm-up runs it."""
+    workload = _Workload(np.array([0.0, 0.012, 0.05]), np.array([5, 7, 9]),
+                         np.array([400, 400, 400]))
+    sim = Simulator(_LinearCost(), _ConstantAcceptance(2), workload, SchedulerConfig(), seed=0)
+    prefills, due = [], []
+    while len(prefills) < 3:
+        for record in sim.advance():
+            prefills.append((record, sim.warmup_due))
+        # off until the second request joins, then back on (warm-up, then depth 2)
+        depth = 0 if len(prefills) < 2 else 2
+        due.append(sim.warmup_due)
+        sim.decode(depth)
+    (first, _), (second, stale2), (third, stale3) = prefills
+    cost = _LinearCost()
+    for record, extend in ((first, True), (second, False), (third, True)):
+        assert record.step_latency_s == pytest.approx(cost.step_latency_s(
+            0, 0, record.kv_used_tokens, record.prefill_tokens, draft_extend=extend))
+    assert stale2 and not stale3 and True in due
 
 
 @pytest.mark.parametrize("skip", [True, False])

@@ -24,19 +24,27 @@ model follows SGLang's default scheduler:
   - ``off`` (default): speculation really off, as the plugin's off path does it
     (the target's plain decode graph, no draft work): the step costs what it
     costs a server without speculation (``CostProfile`` with
-    ``speculative_path=False``). The draft model sees none of these tokens, so
-    the first speculative step after an off period drafts from a cold state
-    (its accepted drafts scaled by ``cold_recovery_accept_fraction``) and the
-    requests that decoded while off keep stale draft KV entries: their
-    acceptance stays scaled by ``1 - stale_accept_loss`` until they finish or
-    are re-prefilled. A prefill after an off step skips the draft's extend over the
-    prompt, as the plugin does (``SPECCTL_OFF_PREFILL=skip``): it costs what it costs
-    without speculation, and its requests start with stale draft KV
+    ``speculative_path=False``). The draft model sees none of these tokens. So,
+    as the plugin's ``OffSwitch.choose`` does (``reentry_warmup``, the default),
+    the first decode step asked for depth > 0 after an off step is the *warm-up*:
+    SGLang's own steps=0 with the draft extend over the newest token (one token
+    per request, no drafts, ``steps_used`` 0 in its record, the ``sglang_steps0``
+    cost), after which the draft is warm; drafting resumes on the next step asked
+    for depth > 0 (a step asked for 0 right after the warm-up is off again, and
+    the next one back warms up again). Without ``reentry_warmup`` that first step
+    drafts at once from a cold state instead (its accepted drafts scaled by
+    ``cold_recovery_accept_fraction``). Either way the requests that decoded
+    while off keep stale draft KV entries: their acceptance stays scaled by
+    ``1 - stale_accept_loss`` until they finish or are re-prefilled. A prefill
+    after an off step (before the warm-up) skips the draft's extend over the
+    prompt, as the plugin does (``SPECCTL_OFF_PREFILL=skip``): it costs what it
+    costs without speculation, and its requests start with stale draft KV
     (``skip_prefill_while_off``).
   - ``sglang_steps0``: SGLang's own ``steps=0``, still on the speculative path
     (``c_steps0`` terms) and, by default, running the draft extend (its cost is
     paid, speculation resumes warm). With ``skip_zero_step_draft_extend`` the
-    extend is skipped and the first speculative step after it is cold, as above.
+    extend is skipped and the first speculative step after it is cold
+    (``cold_recovery_accept_fraction``; no warm-up: that is the plugin's).
 * **Time.** Each step lasts ``profile.step_latency_s(...)``; time only moves
   forward, and jumps to the next arrival when the server is idle.
 
@@ -55,6 +63,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import numpy as np
 
@@ -65,6 +74,10 @@ _EMPTY_I8 = np.zeros(0, dtype=np.int8)
 
 #: Values of ``SchedulerConfig.zero_step``.
 ZERO_STEP_MODES = ("off", "sglang_steps0")
+#: ``CostProfile.step_latency_s`` flags of the plugin's warm-up step
+#: (``SchedulerConfig.reentry_warmup``): SGLang's steps=0, on the speculative path, with
+#: the draft extend (``zero_step="sglang_steps0"``'s depth-0 step).
+WARMUP_LATENCY_FLAGS = MappingProxyType({"draft_extend": True, "speculative_path": True})
 
 
 @dataclass(frozen=True)
@@ -80,8 +93,16 @@ class SchedulerConfig:
     zero_step: str = "off"
     skip_zero_step_draft_extend: bool = False
     #: Share of the accepted drafts kept by the first speculative step after a cold
-    #: interval (off, or steps=0 without the draft extend); 1 = no re-entry penalty.
+    #: interval (steps=0 without the draft extend, or off without ``reentry_warmup``);
+    #: 1 = no re-entry penalty.
     cold_recovery_accept_fraction: float = 0.5
+    #: ``zero_step="off"`` only: the first decode step asked for depth > 0 after an off
+    #: step runs SGLang's steps=0 once with the draft extend instead (the plugin's
+    #: warm-up, ``sglang_hooks.offswitch.OffSwitch.choose``: ``steps_used`` 0, one token
+    #: per request), and the draft is warm after it. False: that step drafts at the
+    #: asked depth from a cold state (``cold_recovery_accept_fraction``), as the
+    #: simulator did before the seventeenth session.
+    reentry_warmup: bool = True
     #: Lasting acceptance loss of requests that decoded while speculation was off.
     stale_accept_loss: float = 0.0
     #: ``zero_step="off"`` only: a prefill after an off step runs without the draft's
@@ -138,6 +159,11 @@ class SchedulerConfig:
         if self.zero_step == "off":
             return {"draft_extend": False, "speculative_path": False}
         return {"draft_extend": not self.skip_zero_step_draft_extend, "speculative_path": True}
+
+    @property
+    def warms_up(self) -> bool:
+        """Whether the first step back on after an off step is the plugin's warm-up."""
+        return self.zero_step == "off" and self.reentry_warmup
 
     @property
     def zero_step_is_cold(self) -> bool:
@@ -415,26 +441,50 @@ class Simulator:
         n = self._n_run
         return self._run_rem[:n].copy()
 
-    def true_accepted(self, depth: int) -> np.ndarray:
-        """Drafts each running request would accept at ``depth`` next step (for the oracle)."""
-        if depth <= 0:
-            return np.zeros(self._n_run, dtype=np.int8)
-        return self._accepted(depth)
+    @property
+    def warmup_due(self) -> bool:
+        """Whether a decode step asked for depth > 0 now runs as the warm-up
+        (``SchedulerConfig.reentry_warmup``: an off step ran since the draft's last
+        extend, the plugin's ``OffSwitch.stale``)."""
+        return self._stale_draft and self.config.warms_up
 
-    def _accepted(self, depth: int) -> np.ndarray:
-        """Drafts each running request accepts at ``depth`` > 0 in the due step."""
+    def true_accepted(self, depth: int, after_warmup: bool = False) -> np.ndarray:
+        """Drafts each running request would accept at ``depth`` next step (for the oracle).
+
+        ``after_warmup``: in the drafting step after a due warm-up (:attr:`warmup_due`)
+        instead, one position further along and from a warm draft (0 for a request the
+        warm-up finishes). Without it, a due warm-up accepts nothing.
+        """
+        n = self._n_run
+        if depth <= 0:
+            return np.zeros(n, dtype=np.int8)
+        if not after_warmup:
+            if self.warmup_due:
+                return np.zeros(n, dtype=np.int8)
+            return self._accepted(depth)
+        rem = self._run_rem[:n]
+        # A request the warm-up leaves with nothing to produce reads its own last entry
+        # (never past its table); it commits nothing there anyway.
+        return self._accepted(depth, shift=(rem > 1).astype(np.int64), cold=False)
+
+    def _accepted(self, depth: int, shift: np.ndarray | None = None,
+                  cold: bool | None = None) -> np.ndarray:
+        """Drafts each running request accepts at ``depth`` > 0 in the due step
+        (``shift``: positions further along; ``cold``: from a cold draft, default: as it
+        is now)."""
         n = self._n_run
         cfg = self.config
         if self._batch_wide_acceptance:  # one draw for the whole batch, as SGLang simulates
             accepted = np.full(n, min(self.acceptance.draw_step(self.rng), depth), np.int8)
         else:
-            accepted = np.minimum(self.requests.acc_values[self._run_pos[:n]], depth)
+            pos = self._run_pos[:n] if shift is None else self._run_pos[:n] + shift
+            accepted = np.minimum(self.requests.acc_values[pos], depth)
         if cfg.stale_accept_loss > 0.0:
             stale = self._run_stale[:n].astype(bool)
             if stale.any():
                 kept = np.floor(accepted[stale] * (1.0 - cfg.stale_accept_loss) + 0.5)
                 accepted[stale] = kept.astype(np.int8)
-        if self._stale_draft:
+        if self._stale_draft if cold is None else cold:
             accepted = np.floor(accepted * cfg.cold_recovery_accept_fraction).astype(np.int8)
         return accepted
 
@@ -469,11 +519,20 @@ class Simulator:
                 return records
 
     def decode(self, depth: int) -> StepRecord:
-        """Run the due decode step with ``depth`` draft tokens (0 = no speculation)."""
+        """Run the due decode step with ``depth`` draft tokens (0 = no speculation).
+
+        Asked for depth > 0 while :attr:`warmup_due`, the step is the warm-up instead
+        (depth 0 in its record; see the module docstring).
+        """
         if not self._n_run:
             raise RuntimeError("no decode step is due: call advance() first")
         cfg = self.config
         depth = min(max(int(depth), 0), cfg.max_depth)
+        # The plugin hands SGLang steps=0 for the warm-up (OffSwitch.choose), so SGLang
+        # reserves and runs a steps=0 step.
+        warmup = depth > 0 and self.warmup_due
+        if warmup:
+            depth = 0
         # A batch of finished requests only (their ride, ``finish_lag_steps``) was launched
         # before they were known finished and keeps nothing it computes: no room to make.
         if (self.kv_used + self._n_run * (depth + 1) > cfg.kv_capacity_tokens
@@ -493,7 +552,9 @@ class Simulator:
             rem -= tokens
         else:
             accepted = _EMPTY_I8
-            if cfg.zero_step_is_cold:
+            if warmup:  # the draft extend over the newest token: the draft is warm again
+                self._stale_draft = False
+            elif cfg.zero_step_is_cold:
                 self._stale_draft = True
                 if cfg.zero_step == "off":
                     self._run_stale[:n] = 1
@@ -507,7 +568,8 @@ class Simulator:
                 pos += 1
                 rem -= 1
         kv_before = self.kv_used
-        latency = self.profile.step_latency_s(n, depth, kv_before, 0, **cfg.latency_flags(depth))
+        flags = WARMUP_LATENCY_FLAGS if warmup else cfg.latency_flags(depth)
+        latency = self.profile.step_latency_s(n, depth, kv_before, 0, **flags)
         record = StepRecord(
             server=self.server, rank=0, step_index=self.step_index, time_s=self.time_s,
             batch_size=n, waiting_requests=self.waiting_requests,

@@ -51,8 +51,9 @@ import hashlib
 import json
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from omegaconf import OmegaConf
@@ -118,8 +119,9 @@ def workload_of(cell: Cell, client) -> tuple[object, float | None]:
 def simulate(cell: Cell, profile: CostProfile, prior: CostProfile, client, seed: int = 0,
              policy_path: str | None = None, finish_lag_steps: int = 1,
              features: FeatureBuilder | None = None, probe: ProbeSpec | None = None,
-             workload: Workload | None = None, guard: GuardSpec | None = None) -> dict:
-    """Replay one cell; throughput (tok/s), mean TPOT (ms) and decisions per depth.
+             workload: Workload | None = None, guard: GuardSpec | None = None,
+             sim_overrides: Mapping[str, Any] | None = None) -> dict:
+    """Replay one cell; throughput (tok/s), mean TPOT (ms), decisions per depth, warm-ups.
 
     ``policy_path``: the exported policy a ``ppo`` cell runs (default: the shipped one);
     ``finish_lag_steps``: ``SchedulerConfig.finish_lag_steps`` (1: SGLang's overlap
@@ -128,7 +130,8 @@ def simulate(cell: Cell, profile: CostProfile, prior: CostProfile, client, seed:
     acceptance probe a ``ppo`` cell runs with (None: its policy file's); ``workload``:
     requests to serve instead of the cell's load generator's (the server's warm-up);
     ``guard``: the goodput guard a ``ppo`` cell runs with (None: as its run served it,
-    :func:`served_guard`).
+    :func:`served_guard`); ``sim_overrides``: further ``SchedulerConfig`` settings (e.g.
+    ``reentry_warmup=False``: the simulator before the plugin's warm-up was modelled).
     """
     workload, horizon = (workload, None) if workload is not None else workload_of(cell, client)
     # A depth-0 step is a plain decode on a server without speculation and on the plugin's
@@ -141,7 +144,8 @@ def simulate(cell: Cell, profile: CostProfile, prior: CostProfile, client, seed:
     config = SchedulerConfig.from_profile(profile, max_running_requests=cell.max_running,
                                           zero_step=zero_step,
                                           finish_lag_steps=finish_lag_steps,
-                                          prefix_cache=cell.radix_cache)
+                                          prefix_cache=cell.radix_cache,
+                                          **(sim_overrides or {}))
     # No simulated acceptance: random draft weights accept nothing. Simulated acceptance
     # is one draw per verify step for the whole batch, as SGLang's.
     acceptance = SGLangSimulatedAcceptance(cell.acceptance or 1.0,
@@ -161,7 +165,8 @@ def simulate(cell: Cell, profile: CostProfile, prior: CostProfile, client, seed:
     loop = DecisionLoop(sim, spec, 3, horizon, cost_prior=prior, features=features)
     result = rollout(loop, policy, keep_features=features is not None)
     out = {"throughput_tok_s": result.throughput_tok_s, "mean_tpot_ms": result.mean_tpot_ms,
-           "steps_chosen": list(result.steps_chosen), "window_tok_s": None}
+           "steps_chosen": list(result.steps_chosen), "warmups": result.warmups,
+           "window_tok_s": None}
     if cell.workload == "closed":
         stats = sim.stats()
         done = stats.finished
@@ -184,7 +189,8 @@ SERVER_WARMUP = Workload("sglang_server_warmup", np.zeros(1), np.asarray([3], np
 def simulate_servings(file: Path, cells: dict[str, Cell], profile: CostProfile,
                       prior: CostProfile, client, policy_path: Callable[[Cell], str | None],
                       finish_lag_steps: int = 1, probe: ProbeSpec | None = None,
-                      guard: GuardSpec | None = None) -> dict[str, dict]:
+                      guard: GuardSpec | None = None,
+                      sim_overrides: Mapping[str, Any] | None = None) -> dict[str, dict]:
     """Replay a ``load_cells.py plugin`` file's loops in the order they ran, one feature
     builder carried through all of them (SGLang's start-up request, :data:`SERVER_WARMUP`,
     under the first policy served; a warm-up loop before each serving), as the real
@@ -204,7 +210,7 @@ def simulate_servings(file: Path, cells: dict[str, Cell], profile: CostProfile,
     first = cells[servings[0][0]]
     simulate(first, profile, prior, client, policy_path=policy_path(first),
              finish_lag_steps=finish_lag_steps, features=features, probe=probe,
-             workload=SERVER_WARMUP, guard=guard)
+             workload=SERVER_WARMUP, guard=guard, sim_overrides=sim_overrides)
     out: dict[str, dict] = {}
     for sources in servings:
         for k, source in enumerate(sources):
@@ -212,10 +218,11 @@ def simulate_servings(file: Path, cells: dict[str, Cell], profile: CostProfile,
             if k == 0 and warmup_s > 0:  # unrecorded, at the first loop's C, once served
                 simulate(dataclasses.replace(cell, seconds=warmup_s), profile, prior, client,
                          policy_path=policy_path(cell), finish_lag_steps=finish_lag_steps,
-                         features=features, probe=probe, guard=guard)
+                         features=features, probe=probe, guard=guard,
+                         sim_overrides=sim_overrides)
             out[source] = simulate(cell, profile, prior, client, policy_path=policy_path(cell),
                                    finish_lag_steps=finish_lag_steps, features=features,
-                                   probe=probe, guard=guard)
+                                   probe=probe, guard=guard, sim_overrides=sim_overrides)
     return out
 
 
@@ -522,8 +529,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="the goodput guard of PPO cells (env/guard.py): as each run "
                              "served it (default: its file's record; runs before the guard, "
                              "none), the default guard, or none")
+    parser.add_argument("--no-reentry-warmup", action="store_true",
+                        help="simulate the first step back on after off as a cold drafting "
+                             "step, not the plugin's warm-up (SchedulerConfig.reentry_warmup; "
+                             "the simulator before the seventeenth session)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
+    sim_overrides = {"reentry_warmup": False} if args.no_reentry_warmup else None
     probe = {"file": None, "on": DEFAULT_PROBE, "off": NO_PROBE}[args.probe]
     guard = {"run": None, "on": DEFAULT_GUARD, "off": NO_GUARD}[args.guard]
     names = profile_names(args.profile, parser)
@@ -566,11 +578,12 @@ def main(argv: list[str] | None = None) -> int:
                 carried.update(simulate_servings(
                     Path(run) / file, by_source, profile, priors[prior_name], client,
                     lambda c: policy_of(c, policies, args.policy_file), args.finish_lag_steps,
-                    probe, guard))
+                    probe, guard, sim_overrides))
             sim = carried.get(cell.source) or simulate(
                 cell, profile, priors[prior_name], client,
                 policy_path=policy_of(cell, policies, args.policy_file),
-                finish_lag_steps=args.finish_lag_steps, probe=probe, guard=guard)
+                finish_lag_steps=args.finish_lag_steps, probe=probe, guard=guard,
+                sim_overrides=sim_overrides)
             fitted = file in args.fitted_on or cell.source.split(" ")[0] in args.fitted_on
             per_model.setdefault(cell.model, []).append({
                 "cell": cell.key(), "use": "fit-run" if fitted else "held-out",
@@ -590,11 +603,13 @@ def main(argv: list[str] | None = None) -> int:
                 "tpot_error": rel(sim["mean_tpot_ms"], cell.mean_tpot_ms),
                 "measured_window_tok_s": cell.window_tok_s,
                 "simulated_window_tok_s": sim["window_tok_s"],
+                "simulated_warmups": sim["warmups"],
             })
     for model, rows in per_model.items():
         (out / f"fidelity_{model}.json").write_text(json.dumps(
             {"profiles": {k: v for k, v in names.items() if k.split(".")[0] == model},
              "prior": args.prior, "prior_files": prior_files, "runs": args.runs,
+             "sim_overrides": sim_overrides or {},
              "cells": rows}, indent=2))
         text = table(model, rows, names)
         (out / f"fidelity_{model}.md").write_text(text)
