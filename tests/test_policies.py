@@ -121,7 +121,8 @@ def test_oracle_prices_reentry_as_the_warmup_and_the_step_after_it():
     step after it together, so it comes back on where speculation pays (one step alone
     never would: the warm-up commits what off does, at a higher cost)."""
     profile = load_profile("h200_llama31_8b")
-    sim = Simulator(profile, SGLangSimulatedAcceptance(3.5), ClosedLoop(16, 256, 200), seed=0)
+    sim = Simulator(profile, SGLangSimulatedAcceptance(3.5), ClosedLoop(16, 256, 200),
+                    SchedulerConfig(reentry_warmup=True), seed=0)
     sim.advance()
     sim.decode(0)
     assert sim.warmup_due

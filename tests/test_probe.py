@@ -222,19 +222,25 @@ def test_serving_without_the_probe(tmp_path):
         server.close()
 
 
-@pytest.mark.parametrize("warmup", [
-    False,
-    pytest.param(True, marks=pytest.mark.xfail(strict=True, reason=(
+@pytest.mark.parametrize("warmup, restarts", [
+    (False, False),
+    pytest.param(True, False, marks=pytest.mark.xfail(strict=True, reason=(
         "with the plugin's re-entry warm-up simulated (reentry_warmup), the default "
         "two-step probe at depth 1 is the warm-up (depth 0) and one drafting step that "
         "the features drop as a cold re-entry (features.py: steps > 0 after steps 0), so "
         "it measures nothing and the stream stays off: docs/results/warm17/README.md"))),
+    (True, True),
 ])
-def test_a_cold_dense_h200_at_64_clients_speculates_with_the_probe(warmup):
+def test_a_cold_dense_h200_at_64_clients_speculates_with_the_probe(warmup, restarts):
     """The shipped policy, cold, at 64 clients on the dense H200 (batch 48, 16 waiting):
     on the prior it never speculates, so it never measures acceptance; with the probe it
-    measures it and runs speculation (docs/POLICY_PROBE.md)."""
+    measures it and runs speculation (docs/POLICY_PROBE.md). With the plugin's warm-up
+    simulated it does so once its features take the step after the warm-up as warm
+    (``FeatureSpec.warmup_restarts_draft``)."""
     policy = ExportedPolicy.load("controller/data/default_policy.npz")
+    if restarts:
+        policy = dataclasses.replace(policy, feature_spec=dataclasses.replace(
+            policy.feature_spec, drop_warmup_latency=True, warmup_restarts_draft=True))
     profile = load_profile("h200_llama31_8b")
     results = {}
     for name, probe in (("off", NO_PROBE), ("on", DEFAULT_PROBE)):
@@ -242,7 +248,8 @@ def test_a_cold_dense_h200_at_64_clients_speculates_with_the_probe(warmup):
                               ClosedLoop(64, 256, 256),
                               SchedulerConfig(max_running_requests=48, reentry_warmup=warmup),
                               seed=5)
-        loop = DecisionLoop(simulator, None, feedback_lag=3, horizon_s=6.0, cost_prior=profile)
+        loop = DecisionLoop(simulator, policy.feature_spec, feedback_lag=3, horizon_s=6.0,
+                            cost_prior=profile)
         results[name] = rollout(loop, ExportedPolicyAdapter(policy, probe=probe), seed=5)
     assert results["off"].steps_chosen[0] == results["off"].decisions  # off throughout
     # ~360 off steps (2.1 s) until 1% of the time off pays for the probe, then speculation

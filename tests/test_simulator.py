@@ -343,7 +343,8 @@ def test_reentry_runs_one_warmup_per_off_to_on_transition(pattern):
     """As ``OffSwitch.choose``: the first step asked for depth > 0 after an off step runs
     SGLang's steps=0 with the draft extend (depth 0 in its record, one token, the
     sglang_steps0 cost); the next step asked for depth > 0 drafts warm at that depth."""
-    config = SchedulerConfig(cold_recovery_accept_fraction=0.0, stale_accept_loss=0.0)
+    config = SchedulerConfig(cold_recovery_accept_fraction=0.0, stale_accept_loss=0.0,
+                             reentry_warmup=True)
     _, steps = _decode_steps(config, pattern)
     cost = _LinearCost()
     ran_off = False  # the plugin's OffSwitch.stale: an off step since the last extend
@@ -372,7 +373,8 @@ def test_warmup_commits_one_token_and_keeps_stale_kv_of_positions_decoded_off():
     """The warm-up commits one token per request; requests that decoded while off keep
     their lasting loss after it (``stale_accept_loss``), and the first drafting step after
     it has no cold penalty."""
-    config = SchedulerConfig(cold_recovery_accept_fraction=0.0, stale_accept_loss=0.5)
+    config = SchedulerConfig(cold_recovery_accept_fraction=0.0, stale_accept_loss=0.5,
+                             reentry_warmup=True)
     sim, steps = _decode_steps(config, [0, 4, 4, 4], output=60)
     kv = [record.kv_used_tokens for _, _, record in steps]
     committed = np.diff(kv).tolist()
@@ -386,7 +388,8 @@ def test_true_accepted_after_warmup_is_what_the_step_after_it_accepts(stale_loss
     """The oracle's look past a due warm-up: ``true_accepted(d, after_warmup=True)`` is
     what the drafting step after the warm-up accepts (one position on, warm draft)."""
     workload = _Workload(np.zeros(6), np.full(6, 5), np.array([3, 40, 2, 90, 60, 1]))
-    config = SchedulerConfig(cold_recovery_accept_fraction=0.5, stale_accept_loss=stale_loss)
+    config = SchedulerConfig(cold_recovery_accept_fraction=0.5, stale_accept_loss=stale_loss,
+                             reentry_warmup=True)
     sim = Simulator(_LinearCost(), _RandomAcceptance(), workload, config, seed=4)
     sim.advance()
     sim.decode(0)
@@ -425,7 +428,8 @@ def test_prefill_after_the_warmup_runs_the_draft_extend():
     skips the draft's extend, one after the warm-up runs it."""
     workload = _Workload(np.array([0.0, 0.012, 0.05]), np.array([5, 7, 9]),
                          np.array([400, 400, 400]))
-    sim = Simulator(_LinearCost(), _ConstantAcceptance(2), workload, SchedulerConfig(), seed=0)
+    sim = Simulator(_LinearCost(), _ConstantAcceptance(2), workload,
+                    SchedulerConfig(reentry_warmup=True), seed=0)
     prefills, due = [], []
     while len(prefills) < 3:
         for record in sim.advance():

@@ -25,7 +25,7 @@ model follows SGLang's default scheduler:
     (the target's plain decode graph, no draft work): the step costs what it
     costs a server without speculation (``CostProfile`` with
     ``speculative_path=False``). The draft model sees none of these tokens. So,
-    as the plugin's ``OffSwitch.choose`` does (``reentry_warmup``, the default),
+    as the plugin's ``OffSwitch.choose`` does (with ``reentry_warmup``, off by default),
     the first decode step asked for depth > 0 after an off step is the *warm-up*:
     SGLang's own steps=0 with the draft extend over the newest token (one token
     per request, no drafts, ``steps_used`` 0 in its record, the ``sglang_steps0``
@@ -101,8 +101,14 @@ class SchedulerConfig:
     #: warm-up, ``sglang_hooks.offswitch.OffSwitch.choose``: ``steps_used`` 0, one token
     #: per request), and the draft is warm after it. False: that step drafts at the
     #: asked depth from a cold state (``cold_recovery_accept_fraction``), as the
-    #: simulator did before the seventeenth session.
-    reentry_warmup: bool = True
+    #: simulator did before the seventeenth session. False by default for now: the shipped
+    #: policy was trained and evaluated without it (with it, the shipped file meets 89 of
+    #: 96 cells at evaluation seed 0 against 95, mostly through the oracle's re-entry
+    #: price), and on the shipped file's H200 cells it moved the simulated TPOT further
+    #: from the measured (runs 46-50: mean error 3.70% against 0.88%), closer on run 44 at
+    #: 8 req/s (docs/results/warm17/README.md). Turn it on to train a policy whose
+    #: features leave the warm-up out (FeatureSpec.drop_warmup_latency).
+    reentry_warmup: bool = False
     #: Lasting acceptance loss of requests that decoded while speculation was off.
     stale_accept_loss: float = 0.0
     #: ``zero_step="off"`` only: a prefill after an off step runs without the draft's

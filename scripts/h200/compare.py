@@ -131,7 +131,7 @@ def simulate(cell: Cell, profile: CostProfile, prior: CostProfile, client, seed:
     requests to serve instead of the cell's load generator's (the server's warm-up);
     ``guard``: the goodput guard a ``ppo`` cell runs with (None: as its run served it,
     :func:`served_guard`); ``sim_overrides``: further ``SchedulerConfig`` settings (e.g.
-    ``reentry_warmup=False``: the simulator before the plugin's warm-up was modelled).
+    ``reentry_warmup=True``: the plugin's re-entry warm-up simulated).
     """
     workload, horizon = (workload, None) if workload is not None else workload_of(cell, client)
     # A depth-0 step is a plain decode on a server without speculation and on the plugin's
@@ -529,13 +529,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="the goodput guard of PPO cells (env/guard.py): as each run "
                              "served it (default: its file's record; runs before the guard, "
                              "none), the default guard, or none")
-    parser.add_argument("--no-reentry-warmup", action="store_true",
-                        help="simulate the first step back on after off as a cold drafting "
-                             "step, not the plugin's warm-up (SchedulerConfig.reentry_warmup; "
-                             "the simulator before the seventeenth session)")
+    parser.add_argument("--reentry-warmup", action="store_true",
+                        help="simulate the first step back on after off as the plugin's "
+                             "warm-up (SchedulerConfig.reentry_warmup), not a cold drafting "
+                             "step (the default: see the field)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
-    sim_overrides = {"reentry_warmup": False} if args.no_reentry_warmup else None
+    sim_overrides = {"reentry_warmup": True} if args.reentry_warmup else None
     probe = {"file": None, "on": DEFAULT_PROBE, "off": NO_PROBE}[args.probe]
     guard = {"run": None, "on": DEFAULT_GUARD, "off": NO_GUARD}[args.guard]
     names = profile_names(args.profile, parser)
