@@ -14,23 +14,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from env import features
 from env.features import FeatureBuilder, FeatureSpec
 from env.probe import ProbeSpec
 from env.sim.cost_model import load_profile
 from env.traces.schema import StepRecord
 
+# Every test here runs on both implementations (an autouse fixture of test_features).
+from tests.test_features import backend  # noqa: F401
+
 DROP = FeatureSpec(drop_warmup_latency=True, latency_model=3)
 KEEP = replace(DROP, drop_warmup_latency=False)
-
-
-@pytest.fixture(autouse=True, params=["numpy", "compiled"])
-def backend(request, monkeypatch):
-    """Every test here runs on both implementations (the compiled one needs numba)."""
-    if request.param == "compiled":
-        pytest.importorskip("numba")
-    monkeypatch.setenv(features.BACKEND_VARIABLE, request.param)
-    return request.param
 
 
 def _record(i: int, depth: int, latency: float, batch: int = 32,
