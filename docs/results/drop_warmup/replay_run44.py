@@ -1,6 +1,7 @@
 """Run 44's two ``ppo`` servings replayed open loop (swap16's ``replay_decisions``) with the
 shipped file, ``policy_c45d9410.npz`` (the same file, ``drop_warmup_latency`` on) and
-``policy_9505319e.npz`` (also ``warmup_restarts_draft``), each with the borrowed profile served in run 44 and with the MoE's own.
+``policy_9505319e.npz`` (also ``warmup_restarts_draft``), each with the borrowed profile
+served in run 44 and with the MoE's own.
 
     PYTHONPATH=$PWD:docs/results/swap16 python docs/results/drop_warmup/replay_run44.py \\
         > docs/results/drop_warmup/replay_run44.txt
