@@ -57,15 +57,18 @@ def _vector(spec: FeatureSpec, records: list[StepRecord], prior) -> np.ndarray:
     return builder.observation_grid()
 
 
+def _off_periods(count: int) -> list[StepRecord]:
+    """``count`` cycles of an off step (17 ms), the warm-up (40 ms) and two steps at
+    depth 3 (50 ms): the run-44 pattern at batch 32."""
+    cycle = ((0, 0.017), (0, 0.040), (3, 0.050), (3, 0.050))
+    return [_record(i, *cycle[i % len(cycle)]) for i in range(count * len(cycle))]
+
+
 def test_a_warmup_step_does_not_price_off():
     """Off steps at 17 ms, each off period ended by a 40-ms warm-up: with the field off
     is predicted near 17 ms; without it, well above (the run-44 case)."""
     prior = load_profile("h200_qwen3_30b_a3b")
-    records, i = [], 0
-    for _ in range(30):
-        for depth, latency in ((0, 0.017), (0, 0.040), (3, 0.050), (3, 0.050)):
-            records.append(_record(i, depth, latency))
-            i += 1
+    records = _off_periods(30)
     predicted = {}
     for name, spec in (("drop", DROP), ("keep", KEEP)):
         builder = FeatureBuilder(spec, cost_prior=prior)
@@ -122,12 +125,13 @@ def test_copy_keeps_its_own_held_records():
     np.testing.assert_array_equal(builder.observation_grid(), reference.observation_grid())
 
 
-def test_the_field_is_false_in_an_old_file_and_must_be_a_bool():
-    data = KEEP.to_dict()
-    del data["drop_warmup_latency"]
-    assert FeatureSpec.from_dict(data).drop_warmup_latency is False
-    with pytest.raises(ValueError, match="drop_warmup_latency"):
-        FeatureSpec(drop_warmup_latency=1)
+@pytest.mark.parametrize("name", ["drop_warmup_latency", "warmup_restarts_draft"])
+def test_the_field_is_false_in_an_old_file_and_must_be_a_bool(name):
+    data = replace(KEEP, **{name: True}).to_dict()
+    del data[name]
+    assert getattr(FeatureSpec.from_dict(data), name) is False
+    with pytest.raises(ValueError, match=name):
+        FeatureSpec(**{name: 1})
 
 
 RESTART = replace(DROP, warmup_restarts_draft=True)
@@ -158,12 +162,8 @@ def test_warmup_restarts_draft_still_drops_the_warmups_latency():
     and depth 3's predictions equal those of a stream without the warm-up record's
     latency, whichever depth it is counted at."""
     prior = load_profile("h200_qwen3_30b_a3b")
-    records, i = [], 0
-    for _ in range(20):
-        for depth, latency in ((0, 0.017), (0, 0.040), (3, 0.050), (3, 0.050)):
-            records.append(_record(i, depth, latency))
-            i += 1
-    records.append(_record(i, 3, 0.05))
+    records = _off_periods(20)
+    records.append(_record(len(records), 3, 0.05))
     dropped = FeatureBuilder(DROP, cost_prior=prior)
     restarted = FeatureBuilder(RESTART, cost_prior=prior)
     dropped.update_many(records)
