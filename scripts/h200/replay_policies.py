@@ -30,17 +30,19 @@ from env.sim.cost_model import load_profile
 
 
 def replay(server, prior, acceptance: float, policy_name: str, seed: int = 0,
-           policy_path: str | None = None) -> dict:
+           policy_path: str | None = None, reentry_warmup: bool = False) -> dict:
     """One headline replay; throughput, mean TPOT and the share of decisions per depth.
 
     ``seed`` draws the acceptance and the simulator's randomness (the arrivals are the
-    GPU run's); ``policy_path`` is the exported policy ``ppo`` runs (default: shipped).
+    GPU run's); ``policy_path`` is the exported policy ``ppo`` runs (default: shipped);
+    ``reentry_warmup`` simulates the plugin's warm-up step on coming back on.
     """
     # The GPU servers' set-up: 48 running requests, depth 0 a plain decode (off path).
     cell = Cell(model="", server="spec_off", acceptance=acceptance, workload="headline",
                 concurrency=None, seconds=40.0, policy=policy_name, radix_cache=False,
                 max_running=48, source="", throughput_tok_s=0.0, mean_tpot_ms=0.0)
-    result = simulate(cell, server, prior, client=None, seed=seed, policy_path=policy_path)
+    result = simulate(cell, server, prior, client=None, seed=seed, policy_path=policy_path,
+                      sim_overrides={"reentry_warmup": True} if reentry_warmup else None)
     chosen = result.pop("steps_chosen")
     total = sum(chosen) or 1
     return {**result, "depth_share": {d: n / total for d, n in enumerate(chosen) if n}}
@@ -58,6 +60,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=1,
                         help="replay seeds 0..N-1: mean, min and max throughput (one seed "
                              "can be a lucky draw where a policy sits near a switch)")
+    parser.add_argument("--reentry-warmup", action="store_true",
+                        help="simulate the plugin's re-entry warm-up step "
+                             "(SchedulerConfig.reentry_warmup), as the GPU runs it")
     args = parser.parse_args()
     if args.seeds < 1:
         parser.error(f"--seeds must be >= 1, got {args.seeds}")
@@ -66,8 +71,8 @@ def main() -> None:
     print("| policy | tok/s (mean) | min / max over seeds | mean TPOT ms | decisions per depth "
           "(seed 0) |\n|---|---|---|---|---|")
     for name in args.policies.split(","):
-        runs = [replay(server, prior, args.acceptance, name, seed, args.policy_file)
-                for seed in range(args.seeds)]
+        runs = [replay(server, prior, args.acceptance, name, seed, args.policy_file,
+                       args.reentry_warmup) for seed in range(args.seeds)]
         tok_s = [r["throughput_tok_s"] for r in runs]
         share = ", ".join(f"{d}: {s:.0%}" for d, s in runs[0]["depth_share"].items())
         print(f"| {name} | {sum(tok_s) / len(tok_s):,.0f} | {min(tok_s):,.0f} / "
