@@ -806,3 +806,24 @@ def test_replays_at_a_rate_are_read_with_their_rate_and_simulated_at_it(tmp_path
     # an EXTRA_POLICIES name is read but not simulable (compare.py says so and skips it)
     assert compare.simulable("static_0") and compare.simulable("ppo")
     assert not compare.simulable(by_key["spec_off@2.5 headline 8/s 40s local"].policy)
+
+
+def test_measured_cells_carry_the_depths_their_server_offered():
+    """The simulated ppo picks among the depths the GPU server offered (the daemon masks
+    the rest): offswitch.py's servers offered its CANDIDATES, the first sessions'
+    session.py's; a server without speculation none."""
+    import offswitch
+    import session
+    from measured_runs import OFFSWITCH_CANDIDATES, SESSION_CANDIDATES
+
+    assert tuple(offswitch.CANDIDATES) == OFFSWITCH_CANDIDATES
+    assert tuple(session.CANDIDATES) == SESSION_CANDIDATES
+    root = Path(__file__).resolve().parents[1] / "docs/results/h200"
+    cells, _ = read_run_dir(root / "offswitch")
+    by_server = {}
+    for cell in cells:
+        by_server.setdefault(cell.server, set()).add(cell.candidates)
+    assert by_server["spec_off"] == {OFFSWITCH_CANDIDATES}
+    assert by_server["nospec"] == {None}
+    first, _ = read_run_dir(root)
+    assert {c.candidates for c in first if c.server == "spec_sglang0"} == {SESSION_CANDIDATES}

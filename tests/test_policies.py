@@ -377,3 +377,42 @@ def test_a_trained_policy_is_fed_its_own_file_s_features():
     adapter = ExportedPolicyAdapter(ExportedPolicy.random(spec, seed=1))
     assert adapter.feature_spec(FeatureSpec()) == spec
     assert StaticPolicy(2).feature_spec(FeatureSpec()) == FeatureSpec()
+
+
+@pytest.mark.parametrize("candidates", [None, (0, 1, 3, 5)])
+def test_ppo_picks_among_the_depths_the_server_offers(candidates):
+    """The simulator's ppo masks the actions the server does not offer as the daemon does
+    (the H200 plugin servers offered 0, 1, 3, 5): the same steps as local mode, record by
+    record, none outside the offer; offered everything, the shipped file runs depth 2 on
+    this server (so the masked run is a different policy, not the same one by chance)."""
+    from controller.default_policy import default_policy_path
+    from controller.policy_file import ExportedPolicy
+    from env.rollout import DecisionLoop
+    from env.sim.acceptance import SGLangSimulatedAcceptance
+    from env.sim.simulator import Simulator
+    from env.traces.workloads import ClosedLoop
+    from tests.lockstep import lockstep
+
+    profile = load_profile("h200_qwen3_30b_a3b")
+    policy = ExportedPolicy.load(default_policy_path())
+    sim = Simulator(profile, SGLangSimulatedAcceptance(2.5), ClosedLoop(16, 256, 128),
+                    SchedulerConfig(max_running_requests=48), seed=3)
+    loop = DecisionLoop(sim, policy.feature_spec, feedback_lag=3, horizon_s=2.0,
+                        cost_prior=profile)
+    choices = lockstep(loop, policy, profile, candidates=candidates)
+    assert len(choices) > 50
+    if candidates is None:
+        assert any(c not in (0, 1, 3, 5) for c in choices)
+    else:
+        assert set(choices) <= set(candidates) and any(c > 0 for c in choices)
+
+
+def test_candidates_are_only_for_ppo_and_must_allow_an_action():
+    from agents.policies import ExportedPolicyAdapter
+    from controller.policy_file import ExportedPolicy
+    from env.features import FeatureSpec
+
+    with pytest.raises(ValueError, match="takes no candidates"):
+        make_policy("static_3", candidates=(0, 3))
+    with pytest.raises(ValueError, match=r"candidates \[9\] allow none"):
+        ExportedPolicyAdapter(ExportedPolicy.random(FeatureSpec(), seed=1), candidates=(9,))

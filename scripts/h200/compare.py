@@ -157,9 +157,12 @@ def simulate(cell: Cell, profile: CostProfile, prior: CostProfile, client, seed:
     elif name == NO_GUARD_NAME:  # ... with its guard off
         name, guard = "ppo", NO_GUARD
     ppo = name == "ppo"
+    # ppo picks among the depths the server offered, as the daemon masks them (the H200
+    # plugin servers offered 0, 1, 3, 5: a policy free to run depth 2 is another policy).
     policy = make_policy(name, profile=profile, sim_config=config, policy_path=policy_path,
                          probe=probe if ppo else None,
-                         guard=(guard or served_guard(cell)) if ppo else None)
+                         guard=(guard or served_guard(cell)) if ppo else None,
+                         candidates=cell.candidates if ppo else None)
     # The features the policy file asks for (a carried builder: the servings' ppo policy's).
     spec = features.spec if features is not None else policy.feature_spec(FeatureSpec())
     loop = DecisionLoop(sim, spec, 3, horizon, cost_prior=prior, features=features)

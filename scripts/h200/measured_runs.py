@@ -74,6 +74,11 @@ APART = {
 }
 #: Open-loop replays of ``prefix_workload.py`` (``load_cells.py prefix``), radix cache on.
 PREFIX_WORKLOADS = ("unique_prefix", "shared_prefix")
+#: The depths a speculative server offered: ``offswitch.py``'s ``CANDIDATES`` (unchanged
+#: since it was written; also ``load_cells.py``'s and ``fidelity_explore.py``'s) and
+#: ``session.py``'s (the first sessions'); ``tests/test_h200_compare.py`` checks both.
+OFFSWITCH_CANDIDATES = (0, 1, 3, 5)
+SESSION_CANDIDATES = (0, 1, 2, 3, 5, 7)
 #: Files measured with the off path's first version (``APART["first off path"]``).
 FIRST_OFF_PATH = ("dense_off_run1.json", "dense_off_run2.json", "moe_off.json",
                   "dense_acc3.5_replay.json", "moe_acc1.1_replay.json")
@@ -120,6 +125,12 @@ class Cell:
     #: where the run file does not say; a headline replay: ``headline_rate`` of
     #: ``offswitch.py``'s files, else ``session.headline_rate()``).
     rate: float | None = None
+    #: The depths the server offered (its ``--speculative-adaptive-config`` candidates,
+    #: which the plugin sends the controller; the daemon masks the policy's other actions):
+    #: ``offswitch.py``'s ``CANDIDATES`` for its files and those of the scripts that reuse
+    #: them (``load_cells.py``, ``fidelity_explore.py``), ``session.py``'s for the first
+    #: sessions' files; None where no server offered any (no speculation).
+    candidates: tuple[int, ...] | None = None
 
     def key(self) -> str:
         """A short unique label of the cell (without the source)."""
@@ -240,11 +251,12 @@ def _offswitch(path: Path, data: dict) -> list[Cell]:
     # The replay's mean arrival rate where the file records it (HEADLINE_RATES); else the
     # default rate of session.headline_workload.
     rate = float(data["headline_rate"]) if "headline_rate" in data else None
-    common = {"model": model, "radix_cache": False, "max_running": 48, "rate": rate}
+    common = {"model": model, "radix_cache": False, "max_running": 48, "rate": rate,
+              "candidates": OFFSWITCH_CANDIDATES}
     seconds = float(data.get("closed_seconds", 10.0))
     cells = []
     if "_nospec" in name:
-        base = {**common, "server": "nospec", "acceptance": None}
+        base = {**common, "server": "nospec", "acceptance": None, "candidates": None}
         cells += _sweep(base, data.get("sweep", {}), f"{name}:sweep", "no_spec")
         cells += _closed(base, data.get("closed", {}), f"{name}:closed", "no_spec", seconds)
         if "headline" in data:
@@ -309,7 +321,7 @@ def _prefix(path: Path, data: dict) -> list[Cell]:
 
 def _session(path: Path, data: dict) -> list[Cell]:
     base = {"model": "dense", "server": "spec_sglang0", "acceptance": 3.5, "radix_cache": True,
-            "max_running": 48, "tokens": "token100"}
+            "max_running": 48, "tokens": "token100", "candidates": SESSION_CANDIDATES}
     name = path.name
     cells = []
     if name == "sweep_real.json":
@@ -333,7 +345,8 @@ def _phases(path: Path, data: dict) -> list[Cell]:
     cells = []
     if match:
         acc = float(f"{match[1]}.{match[2]}")
-        base = {**common, "server": "spec_sglang0", "acceptance": acc, "tokens": "token100"}
+        base = {**common, "server": "spec_sglang0", "acceptance": acc, "tokens": "token100",
+                "candidates": SESSION_CANDIDATES}
         # acceptance 1.1 headlines were 30 s (585 requests), 2.5 ones 40 s
         seconds = 30.0 if acc < 2 else 40.0
         for policy, r in data.items():

@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from compare import simulate
-from measured_runs import Cell
+from measured_runs import OFFSWITCH_CANDIDATES, Cell
 
 from env.sim.cost_model import load_profile
 
@@ -37,10 +37,12 @@ def replay(server, prior, acceptance: float, policy_name: str, seed: int = 0,
     GPU run's); ``policy_path`` is the exported policy ``ppo`` runs (default: shipped);
     ``reentry_warmup`` simulates the plugin's warm-up step on coming back on.
     """
-    # The GPU servers' set-up: 48 running requests, depth 0 a plain decode (off path).
+    # The GPU servers' set-up: 48 running requests, depth 0 a plain decode (off path),
+    # the depths offswitch.py's servers offered.
     cell = Cell(model="", server="spec_off", acceptance=acceptance, workload="headline",
                 concurrency=None, seconds=40.0, policy=policy_name, radix_cache=False,
-                max_running=48, source="", throughput_tok_s=0.0, mean_tpot_ms=0.0)
+                max_running=48, source="", throughput_tok_s=0.0, mean_tpot_ms=0.0,
+                candidates=OFFSWITCH_CANDIDATES)
     result = simulate(cell, server, prior, client=None, seed=seed, policy_path=policy_path,
                       sim_overrides={"reentry_warmup": True} if reentry_warmup else None)
     chosen = result.pop("steps_chosen")
