@@ -32,6 +32,12 @@ RUNS = {
     48: ("h200_qwen3_30b_a3b", ["dw r8", "ppo r8", "dw r6", "ppo r6"]),
     49: ("h200_qwen3_30b_a3b", [*RAMP, "ppo r8", "dw r8", "ppo r6", "dw r6"]),
     50: ("h100_llama31_8b", [*RAMP, "ppo r8", "dw r8", "ppo r6", "dw r6"]),
+    # Eighteenth session: c585 = the retrain policy_58513820.npz (run 53: no speculation)
+    51: ("h200_qwen3_30b_a3b", [*RAMP, "ppo r8", "c585 r8", "ppo r6", "c585 r6"]),
+    52: ("h100_llama31_8b", [*RAMP, "c585 r8", "ppo r8", "c585 r6", "ppo r6"]),
+    54: ("h200_qwen3_30b_a3b", [*RAMP, "c585 r8", "ppo r8", "static_3 r8",
+                                   "c585 r6", "ppo r6", "static_3 r6"]),
+    55: ("h100_llama31_8b", ["ppo r8", "c585 r8"]),
 }
 BANDS = (("<8", 0, 8), ("8-23", 8, 24), (">=24", 24, 10**9))
 RELOAD = re.compile(r"^(\S+ \S+) INFO controller.reload: policy reloaded")
@@ -77,8 +83,8 @@ def main() -> None:
                  if t >= t0]
         if len(times) != len(names):
             raise SystemExit(f"run {run}: {len(times)} reloads, {len(names)} names")
-        replays = {rate: json.loads((OFFSWITCH / f"moe_acc2.5_replay_{rate}_run{run}.json")
-                                    .read_text()) for rate in ("r8", "r6")}
+        replays = {rate: json.loads(path.read_text()) for rate in ("r8", "r6")
+                   if (path := OFFSWITCH / f"moe_acc2.5_replay_{rate}_run{run}.json").exists()}
         bounds = [t - t0 for t in times] + [float("inf")]
         for i, name in enumerate(names):
             if name.startswith("ramp"):
