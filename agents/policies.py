@@ -605,9 +605,16 @@ class OraclePolicy(Policy):
 
 class ExportedPolicyAdapter(Policy):
     """An exported (numpy) PPO policy, acting on ``obs.vector``, with its acceptance probe
-    (:mod:`env.probe`) applied as ``specctl-serve`` and local mode apply it."""
+    (:mod:`env.probe`) applied as ``specctl-serve`` and local mode apply it.
 
-    def __init__(self, exported, name: str = "ppo", probe=None, guard=None) -> None:
+    ``candidates``: the steps the served server offers (its HELLO's ``candidate_steps``;
+    ``scripts/h200/offswitch.py``'s servers offer 0, 1, 3, 5): the policy's other actions
+    are masked out before the arg-max and for the guard and the probe, as
+    :func:`controller.decider.evaluate` masks them (None: every action, as before).
+    """
+
+    def __init__(self, exported, name: str = "ppo", probe=None, guard=None,
+                 candidates: Sequence[int] | None = None) -> None:
         self.exported = exported
         self.name = name
         #: The probe (None: the policy file's); the features must keep its budget
@@ -617,17 +624,29 @@ class ExportedPolicyAdapter(Policy):
         self.guard = exported.guard if guard is None else guard
         self._columns = guard_columns(exported.feature_spec)
         self._actions = np.asarray(exported.actions)
+        self._allowed: np.ndarray | None = None
+        if candidates is not None:
+            from controller.decider import allowed_actions
+
+            self._allowed = allowed_actions(self._actions, candidates)
+            if self._allowed is not None and not self._allowed.any():
+                raise ValueError(f"no action of the policy ({exported.actions}) is among "
+                                 f"the candidates {list(candidates)}")
 
     def feature_spec(self, default: FeatureSpec) -> FeatureSpec:
         return self.exported.feature_spec
 
     def act(self, obs: Observation) -> int:
         vector = obs.vector.reshape(1, -1)
-        index = np.argmax(self.exported.logits(vector), axis=-1).reshape(1, 1)
+        logits = self.exported.logits(vector)
+        allowed = self._allowed
+        if allowed is not None:  # -inf where the server cannot run the action
+            logits = logits + np.where(allowed, 0.0, -np.inf)[None, :]
+        index = np.argmax(logits, axis=-1).reshape(1, 1)
         # The guard first, then the probe: as controller.decider.evaluate applies them.
-        apply_guard(self.guard, self._columns, vector, index, self._actions, [None])
+        apply_guard(self.guard, self._columns, vector, index, self._actions, [allowed])
         if obs.probing:  # the features' probe budget: see DecisionLoop's ``probe``
-            apply_probe(self.probe, index, self._actions, [obs.probing], [None])
+            apply_probe(self.probe, index, self._actions, [obs.probing], [allowed])
         return int(self._actions[index[0, 0]])
 
 
@@ -638,18 +657,23 @@ POLICY_NAMES = ("no_spec", "static_<d>", "table", "sglang_adaptive", "goodput_gr
 
 def make_policy(name: str, *, profile=None, max_depth: int = 7, policy_path: str | None = None,
                 sim_config: SchedulerConfig | None = None,
-                options: dict | None = None, probe=None, guard=None) -> Policy:
+                options: dict | None = None, probe=None, guard=None,
+                candidates: Sequence[int] | None = None) -> Policy:
     """Build a policy from its command-line name (see the module docstring).
 
     ``options``: keyword arguments of ``goodput_explore``'s constructor (e.g.
     ``accept_prior_strength``); no other policy takes any. ``probe``: the acceptance probe
     (:class:`env.probe.ProbeSpec`) ``ppo`` runs with instead of its file's (None: the
-    file's); ``guard``: its goodput guard (:class:`env.guard.GuardSpec`) likewise.
+    file's); ``guard``: its goodput guard (:class:`env.guard.GuardSpec`) likewise;
+    ``candidates``: the steps the served server offers, ``ppo``'s other actions masked
+    (:class:`ExportedPolicyAdapter`; None: all).
     """
     if probe is not None and name != "ppo":
         raise ValueError(f"policy {name!r} has no acceptance probe (only ppo)")
     if guard is not None and name != "ppo":
         raise ValueError(f"policy {name!r} has no goodput guard (only ppo)")
+    if candidates is not None and name != "ppo":
+        raise ValueError(f"policy {name!r} takes no candidate steps (only ppo)")
     if options and name != "goodput_explore":
         raise ValueError(f"policy {name!r} takes no options (got {sorted(options)})")
     if name == "no_spec":
@@ -686,5 +710,5 @@ def make_policy(name: str, *, profile=None, max_depth: int = 7, policy_path: str
         from controller.policy_file import ExportedPolicy
 
         return ExportedPolicyAdapter(ExportedPolicy.load(policy_path or default_policy_path()),
-                                     probe=probe, guard=guard)
+                                     probe=probe, guard=guard, candidates=candidates)
     raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")

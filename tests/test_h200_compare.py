@@ -806,3 +806,53 @@ def test_replays_at_a_rate_are_read_with_their_rate_and_simulated_at_it(tmp_path
     # an EXTRA_POLICIES name is read but not simulable (compare.py says so and skips it)
     assert compare.simulable("static_0") and compare.simulable("ppo")
     assert not compare.simulable(by_key["spec_off@2.5 headline 8/s 40s local"].policy)
+
+
+def test_plugin_cells_carry_the_steps_their_server_offered(tmp_path):
+    """offswitch.py's / load_cells.py's plugin servers offered 0, 1, 3, 5 (their adaptive
+    config); a file that records its candidates is read as recorded; servers without the
+    plugin's controller offer nothing to mask."""
+    import offswitch
+    from measured_runs import OFFSWITCH_CANDIDATES
+
+    assert list(OFFSWITCH_CANDIDATES) == offswitch.CANDIDATES
+    summary = {"throughput_tok_s": 100.0, "mean_tpot_ms": 5.0}
+    (tmp_path / "moe_acc2.5_replay_r6_run48.json").write_text(json.dumps({
+        "acceptance": 2.5, "profile": "h200_qwen3_30b_a3b", "headline_rate": 6.0,
+        "headline_ppo": summary}))
+    (tmp_path / "dense_acc3.5_replay_run2.json").write_text(json.dumps({
+        "acceptance": 3.5, "candidates": [0, 3], "headline_ppo": summary}))
+    (tmp_path / "moe_acc2.5_sglang_run6.json").write_text(json.dumps({
+        "acceptance": 2.5, "headline_sglang_adaptive": summary}))
+    (tmp_path / "moe_nospec_replay_r6_run47.json").write_text(json.dumps({
+        "headline_rate": 6.0, "headline": summary}))
+    cells, _ = read_run_dir(tmp_path)
+    by_file = {c.source.split(":")[0]: c.candidates for c in cells}
+    assert by_file == {"moe_acc2.5_replay_r6_run48.json": (0, 1, 3, 5),
+                       "dense_acc3.5_replay_run2.json": (0, 3),
+                       "moe_acc2.5_sglang_run6.json": None,
+                       "moe_nospec_replay_r6_run47.json": None}
+
+
+def test_a_ppo_cell_runs_only_the_steps_its_server_offered():
+    """The shipped file's first choice on the MoE @ 2.5 replay at 6 req/s with the
+    warm-up is depth 2, which the plugin's servers never ran (runs 37-50 offered 0, 1, 3,
+    5): simulated over every depth it runs 2 on most decisions, over the server's steps
+    never (replay_policies.py masks the same way by default)."""
+    import replay_policies
+
+    from env.sim.cost_model import load_profile
+
+    server = load_profile(REPO_ROOT / "docs/results/h200/fidelity/moe_real_spec.yaml")
+    prior = load_profile("h200_qwen3_30b_a3b")
+    cell = Cell(model="moe", server="spec_off", acceptance=2.5, workload="headline",
+                concurrency=None, seconds=40.0, policy="ppo", radix_cache=False,
+                max_running=48, source="", throughput_tok_s=1.0, mean_tpot_ms=1.0,
+                rate=6.0, candidates=(0, 1, 3, 5))
+    warm = {"reentry_warmup": True}
+    served = compare.simulate(cell, server, prior, None, sim_overrides=warm)["steps_chosen"]
+    every = compare.simulate(replace(cell, candidates=None), server, prior, None,
+                             sim_overrides=warm)["steps_chosen"]
+    assert served[2] == served[4] == served[6] == served[7] == 0 and sum(served) > 0
+    assert every[2] > 0.5 * sum(every)
+    assert set(replay_policies.replay(server, prior, 2.5, "ppo")["depth_share"]) <= {0, 1, 3, 5}

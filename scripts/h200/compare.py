@@ -157,9 +157,12 @@ def simulate(cell: Cell, profile: CostProfile, prior: CostProfile, client, seed:
     elif name == NO_GUARD_NAME:  # ... with its guard off
         name, guard = "ppo", NO_GUARD
     ppo = name == "ppo"
+    # The controller masks the policy's actions to the steps the server offers
+    # (``Cell.candidates``; the simulated server itself would run any depth).
     policy = make_policy(name, profile=profile, sim_config=config, policy_path=policy_path,
                          probe=probe if ppo else None,
-                         guard=(guard or served_guard(cell)) if ppo else None)
+                         guard=(guard or served_guard(cell)) if ppo else None,
+                         candidates=cell.candidates if ppo else None)
     # The features the policy file asks for (a carried builder: the servings' ppo policy's).
     spec = features.spec if features is not None else policy.feature_spec(FeatureSpec())
     loop = DecisionLoop(sim, spec, 3, horizon, cost_prior=prior, features=features)
@@ -533,6 +536,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="simulate the first step back on after off as the plugin's "
                              "warm-up (SchedulerConfig.reentry_warmup), not a cold drafting "
                              "step (the default: see the field)")
+    parser.add_argument("--all-depths", action="store_true",
+                        help="let PPO cells run every depth of their policy, not only the "
+                             "steps their server offered (Cell.candidates: what the "
+                             "simulator did before the eighteenth session)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     sim_overrides = {"reentry_warmup": True} if args.reentry_warmup else None
@@ -554,6 +561,8 @@ def main(argv: list[str] | None = None) -> int:
     policies = known_policies(args.policy_file)
     for run in args.runs:
         cells, skipped = read_run_dir(run)
+        if args.all_depths:
+            cells = [dataclasses.replace(c, candidates=None) for c in cells]
         for name, why in skipped.items():
             print(f"skipped {run}/{name}: {why}", file=sys.stderr)
         by_source = {cell.source: cell for cell in cells}
@@ -609,7 +618,7 @@ def main(argv: list[str] | None = None) -> int:
         (out / f"fidelity_{model}.json").write_text(json.dumps(
             {"profiles": {k: v for k, v in names.items() if k.split(".")[0] == model},
              "prior": args.prior, "prior_files": prior_files, "runs": args.runs,
-             "sim_overrides": sim_overrides or {},
+             "sim_overrides": sim_overrides or {}, "all_depths": args.all_depths,
              "cells": rows}, indent=2))
         text = table(model, rows, names)
         (out / f"fidelity_{model}.md").write_text(text)

@@ -58,6 +58,12 @@ SERVERS = ("nospec", "spec_off", "spec_sglang0")
 #: ``token100`` (SGLang 0.5.15's default simulated-acceptance mode writes id 100 for every
 #: generated token; on the random-weight MoE that collapses the expert routing).
 TOKEN_MODES = {"fixed": "token100", "real-draft-token": "real"}
+#: The steps every speculative server of ``offswitch.py`` (and ``load_cells.py``, which
+#: starts its servers through it) offered the controller: its ``CANDIDATES``, the
+#: adaptive config's ``candidate_steps`` since its first run. The controller masks the
+#: policy's other actions (``controller.decider.allowed_actions``), so the shipped file's
+#: depth 2, its first choice at most states of the MoE @ 2.5 replay, never ran there.
+OFFSWITCH_CANDIDATES = (0, 1, 3, 5)
 #: Why a cell is reported apart from the representative ones (docs/FIDELITY.md).
 APART = {
     "token-100": "MoE run with SGLang's default simulated-acceptance tokens (id 100 for "
@@ -120,6 +126,11 @@ class Cell:
     #: where the run file does not say; a headline replay: ``headline_rate`` of
     #: ``offswitch.py``'s files, else ``session.headline_rate()``).
     rate: float | None = None
+    #: The steps the server offered the controller (its speculative adaptive config's
+    #: ``candidate_steps``, the HELLO's): ``candidates`` of the run file, else
+    #: :data:`OFFSWITCH_CANDIDATES` for ``offswitch.py`` / ``load_cells.py`` files of a
+    #: speculative server; None where not known (every depth, as simulated before).
+    candidates: tuple[int, ...] | None = None
 
     def key(self) -> str:
         """A short unique label of the cell (without the source)."""
@@ -266,7 +277,10 @@ def _offswitch(path: Path, data: dict) -> list[Cell]:
         server = "spec_sglang0" if "_sglang" in name else "spec_off"
         base = {**common, "server": server, "acceptance": float(data["acceptance"]),
                 "prior": data.get("profile"), "tokens": TOKEN_MODES[mode],
-                "policy_sha256": data.get("policy_sha256"), "guard": data.get("guard")}
+                "policy_sha256": data.get("policy_sha256"), "guard": data.get("guard"),
+                # the plugin's servers' (SGLang's own rule ran its own config, no ppo)
+                "candidates": (tuple(data.get("candidates") or OFFSWITCH_CANDIDATES)
+                               if server == "spec_off" else None)}
         for key, r in data.items():
             if key.startswith("headline_") and key != "headline_rate":
                 cells.append(_cell(base, r, f"{name}:{key}", workload="headline",
