@@ -856,3 +856,28 @@ def test_a_ppo_cell_runs_only_the_steps_its_server_offered():
     assert served[2] == served[4] == served[6] == served[7] == 0 and sum(served) > 0
     assert every[2] > 0.5 * sum(every)
     assert set(replay_policies.replay(server, prior, 2.5, "ppo")["depth_share"]) <= {0, 1, 3, 5}
+
+
+@pytest.mark.parametrize("server", ["spec_off", "spec_sglang0", "nospec"])
+def test_the_plugins_servers_are_simulated_with_its_switch_hold(monkeypatch, server):
+    """A spec_off cell is the plugin's server: its default hold between depth switches
+    (SPECCTL_MIN_SWITCH_STEPS), unless the overrides say otherwise; other servers none."""
+    from sglang_hooks.config import PluginConfig
+
+    assert PluginConfig().min_switch_steps == compare.PLUGIN_MIN_SWITCH_STEPS
+    seen = []
+
+    class Recording(compare.Simulator):
+        def __init__(self, profile, acceptance, workload, config, seed=0):
+            seen.append(config.min_switch_steps)
+            super().__init__(profile, acceptance, workload, config, seed=seed)
+
+    monkeypatch.setattr(compare, "Simulator", Recording)
+    cell = Cell(model="moe", server=server, acceptance=2.5, workload="one_batch",
+                concurrency=2, seconds=None, policy="static_0", radix_cache=False,
+                max_running=48, source="", throughput_tok_s=1.0, mean_tpot_ms=1.0)
+    profile = compare.load_profile("h200_qwen3_30b_a3b")
+    client = compare.OmegaConf.create({"start_interval_s": 0.0, "client_overhead_s": 0.0})
+    compare.simulate(cell, profile, profile, client)
+    compare.simulate(cell, profile, profile, client, sim_overrides={"min_switch_steps": 0})
+    assert seen == [4 if server == "spec_off" else 0, 0]

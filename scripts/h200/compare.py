@@ -89,6 +89,10 @@ NO_GUARD_NAME = "ppo_noguard"
 PPO_NAMES = ("ppo", NO_PROBE_NAME, NO_GUARD_NAME)
 #: Target of issue 13: throughput and mean TPOT within this relative error.
 TOLERANCE = 0.10
+#: The plugin's hold between depth switches (``SPECCTL_MIN_SWITCH_STEPS``' default,
+#: ``sglang_hooks.config.PluginConfig.min_switch_steps``; no recorded run set it), which
+#: a ``spec_off`` cell (the plugin's server) simulates (``SchedulerConfig.min_switch_steps``).
+PLUGIN_MIN_SWITCH_STEPS = 4
 
 
 def workload_of(cell: Cell, client) -> tuple[object, float | None]:
@@ -141,11 +145,15 @@ def simulate(cell: Cell, profile: CostProfile, prior: CostProfile, client, seed:
     # more decode step (``SchedulerConfig.finish_lag_steps``).
     # SGLang's radix cache where the run had it on; it saves work only where the workload
     # says which prompts share prefixes (``Workload.prefix_blocks``: the prefix replays).
+    # The plugin holds a depth it switched to for a few steps (its off periods on the
+    # H200 last 4 steps at least: docs/results/fid18/).
+    hold = PLUGIN_MIN_SWITCH_STEPS if cell.server == "spec_off" else 0
     config = SchedulerConfig.from_profile(profile, max_running_requests=cell.max_running,
                                           zero_step=zero_step,
                                           finish_lag_steps=finish_lag_steps,
                                           prefix_cache=cell.radix_cache,
-                                          **(sim_overrides or {}))
+                                          **{"min_switch_steps": hold,
+                                             **(sim_overrides or {})})
     # No simulated acceptance: random draft weights accept nothing. Simulated acceptance
     # is one draw per verify step for the whole batch, as SGLang's.
     acceptance = SGLangSimulatedAcceptance(cell.acceptance or 1.0,
@@ -540,9 +548,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="let PPO cells run every depth of their policy, not only the "
                              "steps their server offered (Cell.candidates: what the "
                              "simulator did before the eighteenth session)")
+    parser.add_argument("--no-switch-hold", action="store_true",
+                        help="run every decision at once on the plugin's servers, without "
+                             "its hold between depth switches (PLUGIN_MIN_SWITCH_STEPS; "
+                             "what the simulator did before the eighteenth session)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
-    sim_overrides = {"reentry_warmup": True} if args.reentry_warmup else None
+    sim_overrides = {"reentry_warmup": True} if args.reentry_warmup else {}
+    if args.no_switch_hold:
+        sim_overrides["min_switch_steps"] = 0
+    sim_overrides = sim_overrides or None
     probe = {"file": None, "on": DEFAULT_PROBE, "off": NO_PROBE}[args.probe]
     guard = {"run": None, "on": DEFAULT_GUARD, "off": NO_GUARD}[args.guard]
     names = profile_names(args.profile, parser)
@@ -619,6 +634,7 @@ def main(argv: list[str] | None = None) -> int:
             {"profiles": {k: v for k, v in names.items() if k.split(".")[0] == model},
              "prior": args.prior, "prior_files": prior_files, "runs": args.runs,
              "sim_overrides": sim_overrides or {}, "all_depths": args.all_depths,
+             "switch_hold": 0 if args.no_switch_hold else PLUGIN_MIN_SWITCH_STEPS,
              "cells": rows}, indent=2))
         text = table(model, rows, names)
         (out / f"fidelity_{model}.md").write_text(text)
