@@ -106,7 +106,10 @@ class SchedulerConfig:
     #: 96 cells at evaluation seed 0 against 95, mostly through the oracle's re-entry
     #: price), and on the shipped file's H200 cells it moved the simulated TPOT further
     #: from the measured (runs 46-50: mean error 3.70% against 0.88%), closer on run 44 at
-    #: 8 req/s (docs/results/warm17/README.md). Turn it on to train a policy whose
+    #: 8 req/s (docs/results/warm17/README.md). Those replays let the policy run depth 2,
+    #: which those servers did not offer; with the server's steps and the plugin's switch
+    #: hold the warm-up moves the simulated decisions toward the GPU's
+    #: (docs/results/fid18/README.md). Turn it on to train a policy whose
     #: features leave the warm-up out (FeatureSpec.drop_warmup_latency).
     reentry_warmup: bool = False
     #: Lasting acceptance loss of requests that decoded while speculation was off.
