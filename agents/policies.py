@@ -38,7 +38,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from controller.decider import allowed_actions
 from env.features import FeatureSpec, Observation
 from env.guard import apply_guard, guard_columns
 from env.probe import apply_probe
@@ -606,7 +605,13 @@ class OraclePolicy(Policy):
 
 class ExportedPolicyAdapter(Policy):
     """An exported (numpy) PPO policy, acting on ``obs.vector``, with its acceptance probe
-    (:mod:`env.probe`) applied as ``specctl-serve`` and local mode apply it."""
+    (:mod:`env.probe`) applied as ``specctl-serve`` and local mode apply it.
+
+    ``candidates``: the steps the served server offers (its HELLO's ``candidate_steps``;
+    ``scripts/h200/offswitch.py``'s servers offer 0, 1, 3, 5): the policy's other actions
+    are masked out before the arg-max and for the guard and the probe, as
+    :func:`controller.decider.evaluate` masks them (None: every action, as before).
+    """
 
     def __init__(self, exported, name: str = "ppo", probe=None, guard=None,
                  candidates: Sequence[int] | None = None) -> None:
@@ -619,12 +624,14 @@ class ExportedPolicyAdapter(Policy):
         self.guard = exported.guard if guard is None else guard
         self._columns = guard_columns(exported.feature_spec)
         self._actions = np.asarray(exported.actions)
-        # The depths the server offers (its adaptive config's candidates, which the plugin
-        # sends the daemon): the daemon masks the others (controller.decider.evaluate).
-        self._allowed = allowed_actions(self._actions, candidates)
-        if self._allowed is not None and not self._allowed.any():
-            raise ValueError(f"candidates {list(candidates)} allow none of the policy's "
-                             f"actions {self._actions.tolist()}")
+        self._allowed: np.ndarray | None = None
+        if candidates is not None:
+            from controller.decider import allowed_actions
+
+            self._allowed = allowed_actions(self._actions, candidates)
+            if self._allowed is not None and not self._allowed.any():
+                raise ValueError(f"no action of the policy ({exported.actions}) is among "
+                                 f"the candidates {list(candidates)}")
 
     def feature_spec(self, default: FeatureSpec) -> FeatureSpec:
         return self.exported.feature_spec
@@ -632,14 +639,14 @@ class ExportedPolicyAdapter(Policy):
     def act(self, obs: Observation) -> int:
         vector = obs.vector.reshape(1, -1)
         logits = self.exported.logits(vector)
-        if self._allowed is not None:  # -inf where the server cannot run the action
-            logits = logits + np.where(self._allowed, 0.0, -np.inf)
+        allowed = self._allowed
+        if allowed is not None:  # -inf where the server cannot run the action
+            logits = logits + np.where(allowed, 0.0, -np.inf)[None, :]
         index = np.argmax(logits, axis=-1).reshape(1, 1)
         # The guard first, then the probe: as controller.decider.evaluate applies them.
-        allowed = [self._allowed]
-        apply_guard(self.guard, self._columns, vector, index, self._actions, allowed)
+        apply_guard(self.guard, self._columns, vector, index, self._actions, [allowed])
         if obs.probing:  # the features' probe budget: see DecisionLoop's ``probe``
-            apply_probe(self.probe, index, self._actions, [obs.probing], allowed)
+            apply_probe(self.probe, index, self._actions, [obs.probing], [allowed])
         return int(self._actions[index[0, 0]])
 
 
@@ -658,15 +665,15 @@ def make_policy(name: str, *, profile=None, max_depth: int = 7, policy_path: str
     ``accept_prior_strength``); no other policy takes any. ``probe``: the acceptance probe
     (:class:`env.probe.ProbeSpec`) ``ppo`` runs with instead of its file's (None: the
     file's); ``guard``: its goodput guard (:class:`env.guard.GuardSpec`) likewise;
-    ``candidates``: the depths the server offers ``ppo`` (None: all its actions), as the
-    daemon masks them for a server whose adaptive config lists fewer.
+    ``candidates``: the steps the served server offers, ``ppo``'s other actions masked
+    (:class:`ExportedPolicyAdapter`; None: all).
     """
-    if candidates is not None and name != "ppo":
-        raise ValueError(f"policy {name!r} takes no candidates (only ppo)")
     if probe is not None and name != "ppo":
         raise ValueError(f"policy {name!r} has no acceptance probe (only ppo)")
     if guard is not None and name != "ppo":
         raise ValueError(f"policy {name!r} has no goodput guard (only ppo)")
+    if candidates is not None and name != "ppo":
+        raise ValueError(f"policy {name!r} takes no candidate steps (only ppo)")
     if options and name != "goodput_explore":
         raise ValueError(f"policy {name!r} takes no options (got {sorted(options)})")
     if name == "no_spec":

@@ -137,9 +137,10 @@ class DecisionLoop:
         record = sim.decode(asked)
         self.decisions += 1
         # The depth decided, which is the depth run except at a warm-up (a step asked for
-        # depth > 0 right after off runs SGLang's steps=0 once: ``reentry_warmup``).
+        # depth > 0 right after off runs SGLang's steps=0 once: ``reentry_warmup``) and
+        # while the plugin holds a depth (``min_switch_steps``).
         self.steps_chosen[asked] += 1
-        self.warmups += record.steps_used != asked
+        self.warmups += sim.last_warmup
         violating = self._slo_violations(record)
         self._pending.append(record)
         if sim.time_s < self.end_s:

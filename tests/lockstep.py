@@ -54,21 +54,19 @@ def probe_states(builder: FeatureBuilder, records: Iterable[StepRecord]) -> list
 
 
 def lockstep(loop: DecisionLoop, policy: ExportedPolicy, profile, seed: int = 3,
-             run: Callable[[int, int], int] = lambda compared, choice: choice,
-             candidates: tuple[int, ...] | None = None) -> list[int]:
+             run: Callable[[int, int], int] = lambda compared, choice: choice) -> list[int]:
     """Run ``loop`` to its end with ``policy``, asserting at every step whose records
     reached local mode that both chose the same steps; the simulator's choices, in order.
 
     ``run(compared, choice)``: the steps the loop then runs (default: the choice), given
-    how many steps were compared so far; ``candidates``: the depths the server offers
-    (None: all).
+    how many steps were compared so far.
     """
     released = []
     feed = loop.features.update
     loop.features.update = lambda r: (released.append(r), feed(r))[1]
-    adapter = ExportedPolicyAdapter(policy, candidates=candidates)
+    adapter = ExportedPolicyAdapter(policy)
     loop.features.set_probe(adapter.probe)
-    local = StreamDecider(policy, candidates, profile)
+    local = StreamDecider(policy, None, profile)
     obs = loop.reset(seed=seed)
     sent, compared, choices = 0, 0, []
     while obs is not None:

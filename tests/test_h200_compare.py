@@ -808,22 +808,76 @@ def test_replays_at_a_rate_are_read_with_their_rate_and_simulated_at_it(tmp_path
     assert not compare.simulable(by_key["spec_off@2.5 headline 8/s 40s local"].policy)
 
 
-def test_measured_cells_carry_the_depths_their_server_offered():
-    """The simulated ppo picks among the depths the GPU server offered (the daemon masks
-    the rest): offswitch.py's servers offered its CANDIDATES, the first sessions'
-    session.py's; a server without speculation none."""
+def test_plugin_cells_carry_the_steps_their_server_offered(tmp_path):
+    """offswitch.py's / load_cells.py's plugin servers offered 0, 1, 3, 5 (their adaptive
+    config); a file that records its candidates is read as recorded; servers without the
+    plugin's controller offer nothing to mask."""
     import offswitch
-    import session
-    from measured_runs import OFFSWITCH_CANDIDATES, SESSION_CANDIDATES
+    from measured_runs import OFFSWITCH_CANDIDATES
 
-    assert tuple(offswitch.CANDIDATES) == OFFSWITCH_CANDIDATES
-    assert tuple(session.CANDIDATES) == SESSION_CANDIDATES
-    root = Path(__file__).resolve().parents[1] / "docs/results/h200"
-    cells, _ = read_run_dir(root / "offswitch")
-    by_server = {}
-    for cell in cells:
-        by_server.setdefault(cell.server, set()).add(cell.candidates)
-    assert by_server["spec_off"] == {OFFSWITCH_CANDIDATES}
-    assert by_server["nospec"] == {None}
-    first, _ = read_run_dir(root)
-    assert {c.candidates for c in first if c.server == "spec_sglang0"} == {SESSION_CANDIDATES}
+    assert list(OFFSWITCH_CANDIDATES) == offswitch.CANDIDATES
+    summary = {"throughput_tok_s": 100.0, "mean_tpot_ms": 5.0}
+    (tmp_path / "moe_acc2.5_replay_r6_run48.json").write_text(json.dumps({
+        "acceptance": 2.5, "profile": "h200_qwen3_30b_a3b", "headline_rate": 6.0,
+        "headline_ppo": summary}))
+    (tmp_path / "dense_acc3.5_replay_run2.json").write_text(json.dumps({
+        "acceptance": 3.5, "candidates": [0, 3], "headline_ppo": summary}))
+    (tmp_path / "moe_acc2.5_sglang_run6.json").write_text(json.dumps({
+        "acceptance": 2.5, "headline_sglang_adaptive": summary}))
+    (tmp_path / "moe_nospec_replay_r6_run47.json").write_text(json.dumps({
+        "headline_rate": 6.0, "headline": summary}))
+    cells, _ = read_run_dir(tmp_path)
+    by_file = {c.source.split(":")[0]: c.candidates for c in cells}
+    assert by_file == {"moe_acc2.5_replay_r6_run48.json": (0, 1, 3, 5),
+                       "dense_acc3.5_replay_run2.json": (0, 3),
+                       "moe_acc2.5_sglang_run6.json": None,
+                       "moe_nospec_replay_r6_run47.json": None}
+
+
+def test_a_ppo_cell_runs_only_the_steps_its_server_offered():
+    """The shipped file's first choice on the MoE @ 2.5 replay at 6 req/s with the
+    warm-up is depth 2, which the plugin's servers never ran (runs 37-50 offered 0, 1, 3,
+    5): simulated over every depth it runs 2 on most decisions, over the server's steps
+    never (replay_policies.py masks the same way by default)."""
+    import replay_policies
+
+    from env.sim.cost_model import load_profile
+
+    server = load_profile(REPO_ROOT / "docs/results/h200/fidelity/moe_real_spec.yaml")
+    prior = load_profile("h200_qwen3_30b_a3b")
+    cell = Cell(model="moe", server="spec_off", acceptance=2.5, workload="headline",
+                concurrency=None, seconds=40.0, policy="ppo", radix_cache=False,
+                max_running=48, source="", throughput_tok_s=1.0, mean_tpot_ms=1.0,
+                rate=6.0, candidates=(0, 1, 3, 5))
+    warm = {"reentry_warmup": True}
+    served = compare.simulate(cell, server, prior, None, sim_overrides=warm)["steps_chosen"]
+    every = compare.simulate(replace(cell, candidates=None), server, prior, None,
+                             sim_overrides=warm)["steps_chosen"]
+    assert served[2] == served[4] == served[6] == served[7] == 0 and sum(served) > 0
+    assert every[2] > 0.5 * sum(every)
+    assert set(replay_policies.replay(server, prior, 2.5, "ppo")["depth_share"]) <= {0, 1, 3, 5}
+
+
+@pytest.mark.parametrize("server", ["spec_off", "spec_sglang0", "nospec"])
+def test_the_plugins_servers_are_simulated_with_its_switch_hold(monkeypatch, server):
+    """A spec_off cell is the plugin's server: its default hold between depth switches
+    (SPECCTL_MIN_SWITCH_STEPS), unless the overrides say otherwise; other servers none."""
+    from sglang_hooks.config import PluginConfig
+
+    assert PluginConfig().min_switch_steps == compare.PLUGIN_MIN_SWITCH_STEPS
+    seen = []
+
+    class Recording(compare.Simulator):
+        def __init__(self, profile, acceptance, workload, config, seed=0):
+            seen.append(config.min_switch_steps)
+            super().__init__(profile, acceptance, workload, config, seed=seed)
+
+    monkeypatch.setattr(compare, "Simulator", Recording)
+    cell = Cell(model="moe", server=server, acceptance=2.5, workload="one_batch",
+                concurrency=2, seconds=None, policy="static_0", radix_cache=False,
+                max_running=48, source="", throughput_tok_s=1.0, mean_tpot_ms=1.0)
+    profile = compare.load_profile("h200_qwen3_30b_a3b")
+    client = compare.OmegaConf.create({"start_interval_s": 0.0, "client_overhead_s": 0.0})
+    compare.simulate(cell, profile, profile, client)
+    compare.simulate(cell, profile, profile, client, sim_overrides={"min_switch_steps": 0})
+    assert seen == [4 if server == "spec_off" else 0, 0]

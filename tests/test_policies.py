@@ -15,7 +15,7 @@ from agents.policies import (
     StaticTablePolicy,
     make_policy,
 )
-from env.features import FeatureBuilder
+from env.features import FeatureBuilder, FeatureSpec
 from env.sim.acceptance import SGLangSimulatedAcceptance
 from env.sim.cost_model import load_profile
 from env.sim.simulator import SchedulerConfig, Simulator
@@ -379,40 +379,57 @@ def test_a_trained_policy_is_fed_its_own_file_s_features():
     assert StaticPolicy(2).feature_spec(FeatureSpec()) == FeatureSpec()
 
 
-@pytest.mark.parametrize("candidates", [None, (0, 1, 3, 5)])
-def test_ppo_picks_among_the_depths_the_server_offers(candidates):
-    """The simulator's ppo masks the actions the server does not offer as the daemon does
-    (the H200 plugin servers offered 0, 1, 3, 5): the same steps as local mode, record by
-    record, none outside the offer; offered everything, the shipped file runs depth 2 on
-    this server (so the masked run is a different policy, not the same one by chance)."""
-    from controller.default_policy import default_policy_path
+@pytest.mark.parametrize("candidates", [None, (0, 1, 3, 5), (0, 3, 5), (1, 3)])
+@pytest.mark.parametrize("probing", [0, 1, 2])
+def test_the_adapter_decides_as_the_daemon_over_the_servers_candidate_steps(candidates,
+                                                                             probing):
+    """The simulator's ppo adapter, given the steps a server offers, masks the policy's
+    other actions as controller.decider.evaluate does (the arg-max, the guard, the probe:
+    the probe's depth 1 is not offered by (0, 3, 5), so it probes at 3 there)."""
+    from types import SimpleNamespace
+
+    from agents.policies import ExportedPolicyAdapter
+    from controller.decider import allowed_actions, evaluate
     from controller.policy_file import ExportedPolicy
-    from env.rollout import DecisionLoop
-    from env.sim.acceptance import SGLangSimulatedAcceptance
-    from env.sim.simulator import Simulator
-    from env.traces.workloads import ClosedLoop
-    from tests.lockstep import lockstep
+    from env.guard import NO_GUARD, GuardSpec
 
-    profile = load_profile("h200_qwen3_30b_a3b")
-    policy = ExportedPolicy.load(default_policy_path())
-    sim = Simulator(profile, SGLangSimulatedAcceptance(2.5), ClosedLoop(16, 256, 128),
-                    SchedulerConfig(max_running_requests=48), seed=3)
-    loop = DecisionLoop(sim, policy.feature_spec, feedback_lag=3, horizon_s=2.0,
-                        cost_prior=profile)
-    choices = lockstep(loop, policy, profile, candidates=candidates)
-    assert len(choices) > 50
-    if candidates is None:
-        assert any(c not in (0, 1, 3, 5) for c in choices)
-    else:
-        assert set(choices) <= set(candidates) and any(c > 0 for c in choices)
+    spec = FeatureSpec()
+    policy = ExportedPolicy.random(spec, seed=3)
+    # a guard that acts on these random rows now and then (its margin is a log price)
+    guard = GuardSpec(margin=-0.2, confidence=0.01, max_profile_error=1.0)
+    adapter = ExportedPolicyAdapter(policy, guard=guard, candidates=candidates)
+    actions = np.asarray(policy.actions)
+    allowed = allowed_actions(actions, candidates)
+    rng = np.random.default_rng(7)
+    rows = len(spec.batch_grid)
+    chosen = set()
+    guarded = 0
+    for _ in range(20):
+        grid = rng.normal(0.0, 1.0, size=(rows, spec.size)).astype(np.float32)
+        index = evaluate(policy, [grid.copy()], [allowed], [probing] if probing else None,
+                         policy.probe, guard)[0][0]
+        unguarded = evaluate(policy, [grid.copy()], [allowed], [probing] if probing else None,
+                             policy.probe, NO_GUARD)[0][0]
+        guarded += int((index != unguarded).sum())
+        for row in range(rows):
+            obs = SimpleNamespace(vector=grid[row].copy(), probing=probing)
+            got = adapter.act(obs)
+            assert got == actions[index[row]]
+            chosen.add(got)
+    # the guard's path is exercised where it can act (off offered, no off probe)
+    assert guarded > 0 or probing == 2 or (candidates is not None and 0 not in candidates)
+    if candidates is not None:
+        assert chosen <= set(candidates)
+    elif probing != 2:  # the random policy picks actions no server above offers
+        assert chosen - {0, 1, 3, 5}
 
 
-def test_candidates_are_only_for_ppo_and_must_allow_an_action():
+def test_candidates_that_leave_no_action_are_refused():
     from agents.policies import ExportedPolicyAdapter
     from controller.policy_file import ExportedPolicy
-    from env.features import FeatureSpec
 
-    with pytest.raises(ValueError, match="takes no candidates"):
+    policy = ExportedPolicy.random(FeatureSpec(), actions=[0, 2, 4], seed=1)
+    with pytest.raises(ValueError, match="no action of the policy"):
+        ExportedPolicyAdapter(policy, candidates=(1, 3))
+    with pytest.raises(ValueError, match="takes no candidate steps"):
         make_policy("static_3", candidates=(0, 3))
-    with pytest.raises(ValueError, match=r"candidates \[9\] allow none"):
-        ExportedPolicyAdapter(ExportedPolicy.random(FeatureSpec(), seed=1), candidates=(9,))

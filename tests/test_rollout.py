@@ -286,3 +286,24 @@ def test_steps_chosen_counts_the_depth_decided_and_warmups_apart(warmup):
     transitions = sum(a == 0 < b for a, b in itertools.pairwise(asked))
     assert result.warmups == (transitions if warmup else 0)
     assert sum(r.steps_used == 0 for r in ran) == result.steps_chosen[0] + result.warmups
+
+
+def test_warmups_are_counted_where_they_ran_while_the_plugin_holds_a_depth():
+    """With ``min_switch_steps`` a decision may run another depth than it asked (the
+    held one): ``warmups`` counts the steps that ran as the warm-up, not every decision
+    whose record differs from it."""
+    loop = _loop(concurrency=4, output=60)
+    loop.sim.config = dataclasses.replace(loop.sim.config, reentry_warmup=True,
+                                          min_switch_steps=4)
+    warm = []
+    decode = loop.sim.decode
+
+    def logged(depth):
+        record = decode(depth)
+        warm.append(loop.sim.last_warmup)
+        return record
+
+    loop.sim.decode = logged
+    result = rollout(loop, _Pattern([0, 3, 3, 3, 0, 3]), seed=0)
+    assert result.warmups == sum(warm) > 0
+    assert result.decisions > 30

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 from dataclasses import dataclass
 
@@ -666,3 +667,46 @@ def test_a_prompt_after_a_cached_prefix_is_charged_its_cached_tokens():
         _drain(sim, [1])
         assert cost.cached == want_cached
         assert cost.pairs[1] == (prefill_pairs(1, 299) if cache else prefill_pairs(300))
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios(), st.sampled_from([0, 1, 2, 4, 7]), st.booleans())
+def test_the_plugins_min_switch_hold_then_its_off_switch(scenario, hold, warm):
+    """With ``min_switch_steps``, each decode step runs what the plugin runs: the depth
+    asked, unless the last switch was fewer than that many scheduler steps ago (prefills
+    counted, as SGLang's ``forward_ct``), then the depth switched to; then the plugin's
+    own ``OffSwitch.choose`` (the warm-up on the first step back on, with the off path
+    and ``reentry_warmup``). Transcribed from ``sglang_hooks/policy.py``."""
+    from collections import Counter
+
+    from sglang_hooks.offswitch import OffSwitch
+
+    workload, config, depths, seed = scenario
+    config = dataclasses.replace(config, zero_step="off", reentry_warmup=warm,
+                                 min_switch_steps=hold)
+    sim = Simulator(_LinearCost(), _RandomAcceptance(), workload, config, seed=seed)
+    switch = OffSwitch(Counter())
+    switch.ready = warm  # without the warm-up simulated, off and on as asked
+    current, switched_at = -1, 0
+    i = held = 0
+    while not sim.done:
+        sim.advance()
+        if sim.done:
+            break
+        asked = depths[i % len(depths)]
+        i += 1
+        step = sim.step_index  # the launch's forward_ct
+        steps = asked
+        if steps != current:
+            if hold > 1 and current >= 0 and 0 <= step - switched_at < hold:
+                steps = current
+                held += 1
+            else:
+                current, switched_at = steps, step
+        ran = switch.choose(steps)
+        record = sim.decode(asked)
+        assert record.steps_used == ran
+        assert sim.last_warmup == (ran == 0 < steps)
+        assert i < 100_000
+    if hold <= 1:
+        assert held == 0

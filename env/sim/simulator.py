@@ -106,7 +106,10 @@ class SchedulerConfig:
     #: 96 cells at evaluation seed 0 against 95, mostly through the oracle's re-entry
     #: price), and on the shipped file's H200 cells it moved the simulated TPOT further
     #: from the measured (runs 46-50: mean error 3.70% against 0.88%), closer on run 44 at
-    #: 8 req/s (docs/results/warm17/README.md). Turn it on to train a policy whose
+    #: 8 req/s (docs/results/warm17/README.md). Those replays let the policy run depth 2,
+    #: which those servers did not offer; with the server's steps and the plugin's switch
+    #: hold the warm-up moves the simulated decisions toward the GPU's
+    #: (docs/results/fid18/README.md). Turn it on to train a policy whose
     #: features leave the warm-up out (FeatureSpec.drop_warmup_latency).
     reentry_warmup: bool = False
     #: Lasting acceptance loss of requests that decoded while speculation was off.
@@ -129,6 +132,13 @@ class SchedulerConfig:
     #: ``hash_ids``; 64% of the shipped Mooncake trace's blocks repeat an earlier
     #: prompt's prefix); without it every prefill is whole, as ``--disable-radix-cache``.
     prefix_cache: bool = False
+    #: Fewest scheduler steps (prefill and decode, SGLang's ``forward_ct``) between two
+    #: depth switches: a decode step asked for another depth within that many steps of the
+    #: last switch runs the current one (the plugin's ``SPECCTL_MIN_SWITCH_STEPS``, 4 by
+    #: default, ``sglang_hooks/policy.py``; the warm-up replaces the first step back on
+    #: after the hold, as ``OffSwitch.choose`` runs after it). 0 or 1: no hold, every
+    #: decision runs at once (what training and evaluation simulate).
+    min_switch_steps: int = 0
 
     def __post_init__(self) -> None:
         if self.zero_step not in ZERO_STEP_MODES:
@@ -145,6 +155,8 @@ class SchedulerConfig:
             raise ValueError("cold_recovery_accept_fraction must lie in [0, 1]")
         if self.finish_lag_steps < 0:
             raise ValueError("finish_lag_steps must be >= 0")
+        if self.min_switch_steps < 0:
+            raise ValueError("min_switch_steps must be >= 0")
 
     @classmethod
     def from_profile(cls, profile, **overrides) -> SchedulerConfig:
@@ -338,6 +350,11 @@ class Simulator:
         self._queue_head = 0  # requests [queue_head, n_arrived) wait in FIFO order
         self._n_arrived = 0
         self._stale_draft = False
+        # The depth held (``min_switch_steps``; -1: none yet) and the step it began at.
+        self._held_depth = -1
+        self._switched_at = 0
+        #: Whether the last decode step ran as the re-entry warm-up.
+        self.last_warmup = False
         if self._closed_loop:
             self._init_closed_loop()
         else:
@@ -534,9 +551,16 @@ class Simulator:
             raise RuntimeError("no decode step is due: call advance() first")
         cfg = self.config
         depth = min(max(int(depth), 0), cfg.max_depth)
+        if cfg.min_switch_steps > 1 and depth != self._held_depth:
+            if (self._held_depth >= 0
+                    and self.step_index - self._switched_at < cfg.min_switch_steps):
+                depth = self._held_depth  # the plugin holds the depth it switched to
+            else:
+                self._held_depth, self._switched_at = depth, self.step_index
         # The plugin hands SGLang steps=0 for the warm-up (OffSwitch.choose), so SGLang
         # reserves and runs a steps=0 step.
         warmup = depth > 0 and self.warmup_due
+        self.last_warmup = warmup
         if warmup:
             depth = 0
         # A batch of finished requests only (their ride, ``finish_lag_steps``) was launched

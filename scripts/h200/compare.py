@@ -89,6 +89,10 @@ NO_GUARD_NAME = "ppo_noguard"
 PPO_NAMES = ("ppo", NO_PROBE_NAME, NO_GUARD_NAME)
 #: Target of issue 13: throughput and mean TPOT within this relative error.
 TOLERANCE = 0.10
+#: The plugin's hold between depth switches (``SPECCTL_MIN_SWITCH_STEPS``' default,
+#: ``sglang_hooks.config.PluginConfig.min_switch_steps``; no recorded run set it), which
+#: a ``spec_off`` cell (the plugin's server) simulates (``SchedulerConfig.min_switch_steps``).
+PLUGIN_MIN_SWITCH_STEPS = 4
 
 
 def workload_of(cell: Cell, client) -> tuple[object, float | None]:
@@ -141,11 +145,15 @@ def simulate(cell: Cell, profile: CostProfile, prior: CostProfile, client, seed:
     # more decode step (``SchedulerConfig.finish_lag_steps``).
     # SGLang's radix cache where the run had it on; it saves work only where the workload
     # says which prompts share prefixes (``Workload.prefix_blocks``: the prefix replays).
+    # The plugin holds a depth it switched to for a few steps (its off periods on the
+    # H200 last 4 steps at least: docs/results/fid18/).
+    hold = PLUGIN_MIN_SWITCH_STEPS if cell.server == "spec_off" else 0
     config = SchedulerConfig.from_profile(profile, max_running_requests=cell.max_running,
                                           zero_step=zero_step,
                                           finish_lag_steps=finish_lag_steps,
                                           prefix_cache=cell.radix_cache,
-                                          **(sim_overrides or {}))
+                                          **{"min_switch_steps": hold,
+                                             **(sim_overrides or {})})
     # No simulated acceptance: random draft weights accept nothing. Simulated acceptance
     # is one draw per verify step for the whole batch, as SGLang's.
     acceptance = SGLangSimulatedAcceptance(cell.acceptance or 1.0,
@@ -157,8 +165,8 @@ def simulate(cell: Cell, profile: CostProfile, prior: CostProfile, client, seed:
     elif name == NO_GUARD_NAME:  # ... with its guard off
         name, guard = "ppo", NO_GUARD
     ppo = name == "ppo"
-    # ppo picks among the depths the server offered, as the daemon masks them (the H200
-    # plugin servers offered 0, 1, 3, 5: a policy free to run depth 2 is another policy).
+    # The controller masks the policy's actions to the steps the server offers
+    # (``Cell.candidates``; the simulated server itself would run any depth).
     policy = make_policy(name, profile=profile, sim_config=config, policy_path=policy_path,
                          probe=probe if ppo else None,
                          guard=(guard or served_guard(cell)) if ppo else None,
@@ -536,9 +544,20 @@ def main(argv: list[str] | None = None) -> int:
                         help="simulate the first step back on after off as the plugin's "
                              "warm-up (SchedulerConfig.reentry_warmup), not a cold drafting "
                              "step (the default: see the field)")
+    parser.add_argument("--all-depths", action="store_true",
+                        help="let PPO cells run every depth of their policy, not only the "
+                             "steps their server offered (Cell.candidates: what the "
+                             "simulator did before the eighteenth session)")
+    parser.add_argument("--no-switch-hold", action="store_true",
+                        help="run every decision at once on the plugin's servers, without "
+                             "its hold between depth switches (PLUGIN_MIN_SWITCH_STEPS; "
+                             "what the simulator did before the eighteenth session)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
-    sim_overrides = {"reentry_warmup": True} if args.reentry_warmup else None
+    sim_overrides = {"reentry_warmup": True} if args.reentry_warmup else {}
+    if args.no_switch_hold:
+        sim_overrides["min_switch_steps"] = 0
+    sim_overrides = sim_overrides or None
     probe = {"file": None, "on": DEFAULT_PROBE, "off": NO_PROBE}[args.probe]
     guard = {"run": None, "on": DEFAULT_GUARD, "off": NO_GUARD}[args.guard]
     names = profile_names(args.profile, parser)
@@ -557,6 +576,8 @@ def main(argv: list[str] | None = None) -> int:
     policies = known_policies(args.policy_file)
     for run in args.runs:
         cells, skipped = read_run_dir(run)
+        if args.all_depths:
+            cells = [dataclasses.replace(c, candidates=None) for c in cells]
         for name, why in skipped.items():
             print(f"skipped {run}/{name}: {why}", file=sys.stderr)
         by_source = {cell.source: cell for cell in cells}
@@ -612,7 +633,8 @@ def main(argv: list[str] | None = None) -> int:
         (out / f"fidelity_{model}.json").write_text(json.dumps(
             {"profiles": {k: v for k, v in names.items() if k.split(".")[0] == model},
              "prior": args.prior, "prior_files": prior_files, "runs": args.runs,
-             "sim_overrides": sim_overrides or {},
+             "sim_overrides": sim_overrides or {}, "all_depths": args.all_depths,
+             "switch_hold": 0 if args.no_switch_hold else PLUGIN_MIN_SWITCH_STEPS,
              "cells": rows}, indent=2))
         text = table(model, rows, names)
         (out / f"fidelity_{model}.md").write_text(text)

@@ -58,6 +58,12 @@ SERVERS = ("nospec", "spec_off", "spec_sglang0")
 #: ``token100`` (SGLang 0.5.15's default simulated-acceptance mode writes id 100 for every
 #: generated token; on the random-weight MoE that collapses the expert routing).
 TOKEN_MODES = {"fixed": "token100", "real-draft-token": "real"}
+#: The steps every speculative server of ``offswitch.py`` (and ``load_cells.py``, which
+#: starts its servers through it) offered the controller: its ``CANDIDATES``, the
+#: adaptive config's ``candidate_steps`` since its first run. The controller masks the
+#: policy's other actions (``controller.decider.allowed_actions``), so the shipped file's
+#: depth 2, its first choice at most states of the MoE @ 2.5 replay, never ran there.
+OFFSWITCH_CANDIDATES = (0, 1, 3, 5)
 #: Why a cell is reported apart from the representative ones (docs/FIDELITY.md).
 APART = {
     "token-100": "MoE run with SGLang's default simulated-acceptance tokens (id 100 for "
@@ -74,11 +80,6 @@ APART = {
 }
 #: Open-loop replays of ``prefix_workload.py`` (``load_cells.py prefix``), radix cache on.
 PREFIX_WORKLOADS = ("unique_prefix", "shared_prefix")
-#: The depths a speculative server offered: ``offswitch.py``'s ``CANDIDATES`` (unchanged
-#: since it was written; also ``load_cells.py``'s and ``fidelity_explore.py``'s) and
-#: ``session.py``'s (the first sessions'); ``tests/test_h200_compare.py`` checks both.
-OFFSWITCH_CANDIDATES = (0, 1, 3, 5)
-SESSION_CANDIDATES = (0, 1, 2, 3, 5, 7)
 #: Files measured with the off path's first version (``APART["first off path"]``).
 FIRST_OFF_PATH = ("dense_off_run1.json", "dense_off_run2.json", "moe_off.json",
                   "dense_acc3.5_replay.json", "moe_acc1.1_replay.json")
@@ -125,11 +126,10 @@ class Cell:
     #: where the run file does not say; a headline replay: ``headline_rate`` of
     #: ``offswitch.py``'s files, else ``session.headline_rate()``).
     rate: float | None = None
-    #: The depths the server offered (its ``--speculative-adaptive-config`` candidates,
-    #: which the plugin sends the controller; the daemon masks the policy's other actions):
-    #: ``offswitch.py``'s ``CANDIDATES`` for its files and those of the scripts that reuse
-    #: them (``load_cells.py``, ``fidelity_explore.py``), ``session.py``'s for the first
-    #: sessions' files; None where no server offered any (no speculation).
+    #: The steps the server offered the controller (its speculative adaptive config's
+    #: ``candidate_steps``, the HELLO's): ``candidates`` of the run file, else
+    #: :data:`OFFSWITCH_CANDIDATES` for ``offswitch.py`` / ``load_cells.py`` files of a
+    #: speculative server; None where not known (every depth, as simulated before).
     candidates: tuple[int, ...] | None = None
 
     def key(self) -> str:
@@ -251,12 +251,11 @@ def _offswitch(path: Path, data: dict) -> list[Cell]:
     # The replay's mean arrival rate where the file records it (HEADLINE_RATES); else the
     # default rate of session.headline_workload.
     rate = float(data["headline_rate"]) if "headline_rate" in data else None
-    common = {"model": model, "radix_cache": False, "max_running": 48, "rate": rate,
-              "candidates": OFFSWITCH_CANDIDATES}
+    common = {"model": model, "radix_cache": False, "max_running": 48, "rate": rate}
     seconds = float(data.get("closed_seconds", 10.0))
     cells = []
     if "_nospec" in name:
-        base = {**common, "server": "nospec", "acceptance": None, "candidates": None}
+        base = {**common, "server": "nospec", "acceptance": None}
         cells += _sweep(base, data.get("sweep", {}), f"{name}:sweep", "no_spec")
         cells += _closed(base, data.get("closed", {}), f"{name}:closed", "no_spec", seconds)
         if "headline" in data:
@@ -278,7 +277,10 @@ def _offswitch(path: Path, data: dict) -> list[Cell]:
         server = "spec_sglang0" if "_sglang" in name else "spec_off"
         base = {**common, "server": server, "acceptance": float(data["acceptance"]),
                 "prior": data.get("profile"), "tokens": TOKEN_MODES[mode],
-                "policy_sha256": data.get("policy_sha256"), "guard": data.get("guard")}
+                "policy_sha256": data.get("policy_sha256"), "guard": data.get("guard"),
+                # the plugin's servers' (SGLang's own rule ran its own config, no ppo)
+                "candidates": (tuple(data.get("candidates") or OFFSWITCH_CANDIDATES)
+                               if server == "spec_off" else None)}
         for key, r in data.items():
             if key.startswith("headline_") and key != "headline_rate":
                 cells.append(_cell(base, r, f"{name}:{key}", workload="headline",
@@ -321,7 +323,7 @@ def _prefix(path: Path, data: dict) -> list[Cell]:
 
 def _session(path: Path, data: dict) -> list[Cell]:
     base = {"model": "dense", "server": "spec_sglang0", "acceptance": 3.5, "radix_cache": True,
-            "max_running": 48, "tokens": "token100", "candidates": SESSION_CANDIDATES}
+            "max_running": 48, "tokens": "token100"}
     name = path.name
     cells = []
     if name == "sweep_real.json":
@@ -345,8 +347,7 @@ def _phases(path: Path, data: dict) -> list[Cell]:
     cells = []
     if match:
         acc = float(f"{match[1]}.{match[2]}")
-        base = {**common, "server": "spec_sglang0", "acceptance": acc, "tokens": "token100",
-                "candidates": SESSION_CANDIDATES}
+        base = {**common, "server": "spec_sglang0", "acceptance": acc, "tokens": "token100"}
         # acceptance 1.1 headlines were 30 s (585 requests), 2.5 ones 40 s
         seconds = 30.0 if acc < 2 else 40.0
         for policy, r in data.items():

@@ -30,21 +30,28 @@ from env.sim.cost_model import load_profile
 
 
 def replay(server, prior, acceptance: float, policy_name: str, seed: int = 0,
-           policy_path: str | None = None, reentry_warmup: bool = False) -> dict:
+           policy_path: str | None = None, reentry_warmup: bool = False,
+           candidates: tuple[int, ...] | None = OFFSWITCH_CANDIDATES,
+           switch_hold: bool = True) -> dict:
     """One headline replay; throughput, mean TPOT and the share of decisions per depth.
 
     ``seed`` draws the acceptance and the simulator's randomness (the arrivals are the
     GPU run's); ``policy_path`` is the exported policy ``ppo`` runs (default: shipped);
-    ``reentry_warmup`` simulates the plugin's warm-up step on coming back on.
+    ``reentry_warmup`` simulates the plugin's warm-up step on coming back on;
+    ``candidates``: the steps the server offers ``ppo`` (default: ``offswitch.py``'s;
+    None: every depth of the policy); ``switch_hold``: the plugin's hold between depth
+    switches (``compare.PLUGIN_MIN_SWITCH_STEPS``; False: every decision at once).
     """
-    # The GPU servers' set-up: 48 running requests, depth 0 a plain decode (off path),
-    # the depths offswitch.py's servers offered.
+    # The GPU servers' set-up: 48 running requests, depth 0 a plain decode (off path).
     cell = Cell(model="", server="spec_off", acceptance=acceptance, workload="headline",
                 concurrency=None, seconds=40.0, policy=policy_name, radix_cache=False,
                 max_running=48, source="", throughput_tok_s=0.0, mean_tpot_ms=0.0,
-                candidates=OFFSWITCH_CANDIDATES)
+                candidates=candidates)
+    overrides = {"reentry_warmup": reentry_warmup}
+    if not switch_hold:
+        overrides["min_switch_steps"] = 0
     result = simulate(cell, server, prior, client=None, seed=seed, policy_path=policy_path,
-                      sim_overrides={"reentry_warmup": True} if reentry_warmup else None)
+                      sim_overrides=overrides)
     chosen = result.pop("steps_chosen")
     total = sum(chosen) or 1
     return {**result, "depth_share": {d: n / total for d, n in enumerate(chosen) if n}}
@@ -65,16 +72,28 @@ def main() -> None:
     parser.add_argument("--reentry-warmup", action="store_true",
                         help="simulate the plugin's re-entry warm-up step "
                              "(SchedulerConfig.reentry_warmup), as the GPU runs it")
+    parser.add_argument("--candidates", default=",".join(map(str, OFFSWITCH_CANDIDATES)),
+                        help="the steps the server offers ppo, comma-separated (default: "
+                             "offswitch.py's servers'), or 'all' (every depth of the policy)")
+    parser.add_argument("--no-switch-hold", action="store_true",
+                        help="without the plugin's hold between depth switches")
     args = parser.parse_args()
     if args.seeds < 1:
         parser.error(f"--seeds must be >= 1, got {args.seeds}")
+    try:
+        candidates = (None if args.candidates == "all"
+                      else tuple(int(c) for c in args.candidates.split(",")))
+    except ValueError:
+        parser.error(f"--candidates {args.candidates!r}: expected e.g. 0,1,3,5 or all")
     server = load_profile(args.server)
     prior = load_profile(args.prior) if args.prior else None
     print("| policy | tok/s (mean) | min / max over seeds | mean TPOT ms | decisions per depth "
           "(seed 0) |\n|---|---|---|---|---|")
     for name in args.policies.split(","):
         runs = [replay(server, prior, args.acceptance, name, seed, args.policy_file,
-                       args.reentry_warmup) for seed in range(args.seeds)]
+                       args.reentry_warmup, candidates if name == "ppo" else None,
+                       not args.no_switch_hold)
+                for seed in range(args.seeds)]
         tok_s = [r["throughput_tok_s"] for r in runs]
         share = ", ".join(f"{d}: {s:.0%}" for d, s in runs[0]["depth_share"].items())
         print(f"| {name} | {sum(tok_s) / len(tok_s):,.0f} | {min(tok_s):,.0f} / "

@@ -1,14 +1,16 @@
 #!/usr/bin/env python
 """Runs 46-55 (the MoE @ 2.5 replay at 8 and 6 req/s; the shipped file ``ppo`` and the
 candidates served as ``EXTRA_POLICIES``: ``dw`` = ``policy_c45d9410.npz``, ``c585`` =
-``policy_58513820.npz``) simulated four ways: with and without the plugin's re-entry
-warm-up (``SchedulerConfig.reentry_warmup``), and with the policy free to run any depth
-or masked to the depths the server offered (0, 1, 3, 5; ``Cell.candidates``, as the
-daemon masks them), against the measured mean TPOT. Usage::
+``policy_58513820.npz``) simulated four ways (``WAYS``): with and without the plugin's
+re-entry warm-up (``SchedulerConfig.reentry_warmup``), and with the policy free to run
+any depth, or masked to the depths the server offered (0, 1, 3, 5; ``Cell.candidates``,
+as the daemon masks them) and held 4 steps after a switch as the plugin holds it
+(``compare.py``'s defaults since fid18), against the measured mean TPOT. Usage::
 
     mkdir -p /tmp/r46 && cp docs/results/h200/offswitch/*run4[6-9]*.json \\
         docs/results/h200/offswitch/*run5[0-5]*.json /tmp/r46/
-    PYTHONPATH=$PWD python docs/results/gpu18/runs46_55.py /tmp/r46 > docs/results/gpu18/runs46_55.md
+    PYTHONPATH=$PWD python docs/results/gpu18/runs46_55.py /tmp/r46 \\
+        > docs/results/gpu18/runs46_55.md
 """
 
 from __future__ import annotations
@@ -31,10 +33,14 @@ from env.sim.cost_model import load_profile  # noqa: E402
 P = ROOT / "docs/results/h200/fidelity"
 EXTRA = {"dw": ROOT / "docs/results/drop_warmup/policy_c45d9410.npz",
          "c585": ROOT / "docs/results/drop_warmup/policy_58513820.npz"}
-#: (label, SchedulerConfig overrides, masked to the server's candidates)
-WAYS = (("old", {"reentry_warmup": False}, False), ("warm-up", {"reentry_warmup": True}, False),
-        ("masked", {"reentry_warmup": False}, True),
-        ("warm-up+masked", {"reentry_warmup": True}, True))
+#: (label, SchedulerConfig overrides, masked to the server's candidates): the simulator
+#: before this session; the policy free but the warm-up simulated (warm17's, opt-in);
+#: the server's depths and the plugin's 4-step hold (fid18's, compare.py's default now);
+#: those and the warm-up.
+WAYS = (("old", {"reentry_warmup": False, "min_switch_steps": 0}, False),
+        ("warm-up", {"reentry_warmup": True, "min_switch_steps": 0}, False),
+        ("masked+hold", {"reentry_warmup": False}, True),
+        ("masked+hold+warm-up", {"reentry_warmup": True}, True))
 
 
 def main(run_dir: str) -> None:
