@@ -434,12 +434,15 @@ def _plugin_steps(truth: CostProfile, flagged: bool) -> list[StepRecord]:
     return steps
 
 
-@pytest.mark.parametrize("per_cell", [True, False])
-def test_a_flagged_plugin_trace_fits_off_and_the_warmup_as_they_ran(tmp_path, per_cell):
+@pytest.mark.parametrize("per_cell, draft_extend", [(True, True), (False, True),
+                                                    (True, False)])
+def test_a_flagged_plugin_trace_fits_off_and_the_warmup_as_they_ran(tmp_path, per_cell,
+                                                                    draft_extend):
     """specctl-fit-profile on a trace the plugin recorded with its off path: flagged, its
     off steps are fitted as plain decodes and its warm-ups as SGLang's steps=0 with the
-    extend (the truth comes back); without the flag (an older trace) every depth-0 step
-    is SGLang's steps=0, as before, and off is mispriced."""
+    extend, whatever ``draft_extend`` (which is about unflagged steps) says: the truth
+    comes back; without the flag (an older trace) every depth-0 step is SGLang's steps=0,
+    as before, and off is mispriced."""
     truth = load_profile("h200_llama31_8b")
     template = truth.replace(c_fixed=0.0, c_request=0.0, c_token=0.0, c_verify=0.0,
                              c_draft=0.0, c_draft_token=0.0)
@@ -447,7 +450,8 @@ def test_a_flagged_plugin_trace_fits_off_and_the_warmup_as_they_ran(tmp_path, pe
     for flagged in (True, False):
         path = write_trace(tmp_path / f"{flagged}.parquet", [], _plugin_steps(truth, flagged))
         fits[flagged], report = fit_profile_from_trace(read_trace(path), template,
-                                                       per_cell=per_cell)
+                                                       per_cell=per_cell,
+                                                       draft_extend=draft_extend)
         if flagged:
             assert len(report.points) == (15 if per_cell else 240)  # off apart from warm-ups
             assert report.median_abs_error < 1e-9

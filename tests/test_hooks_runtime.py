@@ -197,8 +197,9 @@ def test_the_re_entry_warm_up_is_flagged_in_the_telemetry_and_no_other_step(over
     rt.offswitch.ready = True
     sched = scheduler()
     # asked: 3 (speculates), 0 (off), 3 (the warm-up), 0 (off again right after it: not a
-    # warm-up), an extend, 2 (the warm-up), 2, 2 (drafting), 0, 0.
-    plan = [3, 0, 3, 0, None, 2, 2, 2, 0, 0]
+    # warm-up), an extend, 2 (the warm-up), 2, 2 (drafting), 0, 0; three times (more steps
+    # than the runtime's ring holds: a slot's flag is its own step's).
+    plan = [3, 0, 3, 0, None, 2, 2, 2, 0, 0] * 3
     batches = [BatchStandIn([ReqStandIn("e")], EXTEND) if asked is None else decode_batch(2)
                for asked in plan]
     pending = None
@@ -217,10 +218,13 @@ def test_the_re_entry_warm_up_is_flagged_in_the_telemetry_and_no_other_step(over
     if pending is not None:
         finish(rt, sched, pending)
     flags = [sent[0][13] for sent in client.sent]
-    assert flags == [False, False, True, False, False, True, False, False, False, False]
-    assert [sent[0][10] for sent in client.sent] == [3, 0, 0, 0, 0, 0, 2, 2, 0, 0]
+    # (the second and third rounds start after off: their first step is a warm-up too)
+    assert flags == [False, False, True, False, False, True, False, False, False, False] + [
+        True, False, True, False, False, True, False, False, False, False] * 2
+    assert [sent[0][10] for sent in client.sent] == [3, 0, 0, 0, 0, 0, 2, 2, 0, 0] + [
+        0, 0, 0, 0, 0, 0, 2, 2, 0, 0] * 2
     assert [step[11] for step in recorder.steps] == flags  # the recorder's the same
-    assert rt.counters["off_warmups"] == 2
+    assert rt.counters["off_warmups"] == 8
 
 
 def test_without_the_off_path_the_warmup_flag_is_unknown():
