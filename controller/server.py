@@ -54,7 +54,7 @@ from controller.streams import Peer, StreamKey, StreamLimits, StreamTable, trim_
 from controller.wire import (
     DECISION_LAG,
     MAX_POLICY_BYTES,
-    TELEMETRY_HEADER,
+    TELEMETRY_HEADERS,
     WIRE_VERSION,
     Decision,
     Hello,
@@ -383,10 +383,10 @@ class ControllerServer:
         :meth:`_handle_message`; any other frame (or one the fast decoder refuses) to
         :meth:`_handle_frame`, which decodes it in full (naming a refused frame's error).
         """
-        fast, header = decode_telemetry_fast, TELEMETRY_HEADER
+        fast, headers = decode_telemetry_fast, TELEMETRY_HEADERS
         get = self.streams.get
         for frame in frames:
-            record = fast(frame) if fast is not None and frame[:5] == header else None
+            record = fast(frame) if fast is not None and frame[:5] in headers else None
             if record is None:  # not telemetry, or refused (decode names the error)
                 self._handle_frame(peer, frame, pending, received)
                 continue

@@ -21,7 +21,15 @@ the plugin decides with: it asks the hub for the policy it serves when they diff
      batch_size: int, waiting_requests: int, running_requests: int,
      kv_used_tokens: int, kv_capacity_tokens: int, prefill_tokens: int,
      steps_used: int, accepted_drafts: bin (int8 per request),
-     accepted_drafts_sum: int, accepted_drafts_count: int, step_latency_s: float]
+     accepted_drafts_sum: int, accepted_drafts_count: int, step_latency_s: float
+     (, warmup: bool)]
+
+``warmup`` (present only where the plugin knows it: its off path is in use) says whether
+this depth-0 decode step was the plugin's re-entry warm-up (``StepRecord.warmup``): true
+only on a decode step with ``steps_used`` 0. A frame of 17 items (an older plugin, or a
+server whose steps=0 is SGLang's own) decodes with ``warmup`` None: unknown. A daemon
+older than the field refuses an 18-item TELEMETRY (``malformed``): upgrade the daemon
+with the plugin.
 
 ``DECISION`` (controller -> server), the answer to the latest telemetry:
 
@@ -226,13 +234,18 @@ def pack_telemetry(
     waiting_requests: int, running_requests: int, kv_used_tokens: int,
     kv_capacity_tokens: int, prefill_tokens: int, steps_used: int,
     accepted_drafts: bytes, accepted_drafts_sum: int, step_latency_s: float,
+    warmup: bool | None = None,
 ) -> bytes:
-    """One TELEMETRY frame from plain values (the hooks' hot path: no StepRecord)."""
-    return _pack([
+    """One TELEMETRY frame from plain values (the hooks' hot path: no StepRecord);
+    ``warmup`` None leaves the 18th item out (unknown)."""
+    items = [
         WIRE_VERSION, 2, server, rank, step_index, time_s, batch_size, waiting_requests,
         running_requests, kv_used_tokens, kv_capacity_tokens, prefill_tokens, steps_used,
         accepted_drafts, accepted_drafts_sum, len(accepted_drafts), step_latency_s,
-    ])
+    ]
+    if warmup is not None:
+        items.append(bool(warmup))
+    return _pack(items)
 
 
 def telemetry_bytes(accepted: object, steps_used: int, batch_size: int) -> tuple[bytes, int]:
@@ -253,14 +266,15 @@ def telemetry_bytes(accepted: object, steps_used: int, batch_size: int) -> tuple
 
 
 def encode_step(record: StepRecord) -> bytes:
-    """One TELEMETRY frame from a step record (``request_ids`` are not sent)."""
+    """One TELEMETRY frame from a step record (``request_ids`` and ``prefill_pairs`` are
+    not sent; ``warmup`` where known)."""
     accepted = np.asarray(record.accepted_drafts, dtype=np.int8)
     return pack_telemetry(
         record.server, int(record.rank), int(record.step_index), float(record.time_s),
         int(record.batch_size), int(record.waiting_requests), int(record.running_requests),
         int(record.kv_used_tokens), int(record.kv_capacity_tokens), int(record.prefill_tokens),
         int(record.steps_used), accepted.tobytes(), int(accepted.sum(dtype=np.int64)),
-        float(record.step_latency_s),
+        float(record.step_latency_s), record.warmup,
     )
 
 
@@ -292,7 +306,7 @@ def decode(frame: bytes, accept_policy: bool = False) -> Hello | StepRecord | De
     unread, except, with ``accept_policy`` (the plugin's side), a POLICY of up to
     MAX_POLICY_BYTES.
     """
-    if _decode_fast is not None and frame[:5] == _TELEMETRY_HEADER:
+    if _decode_fast is not None and frame[:5] in TELEMETRY_HEADERS:
         record = _decode_fast(frame)
         if record is not None:
             return record
@@ -377,7 +391,8 @@ def decode_general(frame: bytes, accept_policy: bool = False
     if type(kind) is not int or kind not in _ARITY:
         raise WireError("kind", f"unknown message kind {_describe(kind)}")
     kind = Kind(kind)
-    if len(msg) != _ARITY[kind] and not (kind is Kind.HELLO and len(msg) == 9):
+    if len(msg) != _ARITY[kind] and not (len(msg) == _ARITY[kind] + 1
+                                         and kind in (Kind.HELLO, Kind.TELEMETRY)):
         raise WireError(
             "malformed", f"{kind.name} has {len(msg)} items, expected {_ARITY[kind]}"
         )
@@ -421,6 +436,12 @@ def _decode_telemetry(m: list) -> StepRecord:
     total = _int(m[14], "accepted_drafts_sum")
     count = _int(m[15], "accepted_drafts_count")
     latency = _float(m[16], "step_latency_s", hi=MAX_STEP_LATENCY_S)
+    warmup = None
+    if len(m) == 18:
+        warmup = m[17]
+        if type(warmup) is not bool:
+            raise WireError("malformed", f"field 'warmup' must be true or false, got "
+                            f"{_describe(warmup)}", "warmup")
     if 0.0 < latency < MIN_STEP_LATENCY_S:
         raise _range("step_latency_s", f"{latency!r} s is below {MIN_STEP_LATENCY_S} s "
                      "(0 means not measured)")
@@ -441,11 +462,15 @@ def _decode_telemetry(m: list) -> StepRecord:
             "malformed", f"field 'accepted_drafts_sum' is {total}, entries sum to {sum(accepted)}",
             "accepted_drafts_sum",
         )
+    if warmup and (steps_used or prefill):
+        raise _range("warmup", f"a warm-up is a decode step at steps_used 0, got steps_used "
+                     f"{steps_used} and prefill_tokens {prefill}")
     return StepRecord(
         server=server, rank=rank, step_index=step_index, time_s=time_s, batch_size=batch_size,
         waiting_requests=waiting, running_requests=running, kv_used_tokens=kv_used,
         kv_capacity_tokens=kv_capacity, prefill_tokens=prefill, steps_used=steps_used,
         accepted_drafts=np.frombuffer(accepted, dtype=np.int8), step_latency_s=latency,
+        warmup=warmup,
     )
 
 
@@ -453,6 +478,10 @@ def _decode_telemetry(m: list) -> StepRecord:
 _UP_TO = [bytes(range(s + 1)) for s in range(128)]
 #: A TELEMETRY frame's first bytes: msgpack array16 of 17, WIRE_VERSION, Kind.TELEMETRY.
 _TELEMETRY_HEADER = bytes([0xDC, 0x00, 17, WIRE_VERSION, 2])
+#: The same with the 18th item (``warmup``).
+_TELEMETRY_HEADER_18 = bytes([0xDC, 0x00, 18, WIRE_VERSION, 2])
+#: The first bytes of every TELEMETRY frame, without and with ``warmup``.
+TELEMETRY_HEADERS = (_TELEMETRY_HEADER_18, _TELEMETRY_HEADER)
 
 
 if msgspec is not None:
@@ -489,6 +518,8 @@ if msgspec is not None:
         accepted_drafts_sum: _Count
         accepted_drafts_count: _Count
         step_latency_s: _Latency
+        #: Absent: None (unknown); present: a bool (msgspec refuses nil, as the general path).
+        warmup: bool = None
 
 
 def _make_fast_decoder():
@@ -512,7 +543,8 @@ def _make_fast_decoder():
         if (0.0 < latency < MIN_STEP_LATENCY_S
                 or (m.kv_capacity_tokens and m.kv_used_tokens > m.kv_capacity_tokens)
                 or m.accepted_drafts_count != len(accepted) or len(accepted) > m.batch_size
-                or accepted.translate(None, _UP_TO[steps])):  # an entry above steps_used
+                or accepted.translate(None, _UP_TO[steps])  # an entry above steps_used
+                or (m.warmup and (steps or m.prefill_tokens))):
             return None
         # Every entry is in 0..steps: a short batch summed directly (0.3 us for 32), a
         # long one from a few C-level counts (not 1 per entry: 3 us for 1,024, not 6).
@@ -523,18 +555,19 @@ def _make_fast_decoder():
         return StepRecord(  # positional: StepRecord's field order
             m.server, m.rank, m.step_index, m.time_s, m.batch_size, m.waiting_requests,
             m.running_requests, m.kv_used_tokens, m.kv_capacity_tokens, m.prefill_tokens,
-            steps, frombuffer(accepted, int8), latency,
+            steps, frombuffer(accepted, int8), latency, None, None, m.warmup,
         )
 
     return fast
 
 
 _decode_fast = _make_fast_decoder()
-#: :func:`decode`'s own TELEMETRY path, for a frame that starts with
-#: :data:`TELEMETRY_HEADER`: its record, or None (then :func:`decode` decides, and names
+#: :func:`decode`'s own TELEMETRY path, for a frame that starts with one of
+#: :data:`TELEMETRY_HEADERS`: its record, or None (then :func:`decode` decides, and names
 #: the error); None where msgspec is missing. The daemon's per-frame loop calls it.
 decode_telemetry_fast = _decode_fast
-#: The first bytes of every TELEMETRY frame (a 17-item array, WIRE_VERSION, TELEMETRY).
+#: The first bytes of a TELEMETRY frame without ``warmup`` (a 17-item array, WIRE_VERSION,
+#: TELEMETRY); :data:`TELEMETRY_HEADERS` has both.
 TELEMETRY_HEADER = _TELEMETRY_HEADER
 
 

@@ -38,7 +38,9 @@ The observation holds only what a server can know online:
   over the profile says, and bounds the unmeasured depths around it; and
   (``FeatureSpec.drop_warmup_latency``, the seventeenth session) a depth-0 step that
   the next decode step follows speculating is left out of every cost estimate: on the
-  plugin's off switch it is the re-entry warm-up (SGLang's own steps=0), not off;
+  plugin's off switch it is the re-entry warm-up (SGLang's own steps=0), not off
+  (``FeatureSpec.warmup_flag``, the eighteenth session: read from the record's own
+  ``warmup`` flag where it carries one, with no one-step lag);
 * their combination: the estimated goodput of each depth relative to no
   speculation, ``(1 + E[accepted | d]) / latency(d)``;
 * what is measured and what is assumed: per depth, a confidence that rises from
@@ -226,6 +228,20 @@ class FeatureSpec:
     #: starting state). Without it, that step's acceptance is dropped as cold, and a
     #: two-step acceptance probe (warm-up, then one drafting step) measures nothing.
     warmup_restarts_draft: bool = False
+    #: With ``drop_warmup_latency``: where a record carries its own warm-up flag
+    #: (``StepRecord.warmup`` True or False: the plugin with its off path in use, the
+    #: simulator on the off path, the eighteenth session on), read the warm-up from it
+    #: instead of inferring it. A depth-0 decode record flagged a warm-up is folded at
+    #: once without its latency, whatever follows it (a warm-up followed by off is still
+    #: a warm-up, where the inference reads it as off); one flagged False is an off step,
+    #: folded at once (no lag while off); with ``warmup_restarts_draft`` a speculative
+    #: step right after a flagged warm-up is read as the inference reads it (the warm-up
+    #: at that step's depth, the step warm). On a stream whose every warm-up is followed
+    #: by speculation the features after each record the inference does not hold equal
+    #: the inference's. A record without the flag (None: an older plugin or trace, or
+    #: SGLang's own steps=0) is inferred as above. False: the inference for every record
+    #: (the features before the eighteenth session; an absent field).
+    warmup_flag: bool = False
     #: Recent cost measurements of a depth at which its confidence is 1 - 1/e.
     cost_confidence_samples: float = 2.0
     #: EMA weight for the load and throughput trackers.
@@ -254,7 +270,8 @@ class FeatureSpec:
             if not _is_number(value) or not 0.0 < value < math.inf:
                 raise ValueError(f"feature spec field {name!r}: {value!r} is not a positive "
                                  "number")
-        for name in ("latency_local_cap", "drop_warmup_latency", "warmup_restarts_draft"):
+        for name in ("latency_local_cap", "drop_warmup_latency", "warmup_restarts_draft",
+                     "warmup_flag"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"feature spec field {name!r}: "
                                  f"{getattr(self, name)!r} is not true or false")
@@ -465,6 +482,9 @@ class FeatureBuilder:
         self._steps_since_acceptance = NEVER_MEASURED
         self._new_records: list[StepRecord] = []
         self._held: list[StepRecord] = []
+        #: After a flagged warm-up (``spec.warmup_flag`` and ``warmup_restarts_draft``):
+        #: the steps used and steps since the switch before it (see _restart_at).
+        self._restart: tuple[int, int] | None = None
         if self.probe_tracker is not None:
             self.probe_tracker.reset()
 
@@ -501,9 +521,11 @@ class FeatureBuilder:
 
     def update(self, record: StepRecord) -> None:
         """Fold one step record into the estimators (with ``spec.drop_warmup_latency``, a
-        depth-0 decode record and those after it once the next decode record is known)."""
+        depth-0 decode record not flagged either way and those after it once the next
+        decode record is known)."""
         self._new_records.append(record)
-        if not self.spec.drop_warmup_latency:
+        spec = self.spec
+        if not spec.drop_warmup_latency:
             self._fold_record(record)
             return
         held = self._held
@@ -517,10 +539,37 @@ class FeatureBuilder:
             for earlier in held:
                 self._fold_record(earlier)
             held.clear()
-        if decode and record.steps_used <= 0 and record.step_latency_s > 0.0:
-            held.append(record)
-            return
+        if decode:
+            restart = self._restart
+            if restart is not None:  # the decode step after a flagged warm-up
+                self._restart = None
+                if record.steps_used > 0:
+                    self._restart_at(record.steps_used, *restart)
+            if record.steps_used <= 0:
+                flag = record.warmup if spec.warmup_flag else None
+                if flag is None:  # unknown: infer it from the next decode record
+                    if record.step_latency_s > 0.0:
+                        held.append(record)
+                        return
+                elif flag:  # the re-entry warm-up, by the record's own word
+                    if spec.warmup_restarts_draft:
+                        self._restart = (self._steps_used, self._steps_since_switch)
+                    self._fold_record(replace(record, step_latency_s=0.0))
+                    return
         self._fold_record(record)
+
+    def _restart_at(self, steps: int, used: int, since: int) -> None:
+        """The flagged warm-up just folded (at depth 0, with ``steps_used`` ``used`` and
+        ``since`` steps since the switch before it) read as the inference folds a warm-up
+        (``_warmup``): at ``steps``, the depth of the step after it, so that this step
+        drafts warm (no cold re-entry) and the switch counts at the warm-up."""
+        steps = min(max(steps, 0), self.spec.max_depth)
+        self._set_switch(steps, 0 if steps != used else since + 1)
+
+    def _set_switch(self, steps_used: int, since_switch: int) -> None:
+        """Set the latest step's depth and the steps since the last switch."""
+        self._steps_used = steps_used
+        self._steps_since_switch = since_switch
 
     def _warmup(self, record: StepRecord, next_steps: int) -> StepRecord:
         """The re-entry warm-up ``record`` as folded: without its latency, and (with

@@ -687,6 +687,7 @@ class CompiledFeatureBuilder(FeatureBuilder):
         self._state[_SINCE_ACCEPT] = NEVER_MEASURED
         self._new_records = []
         self._held = []
+        self._restart = None
         if self.probe_tracker is not None:
             self.probe_tracker.reset()
         if not hasattr(self, "_inputs_cache"):  # spec and profile only: kept across resets
@@ -697,6 +698,10 @@ class CompiledFeatureBuilder(FeatureBuilder):
 
     def _copy_estimators(self) -> None:
         self._state = self._state.copy()
+
+    def _set_switch(self, steps_used: int, since_switch: int) -> None:
+        self._state[_STEPS_USED] = steps_used
+        self._state[_SINCE_SWITCH] = since_switch
 
     def _fold_record(self, record) -> None:
         """Fold one step record into the estimators, now."""

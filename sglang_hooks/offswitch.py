@@ -96,6 +96,9 @@ class OffSwitch:
         self.runner: Any = None
         #: Whether the last off step's decode forward replayed a CUDA graph.
         self.off_graph = False
+        #: :meth:`choose` just made the step the re-entry warm-up; the runtime reads this
+        #: (only after a choice of 0) for the step's telemetry, and clears it.
+        self.reentry_now = False
 
     # -- decisions (scheduler thread, every decode step) --------------------------------
 
@@ -103,7 +106,8 @@ class OffSwitch:
         """The steps SGLang should run for a decode step whose policy chose ``steps``.
 
         Sets :attr:`off_now` for the forward hooks. Returns ``steps``, except for the
-        first step back on after an off period, which runs SGLang's steps=0 once.
+        first step back on after an off period, which runs SGLang's steps=0 once (the
+        re-entry warm-up: :attr:`reentry_now` set, for telemetry's ``warmup`` flag).
         """
         if not self.ready:
             self.off_now = False
@@ -116,6 +120,7 @@ class OffSwitch:
         self.off_now = False
         if self.stale:
             self.stale = False
+            self.reentry_now = True
             self.counters["off_warmups"] += 1
             return 0
         return steps

@@ -27,16 +27,18 @@ LAUNCH_FIELDS = ("step", "time_s", "is_decode", "batch_size", "waiting", "runnin
                  "prefix_lens", "extend_lens")
 #: The step tuple handed over after the result: its launch tuple, the depth the step
 #: ran (-1: the policy was not asked), SGLang's per-request accepted drafts (None: not
-#: verified), when its result was processed, and when the previous result was (None:
-#: no previous one).
-STEP_FIELDS = ("launch", "ran", "accepted", "result_s", "previous_result_s")
+#: verified), when its result was processed, when the previous result was (None:
+#: no previous one), and whether it was the off switch's re-entry warm-up (None: not
+#: known, the off path is not in use; a tuple without it reads as None).
+STEP_FIELDS = ("launch", "ran", "accepted", "result_s", "previous_result_s", "warmup")
 
 
 def telemetry_of(server: str, rank: int, step: tuple) -> tuple:
     """The telemetry tuple of a step tuple (:data:`STEP_FIELDS`): server, rank, step
     index, launch time, batch size, waiting, running, KV used, KV capacity, prefill
-    tokens, steps used, accepted drafts, latency."""
-    launch, ran, accepted, now, start = step
+    tokens, steps used, accepted drafts, latency, warm-up flag."""
+    launch, ran, accepted, now, start = step[:5]
+    warmup = step[5] if len(step) > 5 else None
     (index, t_launch, is_decode, batch_size, waiting, running, capacity, available,
      evictable, extend_tokens) = launch[:10]
     # A step's latency is the time between consecutive results. Under overlap
@@ -49,13 +51,14 @@ def telemetry_of(server: str, rank: int, step: tuple) -> tuple:
     if is_decode:
         return (server, rank, index, t_launch, batch_size, waiting, running,
                 max(0, capacity - (available + evictable)), capacity, 0,
-                ran if ran > 0 else 0, accepted, now - start)
+                ran if ran > 0 else 0, accepted, now - start, warmup)
     # An extend step's requests are running too, it used no draft steps, and it computes
     # at least one token per request (a record with no prefill tokens would read as a
     # decode step).
     return (server, rank, index, t_launch, batch_size, waiting, running + batch_size,
             max(0, capacity - (available + evictable)), capacity,
-            extend_tokens or batch_size or 1, 0, accepted, now - start)
+            extend_tokens or batch_size or 1, 0, accepted, now - start,
+            False if warmup else warmup)  # (never a warm-up: the flag at steps 0 only)
 
 
 def request_copies(step: tuple) -> tuple[list | None, tuple[list, list] | None]:

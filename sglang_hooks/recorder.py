@@ -149,7 +149,8 @@ class Recorder:
         """Queue one step as the hooks send it to the controller: the arguments of
         :func:`sglang_hooks.client.telemetry_frame` (server, rank, step index, launch
         time, batch size, waiting, running, KV used, KV capacity, prefill tokens, steps
-        used, accepted drafts, latency), as one tuple; ``request_ids`` as in
+        used, accepted drafts, latency, and optionally the warm-up flag: absent or None
+        unknown), as one tuple; ``request_ids`` as in
         :meth:`add_step`: for a caller that has the telemetry already (benchmarks, tests);
         the hooks hand over the values they read (:meth:`add_step_values`), whose
         telemetry is made on the recorder's thread. ``finished``: the processed batch's
@@ -268,7 +269,9 @@ class Recorder:
                            finished, lens))
         elif kind == _TELEMETRY:
             _, telemetry, rids, finished, lens = item
-            record = self._step_record((_STEP, *telemetry[2:], rids))
+            record = self._step_record((_STEP, *telemetry[2:13], rids))
+            if len(telemetry) > 13:
+                record.warmup = telemetry[13]
             if lens is not None and record.prefill_tokens > 0:
                 record.prefill_pairs = _attention_pairs(*lens)
             self._writer.add_step(record)

@@ -173,6 +173,9 @@ class Runtime:
         #: The batch whose result is being processed was a warm-up step.
         self.verify_warm = False
         self._warm = [False] * _RING  # per launched step: a warm-up step (every rank)
+        #: Per ring slot: the step index last launched as the off switch's re-entry warm-up
+        #: (SGLang's steps=0 on the first step back on; -1: none). Not the start-up warm-up.
+        self._reentry_at = [-1] * _RING
 
     # -- wiring ---------------------------------------------------------------------
 
@@ -416,6 +419,11 @@ class Runtime:
         result = original(scheduler, *args, **kwargs)
         steps = self.last_steps
         self._ran[step % _RING] = steps
+        if steps == 0:  # an off step, or the re-entry warm-up (only these: one compare)
+            offswitch = self.offswitch
+            if offswitch.reentry_now:
+                offswitch.reentry_now = False
+                self._reentry_at[step % _RING] = step
         if steps != previous and steps >= 0 and self.trimmer is not None:
             try:
                 self.trimmer.trim()
@@ -462,8 +470,11 @@ class Runtime:
             if launch is not None:
                 self._launches[index] = None  # sent
                 # The step as read (raw_step.STEP_FIELDS): the client's I/O thread and the
-                # recorder's thread make its telemetry; one tuple for both.
-                raw = (launch, ran, self.accepted, now, self._last_result_end)
+                # recorder's thread make its telemetry; one tuple for both. Whether it was
+                # the re-entry warm-up is known where the off path is in use (else None:
+                # steps=0 is SGLang's own, every depth-0 step verifies and extends).
+                raw = (launch, ran, self.accepted, now, self._last_result_end,
+                       self._reentry_at[index] == step if self.offswitch.ready else None)
                 if self.client is not None:
                     self.client.send_step(raw)
                 if recorder is not None:

@@ -414,6 +414,56 @@ def test_per_cell_fit_uses_medians_and_prefill_steps(tmp_path):
     assert fitted.c_prefill_token == pytest.approx(2e-5, rel=0.1)
 
 
+def _plugin_steps(truth: CostProfile, flagged: bool) -> list[StepRecord]:
+    """Decode steps as the plugin with its off path runs them, each latency exactly the
+    truth's for what ran: off (a plain decode), the re-entry warm-up (SGLang's steps=0
+    with the draft extend, recorded at depth 0), depths 1, 3 and 5; flagged or not."""
+    kinds = [(0, False), (0, True), (1, False), (3, False), (5, False)]
+    steps = []
+    for i in range(240):
+        b = (2, 8, 32)[i % 3]
+        depth, warmup = kinds[(i // 3) % len(kinds)]
+        kv = 400 * b
+        flags = ({"draft_extend": True, "speculative_path": True} if warmup or depth
+                 else {"draft_extend": False, "speculative_path": False})
+        latency = truth.step_latency_s(b, depth, kv, 0, **flags)
+        steps.append(StepRecord("srv", 0, i, i * 0.02, b, 0, b, kv, 10**6, 0, depth,
+                                np.full(b, min(depth, 1), np.int8) if depth
+                                else np.array([], np.int8), latency,
+                                warmup=warmup if flagged else None))
+    return steps
+
+
+@pytest.mark.parametrize("per_cell, draft_extend", [(True, True), (False, True),
+                                                    (True, False)])
+def test_a_flagged_plugin_trace_fits_off_and_the_warmup_as_they_ran(tmp_path, per_cell,
+                                                                    draft_extend):
+    """specctl-fit-profile on a trace the plugin recorded with its off path: flagged, its
+    off steps are fitted as plain decodes and its warm-ups as SGLang's steps=0 with the
+    extend, whatever ``draft_extend`` (which is about unflagged steps) says: the truth
+    comes back; without the flag (an older trace) every depth-0 step is SGLang's steps=0,
+    as before, and off is mispriced."""
+    truth = load_profile("h200_llama31_8b")
+    template = truth.replace(c_fixed=0.0, c_request=0.0, c_token=0.0, c_verify=0.0,
+                             c_draft=0.0, c_draft_token=0.0)
+    fits = {}
+    for flagged in (True, False):
+        path = write_trace(tmp_path / f"{flagged}.parquet", [], _plugin_steps(truth, flagged))
+        fits[flagged], report = fit_profile_from_trace(read_trace(path), template,
+                                                       per_cell=per_cell,
+                                                       draft_extend=draft_extend)
+        if flagged:
+            assert len(report.points) == (15 if per_cell else 240)  # off apart from warm-ups
+            assert report.median_abs_error < 1e-9
+    for name in ("c_fixed", "c_request", "c_token", "c_verify", "c_draft", "c_draft_token"):
+        assert getattr(fits[True], name) == pytest.approx(getattr(truth, name), rel=1e-6)
+    off = {flagged: fit.step_latency_s(8, 0, 3200, 0, draft_extend=False,
+                                       speculative_path=False) for flagged, fit in fits.items()}
+    want = truth.step_latency_s(8, 0, 3200, 0, draft_extend=False, speculative_path=False)
+    assert off[True] == pytest.approx(want, rel=1e-6)
+    assert abs(off[False] / want - 1) > 0.2  # the old reading
+
+
 def test_design_matrix_shape_and_eager():
     x = design_matrix([1, 100], [3, 3], cuda_graph_max_bs=64)
     assert x.shape == (2, len(COEFFICIENTS))

@@ -32,10 +32,15 @@ CONNECTIONS = 3
 _names = itertools.count()
 
 
-def telemetry(server: str, step: int, batch: int, steps: int, prefill: int = 0) -> bytes:
+def telemetry(server: str, step: int, batch: int, steps: int, prefill: int = 0,
+              warmup: bool | None = None) -> bytes:
+    """A TELEMETRY frame; ``warmup`` True makes it a depth-0 decode step (a warm-up)."""
+    if warmup:
+        steps = prefill = 0
     accepted = bytes([min(steps, i % 4) for i in range(batch)]) if steps and not prefill else b""
     return pack_telemetry(server, 0, step, step * 0.01, batch, 3, batch, 4000, 100_000,
-                          prefill, 0 if prefill else steps, accepted, sum(accepted), 0.012)
+                          prefill, 0 if prefill else steps, accepted, sum(accepted), 0.012,
+                          warmup)
 
 
 @st.composite
@@ -48,7 +53,8 @@ def frames(draw) -> list[tuple[int, bytes]]:
     if kind == "telemetry":
         return [(connection, telemetry(server, draw(st.integers(1, 12)),
                                        draw(st.integers(1, 64)), draw(st.integers(0, 4)),
-                                       draw(st.sampled_from([0, 0, 0, 512]))))]
+                                       draw(st.sampled_from([0, 0, 0, 512])),
+                                       draw(st.sampled_from([None, False, True]))))]
     if kind == "run":  # more records of one stream than its backlog holds
         first = draw(st.integers(1, 40))
         return [(connection, telemetry(server, step, 8, 2))
@@ -185,3 +191,23 @@ def test_the_frame_loop_sees_a_restart_and_a_new_stream_as_the_full_path(tmp_pat
     finally:
         looped.close()
         single.close()
+
+
+def test_telemetry_with_the_warmup_flag_takes_the_loops_fast_path(tmp_path, monkeypatch):
+    """An 18-item TELEMETRY (the flag known) of a known stream is folded in the loop, as
+    a 17-item one is: not handed to the full path."""
+    path = tmp_path / "policy.npz"
+    ExportedPolicy.random(seed=2, hidden=(16,)).save(path)
+    looped = server(path)
+    try:
+        peer = (b"p", "")
+        looped._handle_frames(peer, [telemetry("s", 1, 16, 2)], {}, 0.0)
+        monkeypatch.setattr(looped, "_handle_frame", None)  # a call would raise
+        pending: dict = {}
+        frames = [telemetry("s", 2, 16, 0, warmup=False), telemetry("s", 3, 16, 0, warmup=True),
+                  telemetry("s", 4, 16, 2)]
+        looped._handle_frames(peer, frames, pending, 0.0)
+        stream = pending[(peer, "s", 0)]
+        assert [r.warmup for r in stream.backlog][-3:] == [False, True, None]
+    finally:
+        looped.close()

@@ -29,13 +29,20 @@ SPECS = (SPEC, FeatureSpec(latency_model=2), FeatureSpec(latency_model=3),
          # the local measured-cost correction (with a profile; without one it is off)
          FeatureSpec(latency_model=3, latency_local_samples=1.0, latency_local_cap=True),
          FeatureSpec(latency_local_samples=0.5, latency_outlier_ratio=3.0,
-                     latency_local_tolerance=0.2))
+                     latency_local_tolerance=0.2),
+         # the re-entry warm-up: inferred, and read from the records' flag where they
+         # carry one (the flagged warm-up's restart sets the compiled state's depth)
+         FeatureSpec(latency_model=3, drop_warmup_latency=True, warmup_restarts_draft=True),
+         FeatureSpec(latency_model=3, drop_warmup_latency=True, warmup_restarts_draft=True,
+                     warmup_flag=True),
+         FeatureSpec(drop_warmup_latency=True, warmup_flag=True))
 
 
 @st.composite
 def records(draw, max_steps: int = 9) -> list[StepRecord]:
     """A telemetry stream: decode steps at random depths (some beyond max_depth), prefills,
-    unmeasured latencies, idle and full KV caches."""
+    unmeasured latencies, idle and full KV caches; the re-entry warm-up flag unknown, known,
+    or a warm-up on a depth-0 decode step."""
     out = []
     # The drafts' values from a drawn seed: hundreds of drawn integers per record would
     # exceed hypothesis's data budget.
@@ -50,8 +57,10 @@ def records(draw, max_steps: int = 9) -> list[StepRecord]:
             accepted = np.zeros(0, dtype=np.int8)
         latency = draw(st.one_of(st.just(0.0), st.floats(1e-4, 2.0)))
         kv = draw(st.integers(0, 1_000_000))
+        warmup = draw(st.sampled_from([None, False, True]))
         out.append(StepRecord("s", 0, i, 0.01 * i, batch, draw(st.integers(0, 5000)), batch,
-                              kv, 1_000_000, prefill, steps, accepted, latency))
+                              kv, 1_000_000, prefill, steps, accepted, latency,
+                              warmup=warmup and not (steps or prefill)))
     return out
 
 

@@ -125,7 +125,8 @@ def test_copy_keeps_its_own_held_records():
     np.testing.assert_array_equal(builder.observation_grid(), reference.observation_grid())
 
 
-@pytest.mark.parametrize("name", ["drop_warmup_latency", "warmup_restarts_draft"])
+@pytest.mark.parametrize("name", ["drop_warmup_latency", "warmup_restarts_draft",
+                                  "warmup_flag"])
 def test_the_field_is_false_in_an_old_file_and_must_be_a_bool(name):
     data = replace(KEEP, **{name: True}).to_dict()
     del data[name]

@@ -38,6 +38,7 @@ from sglang_hooks.client import (
     DecisionAge,
     client_name,
     marker_for,
+    telemetry_frame,
 )
 from sglang_hooks.marker import CONTROLLER, FALLBACK
 from sglang_hooks.raw_step import telemetry_of
@@ -776,6 +777,16 @@ def test_a_step_as_read_becomes_its_telemetrys_frame_under_the_hellos_name():
                                            [1, 2], 0.25)
     finally:
         client.close()
+
+
+def test_a_steps_warmup_flag_is_its_frames_18th_item_and_unknown_leaves_it_out():
+    """telemetry_frame of a step as read: the flag (True, False) decodes as given, None
+    sends the 17-item frame of a plugin before the flag (the daemon reads unknown)."""
+    launch = (14, 999.5, True, 2, 4, 5, 100, 30, 10, None, None, None, None)
+    for flag in (None, False, True):
+        frame = telemetry_frame(*telemetry_of("srv", 3, (launch, 0, None, 999.75, None, flag)))
+        assert frame[2] == (17 if flag is None else 18)
+        assert decode(frame).warmup is flag
 
 
 def test_the_io_thread_does_its_chores_after_telemetry_and_a_failing_one_is_counted(caplog):

@@ -266,6 +266,24 @@ def test_a_step_given_as_read_is_the_trace_of_its_telemetry(tmp_path):
     assert requests == [("b", 5, 6)]
 
 
+def test_the_warmup_flag_reaches_the_trace_as_given_or_as_read(tmp_path):
+    """The telemetry's 14th item (the re-entry warm-up flag) is the record's ``warmup``;
+    a 13-item telemetry (a caller before it) and a step tuple of five are unknown."""
+    recorder = Recorder(tmp_path, "srv", 0, flush_s=60.0)
+    t = recorder.t0 + 0.5
+    off = (t, 2, 0, 2, 900, 10_000, 0, 0, None, 0.01)
+    recorder.add_telemetry(("srv", 0, 1, *off, False), None)
+    recorder.add_telemetry(("srv", 0, 2, *off, True), None)
+    recorder.add_telemetry(("srv", 0, 3, *off), None)
+    launch = (4, t + 0.1, True, 2, 0, 2, 10_000, 5_000, 1_000, None, None, None, None)
+    recorder.add_step_values((launch, 0, None, t + 0.11, t + 0.1, True))
+    recorder.add_step_values(((5, *launch[1:]), 0, None, t + 0.12, t + 0.11))
+    recorder.close()
+    assert [s.warmup for s in read_trace(recorder.files).steps] == [False, True, None, True,
+                                                                    None]
+    assert recorder.counters["bad_records"] == 0
+
+
 def test_an_extend_steps_attention_pairs_reach_the_trace(tmp_path):
     """prefix_lens / extend_lens of a prefill step become its prefill_pairs (each new token
     attends to its prompt's cached prefix and to the new tokens up to itself); a step

@@ -174,6 +174,74 @@ def decode_batch(size: int) -> BatchStandIn:
 # -- telemetry of a step ------------------------------------------------------------------
 
 
+def chosen(rt: Runtime, sched: SimpleNamespace, batch: BatchStandIn, asked: int) -> object:
+    """``run_batch`` through the hook, the policy asked for ``asked`` and the off switch
+    choosing what runs (as ``SpecctlAdaptiveParams.get_steps_for_batch`` does)."""
+    def run_batch(s, b):
+        s.forward_ct += 1
+        b.forward_iter = s.forward_ct
+        rt.last_steps = rt.offswitch.choose(asked)
+        return ("ran", b.forward_iter)
+    return rt.around_run_batch(run_batch, sched, batch)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_the_re_entry_warm_up_is_flagged_in_the_telemetry_and_no_other_step(overlap):
+    """With the off path in use, the first step asked to speculate after an off step runs
+    steps 0 and is sent with ``warmup`` True; off steps, extend steps and speculative steps
+    False. Under overlap scheduling (step N+1 launched before N's result) the flag stays
+    with its step."""
+    clock = ManualClock(T0)
+    client, recorder = ClientStandIn(), RecorderStandIn()
+    rt = source(clock, client, recorder)
+    rt.offswitch.ready = True
+    sched = scheduler()
+    # asked: 3 (speculates), 0 (off), 3 (the warm-up), 0 (off again right after it: not a
+    # warm-up), an extend, 2 (the warm-up), 2, 2 (drafting), 0, 0; three times (more steps
+    # than the runtime's ring holds: a slot's flag is its own step's).
+    plan = [3, 0, 3, 0, None, 2, 2, 2, 0, 0] * 3
+    batches = [BatchStandIn([ReqStandIn("e")], EXTEND) if asked is None else decode_batch(2)
+               for asked in plan]
+    pending = None
+    for asked, batch in zip(plan, batches, strict=True):
+        if asked is None:
+            launch(rt, sched, batch, steps=-1)
+        else:
+            chosen(rt, sched, batch, asked)
+        if pending is not None:
+            finish(rt, sched, pending)
+        pending = batch
+        if not overlap:
+            finish(rt, sched, pending)
+            pending = None
+        clock.advance(0.015625)
+    if pending is not None:
+        finish(rt, sched, pending)
+    flags = [sent[0][13] for sent in client.sent]
+    # (the second and third rounds start after off: their first step is a warm-up too)
+    assert flags == [False, False, True, False, False, True, False, False, False, False] + [
+        True, False, True, False, False, True, False, False, False, False] * 2
+    assert [sent[0][10] for sent in client.sent] == [3, 0, 0, 0, 0, 0, 2, 2, 0, 0] + [
+        0, 0, 0, 0, 0, 0, 2, 2, 0, 0] * 2
+    assert [step[11] for step in recorder.steps] == flags  # the recorder's the same
+    assert rt.counters["off_warmups"] == 8
+
+
+def test_without_the_off_path_the_warmup_flag_is_unknown():
+    """The off switch not built (SGLang's own steps=0 on every depth-0 step): the
+    telemetry says nothing either way."""
+    clock = ManualClock(T0)
+    client = ClientStandIn()
+    rt = source(clock, client)
+    sched = scheduler()
+    for asked in (3, 0, 3, 3):
+        batch = decode_batch(2)
+        chosen(rt, sched, batch, asked)
+        finish(rt, sched, batch)
+    assert [sent[0][13] for sent in client.sent] == [None] * 4
+    assert [sent[0][10] for sent in client.sent] == [3, 0, 3, 3]
+
+
 def test_a_decode_steps_telemetry_carries_the_schedulers_load_and_the_drafts():
     clock = ManualClock(T0)
     client, recorder = ClientStandIn(), RecorderStandIn()
@@ -185,9 +253,10 @@ def test_a_decode_steps_telemetry_carries_the_schedulers_load_and_the_drafts():
     clock.advance(0.015625)
     accepted = [1, 2, 0, 3]
     assert finish(rt, sched, batch, accepted) == (("processed", 1), 3)
-    payload = ("srv", 2, 1, T0, 4, 3, 4, 3_000, 10_000, 0, 3, accepted, 0.015625)
+    # The off path is not in use here (no GPU): whether a step was the warm-up is unknown.
+    payload = ("srv", 2, 1, T0, 4, 3, 4, 3_000, 10_000, 0, 3, accepted, 0.015625, None)
     assert client.sent == [(payload, 1, T0 + 0.015625)]
-    assert recorder.steps == [(1, T0, 4, 3, 4, 3_000, 10_000, 0, 3, accepted, 0.015625,
+    assert recorder.steps == [(1, T0, 4, 3, 4, 3_000, 10_000, 0, 3, accepted, 0.015625, None,
                                batch.reqs)]
     # The launch's request list and the processed batch's, not copies (the recorder's
     # thread reads the ids of the first batch-size entries of one, finds the finished
@@ -268,7 +337,7 @@ def test_latency_runs_from_the_previous_result_unless_the_server_sat_idle(monkey
     launch(rt, sched, fourth, 1)
     clock.advance(0.03125)
     finish(rt, sched, fourth)
-    assert [sent[0][-1] for sent in client.sent] == [0.5, 0.125, 0.09375, 0.03125]
+    assert [sent[0][12] for sent in client.sent] == [0.5, 0.125, 0.09375, 0.03125]
 
 
 def test_the_idle_gap_is_fifty_milliseconds():
@@ -288,7 +357,7 @@ def test_the_idle_gap_is_fifty_milliseconds():
     launch(rt, sched, batches[2], 1)
     clock.advance(0.015625)
     finish(rt, sched, batches[2])
-    assert [sent[0][-1] for sent in client.sent] == [0.125, 0.0625, 0.015625]
+    assert [sent[0][12] for sent in client.sent] == [0.125, 0.0625, 0.015625]
 
 
 def test_a_steps_finished_requests_go_to_the_recorder_with_its_telemetry():

@@ -50,8 +50,11 @@ def stream(seed: int, length: int, builder: CompiledFeatureBuilder | None = None
             accepted = (rng.integers(0, ran + 1, size=batch).astype(np.int8)
                         if ran else np.zeros(0, dtype=np.int8))
             latency = off_s * (1.0 + 0.2 * ran) * float(rng.uniform(0.8, 1.25))
+            # the re-entry warm-up flag (read by FeatureSpec.warmup_flag): now and then a
+            # depth-0 decode step is flagged one, its latency left out of the features
+            warmup = bool(rng.random() < 0.05) if not (ran or prefill) else False
             yield StepRecord("s", 0, i, 0.01 * i, batch, 3, batch, 40_000 + 100 * i,
-                             1_000_000, prefill, ran, accepted, latency)
+                             1_000_000, prefill, ran, accepted, latency, warmup=warmup)
             i += 1
 
 
@@ -68,7 +71,9 @@ def assert_same(got: CompiledFeatureBuilder, want: CompiledFeatureBuilder, where
        share=st.sampled_from([0.05, 0.2, 1.0]), steps=st.integers(1, 3),
        samples=st.sampled_from([0.3, 0.5, 2.0]), confirm=st.sampled_from([0.0, 0.15, 1.0]),
        trust=st.sampled_from([0.0, 0.05, 0.5]),
-       spec=st.sampled_from([FeatureSpec(), FeatureSpec(latency_model=3)]))
+       spec=st.sampled_from([FeatureSpec(), FeatureSpec(latency_model=3),
+                             FeatureSpec(latency_model=3, drop_warmup_latency=True,
+                                         warmup_restarts_draft=True, warmup_flag=True)]))
 def test_the_compiled_off_probe_folds_as_the_python_one(seed, with_profile, share, steps,
                                                           samples, confirm, trust, spec):
     probe = ProbeSpec(off_share=share, off_steps=steps, off_samples=samples,

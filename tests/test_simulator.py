@@ -143,14 +143,18 @@ def test_warmup_follows_the_plugins_off_switch(scenario):
     where the plugin's ``OffSwitch.choose`` turns the asked depth into steps=0: asked for
     depth > 0 with an off step since the last draft extend (with the off path and
     ``reentry_warmup``); it drafts nothing, commits one token per live request, and costs
-    SGLang's steps=0 with the extend. Every other step runs the depth asked."""
+    SGLang's steps=0 with the extend. Every other step runs the depth asked. Its record's
+    ``warmup`` says which (True there, False on every other record of the off path, None
+    on SGLang's steps=0: as the plugin with and without its off path)."""
     workload, config, depths, seed = scenario
     sim = Simulator(_LinearCost(), _RandomAcceptance(), workload, config, seed=seed)
     cost = _LinearCost()
     stale = False  # OffSwitch.stale
+    known = config.zero_step == "off"
     i = 0
     while not sim.done:
-        sim.advance()
+        for prefill in sim.advance():
+            assert prefill.warmup is (False if known else None)
         if sim.done:
             break
         asked = depths[i % len(depths)]
@@ -165,6 +169,7 @@ def test_warmup_follows_the_plugins_off_switch(scenario):
         elif warmup:
             stale = False
         assert record.steps_used == (0 if warmup else asked)
+        assert record.warmup is (warmup if known else None)
         if warmup:
             assert record.accepted_drafts.size == 0
             if sim.retractions == retractions:  # (a retraction takes requests out first)

@@ -59,6 +59,8 @@ def make_steps(n: int = 5, start: int = 0, server: str = "s0", rank: int = 0) ->
                 accepted_drafts=accepted if i % 5 else np.array([], np.int8),
                 step_latency_s=0.005 + 0.001 * i,
                 request_ids=["r0", "r1"] if i % 2 else None,
+                # unknown, known, and a warm-up on the depth-0 decode steps 4, 8, ...
+                warmup=None if i % 3 == 0 else (i % 4 == 0 and i % 5 != 0),
             )
         )
     return steps
@@ -262,7 +264,8 @@ def _rewrite(path, column: str, row: int, value) -> None:
 def _one_cell_changed(tmp_path, column: str, row: int, value):
     """A trace of make_requests() and make_steps(6) with one cell rewritten. Rows: 0..2
     are the requests, 3..8 the steps: steps_used 0,1,2,3,0,0; accepted_drafts [], [1,0],
-    [2,0], [3,0], [], []; request_ids on rows 4, 6 and 8."""
+    [2,0], [3,0], [], []; request_ids on rows 4, 6 and 8; prefill steps rows 3 and 8;
+    warmup None, False, False, None, True, False."""
     path = write_trace(tmp_path / "t.parquet", make_requests(), make_steps(6))
     _rewrite(path, column, row, value)
     return path
@@ -382,12 +385,14 @@ def test_add_step_only_buffers_until_the_rotation_size(tmp_path, monkeypatch):
 
 
 step_strategy = st.builds(
-    lambda depth, batch, acc_seed, latency, with_ids: (depth, batch, acc_seed, latency, with_ids),
+    lambda depth, batch, acc_seed, latency, with_ids, warmup: (depth, batch, acc_seed, latency,
+                                                               with_ids, warmup),
     st.integers(0, 7),
     st.integers(0, 6),
     st.integers(0, 10**6),
     st.floats(0, 10, allow_nan=False),
     st.booleans(),
+    st.sampled_from([None, False, True]),
 )
 
 
@@ -397,7 +402,7 @@ step_strategy = st.builds(
 @given(specs=st.lists(step_strategy, max_size=12), n_requests=st.integers(0, 5))
 def test_round_trip_property(tmp_path, specs, n_requests):
     steps = []
-    for i, (depth, batch, seed, latency, with_ids) in enumerate(specs):
+    for i, (depth, batch, seed, latency, with_ids, warmup) in enumerate(specs):
         rng = np.random.default_rng(seed)
         accepted = (
             rng.integers(0, depth + 1, size=batch).astype(np.int8)
@@ -420,6 +425,7 @@ def test_round_trip_property(tmp_path, specs, n_requests):
                 accepted,
                 latency,
                 [f"q{j}" for j in range(batch)] if with_ids else None,
+                warmup=warmup and not depth,  # a warm-up only at steps 0
             )
         )
     requests = [RequestRecord(f"q{j}", float(j), j + 1, 2 * j + 1) for j in range(n_requests)]
@@ -623,6 +629,10 @@ def test_writer_errors_name_the_file_row_and_field(tmp_path):
          "got -1.0$"),
         ("prefill_pairs", 4, float("inf"), "row 4, field 'prefill_pairs': must be finite and "
          ">= 0, got inf$"),
+        ("warmup", 4, True, "row 4, field 'warmup': a warm-up must be a decode step at "
+         "steps_used 0, got steps_used 1 and prefill_tokens 0$"),
+        ("warmup", 8, True, "row 8, field 'warmup': a warm-up must be a decode step at "
+         "steps_used 0, got steps_used 0 and prefill_tokens 64$"),
     ],
 )
 def test_validation_errors_name_file_row_field(tmp_path, column, row, value, expected):
@@ -1057,6 +1067,38 @@ def test_prefill_pairs_round_trip_and_a_file_written_before_the_column_reads_as_
     meta = table.schema.metadata
     pq.write_table(table.drop_columns(["prefill_pairs"]).replace_schema_metadata(meta), path)
     assert [s.prefill_pairs for s in read_trace(path).steps] == [None] * 6
+
+
+def test_the_warmup_flag_round_trips_and_a_file_written_before_the_column_reads_as_unknown(
+        tmp_path):
+    steps = make_steps(9)
+    path = write_trace(tmp_path / "t.parquet", make_requests(), steps)
+    expected = [None, False, False, None, True, False, None, False, True]
+    assert [s.warmup for s in steps] == expected  # all three kinds, a warm-up at steps 0
+    assert [s.warmup for s in read_trace(path).steps] == expected
+    assert read_trace(path).step_columns().warmup.tolist() == [-1, 0, 0, -1, 1, 0, -1, 0, 1]
+    table = pq.read_table(path)
+    assert table.schema.field("warmup").type == pa.bool_()
+    assert table.column("warmup").to_pylist()[:3] == [None] * 3  # null on request rows
+    meta = table.schema.metadata
+    pq.write_table(table.drop_columns(["warmup"]).replace_schema_metadata(meta), path)
+    assert [s.warmup for s in read_trace(path).steps] == [None] * 9
+
+
+def test_a_warmup_column_of_another_type_or_a_record_with_another_value_is_refused(tmp_path):
+    path = write_trace(tmp_path / "t.parquet", make_requests(), make_steps(3))
+    table = pq.read_table(path)
+    i = table.column_names.index("warmup")
+    strings = pa.array(["yes"] * table.num_rows, type=pa.string())
+    pq.write_table(table.set_column(i, "warmup", strings)
+                   .replace_schema_metadata(table.schema.metadata), path)
+    with pytest.raises(TraceFormatError, match=r"field 'warmup': has type string, expected bool"):
+        read_trace(path)
+    steps = make_steps(3)
+    steps[1].warmup = 1  # an int is not a flag
+    with pytest.raises(TraceFormatError, match=r"field 'warmup': records cannot be stored: 1 is "
+                                                r"not None, True or False"):
+        write_trace(tmp_path / "u.parquet", [], steps)
 
 
 def test_a_packed_trace_folder_reads_as_the_folder_and_leaves_no_scratch(tmp_path, monkeypatch):

@@ -47,7 +47,9 @@ latencies = st.just(0.0) | st.floats(MIN_STEP_LATENCY_S, MAX_STEP_LATENCY_S)
 @st.composite
 def step_records(draw) -> StepRecord:
     batch = draw(st.integers(0, 300))
-    steps = draw(st.integers(0, 7))
+    # The warm-up flag: unknown, known, or a warm-up (a decode step at steps 0).
+    warmup = draw(st.sampled_from([None, False, True]))
+    steps = 0 if warmup else draw(st.integers(0, 7))
     accepted = draw(st.lists(st.integers(0, steps), max_size=batch)) if steps else []
     capacity = draw(st.integers(0, MAX_KV_TOKENS))
     return StepRecord(
@@ -55,8 +57,9 @@ def step_records(draw) -> StepRecord:
         step_index=draw(st.integers(0, 2**62)), time_s=draw(times), batch_size=batch,
         waiting_requests=draw(ints), running_requests=draw(ints),
         kv_used_tokens=draw(st.integers(0, capacity or MAX_KV_TOKENS)),
-        kv_capacity_tokens=capacity, prefill_tokens=draw(ints), steps_used=steps,
-        accepted_drafts=np.array(accepted, dtype=np.int8), step_latency_s=draw(latencies),
+        kv_capacity_tokens=capacity, prefill_tokens=0 if warmup else draw(ints),
+        steps_used=steps, accepted_drafts=np.array(accepted, dtype=np.int8),
+        step_latency_s=draw(latencies), warmup=warmup,
     )
 
 
@@ -78,6 +81,28 @@ def test_hot_path_packing_matches_the_record_encoder():
     frame = pack_telemetry("s", 3, 17, 1.5, 4, 2, 6, 1000, 9000, 0, 3,
                            bytes([0, 3, 1, 2]), 6, 0.012)
     assert frame == encode_step(record)
+    for warmup in (False, True):
+        record = StepRecord("s", 3, 17, 1.5, 4, 2, 6, 1000, 9000, 0, 0,
+                            np.zeros(0, np.int8), 0.012, warmup=warmup)
+        frame = pack_telemetry("s", 3, 17, 1.5, 4, 2, 6, 1000, 9000, 0, 0, b"", 0, 0.012,
+                               warmup)
+        assert frame == encode_step(record)
+
+
+def test_an_unknown_warmup_flag_sends_the_old_17_item_frame_and_a_known_one_an_18th():
+    """A record without the flag (None) is sent as before the field, byte for byte (an
+    older daemon still reads it); a known flag is an 18th item, a msgpack bool."""
+    old = msgpack.packb([WIRE_VERSION, 2, "s", 3, 17, 1.5, 4, 2, 6, 1000, 9000, 0, 0, b"", 0,
+                         0, 0.012], use_bin_type=True)
+    assert pack_telemetry("s", 3, 17, 1.5, 4, 2, 6, 1000, 9000, 0, 0, b"", 0, 0.012) == old
+    for warmup in (False, True):
+        frame = pack_telemetry("s", 3, 17, 1.5, 4, 2, 6, 1000, 9000, 0, 0, b"", 0, 0.012,
+                               warmup)
+        assert frame == old[:2] + bytes([18]) + old[3:] + (b"\xc3" if warmup else b"\xc2")
+        for decoder in (decode, decode_general):
+            assert decoder(frame).warmup is warmup
+    for decoder in (decode, decode_general):  # an older plugin's frame: unknown
+        assert decoder(old).warmup is None
 
 
 @given(st.builds(
@@ -260,6 +285,41 @@ def test_every_socket_gets_the_transport_size_cap():
 def test_well_formed_telemetry_frame_passes():
     record = decode(msgpack.packb(_telemetry(), use_bin_type=True))
     assert record.accepted_drafts.tolist() == [1, 2] and record.steps_used == 3
+    assert record.warmup is None
+
+
+WARMUP = dict(warmup=True, steps=0, accepted=b"", total=0, count=0)
+
+
+@pytest.mark.parametrize(("changes", "field", "text"), [
+    (dict(warmup=None), "warmup", "malformed: field 'warmup' must be true or false, got "
+                                  "NoneType None"),
+    (dict(warmup=1), "warmup", "malformed: field 'warmup' must be true or false, got int 1"),
+    (dict(warmup=b"\x01"), "warmup", "malformed: field 'warmup' must be true or false"),
+    (dict(warmup=True), "warmup", "range: field 'warmup': a warm-up is a decode step at "
+                                  "steps_used 0, got steps_used 3 and prefill_tokens 0"),
+    ({**WARMUP, "prefill": 7}, "warmup", "range: field 'warmup': a warm-up is a decode step "
+                                         "at steps_used 0, got steps_used 0 and "
+                                         "prefill_tokens 7"),
+])
+def test_a_bad_warmup_flag_is_refused_naming_it(changes, field, text):
+    frame = msgpack.packb(_telemetry(**changes), use_bin_type=True)
+    for decoder in (decode, decode_general):
+        with pytest.raises(WireError) as info:
+            decoder(frame)
+        assert str(info.value).startswith(text) and info.value.field == field
+    assert wire._make_fast_decoder()(frame) is None  # the general path names it
+
+
+@pytest.mark.parametrize("changes", [
+    dict(warmup=False), WARMUP, {**WARMUP, "warmup": False}, dict(warmup=False, prefill=9,
+                                                                  steps=0, accepted=b"",
+                                                                  total=0, count=0)])
+def test_a_known_warmup_flag_passes_both_paths(changes):
+    frame = msgpack.packb(_telemetry(**changes), use_bin_type=True)
+    record = wire._make_fast_decoder()(frame)
+    assert record is not None and record.warmup is changes["warmup"]
+    assert decode_general(frame).warmup is changes["warmup"]
 
 
 @settings(max_examples=400)
@@ -378,7 +438,8 @@ def test_fast_and_general_decoding_agree_on_valid_telemetry(record):
 @settings(max_examples=500)
 @given(st.data())
 def test_fast_and_general_decoding_agree_on_any_field_replaced(data):
-    message = _telemetry(accepted=bytes([1, 2, 3]), total=6, count=3, batch=4, steps=3)
+    message = _telemetry(accepted=bytes([1, 2, 3]), total=6, count=3, batch=4, steps=3,
+                         **data.draw(st.sampled_from([{}, dict(warmup=False)])))
     index = data.draw(st.integers(2, len(message) - 1))
     message[index] = data.draw(msgpack_values | st.integers(-5, 300)
                                | st.floats(-1.0, 1e4) | st.binary(max_size=6))
@@ -391,6 +452,8 @@ def test_fast_and_general_decoding_agree_on_any_field_replaced(data):
     dict(total=4), dict(count=1), dict(batch=1), dict(accepted=bytes([255, 4]), total=259),
     dict(server="x" * 300), dict(server=""), dict(time=3), dict(latency=0), dict(steps=127),
     dict(accepted=b"", total=0, count=0), dict(steps=0, accepted=b"", total=0, count=0),
+    dict(warmup=True), dict(warmup=False), WARMUP, {**WARMUP, "prefill": 1}, dict(warmup=None),
+    dict(warmup=0), dict(warmup=1.0),
 ])
 def test_fast_and_general_decoding_agree_on_edge_cases(changes):
     _same_either_way(msgpack.packb(_telemetry(**changes), use_bin_type=True))
@@ -411,7 +474,7 @@ def test_every_valid_telemetry_frame_takes_the_fast_path():
                     dict(accepted=bytes(range(17)), total=136, count=17, batch=17, steps=16),
                     # Over 192 entries at steps < 16: the total comes from per-value counts.
                     dict(accepted=bytes([0, 1, 2, 3] * 50), total=300, count=200, batch=200,
-                         steps=3)]:
+                         steps=3), dict(warmup=False), WARMUP]:
         frame = msgpack.packb(_telemetry(**changes), use_bin_type=True)
         record = fast(frame)
         assert record is not None, changes
@@ -431,7 +494,8 @@ def test_a_fresh_fast_decoder_accepts_and_agrees_on_valid_telemetry(record):
 @settings(max_examples=300)
 @given(st.data())
 def test_a_fresh_fast_decoder_never_accepts_what_the_general_path_refuses(data):
-    message = _telemetry(accepted=bytes([1, 2, 3]), total=6, count=3, batch=4, steps=3)
+    message = _telemetry(accepted=bytes([1, 2, 3]), total=6, count=3, batch=4, steps=3,
+                         **data.draw(st.sampled_from([{}, dict(warmup=False)])))
     index = data.draw(st.integers(2, len(message) - 1))
     message[index] = data.draw(msgpack_values | st.integers(-5, 300)
                                | st.floats(-1.0, 1e4) | st.binary(max_size=6))
@@ -449,6 +513,8 @@ def test_a_fresh_fast_decoder_never_accepts_what_the_general_path_refuses(data):
     (dict(accepted=bytes([200, 2]), total=202), "accepted_drafts"),
     (dict(batch=MAX_BATCH + 1), "batch_size"),
     (dict(accepted=bytes([17] * 3), total=51, count=3, batch=3, steps=16), "accepted_drafts"),
+    (dict(warmup=True), "warmup"), ({**WARMUP, "prefill": 3}, "warmup"),
+    (dict(warmup=0), "warmup"),
 ])
 def test_a_fresh_fast_decoder_hands_bad_frames_to_the_general_path(changes, field):
     frame = msgpack.packb(_telemetry(**changes), use_bin_type=True)
@@ -833,12 +899,12 @@ def test_a_bad_digest_in_a_hello_is_refused_naming_the_field(digest, got):
     (VALID[Kind.HELLO][:7], "HELLO has 7 items, expected 8"),
     ([*VALID[Kind.HELLO], DIGEST, DIGEST], "HELLO has 10 items, expected 8"),
     ([*VALID[Kind.DECISION], DIGEST], "DECISION has 9 items, expected 8"),
-    ([*VALID[Kind.TELEMETRY], DIGEST], "TELEMETRY has 18 items, expected 17"),
+    ([*VALID[Kind.TELEMETRY], False, DIGEST], "TELEMETRY has 19 items, expected 17"),
     ([WIRE_VERSION, int(Kind.POLICY), "p", DIGEST, b"x", DIGEST, 1, 2, 3],
      "POLICY has 9 items, expected 5"),
     ([WIRE_VERSION, int(Kind.POLICY), "p", DIGEST], "POLICY has 4 items, expected 5"),
 ])
-def test_only_a_hello_may_carry_a_ninth_item(message, text):
+def test_only_a_hello_or_telemetry_may_carry_one_more_item(message, text):
     for accept_policy in (False, True):
         with pytest.raises(WireError) as info:
             decode(msgpack.packb(message, use_bin_type=True), accept_policy=accept_policy)

@@ -1013,11 +1013,16 @@ def points_from_trace(trace: Any, *, draft_extend: bool = True,
 
     Uses steps with ``prefill_tokens == 0``, ``batch_size > 0`` and a positive
     latency, of the lowest rank of each server (ranks report the same steps):
-    (batch_size, steps_used, kv_used_tokens, 0, step_latency_s). With
+    (batch_size, steps_used, kv_used_tokens, 0, step_latency_s). A depth-0 step is
+    SGLang's steps=0 (on the speculative path, its draft extend as ``draft_extend``
+    says) unless its record says what it was (``StepRecord.warmup``, a trace the plugin
+    recorded with its off path since the eighteenth session): flagged False, the off
+    path's plain decode (no speculative path, no extend); flagged True, the re-entry
+    warm-up (SGLang's steps=0 with the extend). With
     ``per_cell`` (the default) the steps are first reduced to one point per
-    (batch size, depth): the median latency and KV use, for cells with at least
-    ``min_steps`` steps. Single steps' latencies on a real server jitter (one
-    result processed late makes the next look short) and a batch size seen a
+    (batch size, depth, and for depth 0 which of the three): the median latency and KV
+    use, for cells with at least ``min_steps`` steps. Single steps' latencies on a real
+    server jitter (one result processed late makes the next look short) and a batch size seen a
     couple of times in a transient says little; the medians are what the model
     should match. Decode steps more than :data:`NON_PHYSICAL_RATIO` times slower
     than the median decode step are left out (logged with their count).
@@ -1054,22 +1059,28 @@ def _decode_points(trace: Any, draft_extend: bool, per_cell: bool,
     use &= ~wild
     batch, depth = cols.batch_size[use], cols.steps_used[use]
     kv, latency = cols.kv_used_tokens[use], cols.step_latency_s[use]
+    # What a depth-0 step ran (StepColumns.warmup: -1 unknown, 0 off, 1 the warm-up); a
+    # speculative step is one kind whatever its record says.
+    kind = np.where(depth > 0, -1, cols.warmup[use]).astype(np.int64)
     if per_cell:
-        cells, counts = np.unique(np.stack([batch, depth], axis=1), axis=0, return_counts=True)
+        cells, counts = np.unique(np.stack([batch, depth, kind], axis=1), axis=0,
+                                  return_counts=True)
         cells = cells[counts >= min_steps]
         if not len(cells):
             raise ValueError(f"no (batch size, depth) cell has {min_steps} decode steps")
-        members = [(batch == b) & (depth == d) for b, d in cells]
-        batch, depth = cells[:, 0], cells[:, 1]
+        members = [(batch == b) & (depth == d) & (kind == k) for b, d, k in cells]
+        batch, depth, kind = cells[:, 0], cells[:, 1], cells[:, 2]
         kv = np.array([np.median(kv[m]) for m in members])
         latency = np.array([np.median(latency[m]) for m in members])
+    off = kind == 0  # the plugin's off path: a plain decode
     points = LatencyPoints(
         batch_size=batch,
         depth=depth,
         kv_tokens=kv,
         prefill_tokens=np.zeros(len(batch)),
         latency_s=latency,
-        draft_extend=np.full(len(batch), draft_extend),
+        draft_extend=np.where(kind == 1, True, np.where(off, False, draft_extend)),
+        speculative_path=~off,
     )
     return points, int(wild.sum())
 

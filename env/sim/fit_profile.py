@@ -13,7 +13,12 @@ Keys:
 * ``template``: shipped profile name or YAML path whose server limits, priors and
   descriptors are kept (default ``h200_llama31_8b``);
 * ``draft_extend``: whether steps=0 ran the draft extend (default ``true``;
-  ``false`` with ``SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1``);
+  ``false`` with ``SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1``). It applies to the
+  depth-0 steps of a trace without the warm-up flag, all read as SGLang's steps=0;
+  a trace the plugin recorded with its off path since the eighteenth session says of
+  each depth-0 step what it ran (``warmup`` column): an off step is fitted as a plain
+  decode, the re-entry warm-up as steps=0 with the extend (an older plugin trace's off
+  steps are still read as steps=0: fit it with care);
 * ``free``: comma-separated coefficients to fit (default
   :data:`env.sim.cost_model.DEFAULT_FREE`);
 * ``name``: name of the fitted profile (default: the template's);

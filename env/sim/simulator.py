@@ -28,8 +28,10 @@ model follows SGLang's default scheduler:
     as the plugin's ``OffSwitch.choose`` does (with ``reentry_warmup``, off by default),
     the first decode step asked for depth > 0 after an off step is the *warm-up*:
     SGLang's own steps=0 with the draft extend over the newest token (one token
-    per request, no drafts, ``steps_used`` 0 in its record, the ``sglang_steps0``
-    cost), after which the draft is warm; drafting resumes on the next step asked
+    per request, no drafts, ``steps_used`` 0 in its record and ``warmup`` True, the
+    ``sglang_steps0`` cost; every other record of this mode says ``warmup`` False, as
+    the plugin with its off path reports; ``sglang_steps0``'s records None), after
+    which the draft is warm; drafting resumes on the next step asked
     for depth > 0 (a step asked for 0 right after the warm-up is off again, and
     the next one back warms up again). Without ``reentry_warmup`` that first step
     drafts at once from a cold state instead (its accepted drafts scaled by
@@ -605,7 +607,7 @@ class Simulator:
             batch_size=n, waiting_requests=self.waiting_requests,
             running_requests=self.running_requests, kv_used_tokens=kv_before,
             kv_capacity_tokens=cfg.kv_capacity_tokens, prefill_tokens=0, steps_used=depth,
-            accepted_drafts=accepted, step_latency_s=latency,
+            accepted_drafts=accepted, step_latency_s=latency, warmup=self._warmup_flag(warmup),
         )
         self.kv_used += committed
         if self._cache_tokens:
@@ -620,6 +622,13 @@ class Simulator:
         return record
 
     # -- internals ---------------------------------------------------------------
+
+    def _warmup_flag(self, warmup: bool) -> bool | None:
+        """A record's ``StepRecord.warmup``: known on the off path (``zero_step="off"``,
+        whose depth-0 steps are off steps or, with ``reentry_warmup``, the warm-up), as the
+        plugin reports it with its off path in use; None on SGLang's own steps=0, as the
+        plugin reports it without."""
+        return warmup if self.config.zero_step == "off" else None
 
     def _admit_arrivals(self) -> None:
         if self._closed_loop:
@@ -741,7 +750,7 @@ class Simulator:
             batch_size=batch, waiting_requests=waiting_before, running_requests=running_before,
             kv_used_tokens=kv_before, kv_capacity_tokens=cfg.kv_capacity_tokens,
             prefill_tokens=prefill_tokens, steps_used=0, accepted_drafts=_EMPTY_I8,
-            step_latency_s=latency, prefill_pairs=pairs,
+            step_latency_s=latency, prefill_pairs=pairs, warmup=self._warmup_flag(False),
         )
         self.kv_used += prefill_tokens
         if self._cache_tokens:

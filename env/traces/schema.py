@@ -48,6 +48,15 @@ class StepRecord:
             (each new token attends to every earlier token of its prompt, cached prefix
             and earlier chunks included: ``env.sim.cost_model.prefill_pairs``); None
             where not recorded.
+        warmup: Whether this depth-0 decode step was the plugin's re-entry warm-up (the
+            first step asked for depth > 0 after an off period, run as SGLang's steps=0
+            on the speculative path: a verify forward and the draft extend,
+            ``sglang_hooks.offswitch.OffSwitch.choose``), not an off step. True only on
+            a decode record with ``steps_used == 0``; False on every other record of a
+            stream that knows (the plugin with its off path, the simulator on
+            ``zero_step="off"``); None where unknown (an older plugin or trace, or a
+            server whose depth-0 steps are SGLang's own steps=0): the features then
+            infer it (``FeatureSpec.drop_warmup_latency``).
     """
 
     server: str
@@ -65,6 +74,7 @@ class StepRecord:
     step_latency_s: float
     request_ids: list[str] | None = field(default=None)
     prefill_pairs: float | None = field(default=None)
+    warmup: bool | None = field(default=None)
 
     @property
     def is_decode(self) -> bool:

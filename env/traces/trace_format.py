@@ -46,6 +46,11 @@ request_ids         list<string>   S      optional: ids of the batch, ``batch_si
 prefill_pairs       float64        S      optional: a prefill step's attention token
                                           pairs over its prompts, finite and >= 0; the
                                           column may be absent (files written before it)
+warmup              bool           S      optional: the step was the plugin's re-entry
+                                          warm-up (``StepRecord.warmup``); true only on
+                                          a decode row with ``steps_used`` 0; null
+                                          where unknown; the column may be absent (files
+                                          written before it: every row unknown)
 ==================  =============  =====  ==============================================
 
 Request rows must be sorted by ``arrival_s`` within a file (the writer sorts
@@ -115,10 +120,13 @@ SCHEMA = pa.schema(
         ("step_latency_s", pa.float64()),
         ("request_ids", pa.list_(pa.string())),
         ("prefill_pairs", pa.float64()),
+        ("warmup", pa.bool_()),
     ]
 )
 #: Columns a file may lack (written before they existed): read as all null.
-_OPTIONAL_COLUMNS = ("prefill_pairs",)
+_OPTIONAL_COLUMNS = ("prefill_pairs", "warmup")
+#: :attr:`StepColumns.warmup`'s codes: unknown (None), not a warm-up, a warm-up.
+WARMUP_UNKNOWN, WARMUP_NO, WARMUP_YES = -1, 0, 1
 
 _REQUEST_REQUIRED = ("request_id", "arrival_s", "prompt_tokens", "output_tokens")
 _STEP_SCALARS = (
@@ -299,10 +307,15 @@ class StepColumns:
     request_ids: list[list[str] | None]
     #: float64; NaN where a step's pairs were not recorded.
     prefill_pairs: np.ndarray | None = None
+    #: int8: ``StepRecord.warmup`` as WARMUP_UNKNOWN (-1, None), WARMUP_NO (0) or
+    #: WARMUP_YES (1).
+    warmup: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.prefill_pairs is None:
             self.prefill_pairs = np.full(len(self.step_index), np.nan)
+        if self.warmup is None:
+            self.warmup = np.full(len(self.step_index), WARMUP_UNKNOWN, dtype=np.int8)
 
     def __len__(self) -> int:
         return int(self.step_index.size)
@@ -352,6 +365,7 @@ class StepColumns:
             request_ids=[None if r.request_ids is None else list(r.request_ids) for r in records],
             prefill_pairs=np.array([np.nan if r.prefill_pairs is None else r.prefill_pairs
                                     for r in records], dtype=np.float64),
+            warmup=np.array([_warmup_code(r.warmup) for r in records], dtype=np.int8),
         )
 
     def accepted(self, i: int) -> np.ndarray:
@@ -382,9 +396,22 @@ class StepColumns:
                     request_ids=self.request_ids[i],
                     prefill_pairs=(None if np.isnan(self.prefill_pairs[i])
                                    else float(self.prefill_pairs[i])),
+                    warmup=_WARMUP_VALUES[self.warmup[i]],
                 )
             )
         return out
+
+
+_WARMUP_VALUES = {WARMUP_UNKNOWN: None, WARMUP_NO: False, WARMUP_YES: True}
+
+
+def _warmup_code(value: object) -> int:
+    """A record's ``warmup`` as its :attr:`StepColumns.warmup` code (None, or a bool)."""
+    if value is None:
+        return WARMUP_UNKNOWN
+    if not isinstance(value, bool | np.bool_):
+        raise StepFieldError("warmup", f"{value!r} is not None, True or False")
+    return WARMUP_YES if value else WARMUP_NO
 
 
 @dataclass
@@ -489,6 +516,10 @@ def _build_table(requests: RequestColumns, steps: StepColumns) -> pa.Table:
     # prefill_pairs: null on request rows and where a step has none (NaN).
     pairs = np.concatenate([np.full(n_req, np.nan), steps.prefill_pairs])
     columns["prefill_pairs"] = pa.array(pairs, type=pa.float64(), mask=np.isnan(pairs))
+    # warmup: null on request rows and where unknown.
+    codes = np.concatenate([np.full(n_req, WARMUP_UNKNOWN, dtype=np.int8), steps.warmup])
+    columns["warmup"] = pa.array(codes == WARMUP_YES, type=pa.bool_(),
+                                 mask=codes == WARMUP_UNKNOWN)
     return pa.table([columns[f.name] for f in SCHEMA], schema=SCHEMA)
 
 
@@ -706,6 +737,16 @@ def _split_table(table: pa.Table, file: str) -> tuple[RequestColumns, StepColumn
            lambda i: f"must be finite and >= 0, got {pairs[i]}")
     pairs[pairs_null] = np.nan
 
+    warmup_arr = column("warmup", step_rows)
+    warmup_null = np.asarray(warmup_arr.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+    warmup_true = np.asarray(warmup_arr.fill_null(False).to_numpy(zero_copy_only=False),
+                             dtype=bool)
+    _check(file, step_rows, warmup_true & ((steps_used != 0) | (scal["prefill_tokens"] != 0)),
+           "warmup", lambda i: "a warm-up must be a decode step at steps_used 0, got "
+           f"steps_used {steps_used[i]} and prefill_tokens {scal['prefill_tokens'][i]}")
+    warmup = np.where(warmup_null, WARMUP_UNKNOWN,
+                      np.where(warmup_true, WARMUP_YES, WARMUP_NO)).astype(np.int8)
+
     steps = StepColumns(
         server=server,
         rank=rank.astype(np.int32, copy=False),
@@ -723,6 +764,7 @@ def _split_table(table: pa.Table, file: str) -> tuple[RequestColumns, StepColumn
         accepted_values=acc_val,
         request_ids=request_ids,
         prefill_pairs=pairs,
+        warmup=warmup,
     )
     return req, steps, step_rows
 
