@@ -54,22 +54,27 @@ def band_summary(rows: list[dict], lo: int, hi: int) -> dict:
     }
 
 
+def policy_servings(run: int):
+    """``(serving name, its records, the profile handed)`` for each serving of ``run`` by
+    a file of ``FILES`` (cut at the controller's reloads, as ``servings.py`` does)."""
+    profile, names = RUNS[run]
+    trace = read_packed_trace(OFFSWITCH / f"moe_acc2.5_trace_r8r6_run{run}.tar.gz")
+    t0 = trace.meta["t0_unix"]
+    times = [t for t in reload_times(OFFSWITCH / f"moe_acc2.5_controller_run{run}.log")
+             if t >= t0]
+    bounds = [t - t0 for t in times] + [float("inf")]
+    prior = load_profile(profile)
+    for i, name in enumerate(names):
+        if name.split()[0] in FILES:
+            yield name, [r for r in trace.steps if bounds[i] <= r.time_s < bounds[i + 1]], prior
+
+
 def main() -> None:
-    for run, (profile, names) in RUNS.items():
+    for run, (profile, _) in RUNS.items():
         if run < 51:
             continue
-        trace = read_packed_trace(OFFSWITCH / f"moe_acc2.5_trace_r8r6_run{run}.tar.gz")
-        t0 = trace.meta["t0_unix"]
-        times = [t for t in reload_times(OFFSWITCH / f"moe_acc2.5_controller_run{run}.log")
-                 if t >= t0]
-        bounds = [t - t0 for t in times] + [float("inf")]
-        prior = load_profile(profile)
-        for i, name in enumerate(names):
-            policy_name = name.split()[0]
-            if policy_name not in FILES:
-                continue
-            records = [r for r in trace.steps if bounds[i] <= r.time_s < bounds[i + 1]]
-            rows = rd.replay(records, ExportedPolicy.load(FILES[policy_name]), prior)
+        for name, records, prior in policy_servings(run):
+            rows = rd.replay(records, ExportedPolicy.load(FILES[name.split()[0]]), prior)
             print(json.dumps({"run": run, "profile": profile, "serving": name,
                               "8-23": band_summary(rows, 8, 24),
                               ">=24": band_summary(rows, 24, 10**9)}))
@@ -79,17 +84,7 @@ def cross() -> None:
     """Each own-profile serving's telemetry through both files: the same steps, two
     feature specs, so the priced ratios compare like for like."""
     for run in (51, 54):
-        profile, names = RUNS[run]
-        trace = read_packed_trace(OFFSWITCH / f"moe_acc2.5_trace_r8r6_run{run}.tar.gz")
-        t0 = trace.meta["t0_unix"]
-        times = [t for t in reload_times(OFFSWITCH / f"moe_acc2.5_controller_run{run}.log")
-                 if t >= t0]
-        bounds = [t - t0 for t in times] + [float("inf")]
-        prior = load_profile(profile)
-        for i, name in enumerate(names):
-            if name.split()[0] not in FILES:
-                continue
-            records = [r for r in trace.steps if bounds[i] <= r.time_s < bounds[i + 1]]
+        for name, records, prior in policy_servings(run):
             for file_name, path in FILES.items():
                 rows = rd.replay(records, ExportedPolicy.load(path), prior)
                 print(json.dumps({"run": run, "serving": name, "replayed_with": file_name,
