@@ -803,9 +803,44 @@ def test_replays_at_a_rate_are_read_with_their_rate_and_simulated_at_it(tmp_path
                                         rate=6.0), None)[0]
     heavy = compare.workload_of(by_key["spec_off@2.5 headline 8/s 40s static_0"], None)[0]
     assert len(heavy.arrival_s) > len(light.arrival_s)
-    # an EXTRA_POLICIES name is read but not simulable (compare.py says so and skips it)
+    # a headline of a name without an extra_policies entry is not simulable
     assert compare.simulable("static_0") and compare.simulable("ppo")
-    assert not compare.simulable(by_key["spec_off@2.5 headline 8/s 40s local"].policy)
+    local = by_key["spec_off@2.5 headline 8/s 40s local"]
+    assert not compare.simulable(local.policy) and not local.extra_policy
+
+
+def test_an_extra_policy_cell_runs_its_recorded_file_and_guard_as_ppo(tmp_path):
+    """EXTRA_POLICIES names (offswitch.py's extra_policies: a candidate served beside the
+    shipped file) are read with their own file and guard and simulated as ppo with them."""
+    from controller.default_policy import default_policy_path
+
+    def summary(tpot):
+        return {"throughput_tok_s": 1000.0 / tpot, "mean_tpot_ms": tpot}
+
+    candidate = Path(__file__).resolve().parents[1] / "docs/results/drop_warmup/policy_c45d9410.npz"
+    sha = hashlib.sha256(candidate.read_bytes()).hexdigest()
+    guard = {"enabled": True, "margin": 0.05, "confidence": 0.5, "max_profile_error": 0.5}
+    shipped = hashlib.sha256(default_policy_path().read_bytes()).hexdigest()
+    (tmp_path / "moe_acc2.5_replay_r8_run46.json").write_text(json.dumps({
+        "acceptance": 2.5, "profile": "h200_qwen3_30b_a3b", "headline_rate": 8.0,
+        "policy_sha256": shipped, "guard": None,
+        "extra_policies": {"dw": {"policy_sha256": sha, "guard": guard}},
+        "headline_ppo": summary(22.0), "headline_dw": summary(21.5)}))
+    cells, _ = read_run_dir(tmp_path)
+    by_policy = {c.policy: c for c in cells}
+    dw, ppo = by_policy["dw"], by_policy["ppo"]
+    assert dw.extra_policy and dw.policy_sha256 == sha and dw.guard == guard
+    assert not ppo.extra_policy and ppo.policy_sha256 == shipped and ppo.guard is None
+    known = compare.known_policies()
+    assert compare.policy_of(dw, known, None) == str(candidate)
+    assert compare.served_guard(dw).margin == 0.05
+    # simulated as the ppo cell of the same file and guard is
+    as_ppo = replace(dw, policy="ppo", extra_policy=False)
+    profile = compare.load_profile("h200_qwen3_30b_a3b")
+    run = {name: compare.simulate(c, profile, profile, None, policy_path=str(candidate),
+                                  sim_overrides={"min_switch_steps": 0})
+           for name, c in (("dw", dw), ("ppo", as_ppo))}
+    assert run["dw"] == run["ppo"]
 
 
 def test_plugin_cells_carry_the_steps_their_server_offered(tmp_path):

@@ -159,7 +159,7 @@ def simulate(cell: Cell, profile: CostProfile, prior: CostProfile, client, seed:
     acceptance = SGLangSimulatedAcceptance(cell.acceptance or 1.0,
                                            batch_wide=cell.acceptance is not None)
     sim = Simulator(profile, acceptance, workload, config, seed=seed)
-    name = cell.policy
+    name = "ppo" if cell.extra_policy else cell.policy  # a file served as ppo is
     if name == NO_PROBE_NAME:  # the shipped policy served with its probe off (session.py)
         name, probe = "ppo", NO_PROBE
     elif name == NO_GUARD_NAME:  # ... with its guard off
@@ -264,11 +264,14 @@ def served_guard(cell: Cell) -> GuardSpec:
 
 def known_policies(extra: str | None = None) -> dict[str, str]:
     """sha256 -> exported policy file: the shipped policy, the policies earlier H200 runs
-    served (``docs/results/h200/policy_*.npz``) and ``extra``."""
+    served (``docs/results/h200/policy_*.npz``, and the candidates kept with their
+    session's results, ``docs/results/*/policy_*.npz``, which runs served as
+    ``EXTRA_POLICIES``) and ``extra``."""
     from controller.default_policy import default_policy_path
 
-    kept = sorted(REPO.glob("docs/results/h200/policy_*.npz"))
-    files = [str(default_policy_path()), *map(str, kept), *([extra] if extra else [])]
+    kept = sorted(REPO.glob("docs/results/*/policy_*.npz"))
+    # later entries win: a kept copy of the shipped file is named as the shipped file
+    files = [*map(str, kept), str(default_policy_path()), *([extra] if extra else [])]
     return {hashlib.sha256(Path(f).read_bytes()).hexdigest(): f for f in files}
 
 
@@ -276,7 +279,7 @@ def policy_of(cell: Cell, known: dict[str, str], fallback: str | None) -> str | 
     """The policy file a cell of ``PPO_NAMES`` ran (its recorded sha256: the ``ppo`` file's),
     else ``fallback`` (None: the shipped one), with a note on stderr where the recorded one
     is not kept."""
-    if cell.policy not in PPO_NAMES:
+    if cell.policy not in PPO_NAMES and not cell.extra_policy:
         return None
     if cell.policy_sha256 in known:
         return known[cell.policy_sha256]
@@ -584,10 +587,9 @@ def main(argv: list[str] | None = None) -> int:
         carried: dict[str, dict] = {}  # plugin files: the loops replayed in order
         replayed: set[str] = set()  # files whose order was read (once each)
         for cell in cells:
-            if not simulable(cell.policy):
+            if not (simulable(cell.policy) or cell.extra_policy):
                 print(f"skipped {cell.source}: policy {cell.policy!r} is not one the simulator "
-                      "knows (an EXTRA_POLICIES name: its file is in the run's extra_policies)",
-                      file=sys.stderr)
+                      "knows", file=sys.stderr)
                 continue
             profile = profile_for(cell, profiles)
             if profile is None:

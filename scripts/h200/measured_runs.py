@@ -114,6 +114,10 @@ class Cell:
     #: The sha256 of the exported policy the run's ``ppo`` cells ran (``policy_sha256`` of
     #: ``load_cells.py`` / ``offswitch.py`` files), where the file records it.
     policy_sha256: str | None = None
+    #: The cell's policy is an ``EXTRA_POLICIES`` name (``offswitch.py``: a candidate file
+    #: served beside the shipped one, as ``ppo`` is served): its ``policy_sha256`` and
+    #: ``guard`` are its entry of the run file's ``extra_policies``.
+    extra_policy: bool = False
     #: The goodput guard the run's ``ppo`` cells were served with (``guard`` of
     #: ``load_cells.py`` files since the eleventh session: the policy file's
     #: :class:`env.guard.GuardSpec` as a mapping); None where the file does not record it:
@@ -281,15 +285,28 @@ def _offswitch(path: Path, data: dict) -> list[Cell]:
                 # the plugin's servers' (SGLang's own rule ran its own config, no ppo)
                 "candidates": (tuple(data.get("candidates") or OFFSWITCH_CANDIDATES)
                                if server == "spec_off" else None)}
+        extra = data.get("extra_policies") or {}
         for key, r in data.items():
             if key.startswith("headline_") and key != "headline_rate":
-                cells.append(_cell(base, r, f"{name}:{key}", workload="headline",
-                                   concurrency=None, seconds=40.0,
-                                   policy=key[len("headline_"):]))
+                policy = key[len("headline_"):]
+                cells.append(_cell(_served_as(base, extra, policy), r, f"{name}:{key}",
+                                   workload="headline", concurrency=None, seconds=40.0,
+                                   policy=policy))
             elif (served := _serving(key, name)) is not None:
                 policy, serving = served
-                cells += _closed(base, r, f"{name}:{key}", policy, seconds, serving=serving)
+                cells += _closed(_served_as(base, extra, policy), r, f"{name}:{key}", policy,
+                                 seconds, serving=serving)
     return cells
+
+
+def _served_as(base: dict, extra: dict, policy: str) -> dict:
+    """``base`` for a cell of ``policy``: an ``EXTRA_POLICIES`` name's file and guard from
+    the run file's ``extra_policies`` entry (``session.served_policy``)."""
+    if policy not in extra:
+        return base
+    entry = extra[policy]
+    return {**base, "policy_sha256": entry["policy_sha256"], "guard": entry["guard"],
+            "extra_policy": True}
 
 
 def plugin_servings(path: str | Path) -> tuple[float, list[list[str]]] | None:

@@ -20,7 +20,6 @@ its recorded file and guard (``compare.py`` skips EXTRA_POLICIES names), as
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 import sys
 from pathlib import Path
@@ -37,7 +36,6 @@ from measured_runs import read_run_dir  # noqa: E402
 from env.sim.cost_model import load_profile  # noqa: E402
 
 P = ROOT / "docs/results/h200/fidelity"
-DW = ROOT / "docs/results/drop_warmup/policy_c45d9410.npz"
 #: (label, the server's steps only, the plugin's switch hold, reentry_warmup)
 VARIANTS = (("every depth (before)", False, False, False),
             ("every depth, warm-up (warm17)", False, False, True),
@@ -51,23 +49,16 @@ def main(run_dir: str, seeds: int = 1) -> None:
                 "moe.real": load_profile(P / "moe_real_spec.yaml"),
                 "moe.nospec": load_profile(P / "moe_real_nospec.yaml")}
     client = OmegaConf.load(P / "client.yaml")
-    known = compare.known_policies(str(DW))
+    known = compare.known_policies()
     cells, _ = read_run_dir(run_dir)
     head = " | ".join(f"{v[0]}: TPOT / error / off / 2" for v in VARIANTS)
     print(f"| run | rate | file | prior | measured TPOT ms | {head} |")
     print("|---" * (5 + len(VARIANTS)) + "|")
     errors: dict[str, dict[str, list[float]]] = {}
     for cell in cells:
-        if cell.policy == "dw":
-            extra = json.loads((Path(run_dir) / cell.source.split(":")[0]).read_text())
-            dw = extra["extra_policies"]["dw"]
-            cell = dataclasses.replace(cell, policy="ppo", policy_sha256=dw["policy_sha256"],
-                                       guard=dw["guard"])
-            label = "dw"
-        elif cell.policy == "ppo":
-            label = "ppo"
-        else:
+        if cell.policy not in ("ppo", "dw"):  # dw: an EXTRA_POLICIES file (Cell.extra_policy)
             continue
+        label = cell.policy
         run = re.search(r"_run(\d+)", cell.source)[1]
         profile = compare.profile_for(cell, profiles)
         prior = load_profile(cell.prior or "h200_llama31_8b_recorded")

@@ -16,7 +16,6 @@ as the daemon masks them) and held 4 steps after a switch as the plugin holds it
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 from pathlib import Path
 
@@ -31,8 +30,6 @@ from measured_runs import read_run_dir  # noqa: E402
 from env.sim.cost_model import load_profile  # noqa: E402
 
 P = ROOT / "docs/results/h200/fidelity"
-EXTRA = {"dw": ROOT / "docs/results/drop_warmup/policy_c45d9410.npz",
-         "c585": ROOT / "docs/results/drop_warmup/policy_58513820.npz"}
 #: (label, SchedulerConfig overrides, masked to the server's candidates): the simulator
 #: before this session; the policy free but the warm-up simulated (warm17's, opt-in);
 #: the server's depths and the plugin's 4-step hold (fid18's, compare.py's default now);
@@ -51,24 +48,15 @@ def main(run_dir: str) -> None:
                 "moe.nospec": load_profile(P / "moe_real_nospec.yaml")}
     client = OmegaConf.load(P / "client.yaml")
     known = compare.known_policies()
-    for path in EXTRA.values():
-        known.update(compare.known_policies(str(path)))
     cells, _ = read_run_dir(run_dir)
     heads = " | ".join(f"{w} ms | err" for w, _, _ in WAYS)
     print(f"| file | policy | prior | measured ms | {heads} | off share (last) |")
     print("|---|---|---|---|" + "---|---|" * len(WAYS) + "---|")
     errors: dict[str, list[float]] = {w: [] for w, _, _ in WAYS}
     for cell in cells:
-        if cell.policy in EXTRA:
-            extra = json.loads((Path(run_dir) / cell.source.split(":")[0]).read_text())
-            served = extra["extra_policies"][cell.policy]
-            label = cell.policy
-            cell = dataclasses.replace(cell, policy="ppo", policy_sha256=served["policy_sha256"],
-                                       guard=served["guard"])
-        elif cell.policy == "ppo":
-            label = "ppo"
-        else:
+        if cell.policy != "ppo" and not cell.extra_policy:  # dw, c585: EXTRA_POLICIES files
             continue
+        label = cell.policy
         profile = compare.profile_for(cell, profiles)
         prior = load_profile(cell.prior or "h200_llama31_8b_recorded")
         path = compare.policy_of(cell, known, None)

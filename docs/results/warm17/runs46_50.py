@@ -12,8 +12,6 @@ name); here it runs as a ``ppo`` cell with its recorded file and guard. Usage::
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import sys
 from pathlib import Path
 
@@ -28,7 +26,6 @@ from measured_runs import read_run_dir  # noqa: E402
 from env.sim.cost_model import load_profile  # noqa: E402
 
 P = ROOT / "docs/results/h200/fidelity"
-DW = ROOT / "docs/results/drop_warmup/policy_c45d9410.npz"
 
 
 def main(run_dir: str) -> None:
@@ -38,22 +35,15 @@ def main(run_dir: str) -> None:
                 "moe.real": load_profile(P / "moe_real_spec.yaml"),
                 "moe.nospec": load_profile(P / "moe_real_nospec.yaml")}
     client = OmegaConf.load(P / "client.yaml")
-    known = compare.known_policies(str(DW))
+    known = compare.known_policies()
     cells, _ = read_run_dir(run_dir)
     print("| file | policy | prior | TPOT ms measured | sim. no warm-up | with | error no "
           "warm-up | with | off share with | warm-ups with |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for cell in cells:
-        if cell.policy == "dw":
-            extra = json.loads((Path(run_dir) / cell.source.split(":")[0]).read_text())
-            dw = extra["extra_policies"]["dw"]
-            cell = dataclasses.replace(cell, policy="ppo", policy_sha256=dw["policy_sha256"],
-                                       guard=dw["guard"])
-            label = "dw"
-        elif compare.simulable(cell.policy):
-            label = cell.policy
-        else:
+        if not (compare.simulable(cell.policy) or cell.extra_policy):  # dw: EXTRA_POLICIES
             continue
+        label = cell.policy
         profile = compare.profile_for(cell, profiles)
         prior = load_profile(cell.prior or "h200_llama31_8b_recorded")
         path = compare.policy_of(cell, known, None)
