@@ -1,7 +1,9 @@
 #!/usr/bin/env python
 """Issue 9's targets per ``specctl-eval`` results file: cells met per target kind, the
 never-pays windows (the policy off on >= 90% of the steps, per window), its mean off share
-over them (per window, then averaged), and the worst missed window against no speculation.
+over them (per window, then averaged), the worst missed window against no speculation, and
+how many windows the evaluation left out as empty (the oracle served nothing or decided
+under 50 times: no window counts as a pass for being empty).
 
     python docs/results/plugin_sim/targets.py LABEL=RESULTS.json [LABEL=RESULTS.json ...]
 
@@ -36,14 +38,14 @@ def row(label: str, path: str) -> str:
             + " | ".join(f"{met[k][0]} of {met[k][1]}" for k, _ in KINDS)
             + f" | {never['at_least_90pct_off']} of {never['scenarios']} ({share:.0%}) | "
             f"{never['mean_off_share']:.3f} | "
-            f"{f'{min(missed):.3f}x' if missed else '-'} |")
+            f"{f'{min(missed):.3f}x' if missed else '-'} | {checks['left_out_empty_windows']} |")
 
 
 def main(args: list[str]) -> None:
     print("| run | cells met | held-out exact (>= 0.95, >= 0.99x best) | perturbed (>= 0.90) "
           "| no profile (>= 0.90) | in-distribution (>= 0.967) | never-pays windows "
-          "(>= 90% off) | mean off share | worst missed window |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "(>= 90% off) | mean off share | worst missed window | windows left out as empty |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for arg in args:
         label, _, path = arg.partition("=")
         print(row(label, path))
