@@ -73,28 +73,33 @@ def serving_rows(steps: list) -> dict:
     return row
 
 
+def cut_servings(trace_path: Path, controller_log: Path, names: list[str]):
+    """``(serving name, its records)`` for each of ``names``, the run's servings in order,
+    cut at the controller's reloads. The controller's log on one machine runs on across
+    runs: this run's reloads are those after its trace began."""
+    trace = read_packed_trace(trace_path)
+    t0 = trace.meta["t0_unix"]
+    times = [t for t in reload_times(controller_log) if t >= t0]
+    if len(times) != len(names):
+        raise SystemExit(f"{trace_path.name}: {len(times)} reloads, {len(names)} names")
+    bounds = [t - t0 for t in times] + [float("inf")]
+    for i, name in enumerate(names):
+        yield name, [r for r in trace.steps if bounds[i] <= r.time_s < bounds[i + 1]]
+
+
 def main() -> None:
     for run, (profile, names) in RUNS.items():
-        trace = read_packed_trace(OFFSWITCH / f"moe_acc2.5_trace_r8r6_run{run}.tar.gz")
-        t0 = trace.meta["t0_unix"]
-        # The controller's log on one machine runs on across runs: this run's reloads are
-        # those after its trace began.
-        times = [t for t in reload_times(OFFSWITCH / f"moe_acc2.5_controller_run{run}.log")
-                 if t >= t0]
-        if len(times) != len(names):
-            raise SystemExit(f"run {run}: {len(times)} reloads, {len(names)} names")
         replays = {rate: json.loads(path.read_text()) for rate in ("r8", "r6")
                    if (path := OFFSWITCH / f"moe_acc2.5_replay_{rate}_run{run}.json").exists()}
-        bounds = [t - t0 for t in times] + [float("inf")]
-        for i, name in enumerate(names):
+        for name, steps in cut_servings(OFFSWITCH / f"moe_acc2.5_trace_r8r6_run{run}.tar.gz",
+                                        OFFSWITCH / f"moe_acc2.5_controller_run{run}.log",
+                                        names):
             if name.startswith("ramp"):
                 continue
             policy, rate = name.split()
-            steps = [r for r in trace.steps if bounds[i] <= r.time_s < bounds[i + 1]]
             tpot = replays[rate][f"headline_{policy}"]["mean_tpot_ms"]
             print(json.dumps({"run": run, "profile": profile, "serving": name,
                               "mean_tpot_ms": round(tpot, 2), **serving_rows(steps)}))
-
 
 if __name__ == "__main__":
     main()

@@ -40,7 +40,6 @@ from env.rollout import DecisionLoop  # noqa: E402
 from env.sim.acceptance import SGLangSimulatedAcceptance  # noqa: E402
 from env.sim.cost_model import load_profile  # noqa: E402
 from env.sim.simulator import WARMUP_LATENCY_FLAGS, SchedulerConfig, Simulator  # noqa: E402
-from env.traces.trace_format import read_packed_trace  # noqa: E402
 
 OFFSWITCH = ROOT / "docs/results/h200/offswitch"
 P = ROOT / "docs/results/h200/fidelity"
@@ -52,13 +51,9 @@ CANDIDATES = [0, 1, 3, 5]
 def gpu_serving(run: int, name: str = "ppo r6") -> list:
     """The records of one serving of run ``run`` (servings.py's cut at the reloads)."""
     _profile, names = servings.RUNS[run]
-    trace = read_packed_trace(OFFSWITCH / f"moe_acc2.5_trace_r8r6_run{run}.tar.gz")
-    t0 = trace.meta["t0_unix"]
-    times = [t for t in servings.reload_times(OFFSWITCH / f"moe_acc2.5_controller_run{run}.log")
-             if t >= t0]
-    bounds = [t - t0 for t in times] + [float("inf")]
-    i = names.index(name)
-    return [r for r in trace.steps if bounds[i] <= r.time_s < bounds[i + 1]]
+    cut = servings.cut_servings(OFFSWITCH / f"moe_acc2.5_trace_r8r6_run{run}.tar.gz",
+                                OFFSWITCH / f"moe_acc2.5_controller_run{run}.log", names)
+    return next(records for serving, records in cut if serving == name)
 
 
 def headline_cell(rate: float = 6.0) -> Cell:

@@ -21,11 +21,10 @@ import math
 
 import numpy as np
 import replay_decisions as rd
-from servings import OFFSWITCH, RUNS, reload_times
+from servings import OFFSWITCH, RUNS, cut_servings
 
 from controller.policy_file import ExportedPolicy
 from env.sim.cost_model import load_profile
-from env.traces.trace_format import read_packed_trace
 
 FILES = {"ppo": rd.SHIPPED, "c585": OFFSWITCH.parents[1] / "drop_warmup/policy_58513820.npz"}
 
@@ -58,15 +57,11 @@ def policy_servings(run: int):
     """``(serving name, its records, the profile handed)`` for each serving of ``run`` by
     a file of ``FILES`` (cut at the controller's reloads, as ``servings.py`` does)."""
     profile, names = RUNS[run]
-    trace = read_packed_trace(OFFSWITCH / f"moe_acc2.5_trace_r8r6_run{run}.tar.gz")
-    t0 = trace.meta["t0_unix"]
-    times = [t for t in reload_times(OFFSWITCH / f"moe_acc2.5_controller_run{run}.log")
-             if t >= t0]
-    bounds = [t - t0 for t in times] + [float("inf")]
     prior = load_profile(profile)
-    for i, name in enumerate(names):
+    for name, records in cut_servings(OFFSWITCH / f"moe_acc2.5_trace_r8r6_run{run}.tar.gz",
+                                      OFFSWITCH / f"moe_acc2.5_controller_run{run}.log", names):
         if name.split()[0] in FILES:
-            yield name, [r for r in trace.steps if bounds[i] <= r.time_s < bounds[i + 1]], prior
+            yield name, records, prior
 
 
 def main() -> None:

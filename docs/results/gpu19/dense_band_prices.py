@@ -16,28 +16,20 @@ import json
 
 import replay_decisions as rd
 from band_prices import band_summary
-from dense_servings import RUNS
-from servings import OFFSWITCH, reload_times
+from dense_servings import RUNS, servings
 
 from controller.policy_file import ExportedPolicy
 from env.sim.cost_model import load_profile
-from env.traces.trace_format import read_packed_trace
 
 PROFILE = "h200_llama31_8b_recorded"
 
 
 def ppo_servings():
-    """``(run, serving name, its records)`` for each ``ppo`` serving of ``RUNS``, cut at the
-    controller's reloads as ``servings.py`` cuts them."""
-    for run, (tag, names) in RUNS.items():
-        trace = read_packed_trace(OFFSWITCH / f"dense_acc3.0_trace_{tag}_run{run}.tar.gz")
-        t0 = trace.meta["t0_unix"]
-        times = [t for t in reload_times(OFFSWITCH / f"dense_acc3.0_controller_run{run}.log")
-                 if t >= t0]
-        bounds = [t - t0 for t in times] + [float("inf")]
-        for i, name in enumerate(names):
+    """``(run, serving name, its records)`` for each ``ppo`` serving of ``RUNS``."""
+    for run in RUNS:
+        for name, records in servings(run):
             if name.startswith("ppo"):
-                yield run, name, [r for r in trace.steps if bounds[i] <= r.time_s < bounds[i + 1]]
+                yield run, name, records
 
 
 def main() -> None:

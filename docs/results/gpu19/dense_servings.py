@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import json
 
-from servings import OFFSWITCH, RAMP, reload_times, serving_rows
-
-from env.traces.trace_format import read_packed_trace
+from servings import OFFSWITCH, RAMP, cut_servings, serving_rows
 
 #: run -> (trace file's rate tag, servings in order after the first reload)
 RUNS = {
@@ -22,26 +20,24 @@ RUNS = {
 }
 
 
+def servings(run: int):
+    """``(serving name, its records)`` for each serving of ``run`` (``RUNS``)."""
+    tag, names = RUNS[run]
+    return cut_servings(OFFSWITCH / f"dense_acc3.0_trace_{tag}_run{run}.tar.gz",
+                        OFFSWITCH / f"dense_acc3.0_controller_run{run}.log", names)
+
+
 def main() -> None:
-    for run, (tag, names) in RUNS.items():
-        trace = read_packed_trace(OFFSWITCH / f"dense_acc3.0_trace_{tag}_run{run}.tar.gz")
-        t0 = trace.meta["t0_unix"]
-        times = [t for t in reload_times(OFFSWITCH / f"dense_acc3.0_controller_run{run}.log")
-                 if t >= t0]
-        if len(times) != len(names):
-            raise SystemExit(f"run {run}: {len(times)} reloads, {len(names)} names")
+    for run in RUNS:
         replays = {rate: json.loads(path.read_text()) for rate in ("r8", "r12")
                    if (path := OFFSWITCH / f"dense_acc3.0_replay_{rate}_run{run}.json").exists()}
-        bounds = [t - t0 for t in times] + [float("inf")]
-        for i, name in enumerate(names):
+        for name, steps in servings(run):
             if name.startswith("ramp"):
                 continue
             policy, rate = name.split()
-            steps = [r for r in trace.steps if bounds[i] <= r.time_s < bounds[i + 1]]
             tpot = replays[rate][f"headline_{policy}"]["mean_tpot_ms"]
             print(json.dumps({"run": run, "serving": name, "mean_tpot_ms": round(tpot, 2),
                               **serving_rows(steps)}))
-
 
 if __name__ == "__main__":
     main()
