@@ -37,6 +37,7 @@ import numpy as np
 import zmq
 from threadpoolctl import threadpool_limits
 
+from controller import fast_tanh
 from controller.decider import (
     RULES,
     allowed_actions,
@@ -201,6 +202,7 @@ class ControllerServer:
         threadpool_limits(1, user_api="blas")
         # The compiled features load (or compile) now, not while the first servers wait.
         warm_up(holder.policy.feature_spec, cost_prior)
+        fast_tanh.warm_up()  # likewise the policy's approximate tanh (controller.fast_tanh)
         self.holder = holder
         # The servers' cost profile: the feature module's latency prior (see env.features).
         self.cost_prior = cost_prior
