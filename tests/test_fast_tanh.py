@@ -98,7 +98,7 @@ def near_tie_policy(seed: int, scale: float, hidden: int, gap: float,
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 @given(seed=st.integers(0, 2**16), scale=st.sampled_from([0.3, 1.0, 2.0, 4.0]),
-       hidden=st.sampled_from([16, 64, 128]), streams=st.integers(1, 9),
+       hidden=st.sampled_from([16, 64, 128]), streams=st.integers(3, 9),
        gap=st.sampled_from([None, 0.0, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3]),
        spread=st.sampled_from([0.0, 1e-7, 1e-6, 1e-5]), masked=st.booleans())
 def test_decisions_are_the_exact_forwards(seed, scale, hidden, streams, gap, spread,
@@ -115,6 +115,24 @@ def test_decisions_are_the_exact_forwards(seed, scale, hidden, streams, gap, spr
                else rng.random(len(policy.actions)) < 0.6 for _ in range(streams)]
     index, _, _ = evaluate(policy, grids, allowed, None, None, NO_GUARD)
     np.testing.assert_array_equal(index, exact_per_stream(policy, grids, allowed))
+
+
+def test_one_or_two_streams_are_decided_on_the_exact_forward(monkeypatch) -> None:
+    """Local mode (and a daemon's poll of one or two streams) never takes the approximate
+    path; three streams do."""
+    policy = ExportedPolicy.random(seed=4)
+    grids = np.random.default_rng(4).uniform(-1, 1, size=(3, ROWS, SPEC.size)).astype(
+        np.float32)
+    calls = []
+    original = ExportedPolicy.approximate_logits
+    monkeypatch.setattr(ExportedPolicy, "approximate_logits",
+                        lambda self, x: calls.append(len(x)) or original(self, x))
+    evaluate(policy, grids[:1], [None], None, None, NO_GUARD)
+    assert calls == []
+    evaluate(policy, grids[:2], [None, None], None, None, NO_GUARD)
+    assert calls == []
+    evaluate(policy, grids, [None] * 3, None, None, NO_GUARD)
+    assert calls == [3 * ROWS]
 
 
 def test_without_the_recheck_near_ties_would_differ(monkeypatch) -> None:
