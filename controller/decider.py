@@ -23,6 +23,7 @@ from controller.policy_file import ExportedPolicy
 from controller.wire import DECISION_LAG, Decision
 from env.features import FeatureBuilder, warm_up
 from env.guard import GuardSpec, apply_guard
+from env.guard import warm_up as warm_up_guard
 from env.probe import ProbeSpec, apply_probe
 from env.traces.schema import StepRecord
 
@@ -216,6 +217,7 @@ class StreamDecider:
             # The compiled features load (or compile) here, not at the first decision.
             warm_up(policy.feature_spec, self.cost_prior)
             fast_tanh.warm_up()
+            warm_up_guard(policy.feature_spec)
             self.builder = FeatureBuilder(policy.feature_spec, self.cost_prior, probe=probe)
         elif probe != self.probe:
             self.builder.set_probe(probe)

@@ -70,6 +70,7 @@ from controller.wire import (
     new_decision,
 )
 from env.features import FeatureBuilder, observation_grids, warm_up
+from env.guard import warm_up as warm_up_guard
 from env.traces.schema import StepRecord
 
 log = logging.getLogger(__name__)
@@ -203,6 +204,7 @@ class ControllerServer:
         # The compiled features load (or compile) now, not while the first servers wait.
         warm_up(holder.policy.feature_spec, cost_prior)
         fast_tanh.warm_up()  # likewise the policy's approximate tanh (controller.fast_tanh)
+        warm_up_guard(holder.policy.feature_spec)  # and the compiled guard (env.guard)
         self.holder = holder
         # The servers' cost profile: the feature module's latency prior (see env.features).
         self.cost_prior = cost_prior
