@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from controller import fast_tanh
 from controller.wire import MAX_BATCH, MAX_GRID, MAX_NAME_CHARS
 from env.features import FeatureSpec
 from env.guard import DEFAULT_GUARD, GuardColumns, GuardSpec, guard_columns
@@ -55,6 +56,14 @@ def _relu(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
 
 #: Activations, each a ufunc-like callable taking ``out=`` (see ExportedPolicy.logits).
 _ACTIVATIONS = {"tanh": np.tanh, "relu": _relu}
+
+
+def _approximate_tanh(x: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """:func:`controller.fast_tanh.tanh_inplace` in the activations' form (``out`` is
+    ``x``: :meth:`ExportedPolicy._forward` applies them in place)."""
+    if x.dtype != np.float32 or out is not x or not x.flags.c_contiguous:
+        return np.tanh(x, out=out)  # not the forward's own float32 array (never, today)
+    return fast_tanh.tanh_inplace(x)
 
 
 class PolicyFileError(ValueError):
@@ -109,6 +118,28 @@ class ExportedPolicy:
 
     def logits(self, observations: np.ndarray) -> np.ndarray:
         """Action logits for one observation vector or a batch of them."""
+        return self._forward(observations, self._act)
+
+    def approximate_logits(self, observations: np.ndarray) -> np.ndarray | None:
+        """:meth:`logits` with the hidden layers' ``tanh`` from
+        :func:`controller.fast_tanh.tanh_inplace` (~3x cheaper, within
+        :data:`controller.fast_tanh.TANH_ERROR` of numpy's), or None where it does not
+        apply (another activation, numba missing or turned off). The last bits differ
+        from :meth:`logits`: a decision taken on them must recheck the rows whose best
+        two logits are within :attr:`tanh_tolerance` (:func:`controller.decider.evaluate`
+        does)."""
+        if self.activation != "tanh" or not fast_tanh.ENABLED:
+            return None
+        return self._forward(observations, _approximate_tanh)
+
+    @functools.cached_property
+    def tanh_tolerance(self) -> float:
+        """How far apart a row's best two :meth:`approximate_logits` must be for
+        :meth:`logits` to rank them the same (:func:`controller.fast_tanh.tolerance`)."""
+        return fast_tanh.tolerance(self.weights)
+
+    def _forward(self, observations: np.ndarray, act) -> np.ndarray:
+        """The MLP with ``act`` (in place, ``act(x, out=x)``) after each hidden layer."""
         x = np.asarray(observations, dtype=np.float32)
         last = len(self.weights) - 1
         # One new array per layer, the bias and activation applied in place: the same
@@ -134,7 +165,7 @@ class ExportedPolicy:
             else:
                 x += self._bias_rows(i, rows)
             if i < last:
-                self._act(x, out=x)
+                act(x, out=x)
         return x
 
     @property

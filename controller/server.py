@@ -37,6 +37,7 @@ import numpy as np
 import zmq
 from threadpoolctl import threadpool_limits
 
+from controller import fast_tanh
 from controller.decider import (
     RULES,
     allowed_actions,
@@ -69,6 +70,7 @@ from controller.wire import (
     new_decision,
 )
 from env.features import FeatureBuilder, observation_grids, warm_up
+from env.guard import warm_up as warm_up_guard
 from env.traces.schema import StepRecord
 
 log = logging.getLogger(__name__)
@@ -201,6 +203,8 @@ class ControllerServer:
         threadpool_limits(1, user_api="blas")
         # The compiled features load (or compile) now, not while the first servers wait.
         warm_up(holder.policy.feature_spec, cost_prior)
+        fast_tanh.warm_up()  # likewise the policy's approximate tanh (controller.fast_tanh)
+        warm_up_guard(holder.policy.feature_spec)  # and the compiled guard (env.guard)
         self.holder = holder
         # The servers' cost profile: the feature module's latency prior (see env.features).
         self.cost_prior = cost_prior

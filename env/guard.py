@@ -45,6 +45,37 @@ from env.probe import RuleSpec
 
 #: Rows losing to off judged one by one up to this many (beyond, whole-array).
 _FEW = 4
+#: Observation dtypes the compiled many-row guard takes (env.guard_compiled).
+_COMPILED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+#: The compiled guard's kernel once imported (None: numba is not installed); see _compiled.
+_KERNEL: object = ...
+
+
+#: The compiled guard's ``off_allowed`` when every stream may run off.
+_EVERY = np.ones(0, dtype=bool)
+
+
+@functools.lru_cache(maxsize=64)
+def _limits(guard: GuardSpec, dtype: np.dtype) -> np.ndarray:
+    """The compiled guard's constants in ``dtype``, as numpy compares a float32 array with
+    a Python float (in float32): 3, log1p(-margin), confidence, max_profile_error."""
+    limits = np.array([3.0, math.log1p(-guard.margin), guard.confidence,
+                       guard.max_profile_error], dtype=dtype)
+    limits.flags.writeable = False  # shared by every call with this guard
+    return limits
+
+
+def _compiled():
+    """:func:`env.guard_compiled.guard_kernel`, imported at the first many-row guard (numba
+    is optional), or None without numba."""
+    global _KERNEL
+    if _KERNEL is ...:
+        try:
+            from env.guard_compiled import guard_kernel
+        except ImportError:
+            guard_kernel = None
+        _KERNEL = guard_kernel
+    return _KERNEL
 
 
 @dataclass(frozen=True)
@@ -110,12 +141,28 @@ class GuardColumns:
                                 np.full(max_depth + 1, self.profile_error)], axis=1)
         #: The same as plain ints, for the one-row path.
         self.judged_ints = [tuple(int(c) for c in row) for row in self.judged]
+        #: goodput, confidence and the profile error's column in one array (the compiled
+        #: many-row guard's argument, env.guard_compiled).
+        self.packed = np.concatenate([self.goodput, self.confidence,
+                                      [self.profile_error]]).astype(np.int64)
 
 
 @functools.lru_cache(maxsize=16)
 def guard_columns(spec) -> GuardColumns:
     """The :class:`GuardColumns` of a :class:`env.features.FeatureSpec` (cached)."""
     return GuardColumns(spec.names(), spec.max_depth)
+
+
+def warm_up(spec) -> None:
+    """Compile (or load from numba's cache) the many-row guard now, for float32
+    observations of ``spec`` (a :class:`env.features.FeatureSpec`), not at the first
+    decision; nothing without numba."""
+    if _compiled() is None:
+        return
+    columns = guard_columns(spec)
+    actions = np.arange(spec.max_depth + 1, dtype=np.int64)
+    apply_guard(DEFAULT_GUARD, columns, np.zeros((2, spec.size), dtype=np.float32),
+                np.ones((1, 2), dtype=np.intp), actions, [None])
 
 
 def guard_rows(guard: GuardSpec, columns: GuardColumns, observations: np.ndarray,
@@ -196,6 +243,21 @@ def apply_guard(guard: GuardSpec, columns: GuardColumns, observations: np.ndarra
         return
     off = off_index(actions)
     if off is None:
+        return
+    kernel = _compiled()
+    if (kernel is not None and index.ndim == 2 and index.size > 1
+            and observations.dtype in _COMPILED_DTYPES and index.dtype == np.intp
+            and actions.dtype == np.int64 and observations.ndim == 2
+            and observations.shape[0] == index.size):
+        # one compiled call (env.guard_compiled): the same rows overruled
+        flags = _EVERY
+        for mask in allowed:
+            if mask is not None:
+                flags = np.fromiter((m is None or bool(m[off]) for m in allowed), bool,
+                                    len(allowed))
+                break
+        kernel(observations, index, actions, off, flags, columns.packed,
+               _limits(guard, observations.dtype))
         return
     if all(mask is None or mask[off] for mask in allowed):
         guard_rows(guard, columns, observations, index, actions, off)

@@ -5,6 +5,7 @@ adapter and local mode apply it on the same steps, and that ``specctl-serve guar
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import env.guard as guard_module
 from controller.decider import evaluate
 from controller.policy_file import ExportedPolicy, PolicyFileError
 from controller.reload import PolicyHolder
@@ -115,6 +117,40 @@ def reference_guard_rows(guard: GuardSpec, columns, observations: np.ndarray,
     index.flat[overruled] = off
 
 
+@contextlib.contextmanager
+def guard_path(compiled: bool):
+    """apply_guard's many-row path compiled (where numba is installed) or numpy's."""
+    saved = guard_module._KERNEL
+    guard_module._KERNEL = ... if compiled else None
+    try:
+        yield
+    finally:
+        guard_module._KERNEL = saved
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_a_goodput_exactly_at_the_threshold_is_kept(compiled):
+    """``relative_goodput_d * 3`` equal to ``log1p(-margin)`` (in float32, as numpy compares)
+    is not below it: kept; the largest float32 whose product is below is overruled (both
+    paths; values the hypothesis test above does not hit exactly)."""
+    spec = FeatureSpec()
+    columns = guard_columns(spec)
+    at = np.float32(-0.1)
+    guard = GuardSpec(margin=-math.expm1(float(at * np.float32(3.0))))
+    assert np.float32(math.log1p(-guard.margin)) == at * np.float32(3.0)
+    rows = np.zeros((2, spec.size), dtype=np.float32)
+    rows[:, columns.confidence] = 1.0
+    rows[0, columns.goodput[1]] = at
+    below = at  # the largest float32 whose product by 3 is below
+    while below * np.float32(3.0) == at * np.float32(3.0):
+        below = np.nextafter(below, np.float32(-1.0))
+    rows[1, columns.goodput[1]] = below
+    index = np.ones((1, 2), dtype=np.int64)
+    with guard_path(compiled):
+        apply_guard(guard, columns, rows, index, np.arange(spec.max_depth + 1), [None])
+    assert index.tolist() == [[1, 0]]
+
+
 def _near(dtype, *centres: float):
     """Values at, next to and around the guard's thresholds (in ``dtype``), and the odd
     ones: NaN, infinities, zero."""
@@ -166,8 +202,12 @@ def test_the_guard_decides_as_the_whole_array_code_did(data, streams, rows, dtyp
         if mask is None or off is None or mask[off]:
             reference_guard_rows(guard, columns, observations[i * rows:(i + 1) * rows],
                                  expected[i], actions, off)
-    apply_guard(guard, columns, observations, index, actions, allowed)
-    assert index.tolist() == expected.tolist()
+    for compiled in (True, False):  # env.guard_compiled's kernel, and numpy's path
+        got = index.copy()
+        with guard_path(compiled):
+            apply_guard(guard, columns, observations, got, actions, allowed)
+        assert got.tolist() == expected.tolist(), compiled
+    index = got
     one = index[:1, :1].copy()  # one row on its own: the simulator adapter's call
     expected_one = one.copy()
     reference_guard_rows(guard, columns, observations[:1], expected_one, actions, off)
