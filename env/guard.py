@@ -20,7 +20,8 @@ of both depth ``d`` and depth 0 measured recently (``cost_confidence`` at least
 forgets) and the measured latencies within ``max_profile_error`` (a mean log ratio) of
 the handed profile's predictions, is set to off. Where either cost is the prior's guess
 the policy's choice stands: measuring an unknown cost is the policy's business. Where the
-profile is far off (another server's) the guard stands aside too: the latency
+profile is far off (another server's) the guard stands aside too, and (with
+``max_prefill_share`` below 1) where nearly every recent record was a prefill: the latency
 regression's residual over such a profile mispredicts a depth it ran a while ago by 2x
 in either direction (on ``moe_h200_acc2.5`` at 64 clients it priced depth 2 below half
 of off where depth 2 serves 1.03x off), and a guard acting there lost up to 0.15 of the
@@ -70,14 +71,24 @@ class GuardSpec(RuleSpec):
     #: the costs compared near the batch are the measured ones: the fourteenth session's
     #: candidate sets 1.0 (docs/results/local_cost/).
     max_profile_error: float = 0.5
+    #: The guard acts only while the observation's ``prefill_share`` (the share of recent
+    #: records that were prefill steps) is at most this (1: always, as before the
+    #: nineteenth session). Where nearly every record is a prefill (a burst of long
+    #: prompts) the time between decode steps is mostly prefill, which every depth pays
+    #: alike: a depth priced per decode step near off's serves more per second than off
+    #: (``random-0``/azure_code at ``specctl-eval seed=4``: depth 1 priced 1.4-1.8% above
+    #: off at prefill share 0.99, overruled, 0.94 of the oracle against 1.01 without the
+    #: guard; docs/results/cells19/).
+    max_prefill_share: float = 1.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.enabled, bool):
             raise ValueError(f"guard.enabled: {self.enabled!r} is not true or false")
-        error = self.max_profile_error
-        if isinstance(error, bool) or not isinstance(error, int | float) \
-                or not 0.0 <= error <= 1.0:
-            raise ValueError(f"guard.max_profile_error: {error!r} is not a number in [0, 1]")
+        for name in ("max_profile_error", "max_prefill_share"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) \
+                    or not 0.0 <= value <= 1.0:
+                raise ValueError(f"guard.{name}: {value!r} is not a number in [0, 1]")
         for name, low in (("margin", -0.5), ("confidence", 0.0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) \
@@ -103,6 +114,7 @@ class GuardColumns:
         self.confidence = np.array([names.index(f"cost_confidence_{d}")
                                     for d in range(max_depth + 1)])
         self.profile_error = names.index("cost_profile_error")
+        self.prefill_share = names.index("prefill_share")
         #: Per depth, the four columns a row choosing it is judged by (its goodput, its
         #: cost confidence, off's, the profile error): one gather per call.
         self.judged = np.stack([self.goodput, self.confidence,
@@ -126,11 +138,12 @@ def guard_rows(guard: GuardSpec, columns: GuardColumns, observations: np.ndarray
 
     A row is overruled where its chosen depth ``d > 0`` has ``relative_goodput_d * 3 <
     log1p(-margin)``, both ``cost_confidence_d`` and ``cost_confidence_0`` at least
-    ``confidence`` (the smaller of the two: a NaN in either fails) and
-    ``|cost_profile_error| <= max_profile_error``, each computed in the observations'
-    dtype. One row (the simulator's adapter, every step) is judged on scalars; more by
-    their goodput first, the rest read only for the rows that lose (on scalars too when
-    they are few)."""
+    ``confidence`` (the smaller of the two: a NaN in either fails),
+    ``|cost_profile_error| <= max_profile_error`` and (where ``max_prefill_share < 1``)
+    ``prefill_share <= max_prefill_share``, each computed in the observations' dtype. One
+    row (the simulator's adapter, every step) is judged on scalars; more by their goodput
+    first, the rest read only for the rows that lose (on scalars too when they are
+    few)."""
     if not guard.enabled or off_index is None:
         return
     if index.size == 1:
@@ -140,7 +153,8 @@ def guard_rows(guard: GuardSpec, columns: GuardColumns, observations: np.ndarray
         judged = columns.judged_ints[chosen]
         row = observations[0]
         # The same arithmetic on the same dtype as below, one scalar at a time.
-        if row[judged[0]] * 3.0 < math.log1p(-guard.margin) and _sure(guard, row, judged):
+        if row[judged[0]] * 3.0 < math.log1p(-guard.margin) and _sure(guard, row, judged) \
+                and _decode_bound(guard, row, columns):
             index.flat[0] = off_index
         return
     steps = actions[index.ravel()]
@@ -156,14 +170,17 @@ def guard_rows(guard: GuardSpec, columns: GuardColumns, observations: np.ndarray
     rows = rows[losing]
     if rows.size <= _FEW:  # each numpy call below costs more than judging a row
         for row, depth in zip(rows.tolist(), chosen[losing].tolist(), strict=True):
-            if _sure(guard, observations[row], columns.judged_ints[depth]):
+            if _sure(guard, observations[row], columns.judged_ints[depth]) \
+                    and _decode_bound(guard, observations[row], columns):
                 index.flat[row] = off_index
         return
     judged = observations[rows[:, None], columns.judged[chosen[losing]]]
     confidence = guard.confidence
-    overruled = rows[(judged[:, 1] >= confidence) & (judged[:, 2] >= confidence)
-                     & (np.abs(judged[:, 3]) <= guard.max_profile_error)]
-    index.flat[overruled] = off_index
+    sure = ((judged[:, 1] >= confidence) & (judged[:, 2] >= confidence)
+            & (np.abs(judged[:, 3]) <= guard.max_profile_error))
+    if guard.max_prefill_share < 1.0:
+        sure &= observations[rows, columns.prefill_share] <= guard.max_prefill_share
+    index.flat[rows[sure]] = off_index
 
 
 def _sure(guard: GuardSpec, row: np.ndarray, judged: tuple[int, int, int, int]) -> bool:
@@ -171,6 +188,12 @@ def _sure(guard: GuardSpec, row: np.ndarray, judged: tuple[int, int, int, int]) 
     profile near (``judged``: its four columns, see :attr:`GuardColumns.judged`)."""
     return (row[judged[1]] >= guard.confidence and row[judged[2]] >= guard.confidence
             and abs(row[judged[3]]) <= guard.max_profile_error)
+
+
+def _decode_bound(guard: GuardSpec, row: np.ndarray, columns: GuardColumns) -> bool:
+    """Whether a row's recent records were prefill steps at most ``max_prefill_share`` of
+    the time (always where it is 1, whatever the row holds)."""
+    return guard.max_prefill_share >= 1.0 or row[columns.prefill_share] <= guard.max_prefill_share
 
 
 def off_index(actions: np.ndarray) -> int | None:

@@ -43,13 +43,14 @@ def depth1_policy(guard: GuardSpec = DEFAULT_GUARD) -> ExportedPolicy:
 
 
 def vector(spec: FeatureSpec, goodput: float, confidence_d: float, confidence_0: float,
-           depth: int = 1, profile_error: float = 0.0) -> np.ndarray:
+           depth: int = 1, profile_error: float = 0.0, prefill_share: float = 0.0) -> np.ndarray:
     names = spec.names()
     v = np.zeros(spec.size, dtype=np.float32)
     v[names.index(f"relative_goodput_{depth}")] = np.log(goodput) / 3.0
     v[names.index(f"cost_confidence_{depth}")] = confidence_d
     v[names.index("cost_confidence_0")] = confidence_0
     v[names.index("cost_profile_error")] = profile_error
+    v[names.index("prefill_share")] = prefill_share
     return v
 
 
@@ -94,6 +95,31 @@ def test_a_negative_margin_sends_ties_off():
         assert one.tolist() == [[want[0]]]
 
 
+def test_a_prefill_bound_row_is_left_alone_where_the_guard_says_so():
+    """``max_prefill_share`` below 1: a row whose recent records were nearly all prefill
+    steps keeps its depth (the prefill time between decode steps is paid at any depth);
+    at 1, the default, the prefill share changes nothing."""
+    spec = FeatureSpec()
+    actions = np.arange(spec.max_depth + 1)
+    rows = np.stack([
+        vector(spec, 1.01, 1.0, 1.0, prefill_share=0.99),  # a tie, prefill-bound: kept
+        vector(spec, 1.01, 1.0, 1.0, prefill_share=0.5),  # a tie, decode-bound: off
+        vector(spec, 0.5, 1.0, 1.0, prefill_share=0.95),  # half of off, at the bound: off
+        vector(spec, 0.5, 1.0, 1.0, prefill_share=1.0),  # all prefill: kept
+    ])
+    for guard, want in ((GuardSpec(margin=-0.02, max_prefill_share=0.95), [1, 0, 0, 1]),
+                        (GuardSpec(margin=-0.02), [0, 0, 0, 0])):
+        index = np.array([[1, 1, 1, 1]])
+        guard_rows(guard, guard_columns(spec), rows, index, actions, 0)
+        assert index.tolist() == [want], guard
+        for i in range(len(rows)):  # the one-row path alike
+            one = np.array([[1]])
+            guard_rows(guard, guard_columns(spec), rows[i:i + 1], one, actions, 0)
+            assert one.tolist() == [[want[i]]], (guard, i)
+    with pytest.raises(ValueError, match=r"guard\.max_prefill_share"):
+        GuardSpec(max_prefill_share=1.5)
+
+
 def reference_guard_rows(guard: GuardSpec, columns, observations: np.ndarray,
                          index: np.ndarray, actions: np.ndarray, off: int | None) -> None:
     """The guard as first written (whole-array numpy over every row choosing d > 0): what
@@ -110,6 +136,8 @@ def reference_guard_rows(guard: GuardSpec, columns, observations: np.ndarray,
     sure = np.minimum(obs[np.arange(rows.size), columns.confidence[chosen]],
                       obs[:, columns.confidence[0]])
     trusted = np.abs(obs[:, columns.profile_error]) <= guard.max_profile_error
+    if guard.max_prefill_share < 1.0:
+        trusted &= obs[:, columns.prefill_share] <= guard.max_prefill_share
     overruled = rows[(goodput < math.log1p(-guard.margin)) & (sure >= guard.confidence)
                      & trusted]
     index.flat[overruled] = off
@@ -131,18 +159,18 @@ def _near(dtype, *centres: float):
        dtype=st.sampled_from([np.float32, np.float64]),
        margin=st.sampled_from([0.1, 0.05, 0.3, 0.0, -0.02]), confidence=st.sampled_from([0.5, 0.2]),
        max_error=st.sampled_from([0.5, 0.0, 1.0]), enabled=st.booleans(),
-       with_off=st.integers(0, 3))
+       with_off=st.integers(0, 3), max_prefill=st.sampled_from([1.0, 0.95, 0.0]))
 def test_the_guard_decides_as_the_whole_array_code_did(data, streams, rows, dtype, margin,
                                                        confidence, max_error, enabled,
-                                                       with_off):
-    """Random observations (the four columns the guard reads at, beside and around its
+                                                       with_off, max_prefill):
+    """Random observations (the five columns the guard reads at, beside and around its
     thresholds, NaN and infinities too), actions with and without off, servers that may not
     run off: apply_guard, its one-row path included, changes the entries the first
     vectorised code did, and no other."""
     spec = FeatureSpec()
     columns = guard_columns(spec)
     guard = GuardSpec(enabled=enabled, margin=margin, confidence=confidence,
-                      max_profile_error=max_error)
+                      max_profile_error=max_error, max_prefill_share=max_prefill)
     depths = list(range(spec.max_depth + 1))
     actions = np.array(data.draw(st.permutations(depths)) if with_off else
                        data.draw(st.lists(st.sampled_from(depths[1:]), min_size=1, max_size=8)))
@@ -154,6 +182,7 @@ def test_the_guard_decides_as_the_whole_array_code_did(data, streams, rows, dtyp
         for column in columns.confidence:
             row[column] = data.draw(_near(dtype, confidence))
         row[columns.profile_error] = data.draw(_near(dtype, max_error, -max_error))
+        row[columns.prefill_share] = data.draw(_near(dtype, max_prefill))
     index = np.array(data.draw(st.lists(st.integers(0, len(actions) - 1),
                                         min_size=streams * rows, max_size=streams * rows)))
     index = index.reshape(streams, rows)
