@@ -39,8 +39,9 @@ def summary(path: str) -> dict:
 def compare(base: str, candidate: str, seeds: list[int]) -> str:
     """The markdown table and the verdict."""
     out = ["| seed | cells met (shipped -> candidate) | held-out | in-distribution "
-           "| perturbed | none | never-pays (shipped -> candidate) | gained | lost |",
-           "|---" * 9 + "|"]
+           "| perturbed | none | never-pays (shipped -> candidate) "
+           "| mean oracle fraction (shipped -> candidate) | changed most | gained | lost |",
+           "|---" * 11 + "|"]
     gained_total = lost_total = 0
     kind_lost = never_bad = False
     for seed in seeds:
@@ -57,8 +58,15 @@ def compare(base: str, candidate: str, seeds: list[int]) -> str:
             kind_lost |= cm < bm
         (bn, bs), (cn, cs) = b["never"], c["never"]
         never_bad |= cn < 0.9 * cs
+        keys = sorted(b["cells"])
+        delta = {k: c["cells"][k]["oracle_fraction"] - b["cells"][k]["oracle_fraction"]
+                 for k in keys}
+        moved = max(keys, key=lambda k: abs(delta[k]))
+        mean_b = sum(b["cells"][k]["oracle_fraction"] for k in keys) / len(keys)
+        mean_c = sum(c["cells"][k]["oracle_fraction"] for k in keys) / len(keys)
         out.append(f"| {seed} | {len(b['met'])} -> {len(c['met'])} | " + " | ".join(kinds)
                    + f" | {bn}/{bs} ({bn / bs:.0%}) -> {cn}/{cs} ({cn / cs:.0%}) | "
+                   f"{mean_b:.4f} -> {mean_c:.4f} | {moved} {delta[moved]:+.3f} | "
                    f"{', '.join(gained) or '-'} | {', '.join(lost) or '-'} |")
     counts = gained_total > lost_total and not kind_lost and not never_bad
     out += ["", f"Cells gained {gained_total}, lost {lost_total}; a target kind lost at some "
