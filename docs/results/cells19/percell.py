@@ -136,7 +136,7 @@ def table(paths: list[str]) -> str:
             f"{'meets' if m_met else 'misses'} | {verdict} | {bests} | {len(pooled)} |")))
     out = ["| cell | target | seeds missed | oracle frac. mean | min | max | vs best mean "
            "| min | max | pooled oracle frac. | pooled best | pooled vs best "
-           "| mean of seeds | verdict (pooled) | best baseline per seed | windows |",
+           "| means of seeds | verdict | best baseline per seed | windows |",
            "|---" * 16 + "|"]
     out += [r[3] for r in sorted(rows)]
     out += ["", "| target | cells | systematic | mixed | seed noise |",
