@@ -7,7 +7,7 @@ The outlier clip (``FeatureSpec.latency_outlier_ratio``: a decode step over 3x t
 profile's price enters the estimators at 3x) is armed only after
 ``latency_outlier_warmup`` measured steps. A policy reload with another feature spec
 starts the stream's features afresh (``controller.server``), as does a new server; the
-first ``ppo`` serving after the load generator's ramp (runs 49, 51, 60) met a 140-210 ms
+first ``ppo`` serving after the load generator's ramp (runs 49, 51, 60) met an 83-210 ms
 depth-5 step at record 3, before the clip was armed, and priced depth 3 far above its
 measured cost for hundreds of steps. Per serving: the decode steps whose replayed depth
 differs, the off share each way, and at batch 8-23 and >= 24 the predicted depth-3 ms
