@@ -21,8 +21,11 @@ switches depth, sampling GPU and host memory; 0: none), ``COMPILE_LOG`` (1: ever
 torch.compile compile in the server's processes, timed, into ``$OUT/compiles-<phase>.jsonl``;
 ``scripts/h200/compile_log.py``), ``EXTRA_POLICIES`` (``session.write_policies``),
 ``WARMUP_RAMP`` (sim, 1: every candidate depth at batch sizes 1-48 before the replays),
-``SERVER_ARGS`` (more SGLang flags for every server, space-separated, e.g. ``--warmups
-specctl``; recorded in the run file with the seconds the server took to answer).
+``PREFILL_PROBE`` (nospec with ``HEADLINE=only``, and sim, 1: after the replays, TTFT of one
+request at a time with 1 and 2 output tokens per prompt length, on the sim server under
+static 0 and static 3), ``SERVER_ARGS`` (more SGLang flags for every server,
+space-separated, e.g. ``--warmups specctl``; recorded in the run file with the seconds the
+server took to answer).
 
 Every server: the same flags (``session.py``'s), ``--disable-radix-cache`` (replayed prompts
 would otherwise hit the prefix cache of earlier runs) and ``--max-running-requests 48``.
@@ -247,15 +250,24 @@ def sweep() -> dict:
     return out
 
 
-def prefill_probe(name: str, reps: int = 5) -> dict:
-    """The prefill's cost: one request at a time (2 output tokens) per prompt length, TTFT."""
+def prefill_probe(name: str, reps: int = 5, output: int = 2) -> dict:
+    """The prefill's cost: one request at a time (``output`` tokens) per prompt length, TTFT.
+    With ``output=1`` the request ends at its prefill, so a first token that waits for
+    the next decode step shows as a gap between the two."""
     out = {}
     for length in PREFILL_LENGTHS:
-        ttfts = [loadgen.one_batch(URL, 1, prompt=length, output=2,
+        ttfts = [loadgen.one_batch(URL, 1, prompt=length, output=output,
                                    seed=300 + length + k)["mean_ttft_ms"] for k in range(reps)]
         out[str(length)] = {"ttft_ms": ttfts, "median_ttft_ms": statistics.median(ttfts)}
-    session.log(f"{name} prefill " + json.dumps({n: v["median_ttft_ms"] for n, v in out.items()}))
+    session.log(f"{name} prefill (output {output}) "
+                + json.dumps({n: v["median_ttft_ms"] for n, v in out.items()}))
     return out
+
+
+def prefill_probes(name: str) -> dict:
+    """:func:`prefill_probe` with 1 and with 2 output tokens (``PREFILL_PROBE=1``: after a
+    headline replay, the off path's prefill against a server without speculation's)."""
+    return {f"output_{output}": prefill_probe(name, reps=8, output=output) for output in (1, 2)}
 
 
 def headline(rate: float | None = None) -> dict:
@@ -300,6 +312,8 @@ def phase_nospec() -> None:
                           "headline": headline(rate)}
                 session.log(f"nospec headline{suffix} {replay['headline']}")
                 save(f"nospec{suffix}", replay)
+            if os.environ.get("PREFILL_PROBE") == "1":
+                save("nospec_prefill", {**result, "prefill": prefill_probes("nospec")})
             return
         result["greedy"] = greedy_ids()
         result["sweep"] = sweep()
@@ -435,6 +449,12 @@ def phase_sim() -> None:
                 replay[f"headline_{name}"] = headline(rate)
                 session.log(f"sim headline{suffix} {name}: {replay[f'headline_{name}']}")
                 save(f"sim{suffix}", replay)
+        if os.environ.get("PREFILL_PROBE") == "1":
+            probes = {}
+            for name in ("static_0", "static_3"):
+                session.serve_policy(served, policies[name])
+                probes[name] = prefill_probes(name)
+            save("sim_prefill", {**result, "prefill": probes})
         time.sleep(4)
     finally:
         session.stop(server, "sim")
