@@ -193,16 +193,16 @@ class FeatureSpec:
     latency_outlier_trust: float = 0.5
     latency_outlier_warmup: float = 10.0
     #: With ``latency_outlier_ratio``: before ``latency_outlier_warmup`` measured steps,
-    #: clip a step also where it is over the ratio times the profile's price *and* over
+    #: clip a step too where it is over the ratio times the profile's price *and* over
     #: the ratio times what the stream's own earlier steps measured against the profile
-    #: (the geometric mean of their measured / profile ratios, as they entered; the trust
-    #: condition as after the warm-up): it enters at that bound, ``ratio x max(1, that
-    #: mean) x the profile's price``. Another server's profile makes every early step
-    #: dear, so each enters whole; a lone stall among steps that agree with the profile
-    #: (an 83-210 ms step at a fresh stream's fourth record on the H200, runs 49, 51, 60)
-    #: enters at the ratio, as after the warm-up. A stream's first measured step has
-    #: nothing to be judged against and enters whole. False: the features before the
-    #: twentieth session (an absent field): every step before the warm-up enters whole.
+    #: (the geometric mean of their measured / profile ratios, as they entered), the
+    #: trust condition as after the warm-up; it enters at the ratio times the profile's
+    #: price, as after the warm-up. Another server's profile makes every early step
+    #: dear, so each is within the ratio of those before it and enters whole; a lone
+    #: stall (an 83-210 ms step at a fresh stream's second measured step on the H200,
+    #: runs 49, 51, 60) is clipped. A stream's first measured step has nothing to be
+    #: judged against and enters whole. False: the features before the twentieth
+    #: session (an absent field): every step before the warm-up enters whole.
     latency_outlier_relative: bool = False
     #: The local measured-cost correction (where a cost profile is handed; 0: off, the
     #: features before the fourteenth session): per depth and power-of-two batch bucket,
@@ -642,12 +642,11 @@ class FeatureBuilder:
                         and abs(self._prior_log_error) < spec.latency_outlier_trust):
                     if sum(self._depth_samples) >= spec.latency_outlier_warmup:
                         latency_ms = residual_ms = ratio * prior_ms  # an outlier: see the spec
-                    elif spec.latency_outlier_relative and self._early_steps > 0.0:
-                        # over the ratio x the stream's own earlier steps too? (the spec)
-                        bound = ratio * prior_ms * math.exp(
-                            max(self._early_log_error / self._early_steps, 0.0))
-                        if latency_ms > bound:
-                            latency_ms = residual_ms = bound
+                    elif (spec.latency_outlier_relative and self._early_steps > 0.0
+                          and latency_ms > ratio * prior_ms * math.exp(
+                              self._early_log_error / self._early_steps)):
+                        # over the ratio x the stream's own earlier steps too (the spec)
+                        latency_ms = residual_ms = ratio * prior_ms
                 residual_ms -= prior_ms
                 error = math.log(latency_ms / max(prior_ms, 1e-6))
                 self._prior_log_error += alpha * (error - self._prior_log_error)

@@ -272,13 +272,11 @@ def _fold(state, params, has_prior, is_decode, batch_size, waiting, kv_tokens, k
                 if measured >= params[_P_OUTLIER_WARMUP]:
                     latency_ms = ratio * prior_ms  # FeatureSpec.latency_outlier_ratio
                     residual_ms = latency_ms
-                elif relative and state[_EARLY_STEPS] > 0.0:
-                    # FeatureSpec.latency_outlier_relative
-                    bound = ratio * prior_ms * math.exp(
-                        max(state[_EARLY_LOG_ERROR] / state[_EARLY_STEPS], 0.0))
-                    if latency_ms > bound:
-                        latency_ms = bound
-                        residual_ms = latency_ms
+                elif (relative and state[_EARLY_STEPS] > 0.0
+                      and latency_ms > ratio * prior_ms * math.exp(
+                          state[_EARLY_LOG_ERROR] / state[_EARLY_STEPS])):
+                    latency_ms = ratio * prior_ms  # FeatureSpec.latency_outlier_relative
+                    residual_ms = latency_ms
             residual_ms -= prior_ms
             error = math.log(latency_ms / max(prior_ms, 1e-6))
             state[_PRIOR_LOG_ERROR] += alpha * (error - state[_PRIOR_LOG_ERROR])

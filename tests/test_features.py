@@ -991,17 +991,23 @@ def test_relative_clip_takes_uniformly_dear_early_steps_whole():
     assert not np.allclose(_early_predictions(armed, profile, dear), unclipped, rtol=0.05)
 
 
-def test_relative_clip_judges_a_stall_against_dear_earlier_steps():
-    """A stall among steps 2x the profile's price is clipped at 3 x 2x the profile's,
-    not at 3x: the bound is the ratio times the stream's own earlier steps."""
+def test_relative_clip_judges_a_step_against_dear_earlier_steps():
+    """Among steps 2x the profile's price, a step at 5x the profile's (2.5x the stream's
+    own) enters whole; a stall (over 3 x 2x) is clipped, at 3x the profile's price as
+    after the warm-up."""
     profile = load_profile("h200_qwen3_30b_a3b")
     spec = replace(RELATIVE, latency_outlier_trust=5.0)  # not judged by the mean error
     twice = [(b, d, 2.0 * latency, kv) for b, d, latency, kv in _exact_steps(profile, 3)]
     batch, kv = 4, 1200
     prior_s = _profile_ms(profile, batch, 0, kv) / 1e3
-    clipped = _early_predictions(spec, profile, [*twice, (batch, 0, 0.5, kv)])
-    bound = _early_predictions(spec, profile, [*twice, (batch, 0, 6.0 * prior_s, kv)])
-    np.testing.assert_allclose(clipped, bound, rtol=1e-9)
+    dear = [*twice, (batch, 0, 5.0 * prior_s, kv)]
+    np.testing.assert_array_equal(
+        _early_predictions(spec, profile, dear),
+        _early_predictions(replace(spec, latency_outlier_relative=False), profile, dear))
+    np.testing.assert_allclose(
+        _early_predictions(spec, profile, [*twice, (batch, 0, 0.5, kv)]),
+        _early_predictions(spec, profile, [*twice, (batch, 0, 3.0 * prior_s, kv)]),
+        rtol=1e-9)
 
 
 def test_relative_clip_never_clips_under_the_ratio_times_the_profile():
