@@ -1040,11 +1040,12 @@ def test_relative_clip_takes_a_first_step_whole():
 
 
 def test_latency_outlier_relative_is_false_in_an_old_file_and_must_be_a_bool():
-    """Every policy file before the field (the shipped one among them) reads it False."""
+    """Every policy file before the field (the one shipped when it came, kept under
+    docs/results/off_probe/) reads it False."""
     data = RELATIVE.to_dict()
     del data["latency_outlier_relative"]
     assert FeatureSpec.from_dict(data).latency_outlier_relative is False
-    shipped = ExportedPolicy.load("controller/data/default_policy.npz")
+    shipped = ExportedPolicy.load("docs/results/off_probe/policy_3dd256a8.npz")
     assert shipped.feature_spec.latency_outlier_relative is False
     with pytest.raises(ValueError, match="latency_outlier_relative"):
         FeatureSpec(latency_outlier_relative=1)

@@ -1,6 +1,7 @@
-"""The shipped policy file (written before ``FeatureSpec.latency_outlier_relative``)
-computes as the code before the field computed it, on a stream that would show the field:
-a stall at the second measured step, then steps dear against the profile.
+"""The policy file shipped when ``FeatureSpec.latency_outlier_relative`` came (written
+before it; kept as ``docs/results/off_probe/policy_3dd256a8.npz``, so this holds whatever
+ships later) computes as the code before the field computed it, on a stream that would
+show the field: a stall at the second measured step, then steps dear against the profile.
 
 ``tests/data/features_before_outlier_relative.json`` holds that code's observations
 (commit 7c02a06, both backends, the shipped file's spec with the profile handed);
@@ -26,7 +27,7 @@ from env.traces.schema import StepRecord
 
 ROOT = Path(__file__).parents[1]
 GOLDEN = Path(__file__).parent / "data" / "features_before_outlier_relative.json"
-SHIPPED = ROOT / "controller" / "data" / "default_policy.npz"
+SHIPPED = ROOT / "docs" / "results" / "off_probe" / "policy_3dd256a8.npz"
 PROFILE = "h200_qwen3_30b_a3b"
 CHECKPOINTS = (1, 3, 6, 12, 40, 119)
 BATCHES = (1, 3, 16, 64)
