@@ -192,6 +192,18 @@ class FeatureSpec:
     latency_outlier_ratio: float = 0.0
     latency_outlier_trust: float = 0.5
     latency_outlier_warmup: float = 10.0
+    #: With ``latency_outlier_ratio``: before ``latency_outlier_warmup`` measured steps,
+    #: clip a step too where it is over the ratio times the profile's price *and* over
+    #: the ratio times what the stream's own earlier steps measured against the profile
+    #: (the geometric mean of their measured / profile ratios, as they entered), the
+    #: trust condition as after the warm-up; it enters at the ratio times the profile's
+    #: price, as after the warm-up. Another server's profile makes every early step
+    #: dear, so each is within the ratio of those before it and enters whole; a lone
+    #: stall (an 83-210 ms step at a fresh stream's second measured step on the H200,
+    #: runs 49, 51, 60) is clipped. A stream's first measured step has nothing to be
+    #: judged against and enters whole. False: the features before the twentieth
+    #: session (an absent field): every step before the warm-up enters whole.
+    latency_outlier_relative: bool = False
     #: The local measured-cost correction (where a cost profile is handed; 0: off, the
     #: features before the fourteenth session): per depth and power-of-two batch bucket,
     #: the recent mean log(measured / profile-predicted latency) of that depth's steps
@@ -271,7 +283,7 @@ class FeatureSpec:
                 raise ValueError(f"feature spec field {name!r}: {value!r} is not a positive "
                                  "number")
         for name in ("latency_local_cap", "drop_warmup_latency", "warmup_restarts_draft",
-                     "warmup_flag"):
+                     "warmup_flag", "latency_outlier_relative"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"feature spec field {name!r}: "
                                  f"{getattr(self, name)!r} is not true or false")
@@ -461,6 +473,10 @@ class FeatureBuilder:
         self._latency_ms_ema: float | None = None
         self._depth_samples = [0.0] * (self.spec.max_depth + 1)
         self._prior_log_error = 0.0
+        # spec.latency_outlier_relative: the summed log(entered / profile) of the measured
+        # steps so far, and their number.
+        self._early_log_error = 0.0
+        self._early_steps = 0.0
         # The local cost correction's cells (depth * LOCAL_BUCKETS + bucket): forgotten
         # count and log-error sum as of the cell's last update, that update's time on the
         # decode-step clock (decayed when read: see local_tables).
@@ -623,12 +639,20 @@ class FeatureBuilder:
                     batch, steps, record.kv_used_tokens, 0, **_latency_flags(steps))
                 ratio = spec.latency_outlier_ratio
                 if (ratio > 0.0 and latency_ms > ratio * prior_ms
-                        and abs(self._prior_log_error) < spec.latency_outlier_trust
-                        and sum(self._depth_samples) >= spec.latency_outlier_warmup):
-                    latency_ms = residual_ms = ratio * prior_ms  # an outlier: see the spec
+                        and abs(self._prior_log_error) < spec.latency_outlier_trust):
+                    if sum(self._depth_samples) >= spec.latency_outlier_warmup:
+                        latency_ms = residual_ms = ratio * prior_ms  # an outlier: see the spec
+                    elif (spec.latency_outlier_relative and self._early_steps > 0.0
+                          and latency_ms > ratio * prior_ms * math.exp(
+                              self._early_log_error / self._early_steps)):
+                        # over the ratio x the stream's own earlier steps too (the spec)
+                        latency_ms = residual_ms = ratio * prior_ms
                 residual_ms -= prior_ms
                 error = math.log(latency_ms / max(prior_ms, 1e-6))
                 self._prior_log_error += alpha * (error - self._prior_log_error)
+                if spec.latency_outlier_relative:
+                    self._early_log_error += error
+                    self._early_steps += 1.0
             forget = spec.latency_forgetting
             samples = self._depth_samples
             for d in range(len(samples)):  # plain floats: 8 numpy calls cost more

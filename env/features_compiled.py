@@ -60,7 +60,8 @@ _BATCH_SIZE, _BATCH_EMA, _BATCH_TREND, _HAS_BATCH = 4, 5, 6, 7
 _STEPS_USED, _SINCE_SWITCH, _SINCE_ACCEPT = 8, 9, 10
 _LATENCY_EMA, _HAS_LATENCY, _THROUGHPUT_EMA, _HAS_THROUGHPUT = 11, 12, 13, 14
 _PRIOR_LOG_ERROR = 15
-_SCALARS = 16
+_EARLY_LOG_ERROR, _EARLY_STEPS = 16, 17  # FeatureSpec.latency_outlier_relative
+_SCALARS = 18
 
 # -- the parameter vector (per spec; see _params) ---------------------------------------
 _P_DEPTH, _P_ALPHA, _P_DECAY, _P_FORGET, _P_RIDGE = 0, 1, 2, 3, 4
@@ -69,7 +70,8 @@ _P_HEAD, _P_WIDTH, _P_LOG_THROUGHPUT_AT, _P_MODEL = 10, 11, 12, 13
 _P_OUTLIER_RATIO, _P_OUTLIER_TRUST, _P_OUTLIER_WARMUP = 14, 15, 16
 _P_LOCAL = 17  # latency_local_samples where the correction runs (a profile), else 0
 _P_LOCAL_TOLERANCE, _P_LOCAL_CAP = 18, 19
-_P_LAYOUT = 20  # then the layout's logs, mul, div (width each), then (latency_model 2)
+_P_OUTLIER_RELATIVE = 20
+_P_LAYOUT = 21  # then the layout's logs, mul, div (width each), then (latency_model 2)
 # the no-profile prior's precision (7 x 7) and right-hand side (7): see _prior_at
 
 
@@ -116,7 +118,7 @@ def _params(spec: FeatureSpec, has_profile: bool = False) -> np.ndarray:
         effective_model(spec.latency_model, has_profile), spec.latency_outlier_ratio,
         spec.latency_outlier_trust, spec.latency_outlier_warmup,
         spec.latency_local_samples if has_profile else 0.0, spec.latency_local_tolerance,
-        float(spec.latency_local_cap),
+        float(spec.latency_local_cap), float(spec.latency_outlier_relative),
     ])
     return np.concatenate([head, layout.logs.astype(float), layout.mul, layout.div,
                            layout.prior_matrix.ravel(), layout.prior_rhs])
@@ -260,6 +262,7 @@ def _fold(state, params, has_prior, is_decode, batch_size, waiting, kv_tokens, k
         error = 0.0
         if has_prior:
             ratio = params[_P_OUTLIER_RATIO]
+            relative = params[_P_OUTLIER_RELATIVE] > 0.0
             if (ratio > 0.0 and latency_ms > ratio * prior_ms
                     and abs(state[_PRIOR_LOG_ERROR]) < params[_P_OUTLIER_TRUST]):
                 # Summed only for a candidate outlier, as FeatureBuilder.update's sum()
@@ -269,9 +272,17 @@ def _fold(state, params, has_prior, is_decode, batch_size, waiting, kv_tokens, k
                 if measured >= params[_P_OUTLIER_WARMUP]:
                     latency_ms = ratio * prior_ms  # FeatureSpec.latency_outlier_ratio
                     residual_ms = latency_ms
+                elif (relative and state[_EARLY_STEPS] > 0.0
+                      and latency_ms > ratio * prior_ms * math.exp(
+                          state[_EARLY_LOG_ERROR] / state[_EARLY_STEPS])):
+                    latency_ms = ratio * prior_ms  # FeatureSpec.latency_outlier_relative
+                    residual_ms = latency_ms
             residual_ms -= prior_ms
             error = math.log(latency_ms / max(prior_ms, 1e-6))
             state[_PRIOR_LOG_ERROR] += alpha * (error - state[_PRIOR_LOG_ERROR])
+            if relative:
+                state[_EARLY_LOG_ERROR] += error
+                state[_EARLY_STEPS] += 1.0
         forget = params[_P_FORGET]
         for d in range(depth + 1):
             state[smp + d] *= forget

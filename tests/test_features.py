@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
+from controller.policy_file import ExportedPolicy
 from env import features
 from env.features import FeatureBuilder, FeatureSpec, observation_grids
 from env.sim.cost_model import load_profile
@@ -941,6 +943,112 @@ def test_a_stall_among_the_first_steps_enters_whole():
         _run(builder, steps)
         predictions.append(builder.latency_predictions_s(np.array([1, 8])))
     np.testing.assert_array_equal(predictions[0], predictions[1])
+
+
+RELATIVE = FeatureSpec(latency_model=3, latency_outlier_ratio=3.0,
+                       latency_outlier_relative=True)
+
+
+def _early_predictions(spec: FeatureSpec, profile, steps) -> np.ndarray:
+    builder = FeatureBuilder(spec, profile)
+    _run(builder, steps)
+    return builder.latency_predictions_s(np.array([1, 8, 16]))
+
+
+@pytest.mark.parametrize("depth", [0, 3, 5])
+def test_relative_clip_takes_a_lone_early_stall_at_the_ratio(depth):
+    """Runs 49, 51, 60 (H200): a fresh stream met an 83-210 ms step at its fourth record,
+    among steps the profile priced right, before the warm-up armed the clip. With
+    ``latency_outlier_relative`` it enters at the ratio times the profile's price (the
+    earlier steps measured the profile's price: their mean ratio is 1), exactly as a
+    stream whose step took that; without the field it enters whole."""
+    profile = load_profile("h200_qwen3_30b_a3b")
+    exact = _exact_steps(profile, 3)
+    batch, kv = 4, 1200
+    prior_s = _profile_ms(profile, batch, depth, kv) / 1e3
+    stalled = [*exact, (batch, depth, 0.150, kv)]
+    at_ratio = [*exact, (batch, depth, 3.0 * prior_s, kv)]
+    clipped = _early_predictions(RELATIVE, profile, stalled)
+    np.testing.assert_allclose(clipped, _early_predictions(RELATIVE, profile, at_ratio),
+                               rtol=1e-9)
+    whole = _early_predictions(replace(RELATIVE, latency_outlier_relative=False), profile,
+                               stalled)
+    assert np.all(whole[:, depth] > 1.5 * clipped[:, depth]), (whole, clipped)
+
+
+def test_relative_clip_takes_uniformly_dear_early_steps_whole():
+    """Another server's profile: every early step 4-6x the profile's price. Each is within
+    the ratio of the steps before it, so all enter whole (as with the clip off), where
+    the clip armed from the second step (``latency_outlier_warmup: 1``) takes them in at
+    3x and the estimates lag the server."""
+    profile = load_profile("h200_qwen3_30b_a3b")
+    factors = [5.0, 6.0, 4.0, 5.5, 4.5, 6.0, 5.0, 4.0]
+    dear = [(b, d, f * latency, kv)
+            for (b, d, latency, kv), f in zip(_exact_steps(profile, 8), factors, strict=True)]
+    unclipped = _early_predictions(replace(RELATIVE, latency_outlier_ratio=0.0), profile, dear)
+    np.testing.assert_array_equal(_early_predictions(RELATIVE, profile, dear), unclipped)
+    armed = replace(RELATIVE, latency_outlier_relative=False, latency_outlier_warmup=1.0)
+    assert not np.allclose(_early_predictions(armed, profile, dear), unclipped, rtol=0.05)
+
+
+def test_relative_clip_judges_a_step_against_dear_earlier_steps():
+    """Among steps 2x the profile's price, a step at 5x the profile's (2.5x the stream's
+    own) enters whole; a stall (over 3 x 2x) is clipped, at 3x the profile's price as
+    after the warm-up."""
+    profile = load_profile("h200_qwen3_30b_a3b")
+    spec = replace(RELATIVE, latency_outlier_trust=5.0)  # not judged by the mean error
+    twice = [(b, d, 2.0 * latency, kv) for b, d, latency, kv in _exact_steps(profile, 3)]
+    batch, kv = 4, 1200
+    prior_s = _profile_ms(profile, batch, 0, kv) / 1e3
+    dear = [*twice, (batch, 0, 5.0 * prior_s, kv)]
+    np.testing.assert_array_equal(
+        _early_predictions(spec, profile, dear),
+        _early_predictions(replace(spec, latency_outlier_relative=False), profile, dear))
+    np.testing.assert_allclose(
+        _early_predictions(spec, profile, [*twice, (batch, 0, 0.5, kv)]),
+        _early_predictions(spec, profile, [*twice, (batch, 0, 3.0 * prior_s, kv)]),
+        rtol=1e-9)
+
+
+def test_relative_clip_never_clips_under_the_ratio_times_the_profile():
+    """Earlier steps at half the profile's price: a step at 2.5x the profile's (5x the
+    stream's own) enters whole, and a stall is clipped at 3x the profile's, not at 3x
+    the stream's: the clip needs both bounds passed, as the clip after the warm-up never
+    takes a step under the ratio times the profile."""
+    profile = load_profile("h200_qwen3_30b_a3b")
+    half = [(b, d, 0.5 * latency, kv) for b, d, latency, kv in _exact_steps(profile, 3)]
+    batch, kv = 4, 1200
+    prior_s = _profile_ms(profile, batch, 0, kv) / 1e3
+    off = replace(RELATIVE, latency_outlier_relative=False)
+    dear = [*half, (batch, 0, 2.5 * prior_s, kv)]
+    np.testing.assert_array_equal(_early_predictions(RELATIVE, profile, dear),
+                                  _early_predictions(off, profile, dear))
+    np.testing.assert_allclose(
+        _early_predictions(RELATIVE, profile, [*half, (batch, 0, 0.5, kv)]),
+        _early_predictions(RELATIVE, profile, [*half, (batch, 0, 3.0 * prior_s, kv)]),
+        rtol=1e-9)
+
+
+def test_relative_clip_takes_a_first_step_whole():
+    """A stream's first measured step has nothing to be judged against: a stall there
+    enters whole, as without the field."""
+    profile = load_profile("h200_qwen3_30b_a3b")
+    steps = [(4, 5, 0.150, 1200), *_exact_steps(profile, 3)]
+    np.testing.assert_array_equal(
+        _early_predictions(RELATIVE, profile, steps),
+        _early_predictions(replace(RELATIVE, latency_outlier_relative=False), profile, steps))
+
+
+def test_latency_outlier_relative_is_false_in_an_old_file_and_must_be_a_bool():
+    """Every policy file before the field (the one shipped when it came, kept under
+    docs/results/off_probe/) reads it False."""
+    data = RELATIVE.to_dict()
+    del data["latency_outlier_relative"]
+    assert FeatureSpec.from_dict(data).latency_outlier_relative is False
+    shipped = ExportedPolicy.load("docs/results/off_probe/policy_3dd256a8.npz")
+    assert shipped.feature_spec.latency_outlier_relative is False
+    with pytest.raises(ValueError, match="latency_outlier_relative"):
+        FeatureSpec(latency_outlier_relative=1)
 
 
 @pytest.mark.parametrize("field, value", [

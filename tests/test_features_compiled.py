@@ -26,6 +26,10 @@ SPECS = (SPEC, FeatureSpec(latency_model=2), FeatureSpec(latency_model=3),
          # the outlier clip (the drawn latencies, 0.1 ms to 2 s, are often far off the profile)
          FeatureSpec(latency_model=3, latency_outlier_ratio=3.0),
          FeatureSpec(latency_outlier_ratio=1.5, latency_outlier_trust=2.0),
+         # ... judged before its warm-up against the stream's own earlier steps
+         FeatureSpec(latency_model=3, latency_outlier_ratio=3.0, latency_outlier_relative=True),
+         FeatureSpec(latency_outlier_ratio=1.5, latency_outlier_trust=2.0,
+                     latency_outlier_warmup=30.0, latency_outlier_relative=True),
          # the local measured-cost correction (with a profile; without one it is off)
          FeatureSpec(latency_model=3, latency_local_samples=1.0, latency_local_cap=True),
          FeatureSpec(latency_local_samples=0.5, latency_outlier_ratio=3.0,
