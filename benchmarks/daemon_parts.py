@@ -37,10 +37,11 @@ from controller.reload import PolicyHolder  # noqa: E402
 from controller.server import ControllerServer, ServeOptions  # noqa: E402
 from controller.streams import keep_freed_memory  # noqa: E402
 
-#: The server's methods timed (bound, on the instance). ``_handle_frames`` is where a
-#: poll's frames go since the sixteenth pass (``handle_frame`` is only its one-frame door).
+#: The server's methods timed (bound, on the instance). ``_handle_connections`` is where a
+#: poll's frames go since the twentieth pass (``_handle_frames``, the sixteenth pass's
+#: loop per connection, and ``handle_frame`` are its doors for one connection).
 METHODS = ("_drain", "decide", "_send", "_fold", "_answer", "_observation_grids",
-           "_handle_frames")
+           "_handle_frames", "_handle_connections")
 
 
 def timed(obj: object, name: str, spent: dict[str, int],
