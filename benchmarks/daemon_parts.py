@@ -4,8 +4,8 @@ A diagnostic, not a test. One ``ControllerServer`` in this process; each poll, o
 frame per stream goes through an inproc DEALER per stream, the process sleeps 0.5 ms (the
 poll is not back to back with the last), then ``_drain`` + ``decide`` + ``_send`` run as
 ``poll_once`` runs them after its wait. Every listed method (and the module-level
-``decode``, ``evaluate``, ``apply_guard``, ``unsure_streams`` and the policy's ``logits`` and
-``approximate_logits``, where they exist) is wrapped in
+``decode``, ``evaluate``, ``apply_guard``, ``decide_rows`` (``unsure_streams`` before it)
+and the policy's ``logits`` and ``approximate_logits``, where they exist) is wrapped in
 ``time.thread_time_ns`` (a system call here: ~0.5 us per wrapped call, inside its callers'
 totals too). Prints thread CPU per decision, the whole poll's and each part's (nested
 parts inside their callers), the first fifth of the polls left out.
@@ -37,10 +37,11 @@ from controller.reload import PolicyHolder  # noqa: E402
 from controller.server import ControllerServer, ServeOptions  # noqa: E402
 from controller.streams import keep_freed_memory  # noqa: E402
 
-#: The server's methods timed (bound, on the instance). ``_handle_frames`` is where a
-#: poll's frames go since the sixteenth pass (``handle_frame`` is only its one-frame door).
+#: The server's methods timed (bound, on the instance). ``_handle_connections`` is where a
+#: poll's frames go since the twentieth pass (``_handle_frames``, the sixteenth pass's
+#: loop per connection, and ``handle_frame`` are its doors for one connection).
 METHODS = ("_drain", "decide", "_send", "_fold", "_answer", "_observation_grids",
-           "_handle_frames")
+           "_handle_frames", "_handle_connections")
 
 
 def timed(obj: object, name: str, spent: dict[str, int],
@@ -86,7 +87,9 @@ def main() -> None:
     timed(server.holder.policy, "logits", spent)  # exact: small polls, rechecked streams
     if hasattr(server.holder.policy, "approximate_logits"):  # the nineteenth pass's
         timed(server.holder.policy, "approximate_logits", spent)
-        timed(decider, "unsure_streams", spent)
+        # the twentieth pass's arg-max with the marks, or the nineteenth's marks alone
+        timed(decider, "decide_rows" if hasattr(decider, "decide_rows") else "unsure_streams",
+              spent)
     dealers = []
     for _ in range(args.streams):
         dealer = server._context.socket(zmq.DEALER)

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from controller import fast_tanh
-from controller.fast_tanh import unsure_streams
+from controller.fast_tanh import decide_rows
 from controller.policy_file import ExportedPolicy
 from controller.wire import DECISION_LAG, Decision
 from env.features import FeatureBuilder, warm_up
@@ -145,10 +145,11 @@ def evaluate(policy: ExportedPolicy, grids: np.ndarray | Sequence[np.ndarray | N
         # -inf where the server cannot run the action: never the arg-max
         penalty = np.where(masks, 0.0, -np.inf)
         logits = (logits.reshape(n, rows, -1) + penalty[:, None, :]).reshape(n * rows, -1)
-    # the method, not np.argmax: the same call without numpy's Python-level wrapper
-    index = logits.argmax(axis=1).reshape(n, rows)
     if approximate:
-        unsure = unsure_streams(logits, rows, policy.tanh_tolerance)
+        # each row's arg-max with the unsure marks, in one compiled pass (a stream not
+        # marked has a unique finite best in every row: numpy's arg-max; a marked one is
+        # decided again below)
+        index, unsure = decide_rows(logits, rows, policy.tanh_tolerance)
         if unsure.any():
             for i in unsure.nonzero()[0].tolist():
                 # the stream's own grid, exact: local mode's forward, row for row
@@ -156,6 +157,8 @@ def evaluate(policy: ExportedPolicy, grids: np.ndarray | Sequence[np.ndarray | N
                 if penalty is not None:
                     exact = exact + penalty[i]
                 index[i] = exact.argmax(axis=1)
+    else:  # the method, not np.argmax: the same call without numpy's Python-level wrapper
+        index = logits.argmax(axis=1).reshape(n, rows)
     # The goodput guard, then the probe (which may turn a guarded row into a probe): the
     # order the simulator's policy adapter applies them in.
     actions = policy.action_array

@@ -66,6 +66,61 @@ if njit is not None:
             t = (one - e) / (one + e)
             flat[i] = t if x >= zero else -t  # NaN stays NaN (then -NaN)
 
+    @njit(fastmath={"contract"}, error_model="numpy", cache=True, inline="always")
+    def _tanh_one(x):  # pragma: no cover - compiled
+        # _tanh_kernel's element, line for line (tests compare the two bit for bit)
+        one, zero = _F(1.0), _F(0.0)
+        z = min(abs(x), _F(9.0))
+        z = z + z
+        k = np.int32(z * _LOG2E + _F(0.5))
+        kf = _F(k)
+        r = (z - kf * _LN2_HI) - kf * _LN2_LO
+        p = one - r * (one - r * (_F(0.5) - r * (_F(1 / 6) - r * (
+            _F(1 / 24) - r * (_F(1 / 120) - r * (_F(1 / 720) - r * _F(1 / 5040)))))))
+        s = (_F(0.5) if k & 1 else one) * (_F(0.25) if k & 2 else one)
+        s = s * ((_F(0.0625) if k & 4 else one) * (_F(2.0 ** -8) if k & 8 else one))
+        e = p * (s * (_F(2.0 ** -16) if k & 16 else one))
+        t = (one - e) / (one + e)
+        return t if x >= zero else -t
+
+    @njit(fastmath={"contract"}, error_model="numpy", cache=True)
+    def _bias_tanh_kernel(x: np.ndarray, bias: np.ndarray) -> None:
+        # pragma: no cover - compiled
+        rows, width = x.shape
+        for i in range(rows):
+            for j in range(width):
+                x[i, j] = _tanh_one(x[i, j] + bias[j])  # float32 + float32: numpy's sum
+
+    @njit(error_model="numpy", cache=True)
+    def _decide_kernel(logits: np.ndarray, rows: int, tol: float
+                       ) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - compiled
+        # _unsure_kernel's marks, and each row's arg-max (its first best) on the way
+        streams = logits.shape[0] // rows
+        width = logits.shape[1]
+        index = np.zeros(logits.shape[0], dtype=np.intp)
+        out = np.zeros(streams, dtype=np.bool_)
+        for s in range(streams):
+            for r in range(s * rows, (s + 1) * rows):
+                top = -np.inf
+                second = -np.inf
+                best = 0
+                odd = False
+                for a in range(width):
+                    v = float(logits[r, a])
+                    if v != v:
+                        odd = True
+                    elif v > top:
+                        second = top
+                        top = v
+                        best = a
+                    elif v > second:
+                        second = v
+                index[r] = best
+                if odd or top == np.inf or top == -np.inf or not top - second > tol:
+                    out[s] = True
+                    break  # the caller decides this stream's rows again, exactly
+        return index, out
+
     @njit(error_model="numpy", cache=True)
     def _unsure_kernel(logits: np.ndarray, rows: int, tol: float) -> np.ndarray:
         # pragma: no cover - compiled
@@ -93,7 +148,7 @@ if njit is not None:
                     break
         return out
 else:
-    _tanh_kernel = _unsure_kernel = None
+    _tanh_kernel = _unsure_kernel = _bias_tanh_kernel = _decide_kernel = None
 
 
 def available() -> bool:
@@ -119,6 +174,23 @@ def unsure_streams(logits: np.ndarray, rows: int, tol: float) -> np.ndarray:
     within ``tol`` (or its row has a NaN, or no finite best): those rows' arg-max could
     differ from the exact forward's."""
     return _unsure_kernel(logits, rows, float(tol))
+
+
+def bias_tanh_inplace(x: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    """``x[:] = tanh_inplace(x + bias)`` in one pass, bit for bit (the same float32 sum,
+    then :func:`tanh_inplace`'s arithmetic), for a C-contiguous float32 matrix ``x`` and a
+    float32 ``bias`` of its width; returns ``x``. Needs numba (:func:`available`)."""
+    _bias_tanh_kernel(x, bias)
+    return x
+
+
+def decide_rows(logits: np.ndarray, rows: int, tol: float) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`unsure_streams`, and each row's arg-max, in one pass: ``(index, unsure)``,
+    ``index`` of shape (streams, ``rows``). A stream not marked unsure has in every row a
+    unique finite best, so its rows' ``index`` is ``logits.argmax(axis=1)``'s; an unsure
+    stream's rows are left partly unset (0): the caller decides those again."""
+    index, unsure = _decide_kernel(logits, rows, float(tol))
+    return index.reshape(-1, rows), unsure
 
 
 def tolerance(weights: list[np.ndarray]) -> float:
@@ -148,5 +220,7 @@ def warm_up() -> None:
     if _tanh_kernel is None:
         return
     tanh_inplace(np.zeros((2, 2), dtype=np.float32))
+    bias_tanh_inplace(np.zeros((2, 2), dtype=np.float32), np.zeros(2, dtype=np.float32))
     for dtype in (np.float32, np.float64):  # the logits as they come: C-contiguous
         unsure_streams(np.zeros((2, 2), dtype=dtype), 1, 0.0)
+        decide_rows(np.zeros((2, 2), dtype=dtype), 1, 0.0)

@@ -98,6 +98,10 @@ class ExportedPolicy:
             dtype = np.result_type(dtype, w.dtype)
             self._bias_in_place.append(np.result_type(dtype, b.dtype) == dtype)
             dtype = np.result_type(dtype, b.dtype)
+        #: Whether approximate_logits may fuse each hidden layer's bias with its tanh
+        #: (fast_tanh.bias_tanh_inplace takes float32 activations and biases).
+        self._fused = all(w.dtype == np.float32 and b.dtype == np.float32 and b.ndim == 1
+                          for w, b in zip(self.weights, self.biases, strict=True))
         #: Per layer, its bias repeated over rows (grown on demand, powers of two).
         self._tiled: list[np.ndarray | None] = [None] * len(self.biases)
 
@@ -130,7 +134,24 @@ class ExportedPolicy:
         does)."""
         if self.activation != "tanh" or not fast_tanh.ENABLED:
             return None
-        return self._forward(observations, _approximate_tanh)
+        x = np.asarray(observations, dtype=np.float32)
+        if x.ndim != 2 or not self._fused:
+            return self._forward(x, _approximate_tanh)
+        # The hidden layers' bias and tanh in one compiled pass each
+        # (fast_tanh.bias_tanh_inplace: the same float32 sum, then the same tanh, bit for
+        # bit), not a numpy addition and then the kernel: one pass over the activations
+        # less per hidden layer. The last layer as _forward adds its bias.
+        last = len(self.weights) - 1
+        dot, fused = np.dot, fast_tanh.bias_tanh_inplace
+        for i, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
+            x = dot(x, w)
+            if i < last:
+                fused(x, b)
+            elif x.shape[0] <= _TILED_BIAS_ROWS:
+                x += self._bias_rows(i, x.shape[0])
+            else:
+                x += b
+        return x
 
     @functools.cached_property
     def tanh_tolerance(self) -> float:

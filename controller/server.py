@@ -354,16 +354,17 @@ class ControllerServer:
                 latest[peer] = [frame]
             else:
                 frames.append(frame)
-                if len(frames) > keep:  # its oldest frame is shed (cut below, unread)
+                if len(frames) > keep:  # its oldest frame is shed, unread
+                    del frames[0]
                     shed += 1
         if shed:
             self.metrics.frames_shed.inc(shed)
         pending: dict[StreamKey, _Stream] = {}
         for peer, frame in hellos:
             self.handle_frame(peer, frame, pending, started)
-        handle = self._handle_frames
-        for peer, frames in latest.items():
-            handle(peer, frames if len(frames) <= keep else frames[-keep:], pending, started)
+        # every connection's frames in one loop (not a call per connection: a plugin's
+        # connection carries one stream, so a flood's polls have a connection per frame)
+        self._handle_connections(latest.items(), pending, started)
         return pending
 
     def handle_frame(self, peer: Peer, frame: bytes, pending: dict[StreamKey, _Stream],
@@ -378,31 +379,37 @@ class ControllerServer:
 
     def _handle_frames(self, peer: Peer, frames: Iterable[bytes],
                        pending: dict[StreamKey, _Stream], received: float) -> None:
-        """:meth:`handle_frame` for each of ``frames`` (from ``peer``, in order).
+        """:meth:`handle_frame` for each of ``frames`` (from ``peer``, in order)."""
+        self._handle_connections(((peer, frames),), pending, received)
+
+    def _handle_connections(self, connections: Iterable[tuple[Peer, Iterable[bytes]]],
+                            pending: dict[StreamKey, _Stream], received: float) -> None:
+        """:meth:`handle_frame` for each frame of each ``(peer, frames)``, in order.
 
         The common frame, telemetry of a known stream continuing its run, is decoded and
-        queued here in one loop (a poll's frames of a connection, without the
+        queued here in one loop over all of a poll's connections (without the
         ``handle_frame``, ``decode`` and ``_handle_message`` calls each: docs/ONLINE.md,
-        sixteenth pass). Telemetry of a new or restarted stream goes on to
+        sixteenth and twentieth passes). Telemetry of a new or restarted stream goes on to
         :meth:`_handle_message`; any other frame (or one the fast decoder refuses) to
         :meth:`_handle_frame`, which decodes it in full (naming a refused frame's error).
         """
         fast, headers = decode_telemetry_fast, TELEMETRY_HEADERS
         get = self.streams.get
-        for frame in frames:
-            record = fast(frame) if fast is not None and frame[:5] in headers else None
-            if record is None:  # not telemetry, or refused (decode names the error)
-                self._handle_frame(peer, frame, pending, received)
-                continue
-            key = (peer, record.server, record.rank)
-            try:
-                stream = get(key)
-                if stream is None or record.step_index <= stream.last_step:
-                    self._handle_message(key, record, pending, received)  # new, restarted
-                else:
-                    self._telemetry(stream, record, received, pending)
-            except Exception:  # a bug: one frame must not stop the daemon serving everyone
-                self._frame_failed(key, pending)
+        for peer, frames in connections:
+            for frame in frames:
+                record = fast(frame) if fast is not None and frame.startswith(headers) else None
+                if record is None:  # not telemetry, or refused (decode names the error)
+                    self._handle_frame(peer, frame, pending, received)
+                    continue
+                key = (peer, record.server, record.rank)
+                try:
+                    stream = get(key)
+                    if stream is None or record.step_index <= stream.last_step:
+                        self._handle_message(key, record, pending, received)  # new, restarted
+                    else:
+                        self._telemetry(stream, record, received, pending)
+                except Exception:  # a bug: one frame must not stop the daemon serving all
+                    self._frame_failed(key, pending)
 
     def _handle_frame(self, peer: Peer, frame: bytes, pending: dict[StreamKey, _Stream],
                       received: float) -> None:

@@ -162,3 +162,83 @@ def test_turned_off_uses_the_exact_forward(monkeypatch) -> None:
                           actions=policy.actions, feature_spec=SPEC, activation="relu")
     monkeypatch.setattr(fast_tanh, "ENABLED", True)
     assert relu.approximate_logits(x) is None
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    """Equal bit for bit, any NaN equal to any NaN."""
+    nan = np.isnan(a)
+    return bool(np.array_equal(nan, np.isnan(b))
+                and np.array_equal(a[~nan].view(np.uint32), b[~nan].view(np.uint32)))
+
+
+def test_fused_bias_and_tanh_are_the_unfused_pair_bit_for_bit() -> None:
+    """bias_tanh_inplace(x, b) is numpy's float32 x + b then tanh_inplace, bit for bit, on
+    drawn bit patterns, biases and the kernel's edges (benchmarks/bias_tanh_equal.py checks
+    all 2^32 float32 with a zero bias)."""
+    rng = np.random.default_rng(7)
+    width = 64
+    edges = np.float32([0.0, -0.0, 1e-38, -1e-45, 4.49, 4.5, 4.51, 8.99, 9.0, 88.0,
+                        3e38, -3e38, np.inf, -np.inf, np.nan])
+    cases = [rng.integers(0, 2**32, size=(4096, width), dtype=np.uint64)
+             .astype(np.uint32).view(np.float32),
+             (rng.standard_normal((2048, width)) * 4).astype(np.float32),
+             np.resize(edges, (len(edges), width))]
+    for x in cases:
+        for bias in (np.zeros(width, dtype=np.float32),
+                     (rng.standard_normal(width) * 2).astype(np.float32),
+                     np.resize(edges, width).astype(np.float32)):
+            with np.errstate(invalid="ignore", over="ignore"):
+                want = x + bias
+            fast_tanh.tanh_inplace(want)
+            got = fast_tanh.bias_tanh_inplace(x.copy(), bias)
+            assert same_bits(want, got)
+
+
+@pytest.mark.parametrize("hidden", [(16,), (64, 64), (128, 128)])
+def test_approximate_logits_are_the_unfused_forwards_bits(hidden) -> None:
+    """The fused forward gives the approximate logits the nineteenth pass's forward gave
+    (numpy's bias addition, then the kernel), bit for bit, at every batch shape."""
+    from controller.policy_file import _approximate_tanh
+
+    base = ExportedPolicy.random(SPEC, hidden=hidden, seed=len(hidden))
+    rng = np.random.default_rng(5)
+    # random policies' biases are zero: these are not
+    policy = ExportedPolicy(weights=base.weights, actions=base.actions, feature_spec=SPEC,
+                            biases=[rng.normal(0.0, 0.5, b.shape).astype(np.float32)
+                                    for b in base.biases])
+    for rows in (1, ROWS, 3 * ROWS, 64 * ROWS, 5000):
+        x = rng.uniform(-1.5, 1.5, size=(rows, SPEC.size)).astype(np.float32)
+        want = policy._forward(x, _approximate_tanh)
+        assert same_bits(want, policy.approximate_logits(x)), rows
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_decide_rows_is_numpys_argmax_wherever_a_stream_is_sure(dtype) -> None:
+    """decide_rows' marks are unsure_streams', and every row of a stream it does not mark
+    has numpy's arg-max (rows of marked streams are the caller's to decide again)."""
+    rng = np.random.default_rng(11)
+    rows, width, streams = 5, 8, 400
+    logits = rng.standard_normal((streams * rows, width)).astype(dtype)
+    # near ties, exact ties (first or later column), NaN, masked (-inf) and no finite best
+    for r in rng.choice(len(logits), size=120, replace=False).tolist():
+        a, b = rng.choice(width, size=2, replace=False).tolist()
+        kind = r % 5
+        if kind == 0:
+            logits[r, b] = logits[r].max() + dtype(rng.choice([0.0, 1e-6, 1e-3, 0.1]))
+            logits[r, a] = logits[r, b]
+        elif kind == 1:
+            logits[r, a] = np.nan
+        elif kind == 2:
+            logits[r, rng.random(width) < 0.7] = -np.inf
+        elif kind == 3:
+            logits[r] = -np.inf
+        else:
+            logits[r, a] = logits[r].max() + dtype(0.05)
+    for tol in (0.0, 1e-4, 0.02):
+        index, unsure = fast_tanh.decide_rows(logits, rows, tol)
+        assert index.shape == (streams, rows)
+        np.testing.assert_array_equal(unsure, fast_tanh.unsure_streams(logits, rows, tol))
+        sure = ~unsure
+        assert sure.sum() > streams // 4  # the check compares something
+        want = logits.argmax(axis=1).reshape(streams, rows)
+        np.testing.assert_array_equal(index[sure], want[sure])
