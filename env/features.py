@@ -254,6 +254,19 @@ class FeatureSpec:
     #: SGLang's own steps=0) is inferred as above. False: the inference for every record
     #: (the features before the eighteenth session; an absent field).
     warmup_flag: bool = False
+    #: Leave out the latency of a decode step whose next record is a prefill. The plugin
+    #: times a step from the previous step's result to its own; under SGLang's overlap
+    #: scheduler the next batch is launched before a step's result is processed, and a
+    #: prefill's launch is heavy CPU work, so the decode step before a prefill carries
+    #: it: on the H200 dense model at acceptance 3.0 (runs 61-64), off steps 13.8 against
+    #: 5.8 ms with no queue and 19.7 against 7.2 with one (depth 3: 19.6 against 10.5 and
+    #: 32.2 against 32.1, where the long step hides most of it). Counted, they priced off
+    #: 17-40% dear at batch >= 24, where off measured 1.3-1.5x depth 3's goodput, and
+    #: the shipped file speculated on 34-60% of those steps at 12 requests/s. Every
+    #: decode record is folded when the next record arrives (the observation lags one
+    #: record), without its latency if that record is a prefill. False: the features
+    #: before the twenty-first session (an absent field).
+    latency_drop_before_prefill: bool = False
     #: Recent cost measurements of a depth at which its confidence is 1 - 1/e.
     cost_confidence_samples: float = 2.0
     #: EMA weight for the load and throughput trackers.
@@ -283,7 +296,8 @@ class FeatureSpec:
                 raise ValueError(f"feature spec field {name!r}: {value!r} is not a positive "
                                  "number")
         for name in ("latency_local_cap", "drop_warmup_latency", "warmup_restarts_draft",
-                     "warmup_flag", "latency_outlier_relative"):
+                     "warmup_flag", "latency_outlier_relative",
+                     "latency_drop_before_prefill"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"feature spec field {name!r}: "
                                  f"{getattr(self, name)!r} is not true or false")
@@ -498,6 +512,8 @@ class FeatureBuilder:
         self._steps_since_acceptance = NEVER_MEASURED
         self._new_records: list[StepRecord] = []
         self._held: list[StepRecord] = []
+        #: spec.latency_drop_before_prefill: the latest decode record, not yet folded.
+        self._before_prefill: StepRecord | None = None
         #: After a flagged warm-up (``spec.warmup_flag`` and ``warmup_restarts_draft``):
         #: the steps used and steps since the switch before it (see _restart_at).
         self._restart: tuple[int, int] | None = None
@@ -538,8 +554,23 @@ class FeatureBuilder:
     def update(self, record: StepRecord) -> None:
         """Fold one step record into the estimators (with ``spec.drop_warmup_latency``, a
         depth-0 decode record not flagged either way and those after it once the next
-        decode record is known)."""
+        decode record is known; with ``spec.latency_drop_before_prefill``, a decode
+        record once the next record is known)."""
         self._new_records.append(record)
+        if self.spec.latency_drop_before_prefill:
+            earlier, decode = self._before_prefill, record.prefill_tokens == 0
+            self._before_prefill = record if decode else None
+            if earlier is not None:
+                if not decode and earlier.step_latency_s > 0.0:
+                    # it carried this prefill's launch (the spec): its cost is not a step's
+                    earlier = replace(earlier, step_latency_s=0.0)
+                self._update(earlier)
+            if decode:
+                return
+        self._update(record)
+
+    def _update(self, record: StepRecord) -> None:
+        """:meth:`update` after ``spec.latency_drop_before_prefill``'s hold."""
         spec = self.spec
         if not spec.drop_warmup_latency:
             self._fold_record(record)

@@ -698,6 +698,7 @@ class CompiledFeatureBuilder(FeatureBuilder):
         self._state[_SINCE_ACCEPT] = NEVER_MEASURED
         self._new_records = []
         self._held = []
+        self._before_prefill = None
         self._restart = None
         if self.probe_tracker is not None:
             self.probe_tracker.reset()

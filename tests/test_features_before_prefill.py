@@ -1,0 +1,128 @@
+"""``FeatureSpec.latency_drop_before_prefill``: a decode step whose next record is a
+prefill enters the estimators without its latency (it carries that prefill's launch under
+SGLang's overlap scheduler), one record late."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from controller.policy_file import ExportedPolicy
+from env.features import FeatureBuilder, FeatureSpec
+from env.sim.cost_model import load_profile
+from env.traces.schema import StepRecord
+
+PROFILE = load_profile("h200_llama31_8b_recorded")
+SPEC = FeatureSpec(latency_outlier_ratio=3.0)
+DROP = dataclasses.replace(SPEC, latency_drop_before_prefill=True)
+
+
+def _decode(i: int, batch: int, depth: int, latency_ms: float) -> StepRecord:
+    accepted = np.full(batch if depth else 0, min(depth, 2), np.int8)
+    return StepRecord("s", 0, i, 0.01 * i, batch, 3, batch, 1500 * batch, 700_000, 0, depth,
+                      accepted, latency_ms / 1e3)
+
+
+def _prefill(i: int, latency_ms: float = 13.0) -> StepRecord:
+    return StepRecord("s", 0, i, 0.01 * i, 1, 2, 48, 72_000, 700_000, 1024, 0,
+                      np.zeros(0, np.int8), latency_ms / 1e3)
+
+
+def _served(seed: int, n: int = 400) -> list[StepRecord]:
+    """Batch 40-48 at depth 0 or 3 with an admission every ~5 steps: the decode step
+    before each prefill about 9 ms dearer, as measured on the H200 (runs 61-64)."""
+    rng = np.random.default_rng(seed)
+    out: list[StepRecord] = []
+    depth = 0
+    while len(out) < n:
+        if rng.random() < 0.1:
+            depth = 3 - depth
+        batch = int(rng.integers(40, 49))
+        clean = 7.2 if depth == 0 else 29.0
+        if rng.random() < 0.2:
+            out.append(_decode(len(out), batch, depth, clean + 9.0))
+            out.append(_prefill(len(out)))
+        else:
+            out.append(_decode(len(out), batch, depth, clean * rng.uniform(0.95, 1.05)))
+    out.append(_prefill(len(out)))  # the last decode step's fate known
+    return out
+
+
+def _zeroed(records: list[StepRecord]) -> list[StepRecord]:
+    """``records`` with each decode step before a prefill unmeasured (latency 0)."""
+    return [dataclasses.replace(r, step_latency_s=0.0)
+            if r.prefill_tokens == 0 and nxt is not None and nxt.prefill_tokens > 0 else r
+            for r, nxt in zip(records, [*records[1:], None], strict=True)]
+
+
+@pytest.mark.parametrize("backend", ["numpy", "compiled"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_step_before_a_prefill_enters_unmeasured(backend, seed):
+    """Fed a stream, the builder equals one without the rule fed the same stream with
+    each decode step before a prefill unmeasured."""
+    if backend == "compiled":
+        pytest.importorskip("numba")
+    stream = _served(seed)
+    held = FeatureBuilder(DROP, PROFILE, backend=backend)
+    held.update_many(stream)
+    plain = FeatureBuilder(SPEC, PROFILE, backend=backend)
+    plain.update_many(_zeroed(stream))
+    np.testing.assert_array_equal(held.observation_grid(), plain.observation_grid())
+    np.testing.assert_array_equal(held.latency_predictions_s(np.array([8, 24, 48])),
+                                  plain.latency_predictions_s(np.array([8, 24, 48])))
+
+
+def test_a_decode_record_is_folded_when_the_next_arrives():
+    """The observation lags one decode record: after it, the features are those before
+    it; after the next decode record, those of the first folded whole."""
+    stream = _served(3, n=60)[:-1]
+    stream = [r for r in stream if r.prefill_tokens == 0]
+    held = FeatureBuilder(DROP, PROFILE)
+    plain = FeatureBuilder(SPEC, PROFILE)
+    for record in stream[:-1]:
+        held.update(record)
+        before = held.observation_grid().copy()
+        plain.update(record)
+    held.update(stream[-1])
+    np.testing.assert_array_equal(held.observation_grid(), plain.observation_grid())
+    assert not np.array_equal(before, held.observation_grid())
+
+
+def test_it_prices_off_as_measured_where_admissions_make_it_dear():
+    """The case it is for: off at batch 48 priced near its clean 7.2 ms with the rule,
+    above it without (the admissions' 9 ms counted as off's)."""
+    stream = _served(4, n=800)
+    prices = {}
+    for name, spec in (("plain", SPEC), ("drop", DROP)):
+        builder = FeatureBuilder(spec, PROFILE)
+        builder.update_many(stream)
+        prices[name] = 1e3 * builder.latency_predictions_s(48)[0]
+    assert abs(prices["drop"] - 7.2) < 0.5
+    assert prices["plain"] > prices["drop"] + 0.8
+
+
+def test_the_field_is_false_in_an_old_file_and_must_be_a_bool():
+    data = FeatureSpec().to_dict()
+    del data["latency_drop_before_prefill"]
+    assert FeatureSpec.from_dict(data).latency_drop_before_prefill is False
+    shipped = ExportedPolicy.load("controller/data/default_policy.npz")
+    assert shipped.feature_spec.latency_drop_before_prefill is False
+    with pytest.raises(ValueError, match="latency_drop_before_prefill"):
+        FeatureSpec(latency_drop_before_prefill=1)
+
+
+def test_a_reset_or_copied_builder_holds_nothing_of_the_original():
+    stream = _served(5, n=30)
+    builder = FeatureBuilder(DROP, PROFILE)
+    builder.update_many(stream[:-1])  # ends on a held decode record
+    copy = builder.copy()
+    fresh = FeatureBuilder(DROP, PROFILE)
+    fresh.update_many(stream[:-1])
+    copy.update(stream[-1])
+    fresh.update(stream[-1])
+    np.testing.assert_array_equal(copy.observation_grid(), fresh.observation_grid())
+    builder.reset()
+    np.testing.assert_array_equal(builder.observation_grid(),
+                                  FeatureBuilder(DROP, PROFILE).observation_grid())
