@@ -257,9 +257,10 @@ class FeatureSpec:
     #: Leave out the latency of a decode step whose next record is a prefill. The plugin
     #: times a step from the previous step's result to its own; under SGLang's overlap
     #: scheduler the next batch is launched before a step's result is processed, and a
-    #: prefill's launch is heavy CPU work, so the decode step before a prefill carries
-    #: it: on the H200 dense model at acceptance 3.0 (runs 61-64), off steps 13.8 against
-    #: 5.8 ms with no queue and 19.7 against 7.2 with one (depth 3: 19.6 against 10.5 and
+    #: prefill's launch is heavy CPU work, so the decode step before a prefill most
+    #: likely carries it (the cost is measured, the mechanism inferred): on the H200
+    #: dense model at acceptance 3.0 (runs 61-64), off steps 13.8 against 5.8 ms with no
+    #: queue and 19.7 against 7.2 with one (depth 3: 19.6 against 10.5 and
     #: 32.2 against 32.1, where the long step hides most of it). Counted, they priced off
     #: 17-40% dear at batch >= 24, where off measured 1.3-1.5x depth 3's goodput, and
     #: the shipped file speculated on 34-60% of those steps at 12 requests/s. Every
