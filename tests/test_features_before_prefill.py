@@ -107,8 +107,8 @@ def test_the_field_is_false_in_an_old_file_and_must_be_a_bool():
     data = FeatureSpec().to_dict()
     del data["latency_drop_before_prefill"]
     assert FeatureSpec.from_dict(data).latency_drop_before_prefill is False
-    shipped = ExportedPolicy.load("controller/data/default_policy.npz")
-    assert shipped.feature_spec.latency_drop_before_prefill is False
+    before = ExportedPolicy.load("docs/results/off_probe/policy_3dd256a8.npz")
+    assert before.feature_spec.latency_drop_before_prefill is False
     with pytest.raises(ValueError, match="latency_drop_before_prefill"):
         FeatureSpec(latency_drop_before_prefill=1)
 
@@ -126,3 +126,17 @@ def test_a_reset_or_copied_builder_holds_nothing_of_the_original():
     builder.reset()
     np.testing.assert_array_equal(builder.observation_grid(),
                                   FeatureBuilder(DROP, PROFILE).observation_grid())
+
+
+def test_the_shipped_file_is_the_one_before_with_only_the_rule_on():
+    """The default policy since the twenty-first session (served as ``adm`` in runs
+    65-69): the file shipped before (``3dd256a8``) with this rule on, nothing else."""
+    shipped = ExportedPolicy.load("controller/data/default_policy.npz")
+    before = ExportedPolicy.load("docs/results/off_probe/policy_3dd256a8.npz")
+    assert shipped.feature_spec == dataclasses.replace(before.feature_spec,
+                                                       latency_drop_before_prefill=True)
+    assert (shipped.guard, shipped.probe, shipped.actions) == (before.guard, before.probe,
+                                                               before.actions)
+    for new, old in zip([*shipped.weights, *shipped.biases], [*before.weights, *before.biases],
+                        strict=True):
+        np.testing.assert_array_equal(new, old)

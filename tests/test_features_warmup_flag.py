@@ -221,6 +221,7 @@ def test_the_flag_reaches_the_features_through_the_wire():
 
 
 @pytest.mark.parametrize("path", ["controller/data/default_policy.npz",
+                                  "docs/results/off_probe/policy_3dd256a8.npz",
                                   "docs/results/drop_warmup/policy_58513820.npz"])
 def test_the_files_before_the_field_compute_as_before_on_a_flagged_stream(path):
     """The shipped file (no warm-up fields) and the seventeenth session's retrain
