@@ -1039,16 +1039,17 @@ def test_relative_clip_takes_a_first_step_whole():
         _early_predictions(replace(RELATIVE, latency_outlier_relative=False), profile, steps))
 
 
-def test_latency_outlier_relative_is_false_in_an_old_file_and_must_be_a_bool():
-    """Every policy file before the field (the one shipped when it came, kept under
+@pytest.mark.parametrize("field", ["latency_outlier_relative", "latency_drop_before_prefill"])
+def test_a_later_bool_field_is_false_in_an_old_file_and_must_be_a_bool(field):
+    """Every policy file before the field (the one shipped when both came, kept under
     docs/results/off_probe/) reads it False."""
-    data = RELATIVE.to_dict()
-    del data["latency_outlier_relative"]
-    assert FeatureSpec.from_dict(data).latency_outlier_relative is False
-    shipped = ExportedPolicy.load("docs/results/off_probe/policy_3dd256a8.npz")
-    assert shipped.feature_spec.latency_outlier_relative is False
-    with pytest.raises(ValueError, match="latency_outlier_relative"):
-        FeatureSpec(latency_outlier_relative=1)
+    data = replace(FeatureSpec(), **{field: True}).to_dict()
+    del data[field]
+    assert getattr(FeatureSpec.from_dict(data), field) is False
+    before = ExportedPolicy.load("docs/results/off_probe/policy_3dd256a8.npz")
+    assert getattr(before.feature_spec, field) is False
+    with pytest.raises(ValueError, match=field):
+        FeatureSpec(**{field: 1})
 
 
 @pytest.mark.parametrize("field, value", [

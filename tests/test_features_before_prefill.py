@@ -103,29 +103,23 @@ def test_it_prices_off_as_measured_where_admissions_make_it_dear():
     assert prices["plain"] > prices["drop"] + 0.8
 
 
-def test_the_field_is_false_in_an_old_file_and_must_be_a_bool():
-    data = FeatureSpec().to_dict()
-    del data["latency_drop_before_prefill"]
-    assert FeatureSpec.from_dict(data).latency_drop_before_prefill is False
-    before = ExportedPolicy.load("docs/results/off_probe/policy_3dd256a8.npz")
-    assert before.feature_spec.latency_drop_before_prefill is False
-    with pytest.raises(ValueError, match="latency_drop_before_prefill"):
-        FeatureSpec(latency_drop_before_prefill=1)
-
-
-def test_a_reset_or_copied_builder_holds_nothing_of_the_original():
-    stream = _served(5, n=30)
-    builder = FeatureBuilder(DROP, PROFILE)
-    builder.update_many(stream[:-1])  # ends on a held decode record
-    copy = builder.copy()
-    fresh = FeatureBuilder(DROP, PROFILE)
+@pytest.mark.parametrize("backend", ["numpy", "compiled"])
+def test_a_copy_carries_the_held_record_and_a_reset_drops_it(backend):
+    if backend == "compiled":
+        pytest.importorskip("numba")
+    stream = [r for r in _served(5, n=30) if r.prefill_tokens == 0]
+    builder = FeatureBuilder(DROP, PROFILE, backend=backend)
+    builder.update_many(stream[:-1])  # the last of these is held, not folded
+    copy, fresh = builder.copy(), FeatureBuilder(DROP, PROFILE, backend=backend)
     fresh.update_many(stream[:-1])
     copy.update(stream[-1])
     fresh.update(stream[-1])
     np.testing.assert_array_equal(copy.observation_grid(), fresh.observation_grid())
-    builder.reset()
-    np.testing.assert_array_equal(builder.observation_grid(),
-                                  FeatureBuilder(DROP, PROFILE).observation_grid())
+    builder.reset()  # a held record left behind would be folded by the next update
+    builder.update_many(stream[-3:])
+    fresh = FeatureBuilder(DROP, PROFILE, backend=backend)
+    fresh.update_many(stream[-3:])
+    np.testing.assert_array_equal(builder.observation_grid(), fresh.observation_grid())
 
 
 def test_the_shipped_file_is_the_one_before_with_only_the_rule_on():
