@@ -262,8 +262,8 @@ class FeatureSpec:
     #: dense model at acceptance 3.0 (runs 61-64), off steps 13.8 against 5.8 ms with no
     #: queue and 19.7 against 7.2 with one (depth 3: 19.6 against 10.5 and
     #: 32.2 against 32.1, where the long step hides most of it). Counted, they priced off
-    #: 17-40% dear at batch >= 24, where off measured 1.3-1.5x depth 3's goodput, and
-    #: the shipped file speculated on 34-60% of those steps at 12 requests/s. Every
+    #: 18-44% dear at batch >= 24, where off measured 1.1-1.5x depth 3's goodput, and
+    #: the file shipped then speculated on 47-64% of those steps at 12 requests/s. Every
     #: decode record is folded when the next record arrives (the observation lags one
     #: record), without its latency if that record is a prefill. False: the features
     #: before the twenty-first session (an absent field).
