@@ -17,8 +17,7 @@ from pathlib import Path
 import replay_decisions as rd
 from band_prices import band_summary
 from dense_band_prices import PROFILE
-from servings import OFFSWITCH, cut_servings
-from servings_61_64 import RUNS
+from servings_61_64 import replayed_servings
 
 from controller.policy_file import ExportedPolicy
 from env.sim.cost_model import load_profile
@@ -31,17 +30,14 @@ FILES = {"ppo": RESULTS / "off_probe/policy_3dd256a8.npz",
 def main() -> None:
     prior = load_profile(PROFILE)
     policies = {label: ExportedPolicy.load(path) for label, path in FILES.items()}
-    for run, (tag, names) in RUNS.items():
-        for name, records in cut_servings(OFFSWITCH / f"dense_acc3.0_trace_{tag}_run{run}.tar.gz",
-                                          OFFSWITCH / f"dense_acc3.0_controller_run{run}.log",
-                                          names):
-            label = name.split()[0]
-            if label not in policies:
-                continue
-            rows = rd.replay(records, policies[label], prior)
-            print(json.dumps({"run": run, "serving": name,
-                              **{band: band_summary(rows, lo, hi) for band, lo, hi in
-                                 (("<8", 0, 8), ("8-23", 8, 24), (">=24", 24, 10**9))}}))
+    for run, name, records in replayed_servings():
+        label = name.split()[0]
+        if label not in policies:
+            continue
+        rows = rd.replay(records, policies[label], prior)
+        print(json.dumps({"run": run, "serving": name,
+                          **{band: band_summary(rows, lo, hi) for band, lo, hi in
+                             (("<8", 0, 8), ("8-23", 8, 24), (">=24", 24, 10**9))}}))
 
 
 if __name__ == "__main__":

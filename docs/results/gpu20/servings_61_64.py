@@ -25,22 +25,29 @@ RUNS = {
 }
 
 
-def main() -> None:
+def replayed_servings():
+    """``(run, serving name, its records)`` for every serving of ``RUNS`` but the ramp's
+    and the prefill probe's, cut at the controller's reloads."""
     for run, (tag, names) in RUNS.items():
-        replays = {rate: json.loads(path.read_text()) for rate in ("r8", "r12", "r12_2")
-                   if (path := OFFSWITCH / f"dense_acc3.0_replay_{rate}_run{run}.json").exists()}
-        for name, steps in cut_servings(OFFSWITCH / f"dense_acc3.0_trace_{tag}_run{run}.tar.gz",
-                                        OFFSWITCH / f"dense_acc3.0_controller_run{run}.log",
-                                        names):
-            if name.startswith(("ramp", "probe")):
-                continue
-            policy, rate = name.split()
-            tpot = replays[rate][f"headline_{policy}"]["mean_tpot_ms"]
-            batch = [r.batch_size for r in steps if r.is_decode]
-            print(json.dumps({"run": run, "serving": name, "mean_tpot_ms": round(tpot, 2),
-                              "batch_p50_p90_max": [int(np.percentile(batch, 50)),
-                                                    int(np.percentile(batch, 90)), max(batch)],
-                              **serving_rows(steps)}))
+        for name, records in cut_servings(
+                OFFSWITCH / f"dense_acc3.0_trace_{tag}_run{run}.tar.gz",
+                OFFSWITCH / f"dense_acc3.0_controller_run{run}.log", names):
+            if not name.startswith(("ramp", "probe")):
+                yield run, name, records
+
+
+def main() -> None:
+    replays = {(run, rate): json.loads(path.read_text()) for run in RUNS
+               for rate in ("r8", "r12", "r12_2")
+               if (path := OFFSWITCH / f"dense_acc3.0_replay_{rate}_run{run}.json").exists()}
+    for run, name, steps in replayed_servings():
+        policy, rate = name.split()
+        tpot = replays[run, rate][f"headline_{policy}"]["mean_tpot_ms"]
+        batch = [r.batch_size for r in steps if r.is_decode]
+        print(json.dumps({"run": run, "serving": name, "mean_tpot_ms": round(tpot, 2),
+                          "batch_p50_p90_max": [int(np.percentile(batch, 50)),
+                                                int(np.percentile(batch, 90)), max(batch)],
+                          **serving_rows(steps)}))
 
 
 if __name__ == "__main__":

@@ -17,8 +17,7 @@ from pathlib import Path
 import replay_decisions as rd
 from band_prices import band_summary
 from dense_band_prices import PROFILE
-from servings import OFFSWITCH, cut_servings
-from servings_61_64 import RUNS
+from servings_61_64 import replayed_servings
 
 from controller.policy_file import ExportedPolicy
 from env.sim.cost_model import load_profile
@@ -32,23 +31,18 @@ BANDS = (("<8", 0, 8), ("8-23", 8, 24), (">=24", 24, 10**9))
 def main() -> None:
     prior = load_profile(PROFILE)
     policies = {label: ExportedPolicy.load(path) for label, path in FILES.items()}
-    for run, (tag, names) in RUNS.items():
-        for name, records in cut_servings(OFFSWITCH / f"dense_acc3.0_trace_{tag}_run{run}.tar.gz",
-                                          OFFSWITCH / f"dense_acc3.0_controller_run{run}.log",
-                                          names):
-            if name.startswith(("ramp", "probe")):
-                continue
-            row: dict = {"run": run, "serving": name}
-            for label, policy in policies.items():
-                bands = {band: band_summary(rd.replay(records, policy, prior), lo, hi)
-                         for band, lo, hi in BANDS}
-                high = bands[">=24"]
-                row["measured_>=24"] = high.get("meas_ms_off_d3")
-                row[label] = {"replayed_off": {band: b.get("replayed_off")
-                                               for band, b in bands.items()},
-                              "pred_ms_off_d3_>=24": high.get("pred_ms_off_d3"),
-                              "priced_d3_over_off_>=24": high.get("priced_d3_over_off")}
-            print(json.dumps(row))
+    for run, name, records in replayed_servings():
+        row: dict = {"run": run, "serving": name}
+        for label, policy in policies.items():
+            rows = rd.replay(records, policy, prior)
+            bands = {band: band_summary(rows, lo, hi) for band, lo, hi in BANDS}
+            high = bands[">=24"]
+            row["measured_>=24"] = high.get("meas_ms_off_d3")
+            row[label] = {"replayed_off": {band: b.get("replayed_off")
+                                           for band, b in bands.items()},
+                          "pred_ms_off_d3_>=24": high.get("pred_ms_off_d3"),
+                          "priced_d3_over_off_>=24": high.get("priced_d3_over_off")}
+        print(json.dumps(row))
 
 
 if __name__ == "__main__":
