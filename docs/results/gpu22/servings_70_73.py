@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import replay_decisions as rd
 from band_prices import band_summary
-from servings import OFFSWITCH, RAMP, cut_servings, serving_rows
+from servings import OFFSWITCH, RAMP, headline_servings
 
 from controller.policy_file import ExportedPolicy
 from env.sim.cost_model import load_profile
@@ -70,22 +70,12 @@ def main() -> None:
                       "mean_ttft_ms": round(nospec["headline"]["mean_ttft_ms"], 1)}))
     for run, (model, profile, tag, names) in RUNS.items():
         prior = load_profile(profile)
-        replays = {rate: json.loads(path.read_text()) for rate in ("r6", "r6_2", "r12", "r12_2")
-                   if (path := OFFSWITCH / f"{model}_replay_{rate}_run{run}.json").exists()}
-        trace = OFFSWITCH / f"{model}_trace_{tag}_run{run}.tar.gz"
-        for name, steps in cut_servings(trace, OFFSWITCH / f"{model}_controller_run{run}.log",
-                                        names):
-            if name.startswith("ramp"):
-                continue
-            policy, rate = name.split()
-            headline = replays[rate][f"headline_{policy}"]
-            row = {"run": run, "serving": name,
-                   "mean_tpot_ms": round(headline["mean_tpot_ms"], 2),
-                   "mean_ttft_ms": round(headline["mean_ttft_ms"], 1), **serving_rows(steps)}
+        for policy, steps, row in headline_servings(model, run, tag, names):
             replayed = rd.replay(steps, policies[policy], prior)
             row["replayed_8-23"] = band_summary(replayed, 8, 24)
             row["replayed_>=24"] = band_summary(replayed, 24, 10**9)
             print(json.dumps(row))
+        trace = OFFSWITCH / f"{model}_trace_{tag}_run{run}.tar.gz"
         print(json.dumps({"run": run, "before_prefill": flag_rows(trace)}))
 
 
