@@ -614,9 +614,17 @@ def _grids(states, params, has_prior, design, at0, slope, column0, buckets, out,
                         running = _maximum(value, running)
                     local_ms[d] = running
                 else:
+                    earlier = running
                     running = _maximum(running, value)
                     latency[d, n, r] = running * 1e-3
-                    log_latency[d] = math.log(latency[d, n, r])
+                    # The running maximum held (the regression's deeper depths predict
+                    # no more): the same product, so the same log, not another libm call
+                    # (a flood's rows hold at half their depths; the log is a quarter of
+                    # this kernel). NaN never compares equal: it takes the call.
+                    if d > 0 and running == earlier:
+                        log_latency[d] = log_latency[d - 1]
+                    else:
+                        log_latency[d] = math.log(latency[d, n, r])
             if local:  # features._latency_predictions' blended cap from deeper depths (if cap)
                 j = buckets[r]
                 for d in range(depth - 1 if cap else -1, -1, -1):
