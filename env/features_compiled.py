@@ -48,7 +48,14 @@ from env.features import (
     effective_model,
     local_bucket,
 )
-from env.probe import _BUCKETS, ProbeSpec, ProbeTracker
+from env.probe import (
+    _BUCKETS,
+    NOT_PROBING,
+    PROBE_ACCEPTANCE,
+    PROBE_OFF,
+    ProbeSpec,
+    ProbeTracker,
+)
 from env.sim.cost_model import CostProfile
 
 # -- the state vector -----------------------------------------------------------------
@@ -714,6 +721,14 @@ class CompiledProbeTracker(ProbeTracker):
         self.off[_OFF_COST] = value
 
     @property
+    def due(self) -> int:
+        """:attr:`ProbeTracker.due`, the off count read from the vector here (the daemon
+        asks every answered stream: one property call less)."""
+        if self.off[_OFF_REMAINING]:
+            return PROBE_OFF
+        return PROBE_ACCEPTANCE if self.remaining else NOT_PROBING
+
+    @property
     def off_remaining(self) -> int:
         return int(self.off[_OFF_REMAINING])
 
@@ -820,8 +835,13 @@ class CompiledFeatureBuilder(FeatureBuilder):
               record.waiting_requests, record.kv_used_tokens, record.kv_capacity_tokens,
               record.steps_used, accepted, record.step_latency_s, prior_ms, profile)
         if is_decode and tracker is not None:
-            tracker.fold(record.steps_used, record.step_latency_s, self,
-                         max(record.batch_size, 1))
+            if type(tracker) is CompiledProbeTracker:  # no off probe (else above): its
+                # acceptance part alone, without fold's Python frame
+                tracker.fold_acceptance(record.steps_used, record.step_latency_s, self,
+                                        max(record.batch_size, 1))
+            else:
+                tracker.fold(record.steps_used, record.step_latency_s, self,
+                             max(record.batch_size, 1))
 
     @staticmethod
     def _batch(builders, batch_sizes: np.ndarray) -> _Batch:
