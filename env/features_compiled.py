@@ -762,6 +762,25 @@ class CompiledProbeTracker(ProbeTracker):
 # -- the builder ----------------------------------------------------------------------
 
 
+#: _grid_inputs' caches by (spec, the cost prior's id): the prior kept alive with its
+#: cache (its id is not reused while the entry holds it); emptied when it grows past
+#: _SHARED_INPUTS (builders keep the cache they took: only new builders start afresh).
+_inputs_caches: dict[tuple, tuple[object, dict]] = {}
+_SHARED_INPUTS = 64
+
+
+def _shared_inputs(spec: FeatureSpec, cost_prior) -> dict[tuple, tuple]:
+    """The :meth:`CompiledFeatureBuilder._grid_inputs` cache of builders with this spec
+    and this cost prior (the same object, or None): what it holds depends on them only."""
+    key = (spec, id(cost_prior))
+    entry = _inputs_caches.get(key)
+    if entry is None:  # (the entry holds the prior: no other object has its id meanwhile)
+        if len(_inputs_caches) >= _SHARED_INPUTS:
+            _inputs_caches.clear()
+        entry = _inputs_caches[key] = (cost_prior, {})
+    return entry[1]
+
+
 class CompiledFeatureBuilder(FeatureBuilder):
     """:class:`~env.features.FeatureBuilder` with its estimators compiled (numba).
 
@@ -791,7 +810,9 @@ class CompiledFeatureBuilder(FeatureBuilder):
         if self.probe_tracker is not None:
             self.probe_tracker.reset()
         if not hasattr(self, "_inputs_cache"):  # spec and profile only: kept across resets
-            self._inputs_cache: dict[tuple, tuple] = {}
+            # and shared by the builders of one spec and profile (a daemon's streams): the
+            # first grid of each new stream cost ~200 us computing the same arrays again
+            self._inputs_cache: dict[tuple, tuple] = _shared_inputs(self.spec, self.cost_prior)
             self._grid_key: np.ndarray | None = None
             self._grid_value: tuple = ()
         _solve(self._state, self._params, self.cost_prior is not None)

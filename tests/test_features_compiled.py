@@ -224,3 +224,32 @@ def test_a_profile_folded_compiled_or_in_python_gives_the_same_state(stream, pro
         python.update(record)
         np.testing.assert_array_equal(inside._state, python._state)
     np.testing.assert_array_equal(inside.observation_grid(), python.observation_grid())
+
+
+def test_builders_share_grid_inputs_only_with_their_own_spec_and_profile():
+    """The compiled builders of one spec and one cost prior share _grid_inputs' cache; a
+    builder of another prior (or none) or another spec computes its own: each grid equals
+    the one a builder computes with every cache empty."""
+    from env import features_compiled
+
+    priors = (load_profile("h200_llama31_8b"), load_profile("h200_qwen3_30b_a3b"), None)
+    specs = (SPEC, FeatureSpec(latency_model=2))
+    record = StepRecord("s", 0, 1, 0.0, 24, 3, 24, 200_000, 10**6, 0, 3,
+                        np.array([3, 1, 0, 2] * 6, dtype=np.int8), 0.02)
+    grids = {}
+    for spec in specs:
+        for prior in priors:
+            features_compiled._inputs_caches.clear()
+            alone = FeatureBuilder(spec, prior, backend="compiled")
+            alone.update(record)
+            grids[spec, id(prior)] = alone.observation_grid()
+    features_compiled._inputs_caches.clear()
+    shared = [FeatureBuilder(spec, prior, backend="compiled") for _ in range(2)
+              for spec in specs for prior in priors]
+    for builder in shared:
+        builder.update(record)
+        np.testing.assert_array_equal(builder.observation_grid(),
+                                      grids[builder.spec, id(builder.cost_prior)])
+    first = shared[0]
+    assert shared[len(specs) * len(priors)]._inputs_cache is first._inputs_cache
+    assert sum(b._inputs_cache is first._inputs_cache for b in shared) == 2
