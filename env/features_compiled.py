@@ -79,7 +79,9 @@ _P_OUTLIER_RATIO, _P_OUTLIER_TRUST, _P_OUTLIER_WARMUP = 14, 15, 16
 _P_LOCAL = 17  # latency_local_samples where the correction runs (a profile), else 0
 _P_LOCAL_TOLERANCE, _P_LOCAL_CAP = 18, 19
 _P_OUTLIER_RELATIVE = 20
-_P_LAYOUT = 21  # then the layout's logs, mul, div (width each), then (latency_model 2)
+_P_OFF_OUTLIER_RATIO = 21  # FeatureSpec.latency_off_outlier_ratio
+_P_OFF_CEILING = 22  # FeatureSpec.latency_off_ceiling, as exp(): the factor (0: none)
+_P_LAYOUT = 23  # then the layout's logs, mul, div (width each), then (latency_model 2)
 # the no-profile prior's precision (7 x 7) and right-hand side (7): see _prior_at
 
 
@@ -127,6 +129,8 @@ def _params(spec: FeatureSpec, has_profile: bool = False) -> np.ndarray:
         spec.latency_outlier_trust, spec.latency_outlier_warmup,
         spec.latency_local_samples if has_profile else 0.0, spec.latency_local_tolerance,
         float(spec.latency_local_cap), float(spec.latency_outlier_relative),
+        spec.latency_off_outlier_ratio,
+        math.exp(spec.latency_off_ceiling) if spec.latency_off_ceiling > 0.0 else 0.0,
     ])
     return np.concatenate([head, layout.logs.astype(float), layout.mul, layout.div,
                            layout.prior_matrix.ravel(), layout.prior_rhs])
@@ -345,6 +349,15 @@ def _fold(state, params, has_prior, is_decode, batch_size, waiting, kv_tokens, k
                           state[_EARLY_LOG_ERROR] / state[_EARLY_STEPS])):
                     latency_ms = ratio * prior_ms  # FeatureSpec.latency_outlier_relative
                     residual_ms = latency_ms
+            off_ratio = params[_P_OFF_OUTLIER_RATIO]
+            if (off_ratio > 0.0 and steps == 0 and latency_ms > off_ratio * prior_ms
+                    and abs(state[_PRIOR_LOG_ERROR]) < params[_P_OUTLIER_TRUST]):
+                measured = 0.0  # FeatureSpec.latency_off_outlier_ratio
+                for d in range(depth + 1):
+                    measured += state[smp + d]
+                if measured >= params[_P_OUTLIER_WARMUP]:
+                    latency_ms = off_ratio * prior_ms
+                    residual_ms = latency_ms
             residual_ms -= prior_ms
             error = math.log(latency_ms / max(prior_ms, 1e-6))
             state[_PRIOR_LOG_ERROR] += alpha * (error - state[_PRIOR_LOG_ERROR])
@@ -542,6 +555,7 @@ def _grids(states, params, has_prior, design, at0, slope, column0, buckets, out,
     local = params[_P_LOCAL] > 0.0
     tolerance = params[_P_LOCAL_TOLERANCE]
     cap = params[_P_LOCAL_CAP] > 0.0
+    ceiling = params[_P_OFF_CEILING]
     weight = np.zeros((depth + 1, LOCAL_BUCKETS))
     ratio = np.zeros((depth + 1, LOCAL_BUCKETS))
     local_ms = np.empty(depth + 1)
@@ -584,6 +598,9 @@ def _grids(states, params, has_prior, design, at0, slope, column0, buckets, out,
         kv = state[_KV_TOKENS]
         base_ms = state[_LATENCY_EMA] if state[_HAS_LATENCY] else 10.0
         floor = _maximum(0.05 * base_ms, 1e-3)
+        # FeatureSpec.latency_off_ceiling: off at most the factor x the profile, if trusted
+        off_ceiling = (has_prior and ceiling > 0.0
+                       and abs(state[_PRIOR_LOG_ERROR]) < params[_P_OUTLIER_TRUST])
         for d in range(depth + 1):
             log_tokens[d] = math.log1p(expected[n, d])
         if local:
@@ -604,6 +621,8 @@ def _grids(states, params, has_prior, design, at0, slope, column0, buckets, out,
                     profile_ms = at0[d, 0, r] + slope[d, 0, r] * kv
                     value += profile_ms
                 value = _maximum(value, floor)
+                if d == 0 and off_ceiling:
+                    value = _minimum(value, profile_ms * ceiling)
                 if local:  # features._correct_locally, then its blended running maximum
                     j = buckets[r]
                     w = weight[d, j]
