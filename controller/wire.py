@@ -22,14 +22,16 @@ the plugin decides with: it asks the hub for the policy it serves when they diff
      kv_used_tokens: int, kv_capacity_tokens: int, prefill_tokens: int,
      steps_used: int, accepted_drafts: bin (int8 per request),
      accepted_drafts_sum: int, accepted_drafts_count: int, step_latency_s: float
-     (, warmup: bool)]
+     (, warmup: bool | nil (, before_prefill: bool | nil))]
 
-``warmup`` (present only where the plugin knows it: its off path is in use) says whether
+Two optional flags follow, each a msgpack bool, or nil for unknown (an absent item is
+unknown too). ``warmup`` (known where the plugin's off path is in use) says whether
 this depth-0 decode step was the plugin's re-entry warm-up (``StepRecord.warmup``): true
-only on a decode step with ``steps_used`` 0. A frame of 17 items (an older plugin, or a
-server whose steps=0 is SGLang's own) decodes with ``warmup`` None: unknown. A daemon
-older than the field refuses an 18-item TELEMETRY (``malformed``): upgrade the daemon
-with the plugin.
+only on a decode step with ``steps_used`` 0. ``before_prefill`` (known to the plugin since
+the twenty-second session) says whether the batch launched right after this step was a
+prefill, whose launch this step's latency then carries (``StepRecord.before_prefill``).
+A frame of 17 items (an older plugin) decodes with both None. A daemon older than a field
+refuses a TELEMETRY with more items (``malformed``): upgrade the daemon with the plugin.
 
 ``DECISION`` (controller -> server), the answer to the latest telemetry:
 
@@ -234,16 +236,19 @@ def pack_telemetry(
     waiting_requests: int, running_requests: int, kv_used_tokens: int,
     kv_capacity_tokens: int, prefill_tokens: int, steps_used: int,
     accepted_drafts: bytes, accepted_drafts_sum: int, step_latency_s: float,
-    warmup: bool | None = None,
+    warmup: bool | None = None, before_prefill: bool | None = None,
 ) -> bytes:
-    """One TELEMETRY frame from plain values (the hooks' hot path: no StepRecord);
-    ``warmup`` None leaves the 18th item out (unknown)."""
+    """One TELEMETRY frame from plain values (the hooks' hot path: no StepRecord).
+    Unknown flags at the end are left out (a frame without flags is 17 items, as before
+    them); an unknown ``warmup`` before a known ``before_prefill`` is nil."""
     items = [
         WIRE_VERSION, 2, server, rank, step_index, time_s, batch_size, waiting_requests,
         running_requests, kv_used_tokens, kv_capacity_tokens, prefill_tokens, steps_used,
         accepted_drafts, accepted_drafts_sum, len(accepted_drafts), step_latency_s,
     ]
-    if warmup is not None:
+    if before_prefill is not None:
+        items += (None if warmup is None else bool(warmup), bool(before_prefill))
+    elif warmup is not None:
         items.append(bool(warmup))
     return _pack(items)
 
@@ -267,14 +272,14 @@ def telemetry_bytes(accepted: object, steps_used: int, batch_size: int) -> tuple
 
 def encode_step(record: StepRecord) -> bytes:
     """One TELEMETRY frame from a step record (``request_ids`` and ``prefill_pairs`` are
-    not sent; ``warmup`` where known)."""
+    not sent; the flags where known)."""
     accepted = np.asarray(record.accepted_drafts, dtype=np.int8)
     return pack_telemetry(
         record.server, int(record.rank), int(record.step_index), float(record.time_s),
         int(record.batch_size), int(record.waiting_requests), int(record.running_requests),
         int(record.kv_used_tokens), int(record.kv_capacity_tokens), int(record.prefill_tokens),
         int(record.steps_used), accepted.tobytes(), int(accepted.sum(dtype=np.int64)),
-        float(record.step_latency_s), record.warmup,
+        float(record.step_latency_s), record.warmup, record.before_prefill,
     )
 
 
@@ -294,6 +299,9 @@ def encode_policy(push: PolicyPush) -> bytes:
 # -- decoding ------------------------------------------------------------------
 
 _ARITY = {Kind.HELLO: 8, Kind.TELEMETRY: 17, Kind.DECISION: 8, Kind.POLICY: 5}
+#: Items a message may carry after its required ones (HELLO: the policy digest;
+#: TELEMETRY: the warm-up and before-prefill flags).
+_OPTIONAL_ITEMS = {Kind.HELLO: 1, Kind.TELEMETRY: 2}
 #: A POLICY's first bytes: msgpack fixarray of 5, WIRE_VERSION, Kind.POLICY.
 _POLICY_HEADER = bytes([0x95, WIRE_VERSION, Kind.POLICY])
 
@@ -391,11 +399,10 @@ def decode_general(frame: bytes, accept_policy: bool = False
     if type(kind) is not int or kind not in _ARITY:
         raise WireError("kind", f"unknown message kind {_describe(kind)}")
     kind = Kind(kind)
-    if len(msg) != _ARITY[kind] and not (len(msg) == _ARITY[kind] + 1
-                                         and kind in (Kind.HELLO, Kind.TELEMETRY)):
-        raise WireError(
-            "malformed", f"{kind.name} has {len(msg)} items, expected {_ARITY[kind]}"
-        )
+    least, extra = _ARITY[kind], _OPTIONAL_ITEMS.get(kind, 0)
+    if not least <= len(msg) <= least + extra:
+        raise WireError("malformed", f"{kind.name} has {len(msg)} items, expected {least}"
+                        + (f" to {least + extra}" if extra else ""))
     if kind is Kind.TELEMETRY:
         return _decode_telemetry(msg)
     if kind is Kind.DECISION:
@@ -436,12 +443,8 @@ def _decode_telemetry(m: list) -> StepRecord:
     total = _int(m[14], "accepted_drafts_sum")
     count = _int(m[15], "accepted_drafts_count")
     latency = _float(m[16], "step_latency_s", hi=MAX_STEP_LATENCY_S)
-    warmup = None
-    if len(m) == 18:
-        warmup = m[17]
-        if type(warmup) is not bool:
-            raise WireError("malformed", f"field 'warmup' must be true or false, got "
-                            f"{_describe(warmup)}", "warmup")
+    warmup = _flag(m, 17, "warmup")
+    before_prefill = _flag(m, 18, "before_prefill")
     if 0.0 < latency < MIN_STEP_LATENCY_S:
         raise _range("step_latency_s", f"{latency!r} s is below {MIN_STEP_LATENCY_S} s "
                      "(0 means not measured)")
@@ -470,18 +473,28 @@ def _decode_telemetry(m: list) -> StepRecord:
         waiting_requests=waiting, running_requests=running, kv_used_tokens=kv_used,
         kv_capacity_tokens=kv_capacity, prefill_tokens=prefill, steps_used=steps_used,
         accepted_drafts=np.frombuffer(accepted, dtype=np.int8), step_latency_s=latency,
-        warmup=warmup,
+        warmup=warmup, before_prefill=before_prefill,
     )
+
+
+def _flag(m: list, index: int, name: str) -> bool | None:
+    """An optional flag: a bool, or None where nil or absent (unknown)."""
+    value = m[index] if len(m) > index else None
+    if value is not None and type(value) is not bool:
+        raise WireError("malformed", f"field {name!r} must be true, false or nil, got "
+                        f"{_describe(value)}", name)
+    return value
 
 
 #: _UP_TO[s]: the byte values 0..s (deleting them leaves the entries above s).
 _UP_TO = [bytes(range(s + 1)) for s in range(128)]
 #: A TELEMETRY frame's first bytes: msgpack array16 of 17, WIRE_VERSION, Kind.TELEMETRY.
 _TELEMETRY_HEADER = bytes([0xDC, 0x00, 17, WIRE_VERSION, 2])
-#: The same with the 18th item (``warmup``).
+#: The same with one flag (``warmup``) and with both (``before_prefill`` too).
 _TELEMETRY_HEADER_18 = bytes([0xDC, 0x00, 18, WIRE_VERSION, 2])
-#: The first bytes of every TELEMETRY frame, without and with ``warmup``.
-TELEMETRY_HEADERS = (_TELEMETRY_HEADER_18, _TELEMETRY_HEADER)
+_TELEMETRY_HEADER_19 = bytes([0xDC, 0x00, 19, WIRE_VERSION, 2])
+#: The first bytes of every TELEMETRY frame: with both flags, with one, without.
+TELEMETRY_HEADERS = (_TELEMETRY_HEADER_19, _TELEMETRY_HEADER_18, _TELEMETRY_HEADER)
 
 
 if msgspec is not None:
@@ -518,8 +531,9 @@ if msgspec is not None:
         accepted_drafts_sum: _Count
         accepted_drafts_count: _Count
         step_latency_s: _Latency
-        #: Absent: None (unknown); present: a bool (msgspec refuses nil, as the general path).
-        warmup: bool = None
+        #: Absent or nil: None (unknown); otherwise a bool (as the general path).
+        warmup: bool | None = None
+        before_prefill: bool | None = None
 
 
 def _make_fast_decoder():
@@ -556,6 +570,7 @@ def _make_fast_decoder():
             m.server, m.rank, m.step_index, m.time_s, m.batch_size, m.waiting_requests,
             m.running_requests, m.kv_used_tokens, m.kv_capacity_tokens, m.prefill_tokens,
             steps, frombuffer(accepted, int8), latency, None, None, m.warmup,
+            m.before_prefill,
         )
 
     return fast

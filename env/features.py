@@ -263,10 +263,13 @@ class FeatureSpec:
     #: queue and 19.7 against 7.2 with one (depth 3: 19.6 against 10.5 and
     #: 32.2 against 32.1, where the long step hides most of it). Counted, they priced off
     #: 18-44% dear at batch >= 24, where off measured 1.1-1.5x depth 3's goodput, and
-    #: the file shipped then speculated on 47-64% of those steps at 12 requests/s. Every
-    #: decode record is folded when the next record arrives (the observation lags one
-    #: record), without its latency if that record is a prefill. False: the features
-    #: before the twenty-first session (an absent field).
+    #: the file shipped then speculated on 47-64% of those steps at 12 requests/s. A
+    #: decode record that says so (``StepRecord.before_prefill``: the plugin knows it
+    #: launched a prefill before processing the step's result) is folded without its
+    #: latency at once; one that does not know (an older plugin or trace) is folded when
+    #: the next record arrives (the observation lags one record), without its latency if
+    #: that record is a prefill. False: the features before the twenty-first session (an
+    #: absent field).
     latency_drop_before_prefill: bool = False
     #: Recent cost measurements of a depth at which its confidence is 1 - 1/e.
     cost_confidence_samples: float = 2.0
@@ -556,18 +559,23 @@ class FeatureBuilder:
         """Fold one step record into the estimators (with ``spec.drop_warmup_latency``, a
         depth-0 decode record not flagged either way and those after it once the next
         decode record is known; with ``spec.latency_drop_before_prefill``, a decode
-        record once the next record is known)."""
+        record whose ``before_prefill`` is unknown once the next record is known)."""
         self._new_records.append(record)
         if self.spec.latency_drop_before_prefill:
-            earlier, decode = self._before_prefill, record.prefill_tokens == 0
-            self._before_prefill = record if decode else None
-            if earlier is not None:
-                if not decode and earlier.step_latency_s > 0.0:
+            earlier = self._before_prefill
+            if earlier is not None:  # held: was the next record a prefill?
+                self._before_prefill = None
+                if record.prefill_tokens > 0 and earlier.step_latency_s > 0.0:
                     # it carried this prefill's launch (the spec): its cost is not a step's
                     earlier = replace(earlier, step_latency_s=0.0)
                 self._update(earlier)
-            if decode:
-                return
+            if record.prefill_tokens == 0:
+                flag = record.before_prefill
+                if flag is None:  # unknown (an older plugin or trace): hold it a record
+                    self._before_prefill = record
+                    return
+                if flag and record.step_latency_s > 0.0:  # known: no need to wait
+                    record = replace(record, step_latency_s=0.0)
         self._update(record)
 
     def _update(self, record: StepRecord) -> None:

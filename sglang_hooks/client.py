@@ -677,14 +677,16 @@ class ControllerClient:
 def telemetry_frame(server: str, rank: int, step_index: int, time_s: float, batch_size: int,
                     waiting: int, running: int, kv_used: int, kv_capacity: int, prefill: int,
                     steps_used: int, accepted: object, latency_s: float,
-                    warmup: bool | None = None) -> bytes:
+                    warmup: bool | None = None,
+                    before_prefill: bool | None = None) -> bytes:
     """One TELEMETRY frame from the values the hooks captured (``accepted``: SGLang's
     per-request accepted drafts, converted here, off the scheduler thread; ``warmup``:
-    the re-entry warm-up flag, None where unknown)."""
+    the re-entry warm-up flag, ``before_prefill`` whether a prefill was launched right
+    after the step, each None where unknown)."""
     blob, total = telemetry_bytes(accepted, steps_used, batch_size)
     return pack_telemetry(server, rank, step_index, time_s, batch_size, waiting, running,
                           kv_used, kv_capacity, prefill, steps_used, blob, total, latency_s,
-                          warmup)
+                          warmup, before_prefill)
 
 
 def client_name(version: str) -> str:

@@ -28,17 +28,21 @@ LAUNCH_FIELDS = ("step", "time_s", "is_decode", "batch_size", "waiting", "runnin
 #: The step tuple handed over after the result: its launch tuple, the depth the step
 #: ran (-1: the policy was not asked), SGLang's per-request accepted drafts (None: not
 #: verified), when its result was processed, when the previous result was (None:
-#: no previous one), and whether it was the off switch's re-entry warm-up (None: not
-#: known, the off path is not in use; a tuple without it reads as None).
-STEP_FIELDS = ("launch", "ran", "accepted", "result_s", "previous_result_s", "warmup")
+#: no previous one), whether it was the off switch's re-entry warm-up (None: not
+#: known, the off path is not in use; a tuple without it reads as None), and whether the
+#: batch launched before its result was processed was a prefill (``StepRecord.
+#: before_prefill``; a tuple without it reads as None).
+STEP_FIELDS = ("launch", "ran", "accepted", "result_s", "previous_result_s", "warmup",
+               "before_prefill")
 
 
 def telemetry_of(server: str, rank: int, step: tuple) -> tuple:
     """The telemetry tuple of a step tuple (:data:`STEP_FIELDS`): server, rank, step
     index, launch time, batch size, waiting, running, KV used, KV capacity, prefill
-    tokens, steps used, accepted drafts, latency, warm-up flag."""
+    tokens, steps used, accepted drafts, latency, warm-up flag, before-prefill flag."""
     launch, ran, accepted, now, start = step[:5]
     warmup = step[5] if len(step) > 5 else None
+    before_prefill = step[6] if len(step) > 6 else None
     (index, t_launch, is_decode, batch_size, waiting, running, capacity, available,
      evictable, extend_tokens) = launch[:10]
     # A step's latency is the time between consecutive results. Under overlap
@@ -51,14 +55,15 @@ def telemetry_of(server: str, rank: int, step: tuple) -> tuple:
     if is_decode:
         return (server, rank, index, t_launch, batch_size, waiting, running,
                 max(0, capacity - (available + evictable)), capacity, 0,
-                ran if ran > 0 else 0, accepted, now - start, warmup)
+                ran if ran > 0 else 0, accepted, now - start, warmup, before_prefill)
     # An extend step's requests are running too, it used no draft steps, and it computes
     # at least one token per request (a record with no prefill tokens would read as a
     # decode step).
     return (server, rank, index, t_launch, batch_size, waiting, running + batch_size,
             max(0, capacity - (available + evictable)), capacity,
             extend_tokens or batch_size or 1, 0, accepted, now - start,
-            False if warmup else warmup)  # (never a warm-up: the flag at steps 0 only)
+            False if warmup else warmup,  # (never a warm-up: the flag at steps 0 only)
+            before_prefill)
 
 
 def request_copies(step: tuple) -> tuple[list | None, tuple[list, list] | None]:

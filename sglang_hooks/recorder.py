@@ -272,6 +272,8 @@ class Recorder:
             record = self._step_record((_STEP, *telemetry[2:13], rids))
             if len(telemetry) > 13:
                 record.warmup = telemetry[13]
+            if len(telemetry) > 14:
+                record.before_prefill = telemetry[14]
             if lens is not None and record.prefill_tokens > 0:
                 record.prefill_pairs = _attention_pairs(*lens)
             self._writer.add_step(record)

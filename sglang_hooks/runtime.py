@@ -176,6 +176,10 @@ class Runtime:
         #: Per ring slot: the step index last launched as the off switch's re-entry warm-up
         #: (SGLang's steps=0 on the first step back on; -1: none). Not the start-up warm-up.
         self._reentry_at = [-1] * _RING
+        #: The step index of the latest prefill (extend) batch the source launched (-1:
+        #: none yet). Under overlap scheduling, step N+1 is launched before N's result is
+        #: processed: N's latency then carries that launch (``StepRecord.before_prefill``).
+        self._prefill_launched = -1
 
     # -- wiring ---------------------------------------------------------------------
 
@@ -386,6 +390,8 @@ class Runtime:
                 is_decode = mode.is_decode()
                 # Idle, or a prebuilt (PD-disaggregation) placeholder: no step to report.
                 if is_decode or mode.is_extend():
+                    if not is_decode:
+                        self._prefill_launched = step
                     index = step % _RING
                     if self._launches[index] is not None:
                         self.counters["telemetry_overwritten"] += 1
@@ -473,8 +479,11 @@ class Runtime:
                 # recorder's thread make its telemetry; one tuple for both. Whether it was
                 # the re-entry warm-up is known where the off path is in use (else None:
                 # steps=0 is SGLang's own, every depth-0 step verifies and extends).
+                # Whether a prefill was launched after it is known always: step + 1 is
+                # launched before this result only under overlap scheduling.
                 raw = (launch, ran, self.accepted, now, self._last_result_end,
-                       self._reentry_at[index] == step if self.offswitch.ready else None)
+                       self._reentry_at[index] == step if self.offswitch.ready else None,
+                       self._prefill_launched == step + 1)
                 if self.client is not None:
                     self.client.send_step(raw)
                 if recorder is not None:

@@ -134,3 +134,48 @@ def test_the_shipped_file_is_the_one_before_with_only_the_rule_on():
     for new, old in zip([*shipped.weights, *shipped.biases], [*before.weights, *before.biases],
                         strict=True):
         np.testing.assert_array_equal(new, old)
+
+
+def _flagged(records: list[StepRecord], flag_of=None) -> list[StepRecord]:
+    """``records`` with ``before_prefill`` known on every record: by default whether the
+    next record is a prefill (as the plugin sees it under overlap scheduling)."""
+    nexts = [*records[1:], None]
+    return [dataclasses.replace(r, before_prefill=(
+        flag_of(r, nxt) if flag_of else nxt is not None and nxt.prefill_tokens > 0))
+        for r, nxt in zip(records, nexts, strict=True)]
+
+
+@pytest.mark.parametrize("backend", ["numpy", "compiled"])
+def test_a_known_flag_drops_the_latency_at_once_without_holding_the_record(backend):
+    """A decode record flagged ``before_prefill`` by the plugin is folded unmeasured when
+    it arrives, every record is folded when it arrives (no lag): after each record the
+    features equal those of a builder without the rule fed the zeroed stream so far."""
+    if backend == "compiled":
+        pytest.importorskip("numba")
+    stream = _flagged(_served(6, n=120))
+    zeroed = _zeroed(stream)
+    flagged = FeatureBuilder(DROP, PROFILE, backend=backend)
+    plain = FeatureBuilder(SPEC, PROFILE, backend=backend)
+    for record, clean in zip(stream, zeroed, strict=True):
+        flagged.update(record)
+        plain.update(clean)
+        np.testing.assert_array_equal(flagged.observation_grid(), plain.observation_grid())
+    assert any(r.before_prefill for r in stream)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "compiled"])
+def test_a_known_false_flag_keeps_the_latency_even_before_a_prefill(backend):
+    """Without overlap scheduling a decode step's latency carries no prefill's launch: the
+    plugin says False, and the record is kept whole though a prefill follows it (the
+    record's word over the inference)."""
+    if backend == "compiled":
+        pytest.importorskip("numba")
+    stream = _flagged(_served(7, n=200), lambda r, nxt: False)
+    flagged = FeatureBuilder(DROP, PROFILE, backend=backend)
+    flagged.update_many(stream)
+    plain = FeatureBuilder(SPEC, PROFILE, backend=backend)
+    plain.update_many(stream)
+    np.testing.assert_array_equal(flagged.observation_grid(), plain.observation_grid())
+    inferred = FeatureBuilder(DROP, PROFILE, backend=backend)
+    inferred.update_many([dataclasses.replace(r, before_prefill=None) for r in stream])
+    assert not np.array_equal(inferred.observation_grid(), plain.observation_grid())

@@ -24,7 +24,7 @@ def test_a_decode_step_reports_its_depth_its_drafts_and_the_time_since_the_last_
     drafts = [1, 2, 0, 3]
     step = (launch(), 3, drafts, T0 + 0.25, T0 - 0.03125)  # previous result before launch
     assert telemetry_of("srv", 2, step) == ("srv", 2, 7, T0, 4, 4, 3, 3_000, 10_000, 0, 3,
-                                            drafts, 0.28125, None)
+                                            drafts, 0.28125, None, None)
 
 
 def test_the_warmup_flag_is_passed_on_for_a_decode_step_and_false_or_unknown_for_an_extend():
@@ -37,6 +37,19 @@ def test_the_warmup_flag_is_passed_on_for_a_decode_step_and_false_or_unknown_for
         extend = (launch(is_decode=False, extend_tokens=5), -1, None, T0 + 0.25, None, flag)
         assert telemetry_of("srv", 0, extend)[13] is (None if flag is None else False)
     assert telemetry_of("srv", 0, (launch(), 0, None, T0 + 0.25, None))[13] is None
+
+
+def test_the_before_prefill_flag_is_passed_on_for_either_kind_of_step():
+    """The runtime's flag (whether a prefill was launched before the step's result was
+    processed) is the telemetry's 15th item, as given for a decode and an extend step; a
+    tuple without it is unknown."""
+    for flag in (None, False, True):
+        decode = (launch(), 3, [1], T0 + 0.25, None, None, flag)
+        extend = (launch(is_decode=False, extend_tokens=5), -1, None, T0 + 0.25, None, None,
+                  flag)
+        assert telemetry_of("srv", 0, decode)[14] is flag
+        assert telemetry_of("srv", 0, extend)[14] is flag
+    assert telemetry_of("srv", 0, (launch(), 0, None, T0 + 0.25, None, False))[14] is None
 
 
 def test_a_decode_step_the_policy_was_not_asked_about_used_no_steps():

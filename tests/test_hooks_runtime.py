@@ -227,6 +227,48 @@ def test_the_re_entry_warm_up_is_flagged_in_the_telemetry_and_no_other_step(over
     assert rt.counters["off_warmups"] == 8
 
 
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_step_whose_result_follows_a_prefills_launch_is_flagged_before_prefill(overlap):
+    """Under overlap scheduling step N+1 is launched before N's result is processed: N
+    is flagged ``before_prefill`` exactly when N+1 is an extend step (its latency carries
+    that launch). Without overlap nothing is launched in between: never flagged. A step
+    after an idle gap (no launch before its result) is not flagged either."""
+    clock = ManualClock(T0)
+    client, recorder = ClientStandIn(), RecorderStandIn()
+    rt = source(clock, client, recorder)
+    sched = scheduler()
+    # d: decode, e: extend, "|": the loop idles (the pending result is processed with
+    # nothing launched after it). More steps than the runtime's ring holds.
+    plan = "ddeddeedd|ed|de" * 3
+    kinds, pending = [], None
+    for item in plan:
+        if item == "|":
+            if pending is not None:
+                finish(rt, sched, pending)
+            pending = None
+            continue
+        batch = (BatchStandIn([ReqStandIn("e")], EXTEND) if item == "e" else decode_batch(2))
+        launch(rt, sched, batch, steps=-1 if item == "e" else 3)
+        kinds.append(item)
+        if pending is not None:
+            finish(rt, sched, pending)
+        pending = batch
+        if not overlap:
+            finish(rt, sched, pending)
+            pending = None
+        clock.advance(0.015625)
+    if pending is not None:
+        finish(rt, sched, pending)
+    # Under overlap: the next launched step is an extend one, and no idle pass came between.
+    runs = plan.replace("|", "")
+    gaps = [i for i, run in enumerate(plan.split("|")) for _ in run]
+    expected = [overlap and i + 1 < len(runs) and runs[i + 1] == "e" and gaps[i] == gaps[i + 1]
+                for i in range(len(runs))]
+    assert [sent[0][14] for sent in client.sent] == expected
+    assert [step[12] for step in recorder.steps] == expected  # the recorder's the same
+    assert sum(expected) == (12 if overlap else 0)  # counted by hand
+
+
 def test_without_the_off_path_the_warmup_flag_is_unknown():
     """The off switch not built (SGLang's own steps=0 on every depth-0 step): the
     telemetry says nothing either way."""
@@ -253,11 +295,12 @@ def test_a_decode_steps_telemetry_carries_the_schedulers_load_and_the_drafts():
     clock.advance(0.015625)
     accepted = [1, 2, 0, 3]
     assert finish(rt, sched, batch, accepted) == (("processed", 1), 3)
-    # The off path is not in use here (no GPU): whether a step was the warm-up is unknown.
-    payload = ("srv", 2, 1, T0, 4, 3, 4, 3_000, 10_000, 0, 3, accepted, 0.015625, None)
+    # The off path is not in use here (no GPU): whether a step was the warm-up is unknown;
+    # nothing was launched after it (no prefill).
+    payload = ("srv", 2, 1, T0, 4, 3, 4, 3_000, 10_000, 0, 3, accepted, 0.015625, None, False)
     assert client.sent == [(payload, 1, T0 + 0.015625)]
     assert recorder.steps == [(1, T0, 4, 3, 4, 3_000, 10_000, 0, 3, accepted, 0.015625, None,
-                               batch.reqs)]
+                               False, batch.reqs)]
     # The launch's request list and the processed batch's, not copies (the recorder's
     # thread reads the ids of the first batch-size entries of one, finds the finished
     # requests among the first `count` of the other): no copy on the scheduler thread.

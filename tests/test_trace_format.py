@@ -61,6 +61,8 @@ def make_steps(n: int = 5, start: int = 0, server: str = "s0", rank: int = 0) ->
                 request_ids=["r0", "r1"] if i % 2 else None,
                 # unknown, known, and a warm-up on the depth-0 decode steps 4, 8, ...
                 warmup=None if i % 3 == 0 else (i % 4 == 0 and i % 5 != 0),
+                # unknown, and known: true on the steps right before a prefill (5, 10, ...)
+                before_prefill=None if i % 4 == 1 else i % 5 == 4,
             )
         )
     return steps
@@ -385,13 +387,14 @@ def test_add_step_only_buffers_until_the_rotation_size(tmp_path, monkeypatch):
 
 
 step_strategy = st.builds(
-    lambda depth, batch, acc_seed, latency, with_ids, warmup: (depth, batch, acc_seed, latency,
-                                                               with_ids, warmup),
+    lambda depth, batch, acc_seed, latency, with_ids, warmup, before: (
+        depth, batch, acc_seed, latency, with_ids, warmup, before),
     st.integers(0, 7),
     st.integers(0, 6),
     st.integers(0, 10**6),
     st.floats(0, 10, allow_nan=False),
     st.booleans(),
+    st.sampled_from([None, False, True]),
     st.sampled_from([None, False, True]),
 )
 
@@ -402,7 +405,7 @@ step_strategy = st.builds(
 @given(specs=st.lists(step_strategy, max_size=12), n_requests=st.integers(0, 5))
 def test_round_trip_property(tmp_path, specs, n_requests):
     steps = []
-    for i, (depth, batch, seed, latency, with_ids, warmup) in enumerate(specs):
+    for i, (depth, batch, seed, latency, with_ids, warmup, before) in enumerate(specs):
         rng = np.random.default_rng(seed)
         accepted = (
             rng.integers(0, depth + 1, size=batch).astype(np.int8)
@@ -426,6 +429,7 @@ def test_round_trip_property(tmp_path, specs, n_requests):
                 latency,
                 [f"q{j}" for j in range(batch)] if with_ids else None,
                 warmup=warmup and not depth,  # a warm-up only at steps 0
+                before_prefill=before,
             )
         )
     requests = [RequestRecord(f"q{j}", float(j), j + 1, 2 * j + 1) for j in range(n_requests)]
@@ -1069,34 +1073,42 @@ def test_prefill_pairs_round_trip_and_a_file_written_before_the_column_reads_as_
     assert [s.prefill_pairs for s in read_trace(path).steps] == [None] * 6
 
 
-def test_the_warmup_flag_round_trips_and_a_file_written_before_the_column_reads_as_unknown(
-        tmp_path):
+@pytest.mark.parametrize(("flag", "expected"), [
+    ("warmup", [None, False, False, None, True, False, None, False, True]),
+    ("before_prefill", [False, None, False, False, True, None, False, False, False]),
+])
+def test_a_flag_round_trips_and_a_file_written_before_its_column_reads_as_unknown(
+        tmp_path, flag, expected):
     steps = make_steps(9)
     path = write_trace(tmp_path / "t.parquet", make_requests(), steps)
-    expected = [None, False, False, None, True, False, None, False, True]
-    assert [s.warmup for s in steps] == expected  # all three kinds, a warm-up at steps 0
-    assert [s.warmup for s in read_trace(path).steps] == expected
-    assert read_trace(path).step_columns().warmup.tolist() == [-1, 0, 0, -1, 1, 0, -1, 0, 1]
+    assert [getattr(s, flag) for s in steps] == expected  # all three kinds
+    assert [getattr(s, flag) for s in read_trace(path).steps] == expected
+    codes = {None: -1, False: 0, True: 1}
+    assert getattr(read_trace(path).step_columns(), flag).tolist() == [codes[v] for v in expected]
     table = pq.read_table(path)
-    assert table.schema.field("warmup").type == pa.bool_()
-    assert table.column("warmup").to_pylist()[:3] == [None] * 3  # null on request rows
+    assert table.schema.field(flag).type == pa.bool_()
+    assert table.column(flag).to_pylist()[:3] == [None] * 3  # null on request rows
     meta = table.schema.metadata
-    pq.write_table(table.drop_columns(["warmup"]).replace_schema_metadata(meta), path)
-    assert [s.warmup for s in read_trace(path).steps] == [None] * 9
+    pq.write_table(table.drop_columns([flag]).replace_schema_metadata(meta), path)
+    back = read_trace(path).steps
+    assert [getattr(s, flag) for s in back] == [None] * 9
+    other = {"warmup": "before_prefill", "before_prefill": "warmup"}[flag]
+    assert [getattr(s, other) for s in back] == [getattr(s, other) for s in steps]
 
 
-def test_a_warmup_column_of_another_type_or_a_record_with_another_value_is_refused(tmp_path):
+@pytest.mark.parametrize("flag", ["warmup", "before_prefill"])
+def test_a_flag_column_of_another_type_or_a_record_with_another_value_is_refused(tmp_path, flag):
     path = write_trace(tmp_path / "t.parquet", make_requests(), make_steps(3))
     table = pq.read_table(path)
-    i = table.column_names.index("warmup")
+    i = table.column_names.index(flag)
     strings = pa.array(["yes"] * table.num_rows, type=pa.string())
-    pq.write_table(table.set_column(i, "warmup", strings)
+    pq.write_table(table.set_column(i, flag, strings)
                    .replace_schema_metadata(table.schema.metadata), path)
-    with pytest.raises(TraceFormatError, match=r"field 'warmup': has type string, expected bool"):
+    with pytest.raises(TraceFormatError, match=rf"field '{flag}': has type string, expected bool"):
         read_trace(path)
     steps = make_steps(3)
-    steps[1].warmup = 1  # an int is not a flag
-    with pytest.raises(TraceFormatError, match=r"field 'warmup': records cannot be stored: 1 is "
+    setattr(steps[1], flag, 1)  # an int is not a flag
+    with pytest.raises(TraceFormatError, match=rf"field '{flag}': records cannot be stored: 1 is "
                                                 r"not None, True or False"):
         write_trace(tmp_path / "u.parquet", [], steps)
 

@@ -49,6 +49,7 @@ def step_records(draw) -> StepRecord:
     batch = draw(st.integers(0, 300))
     # The warm-up flag: unknown, known, or a warm-up (a decode step at steps 0).
     warmup = draw(st.sampled_from([None, False, True]))
+    before_prefill = draw(st.sampled_from([None, False, True]))
     steps = 0 if warmup else draw(st.integers(0, 7))
     accepted = draw(st.lists(st.integers(0, steps), max_size=batch)) if steps else []
     capacity = draw(st.integers(0, MAX_KV_TOKENS))
@@ -59,7 +60,7 @@ def step_records(draw) -> StepRecord:
         kv_used_tokens=draw(st.integers(0, capacity or MAX_KV_TOKENS)),
         kv_capacity_tokens=capacity, prefill_tokens=0 if warmup else draw(ints),
         steps_used=steps, accepted_drafts=np.array(accepted, dtype=np.int8),
-        step_latency_s=draw(latencies), warmup=warmup,
+        step_latency_s=draw(latencies), warmup=warmup, before_prefill=before_prefill,
     )
 
 
@@ -103,6 +104,24 @@ def test_an_unknown_warmup_flag_sends_the_old_17_item_frame_and_a_known_one_an_1
             assert decoder(frame).warmup is warmup
     for decoder in (decode, decode_general):  # an older plugin's frame: unknown
         assert decoder(old).warmup is None
+
+
+@pytest.mark.parametrize("warmup", [None, False, True])
+def test_a_known_before_prefill_flag_is_a_19th_item_after_the_warmup_flag_or_nil(warmup):
+    """``before_prefill`` follows ``warmup``: an unknown warm-up flag is then sent as nil
+    (and read back as unknown), a known one as before."""
+    base = msgpack.packb([WIRE_VERSION, 2, "s", 3, 17, 1.5, 4, 2, 6, 1000, 9000, 0, 0, b"",
+                          0, 0, 0.012], use_bin_type=True)
+    tail = {None: b"\xc0", False: b"\xc2", True: b"\xc3"}
+    for flag in (False, True):
+        frame = pack_telemetry("s", 3, 17, 1.5, 4, 2, 6, 1000, 9000, 0, 0, b"", 0, 0.012,
+                               warmup, flag)
+        assert frame == base[:2] + bytes([19]) + base[3:] + tail[warmup] + tail[flag]
+        for decoder in (decode, decode_general):
+            record = decoder(frame)
+            assert record.warmup is warmup and record.before_prefill is flag
+    for decoder in (decode, decode_general):  # 17 items: unknown
+        assert decoder(base).before_prefill is None
 
 
 @given(st.builds(
@@ -292,10 +311,13 @@ WARMUP = dict(warmup=True, steps=0, accepted=b"", total=0, count=0)
 
 
 @pytest.mark.parametrize(("changes", "field", "text"), [
-    (dict(warmup=None), "warmup", "malformed: field 'warmup' must be true or false, got "
-                                  "NoneType None"),
-    (dict(warmup=1), "warmup", "malformed: field 'warmup' must be true or false, got int 1"),
-    (dict(warmup=b"\x01"), "warmup", "malformed: field 'warmup' must be true or false"),
+    (dict(warmup=1), "warmup", "malformed: field 'warmup' must be true, false or nil, got "
+                               "int 1"),
+    (dict(warmup=b"\x01"), "warmup", "malformed: field 'warmup' must be true, false or nil"),
+    (dict(warmup=False, before_prefill=0), "before_prefill",
+     "malformed: field 'before_prefill' must be true, false or nil, got int 0"),
+    (dict(warmup=None, before_prefill="yes"), "before_prefill",
+     "malformed: field 'before_prefill' must be true, false or nil, got str 'yes'"),
     (dict(warmup=True), "warmup", "range: field 'warmup': a warm-up is a decode step at "
                                   "steps_used 0, got steps_used 3 and prefill_tokens 0"),
     ({**WARMUP, "prefill": 7}, "warmup", "range: field 'warmup': a warm-up is a decode step "
@@ -314,12 +336,17 @@ def test_a_bad_warmup_flag_is_refused_naming_it(changes, field, text):
 @pytest.mark.parametrize("changes", [
     dict(warmup=False), WARMUP, {**WARMUP, "warmup": False}, dict(warmup=False, prefill=9,
                                                                   steps=0, accepted=b"",
-                                                                  total=0, count=0)])
-def test_a_known_warmup_flag_passes_both_paths(changes):
+                                                                  total=0, count=0),
+    dict(warmup=None), dict(warmup=None, before_prefill=True),
+    {**WARMUP, "before_prefill": False}, dict(warmup=False, before_prefill=None)])
+def test_a_known_or_nil_flag_passes_both_paths(changes):
     frame = msgpack.packb(_telemetry(**changes), use_bin_type=True)
     record = wire._make_fast_decoder()(frame)
+    flag = changes.get("before_prefill")
     assert record is not None and record.warmup is changes["warmup"]
+    assert record.before_prefill is flag
     assert decode_general(frame).warmup is changes["warmup"]
+    assert decode_general(frame).before_prefill is flag
 
 
 @settings(max_examples=400)
@@ -439,7 +466,8 @@ def test_fast_and_general_decoding_agree_on_valid_telemetry(record):
 @given(st.data())
 def test_fast_and_general_decoding_agree_on_any_field_replaced(data):
     message = _telemetry(accepted=bytes([1, 2, 3]), total=6, count=3, batch=4, steps=3,
-                         **data.draw(st.sampled_from([{}, dict(warmup=False)])))
+                         **data.draw(st.sampled_from([{}, dict(warmup=False),
+                                                      dict(warmup=None, before_prefill=True)])))
     index = data.draw(st.integers(2, len(message) - 1))
     message[index] = data.draw(msgpack_values | st.integers(-5, 300)
                                | st.floats(-1.0, 1e4) | st.binary(max_size=6))
@@ -453,7 +481,8 @@ def test_fast_and_general_decoding_agree_on_any_field_replaced(data):
     dict(server="x" * 300), dict(server=""), dict(time=3), dict(latency=0), dict(steps=127),
     dict(accepted=b"", total=0, count=0), dict(steps=0, accepted=b"", total=0, count=0),
     dict(warmup=True), dict(warmup=False), WARMUP, {**WARMUP, "prefill": 1}, dict(warmup=None),
-    dict(warmup=0), dict(warmup=1.0),
+    dict(warmup=0), dict(warmup=1.0), dict(warmup=None, before_prefill=None),
+    dict(warmup=True, before_prefill=1), dict(warmup=False, before_prefill=False),
 ])
 def test_fast_and_general_decoding_agree_on_edge_cases(changes):
     _same_either_way(msgpack.packb(_telemetry(**changes), use_bin_type=True))
@@ -495,7 +524,8 @@ def test_a_fresh_fast_decoder_accepts_and_agrees_on_valid_telemetry(record):
 @given(st.data())
 def test_a_fresh_fast_decoder_never_accepts_what_the_general_path_refuses(data):
     message = _telemetry(accepted=bytes([1, 2, 3]), total=6, count=3, batch=4, steps=3,
-                         **data.draw(st.sampled_from([{}, dict(warmup=False)])))
+                         **data.draw(st.sampled_from([{}, dict(warmup=False),
+                                                      dict(warmup=None, before_prefill=True)])))
     index = data.draw(st.integers(2, len(message) - 1))
     message[index] = data.draw(msgpack_values | st.integers(-5, 300)
                                | st.floats(-1.0, 1e4) | st.binary(max_size=6))
@@ -790,7 +820,7 @@ def test_the_top_level_errors_say_what_they_got():
         (msgpack.packb("hello"), "expected an array [version, kind, ...], got str 'hello'"),
         (msgpack.packb([2, 2]), f"wire version int 2; this build speaks {WIRE_VERSION}"),
         (msgpack.packb([WIRE_VERSION, 9]), "unknown message kind int 9"),
-        (msgpack.packb([WIRE_VERSION, 2, "s"]), "TELEMETRY has 3 items, expected 17"),
+        (msgpack.packb([WIRE_VERSION, 2, "s"]), "TELEMETRY has 3 items, expected 17 to 19"),
     ]:
         with pytest.raises(WireError) as info:
             decode(frame)
@@ -896,15 +926,15 @@ def test_a_bad_digest_in_a_hello_is_refused_naming_the_field(digest, got):
 
 
 @pytest.mark.parametrize(("message", "text"), [
-    (VALID[Kind.HELLO][:7], "HELLO has 7 items, expected 8"),
-    ([*VALID[Kind.HELLO], DIGEST, DIGEST], "HELLO has 10 items, expected 8"),
+    (VALID[Kind.HELLO][:7], "HELLO has 7 items, expected 8 to 9"),
+    ([*VALID[Kind.HELLO], DIGEST, DIGEST], "HELLO has 10 items, expected 8 to 9"),
     ([*VALID[Kind.DECISION], DIGEST], "DECISION has 9 items, expected 8"),
-    ([*VALID[Kind.TELEMETRY], False, DIGEST], "TELEMETRY has 19 items, expected 17"),
+    ([*VALID[Kind.TELEMETRY], False, False, DIGEST], "TELEMETRY has 20 items, expected 17 to 19"),
     ([WIRE_VERSION, int(Kind.POLICY), "p", DIGEST, b"x", DIGEST, 1, 2, 3],
      "POLICY has 9 items, expected 5"),
     ([WIRE_VERSION, int(Kind.POLICY), "p", DIGEST], "POLICY has 4 items, expected 5"),
 ])
-def test_only_a_hello_or_telemetry_may_carry_one_more_item(message, text):
+def test_only_a_hello_or_telemetry_may_carry_optional_items(message, text):
     for accept_policy in (False, True):
         with pytest.raises(WireError) as info:
             decode(msgpack.packb(message, use_bin_type=True), accept_policy=accept_policy)

@@ -57,6 +57,12 @@ class StepRecord:
             ``zero_step="off"``); None where unknown (an older plugin or trace, or a
             server whose depth-0 steps are SGLang's own steps=0): the features then
             infer it (``FeatureSpec.drop_warmup_latency``).
+        before_prefill: Whether the batch launched right after this step was a prefill
+            (extend) step, launched before this step's result was processed (SGLang's
+            overlap scheduler): this step's latency then carries the prefill's launch.
+            Known to the plugin (always False without overlap scheduling) and the
+            simulator; None where unknown (an older plugin or trace): the features then
+            take the next record's kind for it (``FeatureSpec.latency_drop_before_prefill``).
     """
 
     server: str
@@ -75,6 +81,7 @@ class StepRecord:
     request_ids: list[str] | None = field(default=None)
     prefill_pairs: float | None = field(default=None)
     warmup: bool | None = field(default=None)
+    before_prefill: bool | None = field(default=None)
 
     @property
     def is_decode(self) -> bool:

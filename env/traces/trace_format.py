@@ -51,6 +51,11 @@ warmup              bool           S      optional: the step was the plugin's re
                                           a decode row with ``steps_used`` 0; null
                                           where unknown; the column may be absent (files
                                           written before it: every row unknown)
+before_prefill      bool           S      optional: the batch launched right after this
+                                          step, before its result was processed, was a
+                                          prefill (``StepRecord.before_prefill``); null
+                                          where unknown; the column may be absent (files
+                                          written before it: every row unknown)
 ==================  =============  =====  ==============================================
 
 Request rows must be sorted by ``arrival_s`` within a file (the writer sorts
@@ -121,12 +126,16 @@ SCHEMA = pa.schema(
         ("request_ids", pa.list_(pa.string())),
         ("prefill_pairs", pa.float64()),
         ("warmup", pa.bool_()),
+        ("before_prefill", pa.bool_()),
     ]
 )
 #: Columns a file may lack (written before they existed): read as all null.
-_OPTIONAL_COLUMNS = ("prefill_pairs", "warmup")
-#: :attr:`StepColumns.warmup`'s codes: unknown (None), not a warm-up, a warm-up.
-WARMUP_UNKNOWN, WARMUP_NO, WARMUP_YES = -1, 0, 1
+_OPTIONAL_COLUMNS = ("prefill_pairs", "warmup", "before_prefill")
+#: The codes of a flag column (:data:`FLAG_COLUMNS`) in :class:`StepColumns`: unknown
+#: (None), false, true.
+FLAG_UNKNOWN, FLAG_NO, FLAG_YES = -1, 0, 1
+#: The optional bool columns: a bool or null (unknown) per step row.
+FLAG_COLUMNS = ("warmup", "before_prefill")
 
 _REQUEST_REQUIRED = ("request_id", "arrival_s", "prompt_tokens", "output_tokens")
 _STEP_SCALARS = (
@@ -307,15 +316,17 @@ class StepColumns:
     request_ids: list[list[str] | None]
     #: float64; NaN where a step's pairs were not recorded.
     prefill_pairs: np.ndarray | None = None
-    #: int8: ``StepRecord.warmup`` as WARMUP_UNKNOWN (-1, None), WARMUP_NO (0) or
-    #: WARMUP_YES (1).
+    #: int8: ``StepRecord.warmup`` as FLAG_UNKNOWN (-1, None), FLAG_NO (0) or FLAG_YES (1).
     warmup: np.ndarray | None = None
+    #: int8: ``StepRecord.before_prefill``, coded as :attr:`warmup`.
+    before_prefill: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.prefill_pairs is None:
             self.prefill_pairs = np.full(len(self.step_index), np.nan)
-        if self.warmup is None:
-            self.warmup = np.full(len(self.step_index), WARMUP_UNKNOWN, dtype=np.int8)
+        for name in FLAG_COLUMNS:
+            if getattr(self, name) is None:
+                setattr(self, name, np.full(len(self.step_index), FLAG_UNKNOWN, dtype=np.int8))
 
     def __len__(self) -> int:
         return int(self.step_index.size)
@@ -365,7 +376,8 @@ class StepColumns:
             request_ids=[None if r.request_ids is None else list(r.request_ids) for r in records],
             prefill_pairs=np.array([np.nan if r.prefill_pairs is None else r.prefill_pairs
                                     for r in records], dtype=np.float64),
-            warmup=np.array([_warmup_code(r.warmup) for r in records], dtype=np.int8),
+            **{name: np.array([_flag_code(name, getattr(r, name)) for r in records],
+                              dtype=np.int8) for name in FLAG_COLUMNS},
         )
 
     def accepted(self, i: int) -> np.ndarray:
@@ -396,22 +408,23 @@ class StepColumns:
                     request_ids=self.request_ids[i],
                     prefill_pairs=(None if np.isnan(self.prefill_pairs[i])
                                    else float(self.prefill_pairs[i])),
-                    warmup=_WARMUP_VALUES[self.warmup[i]],
+                    warmup=_FLAG_VALUES[self.warmup[i]],
+                    before_prefill=_FLAG_VALUES[self.before_prefill[i]],
                 )
             )
         return out
 
 
-_WARMUP_VALUES = {WARMUP_UNKNOWN: None, WARMUP_NO: False, WARMUP_YES: True}
+_FLAG_VALUES = {FLAG_UNKNOWN: None, FLAG_NO: False, FLAG_YES: True}
 
 
-def _warmup_code(value: object) -> int:
-    """A record's ``warmup`` as its :attr:`StepColumns.warmup` code (None, or a bool)."""
+def _flag_code(name: str, value: object) -> int:
+    """A record's flag ``name`` (None, or a bool) as its :class:`StepColumns` code."""
     if value is None:
-        return WARMUP_UNKNOWN
+        return FLAG_UNKNOWN
     if not isinstance(value, bool | np.bool_):
-        raise StepFieldError("warmup", f"{value!r} is not None, True or False")
-    return WARMUP_YES if value else WARMUP_NO
+        raise StepFieldError(name, f"{value!r} is not None, True or False")
+    return FLAG_YES if value else FLAG_NO
 
 
 @dataclass
@@ -516,10 +529,11 @@ def _build_table(requests: RequestColumns, steps: StepColumns) -> pa.Table:
     # prefill_pairs: null on request rows and where a step has none (NaN).
     pairs = np.concatenate([np.full(n_req, np.nan), steps.prefill_pairs])
     columns["prefill_pairs"] = pa.array(pairs, type=pa.float64(), mask=np.isnan(pairs))
-    # warmup: null on request rows and where unknown.
-    codes = np.concatenate([np.full(n_req, WARMUP_UNKNOWN, dtype=np.int8), steps.warmup])
-    columns["warmup"] = pa.array(codes == WARMUP_YES, type=pa.bool_(),
-                                 mask=codes == WARMUP_UNKNOWN)
+    # The flags: null on request rows and where unknown.
+    for name in FLAG_COLUMNS:
+        codes = np.concatenate([np.full(n_req, FLAG_UNKNOWN, dtype=np.int8),
+                                getattr(steps, name)])
+        columns[name] = pa.array(codes == FLAG_YES, type=pa.bool_(), mask=codes == FLAG_UNKNOWN)
     return pa.table([columns[f.name] for f in SCHEMA], schema=SCHEMA)
 
 
@@ -737,15 +751,17 @@ def _split_table(table: pa.Table, file: str) -> tuple[RequestColumns, StepColumn
            lambda i: f"must be finite and >= 0, got {pairs[i]}")
     pairs[pairs_null] = np.nan
 
-    warmup_arr = column("warmup", step_rows)
-    warmup_null = np.asarray(warmup_arr.is_null().to_numpy(zero_copy_only=False), dtype=bool)
-    warmup_true = np.asarray(warmup_arr.fill_null(False).to_numpy(zero_copy_only=False),
-                             dtype=bool)
+    flags = {}
+    for name in FLAG_COLUMNS:
+        arr = column(name, step_rows)
+        null = np.asarray(arr.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+        true = np.asarray(arr.fill_null(False).to_numpy(zero_copy_only=False), dtype=bool)
+        codes = np.where(null, FLAG_UNKNOWN, np.where(true, FLAG_YES, FLAG_NO))
+        flags[name] = codes.astype(np.int8)
+    warmup_true = flags["warmup"] == FLAG_YES
     _check(file, step_rows, warmup_true & ((steps_used != 0) | (scal["prefill_tokens"] != 0)),
            "warmup", lambda i: "a warm-up must be a decode step at steps_used 0, got "
            f"steps_used {steps_used[i]} and prefill_tokens {scal['prefill_tokens'][i]}")
-    warmup = np.where(warmup_null, WARMUP_UNKNOWN,
-                      np.where(warmup_true, WARMUP_YES, WARMUP_NO)).astype(np.int8)
 
     steps = StepColumns(
         server=server,
@@ -764,7 +780,7 @@ def _split_table(table: pa.Table, file: str) -> tuple[RequestColumns, StepColumn
         accepted_values=acc_val,
         request_ids=request_ids,
         prefill_pairs=pairs,
-        warmup=warmup,
+        **flags,
     )
     return req, steps, step_rows
 
