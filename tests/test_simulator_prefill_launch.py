@@ -205,3 +205,23 @@ def test_profile_fields_load_save_and_validate(tmp_path):
 def test_the_shipped_profiles_carry_the_measured_launch(name, fitted):
     profile = load_profile(name)
     assert (profile.prefill_launch_s, profile.prefill_launch_hidden) == pytest.approx(fitted)
+
+
+@pytest.mark.parametrize("profile", [LAUNCH, dataclasses.replace(BASE, prefill_launch_s=1e-3,
+                                                                  prefill_launch_hidden=1.0)])
+@pytest.mark.parametrize("finish_lag", [0, 1])
+def test_before_prefill_flags_the_decode_step_a_prefill_follows_and_nothing_else(profile,
+                                                                                  finish_lag):
+    wl = _workload(8)
+    old, _ = _run(BASE, wl, finish_lag=finish_lag, seed=8)
+    new, _ = _run(profile, wl, finish_lag=finish_lag, seed=8)
+    _same_schedule(old, new)
+    assert all(r.before_prefill is None for r in old)  # 0: flags nothing, as before
+    flagged = 0
+    for i, (o, n) in enumerate(zip(old, new, strict=True)):
+        follows = (o.is_decode and i + 1 < len(old) and not old[i + 1].is_decode
+                   and old[i + 1].time_s == pytest.approx(o.time_s + o.step_latency_s,
+                                                          abs=1e-12))
+        assert n.before_prefill is follows, i  # (the hidden profile books 0 and still flags)
+        flagged += follows
+    assert flagged > 10

@@ -96,14 +96,15 @@ that step's own GPU work hides::
 
     booked = max(0, prefill_launch_s - prefill_launch_hidden * own decode step latency)
 
-(:meth:`CostProfile.prefill_launch_booked_s`). Measured on the H200 traces of runs 61-69
+(:meth:`CostProfile.prefill_launch_booked_s`). Measured on the H200 traces of runs 46-69
 (``docs/results/gpu22``): a fixed cost, independent of the prefill's tokens, its requests
 and the queue; dense 8.0 ms less 0.36 of the step's own latency, MoE 4.8 ms less 0.24. The
 simulator moves it: the decode step before a prefill is that much longer and the prefill
-that much shorter (the profiles' prefill costs were fitted with it on the prefill:
-``env.sim.load_fit.prefill_attributed``, or on prefill records that measured, in runs
-61-68, about what record plus booking came to), so the sum of step latencies, the wall
-clock, is what it was without it. 0 (the default) books nothing.
+that much shorter, so the sum of step latencies, the wall clock, is what it was without it
+(profiles fitted by ``env.sim.load_fit`` have it in their prefill cost already,
+``prefill_attributed``; the shipped dense H200 profiles' prefill cost lies between a
+prefill record of runs 61-68 and that record plus the booking: ``docs/results/gpu22``,
+table 4). 0 (the default) books nothing.
 
 Three kinds of depth-0 decode step:
 

@@ -54,7 +54,7 @@ model follows SGLang's default scheduler:
   from the previous result to its own, so a decode step whose next step is a prefill
   carries the prefill's launch, less what its own GPU work hides
   (``CostProfile.prefill_launch_booked_s`` of its own latency; measured on the H200, runs
-  61-69, ``docs/results/gpu22``). After a decode step the simulator decides, as it always
+  46-69, ``docs/results/gpu22``). After a decode step the simulator decides, as it always
   has, whether a prefill is due next (the arrivals up to the step's end, its finished
   requests still riding with ``finish_lag_steps``); if so the step's record and the clock
   take the booked time, the answers of the requests it finished come at its new end (the
@@ -63,8 +63,11 @@ model follows SGLang's default scheduler:
   (never below 0): the time is moved, not added, so the sum of the step latencies and the
   clock are what they were without it (a prefill cheaper than the booking keeps 0 and the
   rest stays added). What is scheduled is the same as without it (a closed loop's client
-  still sends its next request from the step's own end). 0 books nothing: the simulator
-  of before, step for step.
+  still sends its next request from the step's own end). Its records say
+  ``before_prefill``, as the plugin's do: True on a decode step whose next step is a
+  prefill launched meanwhile (booked or hidden), False on every other record (a prefill
+  books no launch here). 0 books nothing and flags nothing (``before_prefill`` None: the
+  features infer it from the next record): the simulator of before, step for step.
 
 Workloads are open-loop (:class:`env.traces.workloads.Workload`: arrivals from a trace)
 or closed-loop (:class:`env.traces.workloads.ClosedLoop`: C clients, each sending its
@@ -654,9 +657,11 @@ class Simulator:
 
     def _book_prefill_launch(self, record: StepRecord, own_s: float) -> None:
         """If the next step is a prefill, book its launch on ``record``, the decode step
-        that just ran ``own_s`` (the module docstring's "The prefill's launch")."""
+        that just ran ``own_s``, and flag it ``before_prefill`` (the module docstring's
+        "The prefill's launch")."""
         self._admit_arrivals()  # (advance() does the same at the same time first)
-        if not self._prefill_due():
+        record.before_prefill = self._prefill_due()
+        if not record.before_prefill:
             return
         booked = self.profile.prefill_launch_booked_s(own_s)
         if booked <= 0.0:
@@ -801,6 +806,8 @@ class Simulator:
             kv_used_tokens=kv_before, kv_capacity_tokens=cfg.kv_capacity_tokens,
             prefill_tokens=prefill_tokens, steps_used=0, accepted_drafts=_EMPTY_I8,
             step_latency_s=latency, prefill_pairs=pairs, warmup=self._warmup_flag(False),
+            # (the simulator books no launch on a prefill: its cost holds the next one's)
+            before_prefill=False if self._books_launch else None,
         )
         self.kv_used += prefill_tokens
         if self._cache_tokens:
