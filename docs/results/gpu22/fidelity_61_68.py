@@ -6,7 +6,11 @@ as ``scripts/h200/compare.py`` does (``--reentry-warmup``, the plugin's depth ma
 switch hold, finish lag 1, the policy file each serving recorded, the prior it was handed)
 on the GPU server's fitted profile ``docs/results/h200/fidelity/dense_spec.yaml``
 ("before") and on the same with the launch booking of ``env/sim/calibration/prefill_launch``
-(``dense_spec_launch.yaml`` here, "after"). It prints
+(``dense_spec_launch.yaml`` here, "after"). The plugin that served runs 61-68 did not flag
+a step ``before_prefill`` (its features held a decode record until the next one), so the
+simulator's flags are taken off its records before the features see them; "flagged" is
+"after" with them left on (the features fold a flagged record at once: the plugin since
+main's 9a18ff9). It prints
 
 * table 1: per serving, the measured mean TPOT against the two simulations;
 * table 2: per policy kind and rate, pooled over its servings, the decode steps' latency
@@ -45,21 +49,30 @@ NOSPEC = FIDELITY / "dense_nospec.yaml"
 RUNS = (61, 62, 63, 64, 65, 66, 67, 68)
 BANDS = (("<24", 0, 24), (">=24", 24, 10**9))
 
-#: Every record the simulator emits, in order, while ``_RECORDING`` is on.
+#: Every record the simulator emits, in order.
 _RECORDED: list = []
+#: Whether the simulator's ``before_prefill`` flags reach the features (runs 61-68's
+#: plugin had none).
+_FLAGS = {"on": False}
 
 
 def _recording() -> None:
-    """Wrap the simulator's stepping so every record it returns is kept."""
+    """Wrap the simulator's stepping so every record it returns is kept (and its
+    ``before_prefill`` flag taken off unless ``_FLAGS["on"]``)."""
     decode, advance = Simulator.decode, Simulator.advance
 
     def keep_decode(self, depth):
         record = decode(self, depth)
+        if not _FLAGS["on"]:
+            record.before_prefill = None
         _RECORDED.append(record)
         return record
 
     def keep_advance(self):
         records = advance(self)
+        if not _FLAGS["on"]:
+            for record in records:
+                record.before_prefill = None
         _RECORDED.extend(records)
         return records
 
@@ -127,8 +140,8 @@ def main() -> None:
     measured = measured_servings()
     sim_rows: dict[tuple[str, tuple], list] = {}
     print("## Table 1: mean TPOT ms, measured against simulated (before / after)\n")
-    print("| run | serving | measured | before | error | after | error |")
-    print("|---|---|---|---|---|---|---|")
+    print("| run | serving | measured | before | error | after | error | flagged | error |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for cell in sorted(cells(), key=lambda c: (serving_key(c)[1].split()[1],
                                                serving_key(c))):
         key = serving_key(cell)
@@ -136,18 +149,20 @@ def main() -> None:
         if prior_name not in priors:
             priors[prior_name] = load_profile(prior_name)
         tpot = {}
-        for label, profile in profiles.items():
+        for label, profile in (*profiles.items(), ("flagged", profiles["after"])):
             _RECORDED.clear()
+            _FLAGS["on"] = label == "flagged"
             result = compare.simulate(
                 cell, nospec if cell.server == "nospec" else profile, priors[prior_name],
                 client, policy_path=compare.policy_of(cell, policies, None),
                 sim_overrides={"reentry_warmup": True})
             tpot[label] = result["mean_tpot_ms"]
-            sim_rows[label, key] = decode_rows(_RECORDED)
+            if label in profiles:
+                sim_rows[label, key] = decode_rows(_RECORDED)
         m = cell.mean_tpot_ms
-        print(f"| {key[0]} | {key[1]} | {m:.2f} | {tpot['before']:.2f} "
-              f"| {compare.rel(tpot['before'], m):+.1%} | {tpot['after']:.2f} "
-              f"| {compare.rel(tpot['after'], m):+.1%} |")
+        print(f"| {key[0]} | {key[1]} | {m:.2f} | "
+              + " | ".join(f"{tpot[k]:.2f} | {compare.rel(tpot[k], m):+.1%}"
+                           for k in ("before", "after", "flagged")) + " |")
     print("\n## Table 2: decode step latency ms by depth and batch band, pooled per policy "
           "and rate (mean | median | p90 | share before a prefill | mean of those)\n")
     print("| policy, rate | servings | depth | band | source | mean | median | p90 "
