@@ -39,14 +39,17 @@ from source_trees import load_tree
 REPO = Path(__file__).resolve().parents[1]
 #: What each tree imports (``source_trees.load_tree``).
 DAEMON_MODULES = ("controller.server", "controller.policy_file", "controller.reload",
-                  "controller.streams", "env.features_compiled", "benchmarks.bench_online")
+                  "controller.streams", "env.features_compiled", "env.sim.cost_model",
+                  "benchmarks.bench_online")
 
 
 def measure(trees: dict[str, Path], streams: int, polls: int, through_socket: bool = False,
-            cold: bool = False, policy: Path | None = None) -> dict[str, np.ndarray]:
+            cold: bool = False, policy: Path | None = None,
+            profile: str | None = None) -> dict[str, np.ndarray]:
     """Thread CPU (us) of each tree's handle_frame + decide per poll, lock-step (see the
     module's docstring for ``through_socket`` and ``cold``); both trees serve ``policy``
-    (default: a random one, which has no off probe)."""
+    (default: a random one, which has no off probe) with the cost profile ``profile``
+    (each tree's ``load_profile``; None: telemetry only)."""
     tmp = Path(tempfile.mkdtemp(prefix="sc-ab-"))
     servers, modules = {}, {}
     for tag, root in trees.items():
@@ -59,9 +62,11 @@ def measure(trees: dict[str, Path], streams: int, polls: int, through_socket: bo
             path.write_bytes(policy.read_bytes())
         mods["controller.streams"].keep_freed_memory()
         endpoint = f"inproc://ab-{tag}" if through_socket else f"ipc://{tmp}/{tag}.sock"
+        prior = (None if profile is None
+                 else mods["env.sim.cost_model"].load_profile(profile))
         servers[tag] = server_mod.ControllerServer(
             mods["controller.reload"].PolicyHolder(path),
-            server_mod.ServeOptions(endpoint=endpoint, max_drain_s=10.0))
+            server_mod.ServeOptions(endpoint=endpoint, max_drain_s=10.0), cost_prior=prior)
     telemetry = modules["after"]["benchmarks.bench_online"].telemetry  # frames for both
     peers = [(b"peer%d" % i, "") for i in range(streams)]
     frames = [[telemetry(f"s{i}", k + 1, 32) for i in range(streams)] for k in range(polls)]
@@ -134,6 +139,8 @@ def main() -> None:
     parser.add_argument("--policy", type=Path,
                         help="the policy file both serve (default: a random one; the shipped "
                              "controller/data/default_policy.npz has the off probe on)")
+    parser.add_argument("--profile", help="the cost profile both serve (bench_online's "
+                        "specctl-serve: configs/serve.yaml's, h200_llama31_8b; default none)")
     args = parser.parse_args()
     # each tree's env package registers the same gymnasium env id: expected here
     warnings.filterwarnings("ignore", message=".*Overriding environment")
@@ -142,7 +149,7 @@ def main() -> None:
     threadpool_limits(1, user_api="blas")
     for n in args.streams:
         us = measure({"before": args.before.resolve(), "after": args.after.resolve()},
-                     n, args.polls, args.socket, args.cold, args.policy)
+                     n, args.polls, args.socket, args.cold, args.policy, args.profile)
         before, after = np.median(us["before"]), np.median(us["after"])
         what = "drain + decide + send" if args.socket else "handle + decide"
         print(f"{n:4d} streams: {what} per poll p50 before {before:8.1f} us, "

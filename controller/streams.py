@@ -79,7 +79,9 @@ class StreamTable(Generic[S]):
         stream = self._streams.get(key)
         if stream is not None:
             self._streams.move_to_end(key)
-            self._peers[key[0]].keys.move_to_end(key)
+            keys = self._peers[key[0]].keys
+            if len(keys) > 1:  # a peer's only stream (a plugin's connection) is its latest
+                keys.move_to_end(key)
         return stream
 
     def get_or_open(self, key: StreamKey, now: float) -> S | None:

@@ -204,6 +204,22 @@ class FeatureSpec:
     #: judged against and enters whole. False: the features before the twentieth
     #: session (an absent field): every step before the warm-up enters whole.
     latency_outlier_relative: bool = False
+    #: An off (depth-0) decode step measured more than this many times the handed
+    #: profile's off price enters the latency estimators at this many times, under the
+    #: outlier clip's conditions (the stream's mean log error within
+    #: ``latency_outlier_trust``, after ``latency_outlier_warmup`` measured steps; applied
+    #: after ``latency_outlier_ratio``'s clip): off's price is then never pulled above the
+    #: profile's by more than the ratio, per step. The re-entry warm-up the plugin ends
+    #: each off period with (SGLang's steps=0, 2.2-3x an off step on the H200 MoE at batch
+    #: 32-48) counts as an off step in these features unless ``drop_warmup_latency``; where
+    #: the off steps before it were left out (``latency_drop_before_prefill``), a short off
+    #: period at a large batch leaves the warm-up off's only sample there: on run 73's
+    #: "ppo r6" (the MoE at 6 requests/s) one 51.8-ms warm-up at batch 48 after two
+    #: dropped 17-18 ms off steps priced off at 28-34 ms at batch 32-48 (measured 17) and
+    #: the file ran depth 3 on 98% of the steps at batch >= 24 (docs/results/gpu22/
+    #: LOCKIN.md). 0: off (the features before the twenty-second session; an absent
+    #: field).
+    latency_off_outlier_ratio: float = 0.0
     #: The local measured-cost correction (where a cost profile is handed; 0: off, the
     #: features before the fourteenth session): per depth and power-of-two batch bucket,
     #: the recent mean log(measured / profile-predicted latency) of that depth's steps
@@ -271,6 +287,20 @@ class FeatureSpec:
     #: that record is a prefill. False: the features before the twenty-first session (an
     #: absent field).
     latency_drop_before_prefill: bool = False
+    #: Off's predicted latency at a batch size is at most ``exp(latency_off_ceiling)`` times
+    #: the handed profile's off price there, while the stream trusts the profile (its
+    #: measured steps' mean log error within ``latency_outlier_trust``): a ceiling on the
+    #: regression's residual terms for off (level, batch slope, KV term), which a few off
+    #: samples far above the profile extrapolate across batch sizes and KV use. On run 73's
+    #: "ppo r6" (the MoE at 6 requests/s) three re-entry warm-ups (SGLang's steps=0 at the
+    #: end of each short off period, 2.2-2.8x the profile's off price, counted as off steps)
+    #: were 3 of off's 6 samples at batch >= 16 (the before-prefill drop took 5 of the 8
+    #: real ones) and priced off at batch 32-48 at 22-33 ms, the profile 16.5-18.2 and the
+    #: server 17.0: depth 3 ran on 98% of the steps at batch >= 24 (docs/results/gpu22/
+    #: LOCKIN.md). Only a price above the profile's is bounded: one below it (off at
+    #: batch 1-23 on that server, 0.3-0.9x the profile) stays as measured. 0: off (the
+    #: features before the twenty-second session; an absent field).
+    latency_off_ceiling: float = 0.0
     #: Recent cost measurements of a depth at which its confidence is 1 - 1/e.
     cost_confidence_samples: float = 2.0
     #: EMA weight for the load and throughput trackers.
@@ -290,10 +320,11 @@ class FeatureSpec:
         if type(self.latency_model) is not int or self.latency_model not in LATENCY_MODELS:
             raise ValueError(f"feature spec field 'latency_model': {self.latency_model!r} is "
                              f"not one of {sorted(LATENCY_MODELS)}")
-        ratio = self.latency_outlier_ratio
-        if not _is_number(ratio) or not (ratio == 0.0 or 1.0 < ratio < math.inf):
-            raise ValueError(f"feature spec field 'latency_outlier_ratio': {ratio!r} is not 0 "
-                             "(off) or a number above 1")
+        for name in ("latency_outlier_ratio", "latency_off_outlier_ratio"):
+            ratio = getattr(self, name)
+            if not _is_number(ratio) or not (ratio == 0.0 or 1.0 < ratio < math.inf):
+                raise ValueError(f"feature spec field {name!r}: {ratio!r} is not 0 "
+                                 "(off) or a number above 1")
         for name in ("latency_outlier_trust", "latency_outlier_warmup"):
             value = getattr(self, name)
             if not _is_number(value) or not 0.0 < value < math.inf:
@@ -305,7 +336,8 @@ class FeatureSpec:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"feature spec field {name!r}: "
                                  f"{getattr(self, name)!r} is not true or false")
-        for name in ("latency_local_samples", "latency_local_tolerance"):
+        for name in ("latency_local_samples", "latency_local_tolerance",
+                     "latency_off_ceiling"):
             value = getattr(self, name)
             if not _is_number(value) or not 0.0 <= value < math.inf:
                 raise ValueError(f"feature spec field {name!r}: {value!r} is not 0 or a "
@@ -687,6 +719,11 @@ class FeatureBuilder:
                               self._early_log_error / self._early_steps)):
                         # over the ratio x the stream's own earlier steps too (the spec)
                         latency_ms = residual_ms = ratio * prior_ms
+                off_ratio = spec.latency_off_outlier_ratio
+                if (off_ratio > 0.0 and steps == 0 and latency_ms > off_ratio * prior_ms
+                        and abs(self._prior_log_error) < spec.latency_outlier_trust
+                        and sum(self._depth_samples) >= spec.latency_outlier_warmup):
+                    latency_ms = residual_ms = off_ratio * prior_ms  # see the spec
                 residual_ms -= prior_ms
                 error = math.log(latency_ms / max(prior_ms, 1e-6))
                 self._prior_log_error += alpha * (error - self._prior_log_error)
@@ -1077,6 +1114,12 @@ def _latency_predictions(builders: Sequence[FeatureBuilder], batch_sizes: np.nda
     # Physically a deeper draft never costs less; keep the prediction sane.
     floor = np.maximum(0.05 * base_ms, 1e-3)[:, None]
     floored = np.maximum(predicted, floor)
+    ceiling = first.spec.latency_off_ceiling
+    if ceiling > 0.0 and prior is not None:  # FeatureSpec.latency_off_ceiling
+        trusted = np.array([abs(b._prior_log_error) < first.spec.latency_outlier_trust
+                            for b in builders])[:, None]
+        cap = profile_ms[0] * math.exp(ceiling)
+        floored[0] = np.where(trusted, np.minimum(floored[0], cap), floored[0])
     if first._local_on:
         weights = _correct_locally(builders, batch_sizes, floored, profile_ms)
         # A depth measured here is priced as measured, not raised to an unmeasured

@@ -48,7 +48,15 @@ from env.features import (
     effective_model,
     local_bucket,
 )
-from env.probe import _BUCKETS, ProbeSpec, ProbeTracker
+from env.probe import (
+    _BUCKETS,
+    NOT_PROBING,
+    PROBE_ACCEPTANCE,
+    PROBE_OFF,
+    ProbeSpec,
+    ProbeTracker,
+)
+from env.sim.cost_model import CostProfile
 
 # -- the state vector -----------------------------------------------------------------
 # Scalars first, then per-depth arrays whose offsets follow from max_depth (D):
@@ -71,7 +79,9 @@ _P_OUTLIER_RATIO, _P_OUTLIER_TRUST, _P_OUTLIER_WARMUP = 14, 15, 16
 _P_LOCAL = 17  # latency_local_samples where the correction runs (a profile), else 0
 _P_LOCAL_TOLERANCE, _P_LOCAL_CAP = 18, 19
 _P_OUTLIER_RELATIVE = 20
-_P_LAYOUT = 21  # then the layout's logs, mul, div (width each), then (latency_model 2)
+_P_OFF_OUTLIER_RATIO = 21  # FeatureSpec.latency_off_outlier_ratio
+_P_OFF_CEILING = 22  # FeatureSpec.latency_off_ceiling, as exp(): the factor (0: none)
+_P_LAYOUT = 23  # then the layout's logs, mul, div (width each), then (latency_model 2)
 # the no-profile prior's precision (7 x 7) and right-hand side (7): see _prior_at
 
 
@@ -119,6 +129,8 @@ def _params(spec: FeatureSpec, has_profile: bool = False) -> np.ndarray:
         spec.latency_outlier_trust, spec.latency_outlier_warmup,
         spec.latency_local_samples if has_profile else 0.0, spec.latency_local_tolerance,
         float(spec.latency_local_cap), float(spec.latency_outlier_relative),
+        spec.latency_off_outlier_ratio,
+        math.exp(spec.latency_off_ceiling) if spec.latency_off_ceiling > 0.0 else 0.0,
     ])
     return np.concatenate([head, layout.logs.astype(float), layout.mul, layout.div,
                            layout.prior_matrix.ravel(), layout.prior_rhs])
@@ -207,11 +219,69 @@ def _solve(state, params, has_prior):
         state[theta + i] = total / a[i, i]
 
 
+# -- the cost profile's step latency (CostProfile.step_latency_s, compiled) --------------
+# Its coefficients as one float64 vector (_profile_vector), in this order.
+(_C_FIXED, _C_REQUEST, _C_TOKEN, _C_KV, _C_LOG_MOE, _C_MOE_SHARE, _C_MOE, _C_MOE_ACTIVE,
+ _C_VERIFY, _C_VERIFY_TOKEN, _C_DRAFT, _C_DRAFT_TOKEN, _C_EXTEND, _C_EXTEND_TOKEN, _C_CG_MAX,
+ _C_EAGER, _C_EAGER_TOKEN, _C_STEPS0, _C_STEPS0_REQUEST, _C_STEPS0_KV) = range(20)
+#: No profile vector: the caller computes the prior in Python (see _profile_vector).
+_NO_PROFILE = np.zeros(0)
+
+
+@functools.lru_cache(maxsize=16)
+def _profile_vector(cost_prior: CostProfile) -> np.ndarray:
+    """A :class:`~env.sim.cost_model.CostProfile`'s terms that a decode step's latency
+    reads, in :func:`_profile_ms`'s order (read only)."""
+    vector = np.array([
+        cost_prior.c_fixed, cost_prior.c_request, cost_prior.c_token, cost_prior.c_kv,
+        cost_prior._log_moe, cost_prior.moe_draft_token_share, cost_prior.c_moe,
+        cost_prior.moe_active_fraction, cost_prior.c_verify, cost_prior.c_verify_token,
+        cost_prior.c_draft, cost_prior.c_draft_token, cost_prior.c_extend,
+        cost_prior.c_extend_token, cost_prior._cg_max, cost_prior.c_eager,
+        cost_prior.c_eager_token, cost_prior.c_steps0, cost_prior.c_steps0_request,
+        cost_prior.c_steps0_kv], dtype=np.float64)
+    vector.flags.writeable = False
+    return vector
+
+
+@njit(cache=True)
+def _profile_ms(profile, batch_size, depth, kv_tokens):
+    """``1e3 * CostProfile.step_latency_s(batch_size, depth, kv_tokens, 0,
+    draft_extend=depth > 0, speculative_path=depth > 0)`` (the prior a decode record is
+    folded with: ``FeatureBuilder.update``), operation for operation in the same order
+    (no fast-math: the same float64 roundings, bit for bit, tests/test_features_compiled.py)
+    from :func:`_profile_vector`. In Python the call cost ~1 us of a record's ~5."""
+    tokens = batch_size * (depth + 1)  # + prefill_tokens (0)
+    latency = (profile[_C_FIXED] + profile[_C_REQUEST] * batch_size
+               + profile[_C_TOKEN] * tokens + profile[_C_KV] * kv_tokens)
+    log_moe = profile[_C_LOG_MOE]
+    if log_moe != 0.0:
+        share = profile[_C_MOE_SHARE]
+        # (tokens as a float is exact: the same product as Python's int * float)
+        moe_tokens = float(tokens) if share == 1.0 else batch_size * (1.0 + share * depth)
+        latency += profile[_C_MOE] * -math.expm1(moe_tokens * log_moe)
+    elif profile[_C_MOE_ACTIVE] == 1.0 and tokens > 0:
+        latency += profile[_C_MOE]
+    if depth > 0:
+        latency += profile[_C_VERIFY] + profile[_C_VERIFY_TOKEN] * batch_size
+        if depth > 1:
+            latency += (depth - 1) * (profile[_C_DRAFT] + profile[_C_DRAFT_TOKEN] * batch_size)
+        latency += profile[_C_EXTEND] + profile[_C_EXTEND_TOKEN] * tokens
+    # (draft_extend at depth 0 is False: no extend term there)
+    if batch_size > profile[_C_CG_MAX]:
+        latency += profile[_C_EAGER] + profile[_C_EAGER_TOKEN] * batch_size
+    if batch_size and depth > 0:  # speculative_path is depth > 0
+        latency += (profile[_C_STEPS0] + profile[_C_STEPS0_REQUEST] * batch_size
+                    + profile[_C_STEPS0_KV] * kv_tokens)
+    return 1e3 * latency
+
+
 @njit(cache=True)
 def _fold(state, params, has_prior, is_decode, batch_size, waiting, kv_tokens, kv_capacity,
-          steps_used, accepted, latency_s, prior_ms):
+          steps_used, accepted, latency_s, prior_ms, profile):
     """``FeatureBuilder.update`` on the state vector (``prior_ms``: the cost profile's
-    latency of this step, ms, when ``has_prior``)."""
+    latency of this step, ms, when ``has_prior``; computed here instead from ``profile``,
+    :func:`_profile_vector`, where that is not empty)."""
     depth = int(params[_P_DEPTH])
     tri, suc, smp, mom, _, _ = _offsets_jit(depth)
     alpha = params[_P_ALPHA]
@@ -261,6 +331,8 @@ def _fold(state, params, has_prior, is_decode, batch_size, waiting, kv_tokens, k
         residual_ms = latency_ms
         error = 0.0
         if has_prior:
+            if profile.shape[0]:
+                prior_ms = _profile_ms(profile, batch, steps, kv_tokens)
             ratio = params[_P_OUTLIER_RATIO]
             relative = params[_P_OUTLIER_RELATIVE] > 0.0
             if (ratio > 0.0 and latency_ms > ratio * prior_ms
@@ -276,6 +348,15 @@ def _fold(state, params, has_prior, is_decode, batch_size, waiting, kv_tokens, k
                       and latency_ms > ratio * prior_ms * math.exp(
                           state[_EARLY_LOG_ERROR] / state[_EARLY_STEPS])):
                     latency_ms = ratio * prior_ms  # FeatureSpec.latency_outlier_relative
+                    residual_ms = latency_ms
+            off_ratio = params[_P_OFF_OUTLIER_RATIO]
+            if (off_ratio > 0.0 and steps == 0 and latency_ms > off_ratio * prior_ms
+                    and abs(state[_PRIOR_LOG_ERROR]) < params[_P_OUTLIER_TRUST]):
+                measured = 0.0  # FeatureSpec.latency_off_outlier_ratio
+                for d in range(depth + 1):
+                    measured += state[smp + d]
+                if measured >= params[_P_OUTLIER_WARMUP]:
+                    latency_ms = off_ratio * prior_ms
                     residual_ms = latency_ms
             residual_ms -= prior_ms
             error = math.log(latency_ms / max(prior_ms, 1e-6))
@@ -412,12 +493,12 @@ def fold_off(off, settings, forget, has_prior, profile_log_error, steps_used, la
 
 @njit(cache=True)
 def _fold_probed(state, params, has_prior, batch_size, waiting, kv_tokens, kv_capacity,
-                 steps_used, accepted, latency_s, prior_ms, off, settings):
+                 steps_used, accepted, latency_s, prior_ms, profile, off, settings):
     """:func:`_fold` of a decode record, then the off probe's fold of it
     (:func:`fold_off`, in the same call): whether the probe's step
     that needs the features' prediction is due (``ProbeTracker.off_due``)."""
     _fold(state, params, has_prior, True, batch_size, waiting, kv_tokens, kv_capacity,
-          steps_used, accepted, latency_s, prior_ms)
+          steps_used, accepted, latency_s, prior_ms, profile)
     return fold_off(off, settings, params[_P_FORGET], has_prior, state[_PRIOR_LOG_ERROR],
                     steps_used, latency_s, max(batch_size, 1))
 
@@ -474,6 +555,7 @@ def _grids(states, params, has_prior, design, at0, slope, column0, buckets, out,
     local = params[_P_LOCAL] > 0.0
     tolerance = params[_P_LOCAL_TOLERANCE]
     cap = params[_P_LOCAL_CAP] > 0.0
+    ceiling = params[_P_OFF_CEILING]
     weight = np.zeros((depth + 1, LOCAL_BUCKETS))
     ratio = np.zeros((depth + 1, LOCAL_BUCKETS))
     local_ms = np.empty(depth + 1)
@@ -516,6 +598,9 @@ def _grids(states, params, has_prior, design, at0, slope, column0, buckets, out,
         kv = state[_KV_TOKENS]
         base_ms = state[_LATENCY_EMA] if state[_HAS_LATENCY] else 10.0
         floor = _maximum(0.05 * base_ms, 1e-3)
+        # FeatureSpec.latency_off_ceiling: off at most the factor x the profile, if trusted
+        off_ceiling = (has_prior and ceiling > 0.0
+                       and abs(state[_PRIOR_LOG_ERROR]) < params[_P_OUTLIER_TRUST])
         for d in range(depth + 1):
             log_tokens[d] = math.log1p(expected[n, d])
         if local:
@@ -536,6 +621,8 @@ def _grids(states, params, has_prior, design, at0, slope, column0, buckets, out,
                     profile_ms = at0[d, 0, r] + slope[d, 0, r] * kv
                     value += profile_ms
                 value = _maximum(value, floor)
+                if d == 0 and off_ceiling:
+                    value = _minimum(value, profile_ms * ceiling)
                 if local:  # features._correct_locally, then its blended running maximum
                     j = buckets[r]
                     w = weight[d, j]
@@ -553,9 +640,17 @@ def _grids(states, params, has_prior, design, at0, slope, column0, buckets, out,
                         running = _maximum(value, running)
                     local_ms[d] = running
                 else:
+                    earlier = running
                     running = _maximum(running, value)
                     latency[d, n, r] = running * 1e-3
-                    log_latency[d] = math.log(latency[d, n, r])
+                    # The running maximum held (the regression's deeper depths predict
+                    # no more): the same product, so the same log, not another libm call
+                    # (a flood's rows hold at half their depths; the log is a quarter of
+                    # this kernel). NaN never compares equal: it takes the call.
+                    if d > 0 and running == earlier:
+                        log_latency[d] = log_latency[d - 1]
+                    else:
+                        log_latency[d] = math.log(latency[d, n, r])
             if local:  # features._latency_predictions' blended cap from deeper depths (if cap)
                 j = buckets[r]
                 for d in range(depth - 1 if cap else -1, -1, -1):
@@ -645,6 +740,14 @@ class CompiledProbeTracker(ProbeTracker):
         self.off[_OFF_COST] = value
 
     @property
+    def due(self) -> int:
+        """:attr:`ProbeTracker.due`, the off count read from the vector here (the daemon
+        asks every answered stream: one property call less)."""
+        if self.off[_OFF_REMAINING]:
+            return PROBE_OFF
+        return PROBE_ACCEPTANCE if self.remaining else NOT_PROBING
+
+    @property
     def off_remaining(self) -> int:
         return int(self.off[_OFF_REMAINING])
 
@@ -678,6 +781,25 @@ class CompiledProbeTracker(ProbeTracker):
 # -- the builder ----------------------------------------------------------------------
 
 
+#: _grid_inputs' caches by (spec, the cost prior's id): the prior kept alive with its
+#: cache (its id is not reused while the entry holds it); emptied when it grows past
+#: _SHARED_INPUTS (builders keep the cache they took: only new builders start afresh).
+_inputs_caches: dict[tuple, tuple[object, dict]] = {}
+_SHARED_INPUTS = 64
+
+
+def _shared_inputs(spec: FeatureSpec, cost_prior) -> dict[tuple, tuple]:
+    """The :meth:`CompiledFeatureBuilder._grid_inputs` cache of builders with this spec
+    and this cost prior (the same object, or None): what it holds depends on them only."""
+    key = (spec, id(cost_prior))
+    entry = _inputs_caches.get(key)
+    if entry is None:  # (the entry holds the prior: no other object has its id meanwhile)
+        if len(_inputs_caches) >= _SHARED_INPUTS:
+            _inputs_caches.clear()
+        entry = _inputs_caches[key] = (cost_prior, {})
+    return entry[1]
+
+
 class CompiledFeatureBuilder(FeatureBuilder):
     """:class:`~env.features.FeatureBuilder` with its estimators compiled (numba).
 
@@ -692,6 +814,10 @@ class CompiledFeatureBuilder(FeatureBuilder):
     def reset(self) -> None:
         """Forget all telemetry."""
         self._params = _params(self.spec, self.cost_prior is not None)
+        # The profile's prior computed in the compiled fold where the prior is a
+        # CostProfile (another object's step_latency_s is called in Python, as before).
+        self._profile = (_profile_vector(self.cost_prior)
+                         if type(self.cost_prior) is CostProfile else _NO_PROFILE)
         depth = self.spec.max_depth
         self._offsets = _offsets(depth)
         self._state = np.zeros(self._offsets[-1])
@@ -703,7 +829,9 @@ class CompiledFeatureBuilder(FeatureBuilder):
         if self.probe_tracker is not None:
             self.probe_tracker.reset()
         if not hasattr(self, "_inputs_cache"):  # spec and profile only: kept across resets
-            self._inputs_cache: dict[tuple, tuple] = {}
+            # and shared by the builders of one spec and profile (a daemon's streams): the
+            # first grid of each new stream cost ~200 us computing the same arrays again
+            self._inputs_cache: dict[tuple, tuple] = _shared_inputs(self.spec, self.cost_prior)
             self._grid_key: np.ndarray | None = None
             self._grid_value: tuple = ()
         _solve(self._state, self._params, self.cost_prior is not None)
@@ -723,7 +851,9 @@ class CompiledFeatureBuilder(FeatureBuilder):
         is_decode = record.prefill_tokens == 0
         prior_ms = 0.0
         has_prior = self.cost_prior is not None
-        if has_prior and is_decode and record.step_latency_s > 0.0:
+        profile = self._profile
+        if (has_prior and is_decode and record.step_latency_s > 0.0
+                and profile is _NO_PROFILE):  # else the kernel computes it (_profile_ms)
             steps = min(max(record.steps_used, 0), self.spec.max_depth)
             prior_ms = 1e3 * self.cost_prior.step_latency_s(
                 max(record.batch_size, 1), steps, record.kv_used_tokens, 0,
@@ -736,16 +866,22 @@ class CompiledFeatureBuilder(FeatureBuilder):
             if _fold_probed(self._state, self._params, has_prior, record.batch_size,
                             record.waiting_requests, record.kv_used_tokens,
                             record.kv_capacity_tokens, record.steps_used, accepted,
-                            record.step_latency_s, prior_ms, tracker.off, tracker.settings):
+                            record.step_latency_s, prior_ms, profile, tracker.off,
+                            tracker.settings):
                 tracker.off_due(self, batch)
             tracker.fold_acceptance(record.steps_used, record.step_latency_s, self, batch)
             return
         _fold(self._state, self._params, has_prior, is_decode, record.batch_size,
               record.waiting_requests, record.kv_used_tokens, record.kv_capacity_tokens,
-              record.steps_used, accepted, record.step_latency_s, prior_ms)
+              record.steps_used, accepted, record.step_latency_s, prior_ms, profile)
         if is_decode and tracker is not None:
-            tracker.fold(record.steps_used, record.step_latency_s, self,
-                         max(record.batch_size, 1))
+            if type(tracker) is CompiledProbeTracker:  # no off probe (else above): its
+                # acceptance part alone, without fold's Python frame
+                tracker.fold_acceptance(record.steps_used, record.step_latency_s, self,
+                                        max(record.batch_size, 1))
+            else:
+                tracker.fold(record.steps_used, record.step_latency_s, self,
+                             max(record.batch_size, 1))
 
     @staticmethod
     def _batch(builders, batch_sizes: np.ndarray) -> _Batch:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from env import features
 from env.features import FeatureBuilder, FeatureSpec, observation_grids, resolve_backend
-from env.sim.cost_model import load_profile
+from env.sim.cost_model import COEFFICIENTS, CostProfile, ServerLimits, load_profile
 from env.traces.schema import StepRecord
 
 pytest.importorskip("numba")
@@ -168,3 +168,88 @@ def test_a_reset_compiled_builder_is_a_fresh_one():
     used.reset()
     np.testing.assert_array_equal(used.observation_grid(), fresh.observation_grid())
     np.testing.assert_array_equal(used._state, fresh._state)
+
+
+_COEFFICIENT = st.one_of(st.just(0.0), st.floats(1e-9, 1e-1), st.floats(1e-7, 1e-5))
+
+
+@st.composite
+def profiles(draw) -> CostProfile:
+    """A cost profile with any of its terms zero or not, dense or MoE (a draft token's
+    expert share 1 or less), with or without a CUDA-graph batch limit."""
+    values = {name: draw(_COEFFICIENT) for name in COEFFICIENTS}
+    moe = draw(st.sampled_from([0.0, 1.0, 1, 0.125, 0.5]))
+    share = draw(st.sampled_from([1.0, 0.0, 0.3]))
+    graph = draw(st.sampled_from([None, 1, 64, 512]))
+    return CostProfile("drawn", ServerLimits(256, 10**6, 8192, graph), **values,
+                       moe_active_fraction=moe, moe_draft_token_share=share)
+
+
+@settings(max_examples=200, deadline=None)
+@given(profile=profiles(), batch=st.integers(1, 5000), depth=st.integers(0, 7),
+       kv=st.integers(0, 10**7))
+def test_the_compiled_prior_is_the_profiles_own_bit_for_bit(profile, batch, depth, kv):
+    """The compiled fold's prior (features_compiled._profile_ms) is the Python fold's
+    ``1e3 * step_latency_s(...)`` exactly: the same float64 operations in the same order."""
+    from env.features_compiled import _profile_ms, _profile_vector
+
+    want = 1e3 * profile.step_latency_s(batch, depth, kv, 0, draft_extend=depth > 0,
+                                        speculative_path=depth > 0)
+    assert _profile_ms(_profile_vector(profile), batch, depth, kv) == want
+
+
+class _Wrapped:
+    """A cost prior that is not a CostProfile: the compiled builder calls its
+    step_latency_s in Python (and the features read its other attributes)."""
+
+    def __init__(self, profile: CostProfile) -> None:
+        self._profile = profile
+
+    def __getattr__(self, name):
+        return getattr(self._profile, name)
+
+
+@settings(max_examples=30, deadline=None)
+@given(stream=records(), profile=st.sampled_from(["h200_llama31_8b", "h200_qwen3_30b_a3b"]),
+       spec=st.sampled_from(SPECS))
+def test_a_profile_folded_compiled_or_in_python_gives_the_same_state(stream, profile, spec):
+    """The prior computed inside the compiled fold (a CostProfile) and handed to it from
+    Python (any other prior object) fold every record to the same state, bit for bit."""
+    prior = load_profile(profile)
+    inside = FeatureBuilder(spec, prior, backend="compiled")
+    python = FeatureBuilder(spec, _Wrapped(prior), backend="compiled")
+    assert inside._profile.shape[0] and not python._profile.shape[0]
+    for record in stream:
+        inside.update(record)
+        python.update(record)
+        np.testing.assert_array_equal(inside._state, python._state)
+    np.testing.assert_array_equal(inside.observation_grid(), python.observation_grid())
+
+
+def test_builders_share_grid_inputs_only_with_their_own_spec_and_profile():
+    """The compiled builders of one spec and one cost prior share _grid_inputs' cache; a
+    builder of another prior (or none) or another spec computes its own: each grid equals
+    the one a builder computes with every cache empty."""
+    from env import features_compiled
+
+    priors = (load_profile("h200_llama31_8b"), load_profile("h200_qwen3_30b_a3b"), None)
+    specs = (SPEC, FeatureSpec(latency_model=2))
+    record = StepRecord("s", 0, 1, 0.0, 24, 3, 24, 200_000, 10**6, 0, 3,
+                        np.array([3, 1, 0, 2] * 6, dtype=np.int8), 0.02)
+    grids = {}
+    for spec in specs:
+        for prior in priors:
+            features_compiled._inputs_caches.clear()
+            alone = FeatureBuilder(spec, prior, backend="compiled")
+            alone.update(record)
+            grids[spec, id(prior)] = alone.observation_grid()
+    features_compiled._inputs_caches.clear()
+    shared = [FeatureBuilder(spec, prior, backend="compiled") for _ in range(2)
+              for spec in specs for prior in priors]
+    for builder in shared:
+        builder.update(record)
+        np.testing.assert_array_equal(builder.observation_grid(),
+                                      grids[builder.spec, id(builder.cost_prior)])
+    first = shared[0]
+    assert shared[len(specs) * len(priors)]._inputs_cache is first._inputs_cache
+    assert sum(b._inputs_cache is first._inputs_cache for b in shared) == 2

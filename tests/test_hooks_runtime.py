@@ -185,6 +185,32 @@ def chosen(rt: Runtime, sched: SimpleNamespace, batch: BatchStandIn, asked: int)
     return rt.around_run_batch(run_batch, sched, batch)
 
 
+#: In :func:`drive`'s plan: a pass of the scheduler loop that launches nothing.
+IDLE = None
+
+
+def drive(rt: Runtime, sched: SimpleNamespace, clock: ManualClock, overlap: bool,
+          plan: list) -> None:
+    """Each ``(batch, start)`` of ``plan`` launched by ``start(batch)`` and its result
+    processed as SGLang's loop does: under overlap scheduling after the next step's launch
+    (or an :data:`IDLE` pass), else right away; 1/64 s a step."""
+    pending = None
+    for item in plan:
+        if item is not IDLE:
+            batch, start = item
+            start(batch)
+        if pending is not None:
+            finish(rt, sched, pending)
+        pending = None if item is IDLE else batch
+        if not overlap and pending is not None:
+            finish(rt, sched, pending)
+            pending = None
+        if item is not IDLE:
+            clock.advance(0.015625)
+    if pending is not None:
+        finish(rt, sched, pending)
+
+
 @pytest.mark.parametrize("overlap", [False, True])
 def test_the_re_entry_warm_up_is_flagged_in_the_telemetry_and_no_other_step(overlap):
     """With the off path in use, the first step asked to speculate after an off step runs
@@ -200,23 +226,10 @@ def test_the_re_entry_warm_up_is_flagged_in_the_telemetry_and_no_other_step(over
     # warm-up), an extend, 2 (the warm-up), 2, 2 (drafting), 0, 0; three times (more steps
     # than the runtime's ring holds: a slot's flag is its own step's).
     plan = [3, 0, 3, 0, None, 2, 2, 2, 0, 0] * 3
-    batches = [BatchStandIn([ReqStandIn("e")], EXTEND) if asked is None else decode_batch(2)
-               for asked in plan]
-    pending = None
-    for asked, batch in zip(plan, batches, strict=True):
-        if asked is None:
-            launch(rt, sched, batch, steps=-1)
-        else:
-            chosen(rt, sched, batch, asked)
-        if pending is not None:
-            finish(rt, sched, pending)
-        pending = batch
-        if not overlap:
-            finish(rt, sched, pending)
-            pending = None
-        clock.advance(0.015625)
-    if pending is not None:
-        finish(rt, sched, pending)
+    drive(rt, sched, clock, overlap, [
+        (BatchStandIn([ReqStandIn("e")], EXTEND), lambda b: launch(rt, sched, b, steps=-1))
+        if asked is None else (decode_batch(2), lambda b, asked=asked: chosen(rt, sched, b, asked))
+        for asked in plan])
     flags = [sent[0][13] for sent in client.sent]
     # (the second and third rounds start after off: their first step is a warm-up too)
     assert flags == [False, False, True, False, False, True, False, False, False, False] + [
@@ -240,25 +253,11 @@ def test_a_step_whose_result_follows_a_prefills_launch_is_flagged_before_prefill
     # d: decode, e: extend, "|": the loop idles (the pending result is processed with
     # nothing launched after it). More steps than the runtime's ring holds.
     plan = "ddeddeedd|ed|de" * 3
-    kinds, pending = [], None
-    for item in plan:
-        if item == "|":
-            if pending is not None:
-                finish(rt, sched, pending)
-            pending = None
-            continue
-        batch = (BatchStandIn([ReqStandIn("e")], EXTEND) if item == "e" else decode_batch(2))
-        launch(rt, sched, batch, steps=-1 if item == "e" else 3)
-        kinds.append(item)
-        if pending is not None:
-            finish(rt, sched, pending)
-        pending = batch
-        if not overlap:
-            finish(rt, sched, pending)
-            pending = None
-        clock.advance(0.015625)
-    if pending is not None:
-        finish(rt, sched, pending)
+    drive(rt, sched, clock, overlap, [
+        IDLE if item == "|" else
+        (BatchStandIn([ReqStandIn("e")], EXTEND), lambda b: launch(rt, sched, b, steps=-1))
+        if item == "e" else (decode_batch(2), lambda b: launch(rt, sched, b, steps=3))
+        for item in plan])
     # Under overlap: the next launched step is an extend one, and no idle pass came between.
     runs = plan.replace("|", "")
     gaps = [i for i, run in enumerate(plan.split("|")) for _ in run]

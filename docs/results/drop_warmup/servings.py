@@ -103,3 +103,23 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def headline_servings(model: str, run: int, tag: str, names: list[str]):
+    """``(policy, its records, row)`` for each serving of ``run`` but the warm-up ramp's:
+    the row holds the run, the serving's name, its replay's mean TPOT and TTFT (from
+    ``{model}_replay_{rate}_run{run}.json``) and :func:`serving_rows`."""
+    replays: dict[str, dict] = {}
+    for name, steps in cut_servings(OFFSWITCH / f"{model}_trace_{tag}_run{run}.tar.gz",
+                                    OFFSWITCH / f"{model}_controller_run{run}.log", names):
+        if name.startswith("ramp"):
+            continue
+        policy, rate = name.split()
+        if rate not in replays:
+            path = OFFSWITCH / f"{model}_replay_{rate}_run{run}.json"
+            replays[rate] = json.loads(path.read_text())
+        headline = replays[rate][f"headline_{policy}"]
+        yield policy, steps, {"run": run, "serving": name,
+                              "mean_tpot_ms": round(headline["mean_tpot_ms"], 2),
+                              "mean_ttft_ms": round(headline["mean_ttft_ms"], 1),
+                              **serving_rows(steps)}

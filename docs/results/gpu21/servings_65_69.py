@@ -17,7 +17,7 @@ from pathlib import Path
 
 import replay_decisions as rd
 from band_prices import band_summary
-from servings import OFFSWITCH, RAMP, cut_servings, serving_rows
+from servings import RAMP, headline_servings
 
 from controller.policy_file import ExportedPolicy
 from env.sim.cost_model import load_profile
@@ -41,17 +41,7 @@ def main() -> None:
     policies = {label: ExportedPolicy.load(path) for label, path in FILES.items()}
     for run, (model, profile, tag, names) in RUNS.items():
         prior = load_profile(profile)
-        replays = {rate: json.loads(path.read_text()) for rate in ("r8", "r12", "r12_2")
-                   if (path := OFFSWITCH / f"{model}_replay_{rate}_run{run}.json").exists()}
-        for name, steps in cut_servings(OFFSWITCH / f"{model}_trace_{tag}_run{run}.tar.gz",
-                                        OFFSWITCH / f"{model}_controller_run{run}.log", names):
-            if name.startswith("ramp"):
-                continue
-            policy, rate = name.split()
-            headline = replays[rate][f"headline_{policy}"]
-            row = {"run": run, "serving": name,
-                   "mean_tpot_ms": round(headline["mean_tpot_ms"], 2),
-                   "mean_ttft_ms": round(headline["mean_ttft_ms"], 1), **serving_rows(steps)}
+        for policy, steps, row in headline_servings(model, run, tag, names):
             if policy in policies:
                 row["replayed_>=24"] = band_summary(rd.replay(steps, policies[policy], prior),
                                                     24, 10**9)
