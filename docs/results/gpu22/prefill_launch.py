@@ -64,6 +64,7 @@ class Step:
     next_tokens: int
     next_requests: int
     own: float = float("nan")
+    flag: bool | None = None  # the plugin's ``before_prefill`` (runs 70 on; None before)
 
     @property
     def extra(self) -> float:
@@ -83,10 +84,13 @@ class Prefill:
     before: Step | None
 
 
-def read() -> tuple[list[Step], list[Prefill]]:
+def read(sources=None) -> tuple[list[Step], list[Prefill]]:
+    """The decode steps with their own cost (warm-ups left out) and the prefill records of
+    ``sources`` (``(model, run, trace tag, file prefix, serving names)``; default: the runs
+    fitted here, ``before_prefill.sources``)."""
     steps: list[Step] = []
     prefills: list[Prefill] = []
-    for model, run, tag, prefix, names in bp.sources():
+    for model, run, tag, prefix, names in (bp.sources() if sources is None else sources):
         cut = cut_servings(OFFSWITCH / f"{prefix}_trace_{tag}_run{run}.tar.gz",
                            OFFSWITCH / f"{prefix}_controller_run{run}.log", names)
         for name, recs in cut:
@@ -109,7 +113,7 @@ def read() -> tuple[list[Step], list[Prefill]]:
                 made[i] = Step(model, run, r.steps_used, r.batch_size, r.waiting_requests,
                                1e3 * r.step_latency_s, bool(r.warmup), not p.is_decode,
                                not n.is_decode, answers, n.prefill_tokens,
-                               0 if n.is_decode else n.batch_size)
+                               0 if n.is_decode else n.batch_size, flag=r.before_prefill)
                 steps.append(made[i])
             for i in range(1, len(recs)):
                 r, p = recs[i], recs[i - 1]
