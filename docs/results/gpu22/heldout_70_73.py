@@ -11,8 +11,8 @@
   (``dense_spec.yaml``, ``moe_real_spec.yaml``) and after (the ``_launch`` copies here)
   the booking: mean TPOT against measured.
 
-    R=docs/results
-    PYTHONPATH=$PWD:$PWD/scripts/h200:$R/swap16:$R/drop_warmup:$R/gpu18:$R/gpu20:$R/gpu21:$R/adm21_moe:$R/gpu22 \\
+    R=docs/results; P=$R/swap16:$R/drop_warmup:$R/gpu18:$R/gpu20:$R/gpu21:$R/adm21_moe:$R/gpu22
+    PYTHONPATH=$PWD:$PWD/scripts/h200:$P \\
         python docs/results/gpu22/heldout_70_73.py > docs/results/gpu22/heldout_70_73.txt
 """
 
