@@ -39,7 +39,7 @@ import numpy as np
 import replay_decisions as rd
 from lockin_eval import RUNS, VARIANTS, variant
 from servings import OFFSWITCH, cut_servings
-from servings_70_73 import FILES
+from servings_70_74 import FILES
 
 from controller.decider import StreamDecider
 from controller.policy_file import ExportedPolicy

@@ -18,7 +18,7 @@ import sys
 import replay_decisions as rd
 from band_prices import band_summary
 from servings import OFFSWITCH, RAMP, cut_servings
-from servings_70_73 import FILES
+from servings_70_74 import FILES
 
 from controller.policy_file import ExportedPolicy
 from env.sim.cost_model import load_profile
@@ -27,7 +27,7 @@ DENSE = ("dense_acc3.0", "h200_llama31_8b_recorded")
 MOE = ("moe_acc2.5", "h200_qwen3_30b_a3b")
 PROBE = ["probe static_0", "probe static_3"]
 #: run -> (model tag, profile, trace's rate tag, servings in order after the first reload);
-#: as gpu20/servings_61_64.py, gpu21/servings_65_69.py and gpu22/servings_70_73.py cut them.
+#: as gpu20/servings_61_64.py, gpu21/servings_65_69.py and gpu22/servings_70_74.py cut them.
 RUNS = {
     61: (*DENSE, "r12r8r12", [*RAMP, "c1ec_w1 r12", "ppo r12", "c1ec_w1 r8", "ppo r8",
                               "c1ec_w1 r12_2", "ppo r12_2", *PROBE]),

@@ -1,10 +1,11 @@
-"""Runs 71 and 73 (the MoE at 2.5, 6 requests/s): each serving's telemetry replayed open
-loop through both files (the shipped ``ppo`` and the file before, ``old``), so the two
-feature specs price the same steps; and the off price at batch >= 24 over each serving's
-first, middle and last third (what the file saw as it went).
+"""Runs 71, 73 and 74 (the MoE at 2.5, 6 requests/s): each serving's telemetry replayed open
+loop through each file served there (the shipped ``ppo``, the file before, ``old``, and the
+shipped file with the off ceiling 0.1, ``ceil``), so the feature specs price the same
+steps; and the off price at batch >= 24 over each serving's first, middle and last third
+(what the file saw as it went).
 
     R=docs/results; PYTHONPATH=$PWD:$R/swap16:$R/drop_warmup:$R/gpu18:$R/gpu22 \\
-        python docs/results/gpu22/cross_71_73.py > docs/results/gpu22/cross_71_73.txt
+        python docs/results/gpu22/cross_71_74.py > docs/results/gpu22/cross_71_74.txt
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import numpy as np
 import replay_decisions as rd
 from band_prices import band_summary
 from servings import OFFSWITCH, cut_servings
-from servings_70_73 import FILES, RUNS
+from servings_70_74 import FILES, RUNS
 
 from controller.policy_file import ExportedPolicy
 from env.sim.cost_model import load_profile
@@ -34,7 +35,7 @@ def thirds(rows: list[dict]) -> list[list[float]]:
 
 def main() -> None:
     policies = {label: ExportedPolicy.load(path) for label, path in FILES.items()}
-    for run in (71, 73):
+    for run in (71, 73, 74):
         model, profile, tag, names = RUNS[run]
         prior = load_profile(profile)
         for name, steps in cut_servings(OFFSWITCH / f"{model}_trace_{tag}_run{run}.tar.gz",

@@ -1,4 +1,4 @@
-"""Runs 70-73 (twenty-second session): per serving, the mean TPOT and TTFT, the decode
+"""Runs 70-74 (twenty-second session): per serving, the mean TPOT and TTFT, the decode
 steps' depth shares per batch band, re-entry warm-ups per 1,000 decode steps, the measured
 step latency per depth at batch >= 24 (``servings.serving_rows``), the telemetry replayed
 open loop through the file that served it at batch 8-23 and >= 24 (``band_summary``), and
@@ -7,7 +7,7 @@ record is a prefill" and the median latency of flagged and unflagged decode step
 depth and band of running requests.
 
     R=docs/results; PYTHONPATH=$PWD:$R/swap16:$R/drop_warmup:$R/gpu18 \\
-        python docs/results/gpu22/servings_70_73.py > docs/results/gpu22/servings_70_73.txt
+        python docs/results/gpu22/servings_70_74.py > docs/results/gpu22/servings_70_74.txt
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from env.traces.trace_format import read_packed_trace
 
 RESULTS = Path(__file__).resolve().parents[1]
 FILES = {"ppo": RESULTS.parents[1] / "controller/data/default_policy.npz",  # 5c3d9060
-         "old": RESULTS / "off_probe/policy_3dd256a8.npz"}
+         "old": RESULTS / "off_probe/policy_3dd256a8.npz",
+         "ceil": RESULTS / "gpu22/policy_65d4fb99.npz"}  # the shipped file, off ceiling 0.1
 #: run -> (model tag, profile, trace file's rate tag, servings in order after the first reload)
 RUNS = {
     71: ("moe_acc2.5", "h200_qwen3_30b_a3b", "r6r6",
@@ -34,6 +35,8 @@ RUNS = {
     72: ("dense_acc3.0", "h200_llama31_8b_recorded", "r12r12", [*RAMP, "ppo r12", "ppo r12_2"]),
     73: ("moe_acc2.5", "h200_qwen3_30b_a3b", "r6r6",
          [*RAMP, "old r6", "ppo r6", "old r6_2", "ppo r6_2"]),
+    74: ("moe_acc2.5", "h200_qwen3_30b_a3b", "r6r6",
+         [*RAMP, "ceil r6", "ppo r6", "ceil r6_2", "ppo r6_2"]),
 }
 FLAG_BANDS = ((1, 8), (8, 24), (24, 49))
 
