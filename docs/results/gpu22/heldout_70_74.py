@@ -1,4 +1,4 @@
-"""The launch booking held out: runs 71-73 (served after the fit, with the plugin's
+"""The launch booking held out: runs 71-74 (served after the fit, with the plugin's
 ``before_prefill`` flag) against the model fitted on runs 46-69.
 
 * table 1: per model and depth, the decode steps the plugin flagged ``before_prefill``
@@ -6,14 +6,14 @@
   their own cost (``prefill_launch.read``: the median of the plain steps of the same run,
   depth and batch) against ``CostProfile.prefill_launch_booked_s`` of the shipped profile
   at that own cost, per own-cost bin; and L per run at the shipped h;
-* table 2: every headline serving of runs 71-73 in the simulator as ``compare.py`` replays
+* table 2: every headline serving of runs 71-74 in the simulator as ``compare.py`` replays
   it (``--reentry-warmup``; the plugin flagged, so the simulator's flags stay on), before
   (``dense_spec.yaml``, ``moe_real_spec.yaml``) and after (the ``_launch`` copies here)
   the booking: mean TPOT against measured.
 
     R=docs/results; P=$R/swap16:$R/drop_warmup:$R/gpu18:$R/gpu20:$R/gpu21:$R/adm21_moe:$R/gpu22
     PYTHONPATH=$PWD:$PWD/scripts/h200:$P \\
-        python docs/results/gpu22/heldout_70_73.py > docs/results/gpu22/heldout_70_73.txt
+        python docs/results/gpu22/heldout_70_74.py > docs/results/gpu22/heldout_70_74.txt
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 import compare
 import numpy as np
 import prefill_launch as pl
-import servings_70_73
+import servings_70_74
 from measured_runs import read_run_dir
 from omegaconf import OmegaConf
 from servings import OFFSWITCH
@@ -46,7 +46,7 @@ SERVERS = {"before": {"dense": FIDELITY / "dense_spec.yaml",
 
 
 def sources():
-    for run, (prefix, _profile, tag, names) in servings_70_73.RUNS.items():
+    for run, (prefix, _profile, tag, names) in servings_70_74.RUNS.items():
         yield "moe" if prefix.startswith("moe") else "dense", run, tag, prefix, names
 
 
@@ -98,7 +98,7 @@ def table_fidelity() -> None:
     profiles = {label: {k: load_profile(v) for k, v in keys.items()}
                 for label, keys in SERVERS.items()}
     with tempfile.TemporaryDirectory() as tmp:
-        for run in servings_70_73.RUNS:
+        for run in servings_70_74.RUNS:
             for path in OFFSWITCH.glob(f"*_replay_*_run{run}.json"):
                 (Path(tmp) / path.name).symlink_to(path)
         for run in (70,):
