@@ -87,6 +87,25 @@ Every coefficient is in seconds (per unit of its term) and non-negative:
   kernel (H200 traces, ``docs/FIDELITY.md``: about 450 ns per cached token on a
   Llama-3.1-8B shape against 0-4 ns for a plain decode step, which ``c_kv`` holds).
 
+The prefill's launch, booked on the decode step before it (``prefill_launch_s``,
+``prefill_launch_hidden``; not a coefficient of the formula above, no column of
+:func:`design_matrix`). Under SGLang's overlap scheduler the next batch is launched before a
+step's result is processed, and the plugin times a step from the previous result to its
+own, so the CPU work of launching a prefill lands on the decode step before it, less what
+that step's own GPU work hides::
+
+    booked = max(0, prefill_launch_s - prefill_launch_hidden * own decode step latency)
+
+(:meth:`CostProfile.prefill_launch_booked_s`). Measured on the H200 traces of runs 46-69
+(``docs/results/gpu22``): a fixed cost, independent of the prefill's tokens, its requests
+and the queue; dense 8.0 ms less 0.36 of the step's own latency, MoE 4.8 ms less 0.24. The
+simulator moves it: the decode step before a prefill is that much longer and the prefill
+that much shorter, so the sum of step latencies, the wall clock, is what it was without it
+(profiles fitted by ``env.sim.load_fit`` have it in their prefill cost already,
+``prefill_attributed``; the shipped dense H200 profiles' prefill cost lies between a
+prefill record of runs 61-68 and that record plus the booking: ``docs/results/gpu22``,
+table 4). 0 (the default) books nothing.
+
 Three kinds of depth-0 decode step:
 
 * **off** (``depth=0, draft_extend=False, speculative_path=False``): a server
@@ -241,6 +260,12 @@ class CostProfile:
     moe_active_fraction: float = 0.0
     #: The experts a verified draft token adds, as a share of a fresh token's (``T_moe``).
     moe_draft_token_share: float = 1.0
+    #: Seconds of a prefill's launch booked on the decode step before it, before hiding
+    #: (:meth:`prefill_launch_booked_s`; the module docstring). 0: none booked (profiles
+    #: not measured with the plugin under overlap scheduling).
+    prefill_launch_s: float = 0.0
+    #: Share of that decode step's own latency behind which the launch hides (0: none).
+    prefill_launch_hidden: float = 0.0
     description: str = ""
     model: dict = field(default_factory=dict, compare=False)
     hardware: dict = field(default_factory=dict, compare=False)
@@ -267,6 +292,12 @@ class CostProfile:
                 0.0 <= share <= 1.0):
             raise ValueError(f"moe_draft_token_share must be in [0, 1], got {share!r}")
         object.__setattr__(self, "moe_draft_token_share", float(share))
+        for name in ("prefill_launch_s", "prefill_launch_hidden"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                    math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
+            object.__setattr__(self, name, float(value))
         cg = self.server.cuda_graph_max_bs
         object.__setattr__(self, "_cg_max", math.inf if cg is None else float(cg))
 
@@ -336,6 +367,11 @@ class CostProfile:
                         + self.c_prefill_cached_token * prefill_cached_tokens)
         return latency
 
+    def prefill_launch_booked_s(self, own_latency_s: float) -> float:
+        """Seconds of the next prefill's launch booked on a decode step whose own latency
+        is ``own_latency_s``: ``max(0, prefill_launch_s - prefill_launch_hidden * own)``."""
+        return max(0.0, self.prefill_launch_s - self.prefill_launch_hidden * own_latency_s)
+
     def step_latency_array(
         self,
         batch_size: np.ndarray | int,
@@ -374,6 +410,9 @@ class CostProfile:
         cost: dict[str, Any] = {"moe_active_fraction": self.moe_active_fraction}
         if self.moe_draft_token_share != 1.0:
             cost["moe_draft_token_share"] = self.moe_draft_token_share
+        if self.prefill_launch_s:  # (profiles without it: files unchanged)
+            cost["prefill_launch_s"] = self.prefill_launch_s
+            cost["prefill_launch_hidden"] = self.prefill_launch_hidden
         # A term most profiles do not fit stays out of their files (shipped files unchanged).
         cost.update({k: v for k, v in self.coefficients.items()
                      if v or k not in _OPTIONAL_COEFFICIENTS})
@@ -477,7 +516,8 @@ _TOP_KEYS = {
     "provenance",
 }
 _REQUIRED_TOP = ("name", "server", "cost")
-_COST_KEYS = {"moe_active_fraction", "moe_draft_token_share", *COEFFICIENTS}
+_COST_KEYS = {"moe_active_fraction", "moe_draft_token_share", "prefill_launch_s",
+              "prefill_launch_hidden", *COEFFICIENTS}
 
 
 def shipped_profiles() -> list[str]:

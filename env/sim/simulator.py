@@ -49,6 +49,25 @@ model follows SGLang's default scheduler:
     (``cold_recovery_accept_fraction``; no warm-up: that is the plugin's).
 * **Time.** Each step lasts ``profile.step_latency_s(...)``; time only moves
   forward, and jumps to the next arrival when the server is idle.
+* **The prefill's launch** (``profile.prefill_launch_s`` > 0). SGLang's overlap scheduler
+  launches the next batch before it processes a step's result, and the plugin times a step
+  from the previous result to its own, so a decode step whose next step is a prefill
+  carries the prefill's launch, less what its own GPU work hides
+  (``CostProfile.prefill_launch_booked_s`` of its own latency; measured on the H200, runs
+  46-69, ``docs/results/gpu22``). After a decode step the simulator decides, as it always
+  has, whether a prefill is due next (the arrivals up to the step's end, its finished
+  requests still riding with ``finish_lag_steps``); if so the step's record and the clock
+  take the booked time, the answers of the requests it finished come at its new end (the
+  result is processed after the launch), and the prefill that follows, composed of the
+  requests waiting at the step's own end (it was launched then), is that much shorter
+  (never below 0): the time is moved, not added, so the sum of the step latencies and the
+  clock are what they were without it (a prefill cheaper than the booking keeps 0 and the
+  rest stays added). What is scheduled is the same as without it (a closed loop's client
+  still sends its next request from the step's own end). Its records say
+  ``before_prefill``, as the plugin's do: True on a decode step whose next step is a
+  prefill launched meanwhile (booked or hidden), False on every other record (a prefill
+  books no launch here). 0 books nothing and flags nothing (``before_prefill`` None: the
+  features infer it from the next record): the simulator of before, step for step.
 
 Workloads are open-loop (:class:`env.traces.workloads.Workload`: arrivals from a trace)
 or closed-loop (:class:`env.traces.workloads.ClosedLoop`: C clients, each sending its
@@ -357,6 +376,13 @@ class Simulator:
         self._switched_at = 0
         #: Whether the last decode step ran as the re-entry warm-up.
         self.last_warmup = False
+        # The prefill's launch booked on the decode step before it, still to be taken out
+        # of that prefill (``profile.prefill_launch_s``); the requests a decode step
+        # answered (their answer moves with the booking).
+        # (getattr: a duck-typed profile without the field books nothing)
+        self._books_launch = getattr(self.profile, "prefill_launch_s", 0.0) > 0.0
+        self._launch_moved = 0.0
+        self._answered: list[np.ndarray] = []
         if self._closed_loop:
             self._init_closed_loop()
         else:
@@ -534,7 +560,10 @@ class Simulator:
         """
         records = []
         while True:
-            self._admit_arrivals()
+            if not self._launch_moved:
+                self._admit_arrivals()
+            # else: the prefill booked on the decode step before was launched then, with
+            # the arrivals up to that step's own end (``_book_prefill_launch``)
             if self._prefill_due():
                 records.append(self._prefill_step())
                 continue
@@ -615,11 +644,34 @@ class Simulator:
         self.output_tokens_total += committed
         self.time_s += latency
         self.step_index += 1
+        booking = self._books_launch
+        if booking:
+            self._answered.clear()
         if cfg.finish_lag_steps:
             self._linger(rem)
         elif rem.min() <= 0:
             self._finish(rem <= 0)
+        if booking:
+            self._book_prefill_launch(record, latency)
         return record
+
+    def _book_prefill_launch(self, record: StepRecord, own_s: float) -> None:
+        """If the next step is a prefill, book its launch on ``record``, the decode step
+        that just ran ``own_s``, and flag it ``before_prefill`` (the module docstring's
+        "The prefill's launch")."""
+        self._admit_arrivals()  # (advance() does the same at the same time first)
+        record.before_prefill = self._prefill_due()
+        if not record.before_prefill:
+            return
+        booked = self.profile.prefill_launch_booked_s(own_s)
+        if booked <= 0.0:
+            return
+        record.step_latency_s = own_s + booked
+        self.time_s += booked
+        self._launch_moved = booked
+        finish = self.requests.finish
+        for rids in self._answered:  # answered when the result is processed: after it
+            finish[rids] += booked
 
     # -- internals ---------------------------------------------------------------
 
@@ -745,12 +797,17 @@ class Simulator:
         latency = self.profile.step_latency_s(0, 0, kv_before, prefill_tokens,
                                               draft_extend=not skip_draft, prefill_pairs=pairs,
                                               prefill_cached_tokens=cached)
+        if self._launch_moved:  # its launch was booked on the decode step before it
+            latency = max(latency - self._launch_moved, 0.0)
+            self._launch_moved = 0.0
         record = StepRecord(
             server=self.server, rank=0, step_index=self.step_index, time_s=self.time_s,
             batch_size=batch, waiting_requests=waiting_before, running_requests=running_before,
             kv_used_tokens=kv_before, kv_capacity_tokens=cfg.kv_capacity_tokens,
             prefill_tokens=prefill_tokens, steps_used=0, accepted_drafts=_EMPTY_I8,
             step_latency_s=latency, prefill_pairs=pairs, warmup=self._warmup_flag(False),
+            # (the simulator books no launch on a prefill: its cost holds the next one's)
+            before_prefill=False if self._books_launch else None,
         )
         self.kv_used += prefill_tokens
         if self._cache_tokens:
@@ -828,6 +885,8 @@ class Simulator:
         rids = self._run_rid[:n][finished]
         r.generated[rids] = r.output[rids]
         r.finish[rids] = self.time_s
+        if self._books_launch:
+            self._answered.append(rids)
         if self._closed_loop:
             if self._send_until is not None and self.time_s >= self._send_until:
                 return  # the loop has stopped sending: its clients only wait

@@ -27,6 +27,7 @@ from env.sim.calibration.h200_moe import (
     calibrate_h200_moe,
     held_out_error,
 )
+from env.sim.calibration.prefill_launch import H200_DENSE, H200_MOE, with_prefill_launch
 from env.sim.cost_model import load_profile, save_profile
 
 
@@ -62,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         shipped, sweep = calibrate_h200_sweep(fit_off_path(h200, dense_h200_points())[0],
                                               measured, args.workers)
         print(f"{sweep}\n")
-        save_profile(shipped, args.out / "h200_llama31_8b.yaml")
+        save_profile(with_prefill_launch(shipped, H200_DENSE), args.out / "h200_llama31_8b.yaml")
         write_h200_workload_preset(
             sweep.setup, args.configs / "workload" / f"{H200_WORKLOAD_PRESET}.yaml"
         )
@@ -73,7 +74,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if (recorded / "trace-explore").is_dir():
         profile, fit = calibrate_h200_recorded(recorded, h200)
         print(f"h200_llama31_8b_recorded (fit to {recorded}):\n{fit}\n")
-        save_profile(fit_off_path(profile, dense_h200_points())[0],
+        save_profile(with_prefill_launch(fit_off_path(profile, dense_h200_points())[0],
+                                         H200_DENSE),
                      args.out / "h200_llama31_8b_recorded.yaml")
     if MOE_REAL_TRACE.exists() and all(path.exists() for path, _ in MOE_SPEC_TRACES):
         # server limits, model and acceptance from the shipped file; every cost refitted
@@ -85,7 +87,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(f"  held out {MOE_HELD_OUT_TRACE.name}: "
                   f"{held_out_error(profile).summary()}")
         print()
-        save_profile(profile, args.out / "h200_qwen3_30b_a3b.yaml")
+        save_profile(with_prefill_launch(profile, H200_MOE),
+                     args.out / "h200_qwen3_30b_a3b.yaml")
     else:
         print(f"{MOE_REAL_TRACE} not found: keeping the shipped h200_qwen3_30b_a3b profile")
     for name, calibrate in (
