@@ -1,0 +1,186 @@
+"""Two opt-in bounds on off's price over the handed profile, for run 73's lock-in (a few
+re-entry warm-ups counted as off priced off at batch 32-48 1.3-1.8x the profile and the
+server; docs/results/gpu22/LOCKIN.md), both feature backends:
+
+* ``FeatureSpec.latency_off_ceiling``: off's predicted latency at most exp(ceiling) times
+  the profile's off price while the stream trusts the profile;
+* ``FeatureSpec.latency_off_outlier_ratio``: an off step measured over the ratio times the
+  profile's off price (the plugin's re-entry warm-up, 2.2-3x an off step on the H200 MoE)
+  enters the latency estimators at the ratio times, once the stream trusts the profile.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+from controller.policy_file import ExportedPolicy
+from env.features import FeatureBuilder, FeatureSpec
+from env.sim.cost_model import load_profile
+from env.traces.schema import StepRecord
+
+PROFILE = load_profile("h200_qwen3_30b_a3b")
+BASE = FeatureSpec(latency_model=3, latency_outlier_ratio=3.0)
+CEILING = dataclasses.replace(BASE, latency_off_ceiling=0.1)
+CLIP = dataclasses.replace(BASE, latency_off_outlier_ratio=1.25)
+BACKENDS = ["numpy", "compiled"]
+AT = np.array([8, 32, 48])
+KV_PER_REQUEST = 900
+
+
+def _profile_ms(batch: int, depth: int, kv: int) -> float:
+    return 1e3 * PROFILE.step_latency_s(batch, depth, kv, 0, draft_extend=depth > 0,
+                                        speculative_path=depth > 0)
+
+
+def _record(i: int, batch: int, depth: int, latency_ms: float) -> StepRecord:
+    accepted = np.full(batch if depth else 0, min(depth, 2), np.int8)
+    return StepRecord("s", 0, i, 0.01 * i, batch, 0, batch, KV_PER_REQUEST * batch, 700_000,
+                      0, depth, accepted, latency_ms / 1e3)
+
+
+def _stream(off_scale: float, spec_scale: float = 1.0, n: int = 300) -> list[StepRecord]:
+    """Depth 3 at batch 8-48 at ``spec_scale`` x the profile, with an off step every tenth
+    at ``off_scale`` x (the last batch 48)."""
+    out = []
+    for i in range(n):
+        batch = 8 + (i * 7) % 41 if i < n - 1 else 48
+        depth = 0 if i % 10 == 9 or i == n - 1 else 3
+        scale = off_scale if depth == 0 else spec_scale
+        out.append(_record(i, batch, depth, scale * _profile_ms(batch, depth,
+                                                                KV_PER_REQUEST * batch)))
+    return out
+
+
+def _builder(spec, backend, records):
+    if backend == "compiled":
+        pytest.importorskip("numba")
+    builder = FeatureBuilder(spec, PROFILE, backend=backend)
+    builder.update_many(records)
+    return builder
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_off_priced_above_the_profile_is_capped_at_the_ceiling(backend):
+    """Off measured at 2.5x the profile (the warm-ups of run 73): without the field off is
+    priced far above the profile; with it, at exactly exp(0.1) x the profile's off price
+    at the latest KV use; the speculative depths' prices are the same either way."""
+    records = _stream(2.5)
+    capped = _builder(CEILING, backend, records)
+    whole = _builder(BASE, backend, records)
+    assert abs(capped.profile_log_error) < BASE.latency_outlier_trust
+    kv = records[-1].kv_used_tokens
+    profile = np.array([_profile_ms(int(b), 0, kv) for b in AT]) / 1e3
+    predicted = capped.latency_predictions_s(AT)
+    np.testing.assert_allclose(predicted[:, 0], profile * math.exp(0.1), rtol=1e-9)
+    assert (whole.latency_predictions_s(AT)[:, 0] > 1.3 * profile).all()
+    np.testing.assert_array_equal(predicted[:, 1:], whole.latency_predictions_s(AT)[:, 1:])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", ["cheap", "untrusted"])
+def test_the_ceiling_leaves_off_alone_below_it_or_on_a_profile_far_off(backend, case):
+    """Off measured below the profile (0.6x: the MoE at batch 1-23), and a server 2.5x the
+    profile throughout (another server's profile: the mean log error over the trust), are
+    priced as without the field, bit for bit."""
+    records = _stream(0.6) if case == "cheap" else _stream(2.5, spec_scale=2.5)
+    capped = _builder(CEILING, backend, records)
+    if case == "untrusted":
+        assert capped.profile_log_error > BASE.latency_outlier_trust
+    np.testing.assert_array_equal(capped.observation_grid(),
+                                  _builder(BASE, backend, records).observation_grid())
+
+
+# -- latency_off_outlier_ratio ---------------------------------------------------------
+
+
+def _exact(count: int) -> list[StepRecord]:
+    """Decode steps at batch 1-8, off and depth 3 in runs of 10, each at the profile's
+    price (the stream trusts the profile)."""
+    out = []
+    for i in range(count):
+        batch, depth = 1 + i % 8, 3 if (i // 10) % 2 else 0
+        out.append(_record(i, batch, depth, _profile_ms(batch, depth, KV_PER_REQUEST * batch)))
+    return out
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_dear_off_step_enters_at_the_ratio_times_the_profile(backend):
+    """A warm-up-like off step at batch 48 (2.8x the profile's off price, under the general
+    clip's 3x) prices off there as a step of exactly 1.25x would; without the field it
+    enters whole and prices off far dearer."""
+    at48 = _profile_ms(48, 0, KV_PER_REQUEST * 48)
+    dear = [*_exact(60), _record(60, 48, 0, 2.8 * at48)]
+    exact = [*_exact(60), _record(60, 48, 0, 1.25 * at48)]
+    clipped = _builder(CLIP, backend, dear).latency_predictions_s(np.array([32, 48]))
+    same = _builder(CLIP, backend, exact).latency_predictions_s(np.array([32, 48]))
+    whole = _builder(BASE, backend, dear).latency_predictions_s(np.array([32, 48]))
+    np.testing.assert_allclose(clipped, same, rtol=1e-12)
+    assert whole[1, 0] > 1.3 * clipped[1, 0], (whole[:, 0], clipped[:, 0])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", ["speculative", "early", "untrusted", "cheap"])
+def test_the_clip_leaves_other_steps_whole(backend, case):
+    """Not clipped (the builder equals one without the field): a dear speculative step
+    (the general clip's business), a dear off step before ``latency_outlier_warmup``
+    measured steps, one on a stream whose steps sit far from the profile (another
+    server's), and an off step under the ratio."""
+    if case == "speculative":
+        records = [*_exact(60), _record(60, 48, 3, 2.8 * _profile_ms(48, 3, KV_PER_REQUEST * 48))]
+    elif case == "early":
+        records = [*_exact(5), _record(5, 48, 0, 2.8 * _profile_ms(48, 0, KV_PER_REQUEST * 48))]
+    elif case == "untrusted":
+        slow = [dataclasses.replace(r, step_latency_s=2.5 * r.step_latency_s)
+                for r in _exact(200)]
+        records = [*slow, _record(200, 48, 0, 2.8 * _profile_ms(48, 0, KV_PER_REQUEST * 48))]
+    else:
+        records = [*_exact(60), _record(60, 48, 0, 1.2 * _profile_ms(48, 0, KV_PER_REQUEST * 48))]
+    clip = _builder(CLIP, backend, records)
+    if case == "untrusted":
+        assert clip.profile_log_error > BASE.latency_outlier_trust
+    np.testing.assert_array_equal(clip.observation_grid(),
+                                  _builder(BASE, backend, records).observation_grid())
+
+
+# -- both fields ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("spec", "seed", "scales", "start"), [
+    (CEILING, 7, (0.6, 1.0, 2.5), 0),  # off below, at and far above the profile
+    (CLIP, 5, (1.0, 1.1, 2.5), 40),  # after 40 exact steps: the stream trusts the profile
+])
+def test_both_backends_agree(spec, seed, scales, start):
+    """The compiled backend bounds the same steps as numpy (a mixed stream), and the bound
+    changes the features."""
+    pytest.importorskip("numba")
+    rng = np.random.default_rng(seed)
+    records = _exact(start)
+    for i in range(start, 400):
+        batch, depth = int(rng.integers(1, 64)), int(rng.choice([0, 3]))
+        scale = float(rng.choice(scales))
+        records.append(_record(i, batch, depth,
+                               scale * _profile_ms(batch, depth, KV_PER_REQUEST * batch)))
+    grids = [_builder(spec, backend, records).observation_grid() for backend in BACKENDS]
+    np.testing.assert_allclose(grids[0], grids[1], rtol=1e-5, atol=1e-6)
+    assert not np.allclose(grids[0], _builder(BASE, "numpy", records).observation_grid())
+
+
+@pytest.mark.parametrize(("spec", "field", "value", "bad"), [
+    (CEILING, "latency_off_ceiling", 0.1, (-0.1, float("nan"), float("inf"), True, "0.1")),
+    (CLIP, "latency_off_outlier_ratio", 1.25,
+     (1.0, 0.5, -2.0, float("nan"), float("inf"), True, "2")),
+])
+def test_an_old_file_reads_the_field_off_and_bad_values_are_refused(spec, field, value, bad):
+    data = spec.to_dict()
+    assert data[field] == value
+    del data[field]
+    assert getattr(FeatureSpec.from_dict(data), field) == 0.0
+    shipped = ExportedPolicy.load("controller/data/default_policy.npz")
+    assert getattr(shipped.feature_spec, field) == 0.0
+    for wrong in bad:
+        with pytest.raises(ValueError, match=field):
+            FeatureSpec(**{field: wrong})
