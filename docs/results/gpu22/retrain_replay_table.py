@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sys
 from collections import defaultdict
+from pathlib import Path
 
 LABELS = ("shipped", "shipped_warmup", "rt22")
 
@@ -21,7 +22,7 @@ def fmt(summary: dict, key: str) -> str:
 
 def main(path: str) -> None:
     rows: dict[tuple, dict] = defaultdict(dict)
-    for line in open(path):
+    for line in Path(path).read_text().splitlines():
         item = json.loads(line)
         rows[(item["run"], item["serving"], item["model"])][item["through"]] = item
     print("| run | serving | model | measured off ms 8-23 / >=24 | "
