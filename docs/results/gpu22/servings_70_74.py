@@ -65,13 +65,16 @@ def flag_rows(trace_path: Path) -> dict:
     return row
 
 
-def main() -> None:
+def report(runs: dict, nospec: dict[int, str]) -> None:
+    """Print one JSON line per no-speculation replay (run -> file), per serving, per trace."""
     policies = {label: ExportedPolicy.load(path) for label, path in FILES.items()}
-    nospec = json.loads((OFFSWITCH / "moe_nospec_replay_r6_run70.json").read_text())
-    print(json.dumps({"run": 70, "serving": "nospec r6",
-                      "mean_tpot_ms": round(nospec["headline"]["mean_tpot_ms"], 2),
-                      "mean_ttft_ms": round(nospec["headline"]["mean_ttft_ms"], 1)}))
-    for run, (model, profile, tag, names) in RUNS.items():
+    for run, name in nospec.items():
+        for path in sorted(OFFSWITCH.glob(name)):
+            replay = json.loads(path.read_text())
+            print(json.dumps({"run": run, "serving": f"nospec {path.stem.split('_')[-2]}",
+                              "mean_tpot_ms": round(replay["headline"]["mean_tpot_ms"], 2),
+                              "mean_ttft_ms": round(replay["headline"]["mean_ttft_ms"], 1)}))
+    for run, (model, profile, tag, names) in runs.items():
         prior = load_profile(profile)
         for policy, steps, row in headline_servings(model, run, tag, names):
             replayed = rd.replay(steps, policies[policy], prior)
@@ -81,6 +84,9 @@ def main() -> None:
         trace = OFFSWITCH / f"{model}_trace_{tag}_run{run}.tar.gz"
         print(json.dumps({"run": run, "before_prefill": flag_rows(trace)}))
 
+
+def main() -> None:
+    report(RUNS, {70: "moe_nospec_replay_r6_run70.json"})
 
 if __name__ == "__main__":
     main()
