@@ -122,10 +122,11 @@ def test_a_copy_carries_the_held_record_and_a_reset_drops_it(backend):
     np.testing.assert_array_equal(builder.observation_grid(), fresh.observation_grid())
 
 
-def test_the_shipped_file_is_the_one_before_with_only_the_rule_on():
-    """The default policy since the twenty-first session (served as ``adm`` in runs
-    65-69): the file shipped before (``3dd256a8``) with this rule on, nothing else."""
-    shipped = ExportedPolicy.load("controller/data/default_policy.npz")
+def test_the_twenty_first_sessions_file_is_the_one_before_with_only_the_rule_on():
+    """The default policy of the twenty-first and twenty-second sessions (``5c3d9060``,
+    served as ``adm`` in runs 65-69): the file shipped before (``3dd256a8``) with this rule
+    on, nothing else. (The shipped file adds the off ceiling: test_features_off_bounds.)"""
+    shipped = ExportedPolicy.load("docs/results/gpu21/policy_5c3d9060.npz")
     before = ExportedPolicy.load("docs/results/off_probe/policy_3dd256a8.npz")
     assert shipped.feature_spec == dataclasses.replace(before.feature_spec,
                                                        latency_drop_before_prefill=True)

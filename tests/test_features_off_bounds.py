@@ -27,6 +27,8 @@ BASE = FeatureSpec(latency_model=3, latency_outlier_ratio=3.0)
 CEILING = dataclasses.replace(BASE, latency_off_ceiling=0.1)
 CLIP = dataclasses.replace(BASE, latency_off_outlier_ratio=1.25)
 BACKENDS = ["numpy", "compiled"]
+#: The file shipped in the twenty-first and twenty-second sessions, before the ceiling.
+BEFORE = "docs/results/gpu21/policy_5c3d9060.npz"
 AT = np.array([8, 32, 48])
 KV_PER_REQUEST = 900
 
@@ -179,8 +181,22 @@ def test_an_old_file_reads_the_field_off_and_bad_values_are_refused(spec, field,
     assert data[field] == value
     del data[field]
     assert getattr(FeatureSpec.from_dict(data), field) == 0.0
-    shipped = ExportedPolicy.load("controller/data/default_policy.npz")
-    assert getattr(shipped.feature_spec, field) == 0.0
+    before = ExportedPolicy.load(BEFORE)  # written before either field existed
+    assert getattr(before.feature_spec, field) == 0.0
     for wrong in bad:
         with pytest.raises(ValueError, match=field):
             FeatureSpec(**{field: wrong})
+
+
+def test_the_shipped_file_is_the_one_before_with_only_the_ceiling_on():
+    """The default policy since the twenty-third session (served as ``ceil`` in runs 74,
+    76 and 77): ``5c3d9060`` with ``latency_off_ceiling`` 0.1, nothing else changed."""
+    shipped = ExportedPolicy.load("controller/data/default_policy.npz")
+    before = ExportedPolicy.load(BEFORE)
+    assert shipped.feature_spec == dataclasses.replace(before.feature_spec,
+                                                       latency_off_ceiling=0.1)
+    assert (shipped.guard, shipped.probe, shipped.actions) == (before.guard, before.probe,
+                                                               before.actions)
+    for new, old in zip([*shipped.weights, *shipped.biases], [*before.weights, *before.biases],
+                        strict=True):
+        np.testing.assert_array_equal(new, old)
