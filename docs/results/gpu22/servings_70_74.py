@@ -25,7 +25,7 @@ from env.sim.cost_model import load_profile
 from env.traces.trace_format import read_packed_trace
 
 RESULTS = Path(__file__).resolve().parents[1]
-FILES = {"ppo": RESULTS.parents[1] / "controller/data/default_policy.npz",  # 5c3d9060
+FILES = {"ppo": RESULTS / "gpu21/policy_5c3d9060.npz",  # shipped in runs 65-77
          "old": RESULTS / "off_probe/policy_3dd256a8.npz",
          "ceil": RESULTS / "gpu22/policy_65d4fb99.npz"}  # the shipped file, off ceiling 0.1
 #: run -> (model tag, profile, trace file's rate tag, servings in order after the first reload)
@@ -65,9 +65,10 @@ def flag_rows(trace_path: Path) -> dict:
     return row
 
 
-def report(runs: dict, nospec: dict[int, str]) -> None:
-    """Print one JSON line per no-speculation replay (run -> file), per serving, per trace."""
-    policies = {label: ExportedPolicy.load(path) for label, path in FILES.items()}
+def report(runs: dict, nospec: dict[int, str], files: dict[str, Path] = FILES) -> None:
+    """Print one JSON line per no-speculation replay (run -> file), per serving, per trace;
+    ``files``: the policy file each serving's label names."""
+    policies = {label: ExportedPolicy.load(path) for label, path in files.items()}
     for run, name in nospec.items():
         for path in sorted(OFFSWITCH.glob(name)):
             replay = json.loads(path.read_text())
