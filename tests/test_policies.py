@@ -143,7 +143,7 @@ def test_the_oracle_decides_alike_with_and_without_the_launch_booking():
     """The booking moves a prefill's launch onto the decode step before it without
     changing any step's total, so the oracle's choices (hence the denominator of
     ``oracle_fraction``) do not depend on it. In this window of the MoE it is off on 71%
-    of the steps; priced with the booking it would be off on 18%
+    of the steps; priced with the booking it would be off on 24%
     (``docs/results/sim23/oracle_booking.py``'s variant)."""
     from env.rollout import DecisionLoop, rollout
     from env.traces.workloads import shipped_workload
