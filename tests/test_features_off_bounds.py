@@ -245,3 +245,17 @@ def test_the_ceiling_batch_reads_off_from_an_old_file_and_bad_values_are_refused
     for wrong in (-1.0, float("nan"), float("inf"), True, "24"):
         with pytest.raises(ValueError, match="latency_off_ceiling_batch"):
             FeatureSpec(latency_off_ceiling_batch=wrong)
+
+
+def test_the_feat23_candidate_is_the_shipped_file_with_only_the_ceiling_batch_on():
+    """``docs/results/feat23/policy_e3ae0086.npz``: the shipped weights, guard and probe,
+    the spec with ``latency_off_ceiling_batch`` 24 and nothing else changed."""
+    shipped = ExportedPolicy.load("controller/data/default_policy.npz")
+    candidate = ExportedPolicy.load("docs/results/feat23/policy_e3ae0086.npz")
+    assert candidate.feature_spec == dataclasses.replace(shipped.feature_spec,
+                                                         latency_off_ceiling_batch=24.0)
+    assert (candidate.guard, candidate.probe, candidate.actions) == (
+        shipped.guard, shipped.probe, shipped.actions)
+    for new, old in zip([*candidate.weights, *candidate.biases],
+                        [*shipped.weights, *shipped.biases], strict=True):
+        np.testing.assert_array_equal(new, old)
