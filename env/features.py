@@ -301,6 +301,16 @@ class FeatureSpec:
     #: batch 1-23 on that server, 0.3-0.9x the profile) stays as measured. 0: off (the
     #: features before the twenty-second session; an absent field).
     latency_off_ceiling: float = 0.0
+    #: With ``latency_off_ceiling``: the ceiling bounds off's price only at batch sizes
+    #: >= this (0: at every batch size). Where off runs often (the MoE at batch 8-23, off on
+    #: 30-60% of the steps), each off period's re-entry warm-up counted as an off sample
+    #: books the warm-up's excess once per off period, spread over its off steps: about
+    #: off's effective price with its switch cost, which the ceiling there took away
+    #: (off +0.15-0.17 at MoE batch 8-23 open loop, where depth 3 measured 1.05-1.19x).
+    #: Where off is rare (batch >= 24 on run 73 "ppo r6"), a few warm-ups set the
+    #: regression's off terms and the bound is needed. 0: the ceiling at every batch size
+    #: (the features before the twenty-third session; an absent field).
+    latency_off_ceiling_batch: float = 0.0
     #: Recent cost measurements of a depth at which its confidence is 1 - 1/e.
     cost_confidence_samples: float = 2.0
     #: EMA weight for the load and throughput trackers.
@@ -337,7 +347,7 @@ class FeatureSpec:
                 raise ValueError(f"feature spec field {name!r}: "
                                  f"{getattr(self, name)!r} is not true or false")
         for name in ("latency_local_samples", "latency_local_tolerance",
-                     "latency_off_ceiling"):
+                     "latency_off_ceiling", "latency_off_ceiling_batch"):
             value = getattr(self, name)
             if not _is_number(value) or not 0.0 <= value < math.inf:
                 raise ValueError(f"feature spec field {name!r}: {value!r} is not 0 or a "
@@ -1119,7 +1129,10 @@ def _latency_predictions(builders: Sequence[FeatureBuilder], batch_sizes: np.nda
         trusted = np.array([abs(b._prior_log_error) < first.spec.latency_outlier_trust
                             for b in builders])[:, None]
         cap = profile_ms[0] * math.exp(ceiling)
-        floored[0] = np.where(trusted, np.minimum(floored[0], cap), floored[0])
+        # FeatureSpec.latency_off_ceiling_batch: below it the warm-ups' excess stays in
+        above = np.maximum(batch_sizes, 1) >= first.spec.latency_off_ceiling_batch
+        bounded = trusted & above[None, :]
+        floored[0] = np.where(bounded, np.minimum(floored[0], cap), floored[0])
     if first._local_on:
         weights = _correct_locally(builders, batch_sizes, floored, profile_ms)
         # A depth measured here is priced as measured, not raised to an unmeasured

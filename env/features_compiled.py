@@ -81,7 +81,8 @@ _P_LOCAL_TOLERANCE, _P_LOCAL_CAP = 18, 19
 _P_OUTLIER_RELATIVE = 20
 _P_OFF_OUTLIER_RATIO = 21  # FeatureSpec.latency_off_outlier_ratio
 _P_OFF_CEILING = 22  # FeatureSpec.latency_off_ceiling, as exp(): the factor (0: none)
-_P_LAYOUT = 23  # then the layout's logs, mul, div (width each), then (latency_model 2)
+_P_OFF_CEILING_BATCH = 23  # FeatureSpec.latency_off_ceiling_batch
+_P_LAYOUT = 24  # then the layout's logs, mul, div (width each), then (latency_model 2)
 # the no-profile prior's precision (7 x 7) and right-hand side (7): see _prior_at
 
 
@@ -131,6 +132,7 @@ def _params(spec: FeatureSpec, has_profile: bool = False) -> np.ndarray:
         float(spec.latency_local_cap), float(spec.latency_outlier_relative),
         spec.latency_off_outlier_ratio,
         math.exp(spec.latency_off_ceiling) if spec.latency_off_ceiling > 0.0 else 0.0,
+        spec.latency_off_ceiling_batch,
     ])
     return np.concatenate([head, layout.logs.astype(float), layout.mul, layout.div,
                            layout.prior_matrix.ravel(), layout.prior_rhs])
@@ -556,6 +558,7 @@ def _grids(states, params, has_prior, design, at0, slope, column0, buckets, out,
     tolerance = params[_P_LOCAL_TOLERANCE]
     cap = params[_P_LOCAL_CAP] > 0.0
     ceiling = params[_P_OFF_CEILING]
+    ceiling_batch = params[_P_OFF_CEILING_BATCH]
     weight = np.zeros((depth + 1, LOCAL_BUCKETS))
     ratio = np.zeros((depth + 1, LOCAL_BUCKETS))
     local_ms = np.empty(depth + 1)
@@ -621,7 +624,9 @@ def _grids(states, params, has_prior, design, at0, slope, column0, buckets, out,
                     profile_ms = at0[d, 0, r] + slope[d, 0, r] * kv
                     value += profile_ms
                 value = _maximum(value, floor)
-                if d == 0 and off_ceiling:
+                # (latency_off_ceiling_batch: design[r, 1] is max(b, 1) / 64 at depth 0,
+                # exact in binary, as features._design builds it)
+                if d == 0 and off_ceiling and design[r, 1] * 64.0 >= ceiling_batch:
                     value = _minimum(value, profile_ms * ceiling)
                 if local:  # features._correct_locally, then its blended running maximum
                     j = buckets[r]

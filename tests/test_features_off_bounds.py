@@ -200,3 +200,62 @@ def test_the_shipped_file_is_the_one_before_with_only_the_ceiling_on():
     for new, old in zip([*shipped.weights, *shipped.biases], [*before.weights, *before.biases],
                         strict=True):
         np.testing.assert_array_equal(new, old)
+
+
+# -- latency_off_ceiling_batch ----------------------------------------------------------
+
+CEILING_24 = dataclasses.replace(CEILING, latency_off_ceiling_batch=24.0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_ceiling_from_a_batch_bounds_off_only_there(backend):
+    """Off measured at 2.5x the profile: with ``latency_off_ceiling_batch`` 24, off at batch
+    8 is priced as without the ceiling (the warm-ups' excess kept where off runs often) and
+    at batch 32 and 48 as with the ceiling at every batch; the other depths unchanged."""
+    records = _stream(2.5)
+    from_24 = _builder(CEILING_24, backend, records).latency_predictions_s(AT)
+    everywhere = _builder(CEILING, backend, records).latency_predictions_s(AT)
+    whole = _builder(BASE, backend, records).latency_predictions_s(AT)
+    assert from_24[0, 0] == whole[0, 0] > 1.3 * everywhere[0, 0]
+    np.testing.assert_array_equal(from_24[1:, 0], everywhere[1:, 0])
+    np.testing.assert_array_equal(from_24[:, 1:], whole[:, 1:])
+
+
+def test_the_ceiling_from_a_batch_agrees_across_backends():
+    """A mixed stream at batch 1-63: the compiled backend bounds the same batch sizes."""
+    pytest.importorskip("numba")
+    rng = np.random.default_rng(11)
+    records = []
+    for i in range(400):
+        batch, depth = int(rng.integers(1, 64)), int(rng.choice([0, 3]))
+        scale = float(rng.choice((0.6, 1.0, 2.5)))
+        records.append(_record(i, batch, depth,
+                               scale * _profile_ms(batch, depth, KV_PER_REQUEST * batch)))
+    grids = [_builder(CEILING_24, backend, records).observation_grid() for backend in BACKENDS]
+    np.testing.assert_allclose(grids[0], grids[1], rtol=1e-5, atol=1e-6)
+    for other in (CEILING, BASE):
+        assert not np.allclose(grids[0], _builder(other, "numpy", records).observation_grid())
+
+
+def test_the_ceiling_batch_reads_off_from_an_old_file_and_bad_values_are_refused():
+    data = CEILING_24.to_dict()
+    assert data["latency_off_ceiling_batch"] == 24.0
+    del data["latency_off_ceiling_batch"]
+    assert FeatureSpec.from_dict(data).latency_off_ceiling_batch == 0.0
+    for wrong in (-1.0, float("nan"), float("inf"), True, "24"):
+        with pytest.raises(ValueError, match="latency_off_ceiling_batch"):
+            FeatureSpec(latency_off_ceiling_batch=wrong)
+
+
+def test_the_feat23_candidate_is_the_shipped_file_with_only_the_ceiling_batch_on():
+    """``docs/results/feat23/policy_e3ae0086.npz``: the shipped weights, guard and probe,
+    the spec with ``latency_off_ceiling_batch`` 24 and nothing else changed."""
+    shipped = ExportedPolicy.load("controller/data/default_policy.npz")
+    candidate = ExportedPolicy.load("docs/results/feat23/policy_e3ae0086.npz")
+    assert candidate.feature_spec == dataclasses.replace(shipped.feature_spec,
+                                                         latency_off_ceiling_batch=24.0)
+    assert (candidate.guard, candidate.probe, candidate.actions) == (
+        shipped.guard, shipped.probe, shipped.actions)
+    for new, old in zip([*candidate.weights, *candidate.biases],
+                        [*shipped.weights, *shipped.biases], strict=True):
+        np.testing.assert_array_equal(new, old)

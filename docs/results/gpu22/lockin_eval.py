@@ -14,15 +14,20 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 
 import replay_decisions as rd
 from band_prices import band_summary
 from servings import OFFSWITCH, RAMP, cut_servings
-from servings_70_74 import FILES
 
 from controller.policy_file import ExportedPolicy
 from env.sim.cost_model import load_profile
 
+#: The file shipped when these tables were made (``5c3d9060``). Not
+#: ``controller/data/default_policy.npz``: that is ``65d4fb99`` (the ceiling) since the
+#: twenty-third session, and would change the "shipped" rows.
+SHIPPED = Path(__file__).resolve().parents[1] / "gpu21/policy_5c3d9060.npz"
 DENSE = ("dense_acc3.0", "h200_llama31_8b_recorded")
 MOE = ("moe_acc2.5", "h200_qwen3_30b_a3b")
 PROBE = ["probe static_0", "probe static_3"]
@@ -54,6 +59,8 @@ VARIANTS = {
     # FeatureSpec.latency_off_ceiling (twenty-second session)
     "off_ceiling_0.1": {"latency_off_ceiling": 0.1},
     "off_ceiling_0.2": {"latency_off_ceiling": 0.2},
+    # FeatureSpec.latency_off_ceiling_batch (twenty-third session): the ceiling at batch >= 24
+    "off_ceiling_0.1_from24": {"latency_off_ceiling": 0.1, "latency_off_ceiling_batch": 24.0},
 }
 
 
@@ -65,11 +72,12 @@ def variant(policy: ExportedPolicy, changes: dict) -> ExportedPolicy:
                                                                         **changes))
 
 
-def main() -> None:
-    chosen = sys.argv[1:] or list(VARIANTS)
-    shipped = ExportedPolicy.load(FILES["ppo"])
-    policies = {name: variant(shipped, VARIANTS[name]) for name in chosen}
-    for run, (model, profile, tag, names) in RUNS.items():
+def replay_servings(runs: Mapping[int, tuple], policies: Mapping[str, ExportedPolicy]
+                    ) -> Iterator[dict]:
+    """Every serving of ``runs`` (``RUNS``'s form; ramps and probes left out) replayed open
+    loop through each of ``policies``, in order: one dict per serving and policy (run,
+    model "dense" or "MoE", serving, policy label, ``band_summary`` at 8-23 and >= 24)."""
+    for run, (model, profile, tag, names) in runs.items():
         prior = load_profile(profile)
         for name, steps in cut_servings(OFFSWITCH / f"{model}_trace_{tag}_run{run}.tar.gz",
                                         OFFSWITCH / f"{model}_controller_run{run}.log", names):
@@ -77,9 +85,18 @@ def main() -> None:
                 continue
             for label, policy in policies.items():
                 rows = rd.replay(steps, policy, prior)
-                print(json.dumps({"run": run, "serving": name, "through": label,
-                                  "8-23": band_summary(rows, 8, 24),
-                                  ">=24": band_summary(rows, 24, 10**9)}), flush=True)
+                yield {"run": run, "model": "MoE" if "moe" in model else "dense",
+                       "serving": name, "through": label, "8-23": band_summary(rows, 8, 24),
+                       ">=24": band_summary(rows, 24, 10**9)}
+
+
+def main() -> None:
+    chosen = sys.argv[1:] or list(VARIANTS)
+    shipped = ExportedPolicy.load(SHIPPED)
+    policies = {name: variant(shipped, VARIANTS[name]) for name in chosen}
+    for line in replay_servings(RUNS, policies):
+        del line["model"]  # (this table's lines never had it)
+        print(json.dumps(line), flush=True)
 
 
 if __name__ == "__main__":

@@ -15,15 +15,11 @@ import dataclasses
 import json
 from pathlib import Path
 
-import replay_decisions as rd
-from band_prices import band_summary
 from lockin_eval import RUNS as LOCKIN_RUNS
-from servings import OFFSWITCH, cut_servings
-from servings_70_74 import FILES
+from lockin_eval import SHIPPED, replay_servings
 from servings_70_74 import RUNS as RUNS_70_74
 
 from controller.policy_file import ExportedPolicy
-from env.sim.cost_model import load_profile
 
 HERE = Path(__file__).resolve().parent
 RUNS = {**LOCKIN_RUNS, 74: RUNS_70_74[74]}
@@ -31,25 +27,15 @@ WARMUP_FIELDS = {"drop_warmup_latency": True, "warmup_restarts_draft": True, "wa
 
 
 def main() -> None:
-    shipped = ExportedPolicy.load(FILES["ppo"])
+    shipped = ExportedPolicy.load(SHIPPED)
     policies = {
         "shipped": shipped,
         "shipped_warmup": dataclasses.replace(
             shipped, feature_spec=dataclasses.replace(shipped.feature_spec, **WARMUP_FIELDS)),
         "rt22": ExportedPolicy.load(HERE / "policy_abbd0f23.npz"),
     }
-    for run, (model, profile, tag, names) in RUNS.items():
-        prior = load_profile(profile)
-        for name, steps in cut_servings(OFFSWITCH / f"{model}_trace_{tag}_run{run}.tar.gz",
-                                        OFFSWITCH / f"{model}_controller_run{run}.log", names):
-            if name.startswith(("ramp", "probe")):
-                continue
-            for label, policy in policies.items():
-                rows = rd.replay(steps, policy, prior)
-                print(json.dumps({"run": run, "model": "MoE" if "moe" in model else "dense",
-                                  "serving": name, "through": label,
-                                  "8-23": band_summary(rows, 8, 24),
-                                  ">=24": band_summary(rows, 24, 10**9)}), flush=True)
+    for line in replay_servings(RUNS, policies):
+        print(json.dumps(line), flush=True)
 
 
 if __name__ == "__main__":
