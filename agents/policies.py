@@ -557,6 +557,12 @@ class OraclePolicy(Policy):
     steps=0 once, ``SchedulerConfig.reentry_warmup``), a depth > 0 is priced as that
     warm-up and the drafting step after it together (one step alone would never pay:
     the warm-up commits what off does, at a higher cost).
+
+    A step is priced at its own latency also where the profile books the next prefill's
+    launch on it (``CostProfile.prefill_launch_s``): the simulator moves that time from
+    the prefill, which is as long in all as without the booking whatever the depth, so a
+    depth's cost to the episode is its own latency (pricing the booking too would favour
+    the depths that hide more of it for no time saved).
     """
 
     name = "oracle"

@@ -180,6 +180,26 @@ def test_closed_loop_books_the_launch_too():
     assert new_sim.time_s == pytest.approx(old_sim.time_s, rel=1e-12)
 
 
+def test_a_reset_forgets_the_prefill_the_last_decode_step_found_due():
+    # advance() reuses the decision the decode step just made (``_due_after_step``); a
+    # reset in between (an episode cut at its horizon) must not carry it into the next one.
+    wl = _workload(8)
+    config = SchedulerConfig(max_running_requests=8, kv_capacity_tokens=200_000,
+                             chunked_prefill_tokens=1024, finish_lag_steps=1)
+    sim = Simulator(LAUNCH, SGLangSimulatedAcceptance(2.5, batch_wide=False), wl, config,
+                    seed=8)
+    sim.advance()
+    while not sim.decode(3).before_prefill:
+        sim.advance()
+    sim.reset()
+    fresh = Simulator(LAUNCH, SGLangSimulatedAcceptance(2.5, batch_wide=False), wl, config,
+                      seed=8)
+    for a, b in zip(sim.advance(), fresh.advance(), strict=True):
+        assert (a.time_s, a.prefill_tokens, a.step_latency_s) == (
+            b.time_s, b.prefill_tokens, b.step_latency_s)
+    assert sim.time_s == fresh.time_s
+
+
 def test_profile_fields_load_save_and_validate(tmp_path):
     from env.sim.cost_model import save_profile
 

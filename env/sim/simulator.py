@@ -383,6 +383,9 @@ class Simulator:
         self._books_launch = getattr(self.profile, "prefill_launch_s", 0.0) > 0.0
         self._launch_moved = 0.0
         self._answered: list[np.ndarray] = []
+        # ``_prefill_due()`` as the last decode step left it, arrivals admitted (booking
+        # on; None: not known, advance() asks): advance() reuses it.
+        self._due_after_step: bool | None = None
         if self._closed_loop:
             self._init_closed_loop()
         else:
@@ -559,18 +562,21 @@ class Simulator:
         Returns the records of the prefill steps it ran, oldest first.
         """
         records = []
+        # With the booking on, the decode step just run already admitted the arrivals up to
+        # its own end and decided whether a prefill is due (``_book_prefill_launch``); the
+        # state has not changed since, so that answer stands for the first pass (and a
+        # booked launch is the prefill composed then, not with arrivals up to the booking's
+        # end).
+        due, self._due_after_step = self._due_after_step, None
         while True:
-            if not self._launch_moved:
+            if due is None:
                 self._admit_arrivals()
-            # else: the prefill booked on the decode step before was launched then, with
-            # the arrivals up to that step's own end (``_book_prefill_launch``)
-            if self._prefill_due():
+                due = self._prefill_due()
+            if due:
                 records.append(self._prefill_step())
-                continue
-            if self._n_run:
+            elif self._n_run or not self._jump_to_next_arrival():
                 return records
-            if not self._jump_to_next_arrival():
-                return records
+            due = None
 
     def decode(self, depth: int) -> StepRecord:
         """Run the due decode step with ``depth`` draft tokens (0 = no speculation).
@@ -659,8 +665,8 @@ class Simulator:
         """If the next step is a prefill, book its launch on ``record``, the decode step
         that just ran ``own_s``, and flag it ``before_prefill`` (the module docstring's
         "The prefill's launch")."""
-        self._admit_arrivals()  # (advance() does the same at the same time first)
-        record.before_prefill = self._prefill_due()
+        self._admit_arrivals()
+        record.before_prefill = self._due_after_step = self._prefill_due()
         if not record.before_prefill:
             return
         booked = self.profile.prefill_launch_booked_s(own_s)
