@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import io
 import itertools
 import json
@@ -226,6 +227,18 @@ class ExportedPolicy:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the policy atomically (a reader never sees a half-written file)."""
+        _write_atomically(Path(path), self.to_bytes())
+
+    def save_named_by_hash(self, folder: str | os.PathLike) -> Path:
+        """Write ``policy_<first 8 hex digits of the file's sha256>.npz`` into ``folder``
+        (how the docs name the files they compare) and return its path."""
+        data = self.to_bytes()
+        path = Path(folder) / f"policy_{hashlib.sha256(data).hexdigest()[:8]}.npz"
+        _write_atomically(path, data)
+        return path
+
+    def to_bytes(self) -> bytes:
+        """The policy file's bytes (what :meth:`save` writes and :meth:`loads` reads)."""
         meta = {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
@@ -243,10 +256,7 @@ class ExportedPolicy:
             arrays[f"b{i}"] = b.astype(np.float32)
         buffer = io.BytesIO()
         np.savez(buffer, **arrays)
-        path = Path(path)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_bytes(buffer.getvalue())
-        os.replace(tmp, path)
+        return buffer.getvalue()
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> ExportedPolicy:
@@ -423,3 +433,10 @@ def _validate_spec(spec: FeatureSpec) -> None:
             f"field 'feature_spec.batch_grid': must be strictly increasing ints in "
             f"1..{MAX_BATCH}, got {list(grid)[:8]}{'...' if len(grid) > 8 else ''}"
         )
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """Write through a temporary file beside ``path`` and rename it into place."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)

@@ -160,6 +160,23 @@ def test_save_load_round_trip_keeps_everything(tmp_path_factory, seed, activatio
         assert a.dtype == np.float32 and np.array_equal(a, b)
 
 
+def test_save_named_by_hash_names_the_file_by_its_own_sha256(tmp_path):
+    """The docs name compared files ``policy_<sha8>.npz``: the name must be the hash of the
+    bytes written, the bytes what ``save`` writes, and two policies must not share it."""
+    import hashlib
+
+    spec = FeatureSpec(max_depth=3)
+    a = ExportedPolicy.random(spec, hidden=(4,), seed=0)
+    path = a.save_named_by_hash(tmp_path)
+    assert path.name == f"policy_{hashlib.sha256(path.read_bytes()).hexdigest()[:8]}.npz"
+    a.save(tmp_path / "plain.npz")
+    assert (tmp_path / "plain.npz").read_bytes() == path.read_bytes()
+    other = ExportedPolicy.random(spec, hidden=(4,), seed=1).save_named_by_hash(tmp_path)
+    assert other != path
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [path.name, other.name, "plain.npz"])  # no temporary file left
+
+
 # -- every boundary of the checks, both sides -------------------------------------------
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from controller.policy_file import ExportedPolicy
 
 HERE = Path(__file__).resolve().parent
-SHIPPED = HERE.parents[2] / "controller/data/default_policy.npz"  # 5c3d9060
+SHIPPED = HERE.parent / "gpu21/policy_5c3d9060.npz"  # shipped when this ran
 
 
 def main(trained_path: str = "/tmp/retrain22/policy.npz") -> None:
@@ -30,11 +30,8 @@ def main(trained_path: str = "/tmp/retrain22/policy.npz") -> None:
                                latency_outlier_ratio=shipped.feature_spec.latency_outlier_ratio)
     policy = dataclasses.replace(trained, feature_spec=spec, guard=shipped.guard,
                                  probe=shipped.probe, name="ppo_rt22")
-    scratch = HERE / "rt22.npz"
-    policy.save(scratch)
-    sha = hashlib.sha256(scratch.read_bytes()).hexdigest()
-    path = scratch.rename(HERE / f"policy_{sha[:8]}.npz")
-    print("rt22", sha, path.name)
+    path = policy.save_named_by_hash(HERE)
+    print("rt22", hashlib.sha256(path.read_bytes()).hexdigest(), path.name)
 
 
 if __name__ == "__main__":
