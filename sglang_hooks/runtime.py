@@ -362,6 +362,7 @@ class Runtime:
             self.fault("run_batch", exc)
             return original(scheduler, *args, **kwargs)
         self.launch_step = step
+        index = step % _RING  # this step's slot in every ring (one modulo, not four)
         if self.clock is not None:
             self.clock.end_step()
         pending = self._pending
@@ -380,7 +381,7 @@ class Runtime:
                 self.fault("warmup", exc)
                 warm = False
         self.warm_now = warm
-        self._warm[step % _RING] = warm
+        self._warm[index] = warm
         if self.is_source and not self._broken and not warm:
             # What SGLang will have changed by the result, read now and kept as read (one
             # tuple; what derives from it is computed off this thread: raw_step).
@@ -392,12 +393,18 @@ class Runtime:
                 if is_decode or mode.is_extend():
                     if not is_decode:
                         self._prefill_launched = step
-                    index = step % _RING
                     if self._launches[index] is not None:
                         self.counters["telemetry_overwritten"] += 1
                     reqs = batch.reqs
                     running_batch = scheduler.running_batch
                     recording = self.recorder is not None
+                    # An extend step's cached prefix and new tokens per request, for the
+                    # trace (the attention pairs are reckoned on its thread). Named before
+                    # the tuple: a starred part would build it through a list.
+                    prefix = extend = None
+                    if (recording and not is_decode and batch.extend_lens is not None
+                            and batch.prefix_lens is not None):
+                        prefix, extend = batch.prefix_lens[:], batch.extend_lens[:]
                     self._launched[index] = step
                     self._launches[index] = (
                         step, self.monotonic(), is_decode, len(reqs), len(scheduler.waiting_queue),
@@ -413,23 +420,18 @@ class Runtime:
                         # changes a batch's list in place only by appending (0.5.15's
                         # merge_batch; contract.APPEND_ONLY, tested on both pinned trees),
                         # so those are the requests launched.
-                        reqs if recording else None,
-                        # An extend step's cached prefix and new tokens per request, for
-                        # the trace (the attention pairs are reckoned on its thread).
-                        *((batch.prefix_lens[:], batch.extend_lens[:])
-                          if recording and not is_decode and batch.extend_lens is not None
-                          and batch.prefix_lens is not None else (None, None)))
+                        reqs if recording else None, prefix, extend)
             except Exception as exc:
                 self.fault("launch", exc)
-        previous = self._ran[(step - 1) % _RING]
+        previous = self._ran[index - 1]  # (index 0: -1, the ring's last slot, step - 1's)
         result = original(scheduler, *args, **kwargs)
         steps = self.last_steps
-        self._ran[step % _RING] = steps
+        self._ran[index] = steps
         if steps == 0:  # an off step, or the re-entry warm-up (only these: one compare)
             offswitch = self.offswitch
             if offswitch.reentry_now:
                 offswitch.reentry_now = False
-                self._reentry_at[step % _RING] = step
+                self._reentry_at[index] = step
         if steps != previous and steps >= 0 and self.trimmer is not None:
             try:
                 self.trimmer.trim()
@@ -484,8 +486,9 @@ class Runtime:
                 raw = (launch, ran, self.accepted, now, self._last_result_end,
                        self._reentry_at[index] == step if self.offswitch.ready else None,
                        self._prefill_launched == step + 1)
-                if self.client is not None:
-                    self.client.send_step(raw)
+                client = self.client
+                if client is not None:
+                    client.send_step(raw)
                 if recorder is not None:
                     recorder.add_step_values(raw, finished, count)
             elif recorder is not None:

@@ -718,6 +718,20 @@ def test_the_trimmer_runs_when_the_depth_run_changes(monkeypatch):
     assert rt.counters["fault_trim"] == 1
 
 
+def test_the_trimmer_compares_with_the_step_before_across_the_rings_wrap():
+    """The depth run is compared with the previous step's, also where the step's ring
+    slot is the first (its previous step's is the ring's last)."""
+    rt = source(ManualClock(T0), None)
+    trims = []
+    rt.trimmer = SimpleNamespace(trim=lambda: trims.append(rt.launch_step))
+    sched = scheduler()
+    ring = len(rt._ran)
+    changes = {ring: 4, 2 * ring + 1: 5}  # at the wrap, and one step past the next
+    for step in range(1, 3 * ring + 1):
+        launch(rt, sched, decode_batch(1), changes.get(step, 3))
+    assert trims == [1, ring, ring + 1, 2 * ring + 1, 2 * ring + 2]
+
+
 # -- arrivals and finished requests (record mode) -------------------------------------------
 
 

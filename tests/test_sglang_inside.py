@@ -605,6 +605,23 @@ def test_a_decisions_steps_are_clamped_where_sglang_routes_after_its_graph_sizes
     assert params.get_steps_for_batch(5) == 2 and rt.counters["clamped"] == 3
 
 
+@pytest.mark.parametrize("ready", [False, True])
+def test_every_answer_sets_the_off_switchs_flag_as_its_choice_would(ready):
+    """The policy's answer goes through the off switch (inlined where no off path is
+    built): ``off_now`` is set anew at every answer, a stale True cleared."""
+    rt = runtime(fallback="table", table=((1, 3),), min_switch_steps=1)
+    params = make_policy_class(ORIGINAL["params"], rt)(initial_steps=3, cfg_path=CONFIG)
+    switch = rt.offswitch
+    switch.ready = ready
+    answers = []
+    for seq in (1, 2):
+        switch.off_now = True  # left over from an earlier step
+        rt.controller = DecisionMarker(seq, "controller", 0, (1,), (3,))
+        answers.append(params.get_steps_for_batch(1))
+        assert not switch.off_now
+    assert answers == [3, 3]
+
+
 # A decision's steps per batch size, tabled (on the source by the client's I/O thread)
 # against SGLang's own routing and the old one-by-one lookup.
 
