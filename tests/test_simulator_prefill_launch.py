@@ -12,6 +12,7 @@ from env.sim.acceptance import SGLangSimulatedAcceptance
 from env.sim.cost_model import CostProfile, ServerLimits, load_profile, profile_from_dict
 from env.sim.simulator import SchedulerConfig, Simulator
 from env.traces.workloads import ClosedLoop, Workload
+from tests.test_simulator import _drain
 
 LIMITS = ServerLimits(max_running_requests=8, kv_capacity_tokens=200_000,
                       chunked_prefill_tokens=1024)
@@ -45,15 +46,7 @@ def _run(profile, workload, *, finish_lag: int = 1, depths=(0, 3, 3, 1), seed: i
                              chunked_prefill_tokens=1024, finish_lag_steps=finish_lag)
     sim = Simulator(profile, SGLangSimulatedAcceptance(2.5, batch_wide=False), workload,
                     config, seed=seed)
-    records = []
-    k = 0
-    while not sim.done:
-        records.extend(sim.advance())
-        if sim.done:
-            break
-        records.append(sim.decode(depths[k % len(depths)]))
-        k += 1
-    return records, sim
+    return _drain(sim, list(depths)), sim
 
 
 def _same_schedule(a, b) -> None:
