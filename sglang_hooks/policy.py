@@ -237,11 +237,7 @@ def make_policy_class(base: type, runtime: Runtime) -> type:
                 steps = sglang_steps(self, batch_size)
             # The off switch may turn the first step back on into SGLang's steps=0 (a
             # warm-up for the draft); telemetry reports the steps that actually ran.
-            offswitch = rt.offswitch
-            if offswitch.ready:
-                steps = offswitch.choose(steps)
-            else:  # choose()'s own first branch, without the call (no off path built)
-                offswitch.off_now = False
+            steps = rt.offswitch.choose(steps)
             rt.last_steps = steps
             return steps
 

@@ -607,8 +607,8 @@ def test_a_decisions_steps_are_clamped_where_sglang_routes_after_its_graph_sizes
 
 @pytest.mark.parametrize("ready", [False, True])
 def test_every_answer_sets_the_off_switchs_flag_as_its_choice_would(ready):
-    """The policy's answer goes through the off switch (inlined where no off path is
-    built): ``off_now`` is set anew at every answer, a stale True cleared."""
+    """The policy's answer goes through the off switch, with or without an off path
+    built: ``off_now`` is set anew at every answer, a stale True cleared."""
     rt = runtime(fallback="table", table=((1, 3),), min_switch_steps=1)
     params = make_policy_class(ORIGINAL["params"], rt)(initial_steps=3, cfg_path=CONFIG)
     switch = rt.offswitch
