@@ -311,6 +311,22 @@ class FeatureSpec:
     #: regression's off terms and the bound is needed. 0: the ceiling at every batch size
     #: (the features before the twenty-third session; an absent field).
     latency_off_ceiling_batch: float = 0.0
+    #: With ``latency_off_ceiling``: the ceiling at a batch size rises to what off's own
+    #: steps measured near it, as they accumulate: to the profile's off price times their
+    #: mean measured / profile ratio (per power-of-two batch bucket, the neighbouring
+    #: buckets at half weight, forgotten as the regression forgets; a re-entry warm-up
+    #: flagged on its record, ``StepRecord.warmup``, is not one of off's steps), with
+    #: weight ``1 - exp(-n / latency_off_ceiling_samples)`` (n: those steps' recent count
+    #: there). The ceiling waits for the stream to trust the profile, and that trust is
+    #: the mean error of every measured step, mostly speculative ones: a profile that
+    #: prices off too low but speculation right is trusted, and the bare ceiling then
+    #: pinned off near the profile's price even where off had been measured dearer many
+    #: times (the simulator's wrong-profile cells, to 0.65x the file without the ceiling:
+    #: docs/results/gpu23/ceil_cells.md). Off measured near or below the profile (run
+    #: 73's real off steps: 17 ms at batch >= 24, the profile 16.5-18.4) leaves the
+    #: ceiling where it is, however often. 0: the ceiling never rises (the features
+    #: before the twenty-fourth session; an absent field).
+    latency_off_ceiling_samples: float = 0.0
     #: Recent cost measurements of a depth at which its confidence is 1 - 1/e.
     cost_confidence_samples: float = 2.0
     #: EMA weight for the load and throughput trackers.
@@ -347,7 +363,8 @@ class FeatureSpec:
                 raise ValueError(f"feature spec field {name!r}: "
                                  f"{getattr(self, name)!r} is not true or false")
         for name in ("latency_local_samples", "latency_local_tolerance",
-                     "latency_off_ceiling", "latency_off_ceiling_batch"):
+                     "latency_off_ceiling", "latency_off_ceiling_batch",
+                     "latency_off_ceiling_samples"):
             value = getattr(self, name)
             if not _is_number(value) or not 0.0 <= value < math.inf:
                 raise ValueError(f"feature spec field {name!r}: {value!r} is not 0 or a "
@@ -484,6 +501,10 @@ class FeatureBuilder:
         #: Whether the local measured-cost correction runs (it needs a profile to carry a
         #: measured ratio across a bucket's batch sizes).
         self._local_on = self.spec.latency_local_samples > 0.0 and cost_prior is not None
+        #: Whether off's own measurements per batch bucket are kept for the off ceiling
+        #: (FeatureSpec.latency_off_ceiling_samples; a ceiling needs a profile).
+        self._off_cells_on = (self.spec.latency_off_ceiling > 0.0 and cost_prior is not None
+                              and self.spec.latency_off_ceiling_samples > 0.0)
         self._layout = _layout(self.spec)
         # Depth first, shape (depth + 1, 1, 1): see _latency_predictions(). These and the
         # design cache depend on the spec and the profile only: kept across resets.
@@ -545,6 +566,12 @@ class FeatureBuilder:
         self._local_sums = [0.0] * cells
         self._local_times = [0.0] * cells
         self._local_clock = 0.0
+        # The off ceiling's cells (FeatureSpec.latency_off_ceiling_samples): off's own
+        # steps per batch bucket, warm-ups left out, kept as the local cells are (on the
+        # same clock).
+        self._off_counts = [0.0] * LOCAL_BUCKETS
+        self._off_sums = [0.0] * LOCAL_BUCKETS
+        self._off_times = [0.0] * LOCAL_BUCKETS
         self._batch_size = 0
         self._batch_ema: float | None = None
         self._batch_trend = 0.0
@@ -587,6 +614,9 @@ class FeatureBuilder:
         self._local_counts = list(self._local_counts)
         self._local_sums = list(self._local_sums)
         self._local_times = list(self._local_times)
+        self._off_counts = list(self._off_counts)
+        self._off_sums = list(self._off_sums)
+        self._off_times = list(self._off_times)
         self._moments = self._moments.copy()
         self._pending = list(self._pending)  # the regressor rows themselves never change
 
@@ -745,13 +775,20 @@ class FeatureBuilder:
             for d in range(len(samples)):  # plain floats: 8 numpy calls cost more
                 samples[d] *= forget
             samples[steps] += 1.0
-            if self._local_on:  # the profile's error of this depth at this batch size
+            if self._local_on or self._off_cells_on:
                 self._local_clock += 1.0
+            if self._local_on:  # the profile's error of this depth at this batch size
                 cell = steps * LOCAL_BUCKETS + local_bucket(batch)
                 decay = forget ** (self._local_clock - self._local_times[cell])
                 self._local_counts[cell] = self._local_counts[cell] * decay + 1.0
                 self._local_sums[cell] = self._local_sums[cell] * decay + error
                 self._local_times[cell] = self._local_clock
+            if self._off_cells_on and steps == 0 and record.warmup is not True:
+                cell = local_bucket(batch)  # off's own error here (latency_off_ceiling_samples)
+                decay = forget ** (self._local_clock - self._off_times[cell])
+                self._off_counts[cell] = self._off_counts[cell] * decay + 1.0
+                self._off_sums[cell] = self._off_sums[cell] * decay + error
+                self._off_times[cell] = self._local_clock
             # The regression's sufficient statistics in one matrix, [x, y] [x, y]^T with
             # y the residual: X'X is its top-left 7 x 7 block, X'y its last column.
             # Folded (moments * forget + z z^T, record by record) when next read.
@@ -1129,6 +1166,8 @@ def _latency_predictions(builders: Sequence[FeatureBuilder], batch_sizes: np.nda
         trusted = np.array([abs(b._prior_log_error) < first.spec.latency_outlier_trust
                             for b in builders])[:, None]
         cap = profile_ms[0] * math.exp(ceiling)
+        if first._off_cells_on:  # FeatureSpec.latency_off_ceiling_samples
+            cap = cap * _off_ceiling_lift(builders, batch_sizes)
         # FeatureSpec.latency_off_ceiling_batch: below it the warm-ups' excess stays in
         above = np.maximum(batch_sizes, 1) >= first.spec.latency_off_ceiling_batch
         bounded = trusted & above[None, :]
@@ -1152,6 +1191,24 @@ def _latency_predictions(builders: Sequence[FeatureBuilder], batch_sizes: np.nda
             floored[depth] = down * np.exp(weights[depth] * (np.log(value) - np.log(down)))
         return floored * 1e-3
     return np.maximum.accumulate(floored, axis=0) * 1e-3
+
+
+def _off_ceiling_lift(builders: Sequence[FeatureBuilder], batch_sizes: np.ndarray
+                      ) -> np.ndarray:
+    """The factor each builder's off ceiling rises by at each batch size (shape (builders,
+    batch sizes), >= 1): toward off's own mean measured / profile ratio near it, beyond
+    the ceiling, by that measurement's weight (FeatureSpec.latency_off_ceiling_samples)."""
+    spec = builders[0].spec
+    buckets = [local_bucket(int(b)) for b in batch_sizes.tolist()]
+    lift = np.empty((len(builders), len(buckets)))
+    for i, builder in enumerate(builders):
+        weight, ratio = local_tables(
+            np.array(builder._off_counts)[None], np.array(builder._off_sums)[None],
+            np.array(builder._off_times)[None], builder._local_clock,
+            spec.latency_forgetting, spec.latency_off_ceiling_samples)
+        beyond = np.maximum(ratio[0, buckets] - spec.latency_off_ceiling, 0.0)
+        lift[i] = np.exp(weight[0, buckets] * beyond)
+    return lift
 
 
 def _correct_locally(builders: Sequence[FeatureBuilder], batch_sizes: np.ndarray,

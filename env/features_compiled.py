@@ -62,7 +62,8 @@ from env.sim.cost_model import CostProfile
 # Scalars first, then per-depth arrays whose offsets follow from max_depth (D):
 # trials [D], successes [D], cost samples [D + 1], the regression's 8 x 8 moments,
 # its solution theta [7], then the local cost correction's clock and its cells' counts,
-# log-error sums and update times [(D + 1) * LOCAL_BUCKETS each] (see _local_at).
+# log-error sums and update times [(D + 1) * LOCAL_BUCKETS each] (see _local_at), then the
+# off ceiling's cells the same way [LOCAL_BUCKETS each] (see _off_cells_at).
 _WAITING, _KV_USE, _KV_TOKENS, _PREFILL_SHARE = 0, 1, 2, 3
 _BATCH_SIZE, _BATCH_EMA, _BATCH_TREND, _HAS_BATCH = 4, 5, 6, 7
 _STEPS_USED, _SINCE_SWITCH, _SINCE_ACCEPT = 8, 9, 10
@@ -82,7 +83,10 @@ _P_OUTLIER_RELATIVE = 20
 _P_OFF_OUTLIER_RATIO = 21  # FeatureSpec.latency_off_outlier_ratio
 _P_OFF_CEILING = 22  # FeatureSpec.latency_off_ceiling, as exp(): the factor (0: none)
 _P_OFF_CEILING_BATCH = 23  # FeatureSpec.latency_off_ceiling_batch
-_P_LAYOUT = 24  # then the layout's logs, mul, div (width each), then (latency_model 2)
+#: FeatureSpec.latency_off_ceiling_samples where off's cells are kept (a ceiling and a
+#: profile), else 0; and the ceiling itself (a log ratio, as the spec gives it)
+_P_OFF_CEILING_SAMPLES, _P_OFF_CEILING_LOG = 24, 25
+_P_LAYOUT = 26  # then the layout's logs, mul, div (width each), then (latency_model 2)
 # the no-profile prior's precision (7 x 7) and right-hand side (7): see _prior_at
 
 
@@ -93,8 +97,10 @@ def _offsets(depth: int) -> tuple[int, int, int, int, int, int]:
     samples = successes + depth
     moments = samples + depth + 1
     theta = moments + 64
-    # then the local cost correction: its clock and 3 values per cell (see _cells)
-    return trials, successes, samples, moments, theta, theta + 8 + 3 * (depth + 1) * LOCAL_BUCKETS
+    # then the local cost correction: its clock and 3 values per cell (see _cells), then
+    # the off ceiling's 3 values per bucket (see _off_cells_at)
+    end = theta + 8 + 3 * (depth + 1) * LOCAL_BUCKETS + 3 * LOCAL_BUCKETS
+    return trials, successes, samples, moments, theta, end
 
 
 def _cells(depth: int) -> int:
@@ -111,6 +117,13 @@ def _local_at(depth):
     """Where the local cost correction's clock sits in the state vector (its cells'
     counts, sums and times follow)."""
     return _offsets_jit(depth)[4] + 7
+
+
+@njit(cache=True)
+def _off_cells_at(depth):
+    """Where the off ceiling's cells' counts sit in the state vector (their log-error sums
+    and update times follow, LOCAL_BUCKETS each; on the local correction's clock)."""
+    return _local_at(depth) + 1 + 3 * _cells_jit(depth)
 
 
 _local_bucket_jit = njit(cache=True)(local_bucket)
@@ -133,6 +146,9 @@ def _params(spec: FeatureSpec, has_profile: bool = False) -> np.ndarray:
         spec.latency_off_outlier_ratio,
         math.exp(spec.latency_off_ceiling) if spec.latency_off_ceiling > 0.0 else 0.0,
         spec.latency_off_ceiling_batch,
+        (spec.latency_off_ceiling_samples
+         if has_profile and spec.latency_off_ceiling > 0.0 else 0.0),
+        spec.latency_off_ceiling,
     ])
     return np.concatenate([head, layout.logs.astype(float), layout.mul, layout.div,
                            layout.prior_matrix.ravel(), layout.prior_rhs])
@@ -280,10 +296,11 @@ def _profile_ms(profile, batch_size, depth, kv_tokens):
 
 @njit(cache=True)
 def _fold(state, params, has_prior, is_decode, batch_size, waiting, kv_tokens, kv_capacity,
-          steps_used, accepted, latency_s, prior_ms, profile):
+          steps_used, accepted, latency_s, prior_ms, profile, warmup):
     """``FeatureBuilder.update`` on the state vector (``prior_ms``: the cost profile's
     latency of this step, ms, when ``has_prior``; computed here instead from ``profile``,
-    :func:`_profile_vector`, where that is not empty)."""
+    :func:`_profile_vector`, where that is not empty; ``warmup``: the record is flagged a
+    re-entry warm-up, ``StepRecord.warmup is True``)."""
     depth = int(params[_P_DEPTH])
     tri, suc, smp, mom, _, _ = _offsets_jit(depth)
     alpha = params[_P_ALPHA]
@@ -370,16 +387,25 @@ def _fold(state, params, has_prior, is_decode, batch_size, waiting, kv_tokens, k
         for d in range(depth + 1):
             state[smp + d] *= forget
         state[smp + steps] += 1.0
+        off_cells = params[_P_OFF_CEILING_SAMPLES] > 0.0
+        if params[_P_LOCAL] > 0.0 or off_cells:  # the cells' clock
+            state[_local_at(depth)] += 1.0
         if params[_P_LOCAL] > 0.0:  # FeatureBuilder.update's local cost correction
             lo = _local_at(depth)
             cells = _cells_jit(depth)
-            state[lo] += 1.0
             clock = state[lo]
             cell = lo + 1 + steps * LOCAL_BUCKETS + _local_bucket_jit(batch)
             decay = forget ** (clock - state[cell + 2 * cells])
             state[cell] = state[cell] * decay + 1.0
             state[cell + cells] = state[cell + cells] * decay + error
             state[cell + 2 * cells] = clock
+        if off_cells and steps == 0 and not warmup:  # FeatureSpec.latency_off_ceiling_samples
+            clock = state[_local_at(depth)]
+            cell = _off_cells_at(depth) + _local_bucket_jit(batch)
+            decay = forget ** (clock - state[cell + 2 * LOCAL_BUCKETS])
+            state[cell] = state[cell] * decay + 1.0
+            state[cell + LOCAL_BUCKETS] = state[cell + LOCAL_BUCKETS] * decay + error
+            state[cell + 2 * LOCAL_BUCKETS] = clock
         z = np.empty(8)
         b = batch / 64.0
         s = 1.0 if steps > 0 else 0.0
@@ -495,12 +521,12 @@ def fold_off(off, settings, forget, has_prior, profile_log_error, steps_used, la
 
 @njit(cache=True)
 def _fold_probed(state, params, has_prior, batch_size, waiting, kv_tokens, kv_capacity,
-                 steps_used, accepted, latency_s, prior_ms, profile, off, settings):
+                 steps_used, accepted, latency_s, prior_ms, profile, warmup, off, settings):
     """:func:`_fold` of a decode record, then the off probe's fold of it
     (:func:`fold_off`, in the same call): whether the probe's step
     that needs the features' prediction is due (``ProbeTracker.off_due``)."""
     _fold(state, params, has_prior, True, batch_size, waiting, kv_tokens, kv_capacity,
-          steps_used, accepted, latency_s, prior_ms, profile)
+          steps_used, accepted, latency_s, prior_ms, profile, warmup)
     return fold_off(off, settings, params[_P_FORGET], has_prior, state[_PRIOR_LOG_ERROR],
                     steps_used, latency_s, max(batch_size, 1))
 
@@ -536,6 +562,33 @@ def _local_tables(state, params, weight, ratio, counts, sums):
 
 
 @njit(cache=True)
+def _off_ceiling_lift(state, params, lift):
+    """``env.features._off_ceiling_lift`` of one stream's state, per batch bucket, into
+    ``lift`` (LOCAL_BUCKETS)."""
+    depth = int(params[_P_DEPTH])
+    at = _off_cells_at(depth)
+    clock, forget = state[_local_at(depth)], params[_P_FORGET]
+    counts = np.zeros(LOCAL_BUCKETS)
+    sums = np.zeros(LOCAL_BUCKETS)
+    for j in range(LOCAL_BUCKETS):
+        if state[at + j] != 0.0:  # never measured: 0 either way, no pow
+            decay = forget ** (clock - state[at + 2 * LOCAL_BUCKETS + j])
+            counts[j] = state[at + j] * decay
+            sums[j] = state[at + LOCAL_BUCKETS + j] * decay
+    for j in range(LOCAL_BUCKETS):
+        near_count, near_sum = counts[j], sums[j]
+        if j > 0:
+            near_count += LOCAL_NEIGHBOUR * counts[j - 1]
+            near_sum += LOCAL_NEIGHBOUR * sums[j - 1]
+        if j < LOCAL_BUCKETS - 1:
+            near_count += LOCAL_NEIGHBOUR * counts[j + 1]
+            near_sum += LOCAL_NEIGHBOUR * sums[j + 1]
+        ratio = near_sum / near_count if near_count > 0.0 else 0.0
+        weight = -math.expm1(-near_count / params[_P_OFF_CEILING_SAMPLES])
+        lift[j] = math.exp(weight * _maximum(ratio - params[_P_OFF_CEILING_LOG], 0.0))
+
+
+@njit(cache=True)
 def _grids(states, params, has_prior, design, at0, slope, column0, buckets, out, latency,
            rates, expected):
     """``env.features._batch`` for stacked states: fills ``out`` (streams, rows, size),
@@ -559,6 +612,8 @@ def _grids(states, params, has_prior, design, at0, slope, column0, buckets, out,
     cap = params[_P_LOCAL_CAP] > 0.0
     ceiling = params[_P_OFF_CEILING]
     ceiling_batch = params[_P_OFF_CEILING_BATCH]
+    off_cells = params[_P_OFF_CEILING_SAMPLES] > 0.0
+    lift = np.ones(LOCAL_BUCKETS)
     weight = np.zeros((depth + 1, LOCAL_BUCKETS))
     ratio = np.zeros((depth + 1, LOCAL_BUCKETS))
     local_ms = np.empty(depth + 1)
@@ -606,6 +661,8 @@ def _grids(states, params, has_prior, design, at0, slope, column0, buckets, out,
                        and abs(state[_PRIOR_LOG_ERROR]) < params[_P_OUTLIER_TRUST])
         for d in range(depth + 1):
             log_tokens[d] = math.log1p(expected[n, d])
+        if off_ceiling and off_cells:
+            _off_ceiling_lift(state, params, lift)
         if local:
             _local_tables(state, params, weight, ratio, local_counts, local_sums)
         for r in range(rows):
@@ -627,7 +684,7 @@ def _grids(states, params, has_prior, design, at0, slope, column0, buckets, out,
                 # (latency_off_ceiling_batch: design[r, 1] is max(b, 1) / 64 at depth 0,
                 # exact in binary, as features._design builds it)
                 if d == 0 and off_ceiling and design[r, 1] * 64.0 >= ceiling_batch:
-                    value = _minimum(value, profile_ms * ceiling)
+                    value = _minimum(value, profile_ms * ceiling * lift[buckets[r]])
                 if local:  # features._correct_locally, then its blended running maximum
                     j = buckets[r]
                     w = weight[d, j]
@@ -871,14 +928,15 @@ class CompiledFeatureBuilder(FeatureBuilder):
             if _fold_probed(self._state, self._params, has_prior, record.batch_size,
                             record.waiting_requests, record.kv_used_tokens,
                             record.kv_capacity_tokens, record.steps_used, accepted,
-                            record.step_latency_s, prior_ms, profile, tracker.off,
-                            tracker.settings):
+                            record.step_latency_s, prior_ms, profile,
+                            record.warmup is True, tracker.off, tracker.settings):
                 tracker.off_due(self, batch)
             tracker.fold_acceptance(record.steps_used, record.step_latency_s, self, batch)
             return
         _fold(self._state, self._params, has_prior, is_decode, record.batch_size,
               record.waiting_requests, record.kv_used_tokens, record.kv_capacity_tokens,
-              record.steps_used, accepted, record.step_latency_s, prior_ms, profile)
+              record.steps_used, accepted, record.step_latency_s, prior_ms, profile,
+              record.warmup is True)
         if is_decode and tracker is not None:
             if type(tracker) is CompiledProbeTracker:  # no off probe (else above): its
                 # acceptance part alone, without fold's Python frame

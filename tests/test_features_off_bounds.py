@@ -259,3 +259,98 @@ def test_the_feat23_candidate_is_the_shipped_file_with_only_the_ceiling_batch_on
     for new, old in zip([*candidate.weights, *candidate.biases],
                         [*shipped.weights, *shipped.biases], strict=True):
         np.testing.assert_array_equal(new, old)
+
+
+# -- latency_off_ceiling_samples --------------------------------------------------------
+
+RISING = dataclasses.replace(CEILING, latency_off_ceiling_samples=2.0)
+
+
+def _flagged(records: list[StepRecord]) -> list[StepRecord]:
+    """``records`` with every off step flagged the plugin's re-entry warm-up."""
+    return [dataclasses.replace(r, warmup=True) if r.steps_used == 0 else r for r in records]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_ceiling_rises_to_what_off_measured_near_the_batch(backend):
+    """Off measured at 2.5x the profile at every batch size, speculation at the profile
+    (a profile that prices off too low, trusted): the bare ceiling holds off at 1.105x the
+    profile; with ``latency_off_ceiling_samples`` off's 30 own steps raise it to what they
+    measured (2.5x the profile), or to the regression's price where that is lower. Depths
+    1-7 unchanged."""
+    records = _stream(2.5)
+    rising = _builder(RISING, backend, records).latency_predictions_s(AT)
+    bare = _builder(CEILING, backend, records).latency_predictions_s(AT)
+    whole = _builder(BASE, backend, records).latency_predictions_s(AT)
+    kv = records[-1].kv_used_tokens
+    measured = 2.5 * np.array([_profile_ms(int(b), 0, kv) for b in AT]) / 1e3
+    assert (rising[:, 0] > 1.5 * bare[:, 0]).all(), (rising[:, 0], bare[:, 0])
+    np.testing.assert_allclose(rising[:, 0], np.minimum(whole[:, 0], measured), rtol=0.1)
+    np.testing.assert_array_equal(rising[:, 1:], whole[:, 1:])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", ["warm-ups", "cheap", "run 73"])
+def test_the_ceiling_does_not_rise_for_warmups_or_off_near_the_profile(backend, case):
+    """The same ceiling as the bare one, bit for bit: off's dear steps all flagged re-entry
+    warm-ups; off measured at 0.6x the profile; and run 73's mix (off at the profile,
+    every other off step a flagged warm-up at 2.5x)."""
+    if case == "warm-ups":
+        records = _flagged(_stream(2.5))
+    elif case == "cheap":
+        records = _stream(0.6)
+    else:
+        records = []
+        for i, r in enumerate(_stream(1.0)):
+            if i % 20 == 9:  # every other off step
+                r = dataclasses.replace(r, warmup=True, step_latency_s=2.5 * r.step_latency_s)
+            records.append(r)
+    rising = _builder(RISING, backend, records)
+    np.testing.assert_array_equal(rising.observation_grid(),
+                                  _builder(CEILING, backend, records).observation_grid())
+    if case != "cheap":  # the warm-ups' excess is what the ceiling bounds
+        assert not np.array_equal(rising.observation_grid(),
+                                  _builder(BASE, backend, records).observation_grid())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_one_dear_off_step_raises_the_ceiling_only_partly_and_only_near_it(backend):
+    """One off step measured at 2.5x at batch 48 among exact ones elsewhere: off's price at
+    batch 48 rises above the bare ceiling but well short of 2.5x (weight 1 - exp(-1/2));
+    at batch 4 (two buckets and more away) it stays at the bare ceiling's."""
+    at48 = _profile_ms(48, 0, KV_PER_REQUEST * 48)
+    records = [*_exact(60), _record(60, 48, 0, 2.5 * at48)]
+    at = np.array([4, 48])
+    rising = _builder(RISING, backend, records).latency_predictions_s(at)
+    bare = _builder(CEILING, backend, records).latency_predictions_s(at)
+    assert rising[0, 0] == bare[0, 0]
+    assert 1.2 * bare[1, 0] < rising[1, 0] < 2.0 * bare[1, 0], (rising[:, 0], bare[:, 0])
+
+
+def test_the_rising_ceiling_agrees_across_backends():
+    """A mixed stream at batch 1-63 with flagged warm-ups: both backends raise the
+    ceiling at the same batch sizes by the same factors."""
+    pytest.importorskip("numba")
+    rng = np.random.default_rng(13)
+    records = []
+    for i in range(400):
+        batch, depth = int(rng.integers(1, 64)), int(rng.choice([0, 3]))
+        scale = float(rng.choice((0.6, 1.0, 2.5)))
+        record = _record(i, batch, depth,
+                         scale * _profile_ms(batch, depth, KV_PER_REQUEST * batch))
+        if depth == 0 and rng.random() < 0.3:
+            record = dataclasses.replace(record, warmup=True)
+        records.append(record)
+    grids = [_builder(RISING, backend, records).observation_grid() for backend in BACKENDS]
+    np.testing.assert_allclose(grids[0], grids[1], rtol=1e-5, atol=1e-6)
+    assert not np.allclose(grids[0], _builder(CEILING, "numpy", records).observation_grid())
+
+
+def test_the_ceiling_samples_read_off_from_an_old_file_and_bad_values_are_refused():
+    data = RISING.to_dict()
+    assert data["latency_off_ceiling_samples"] == 2.0
+    del data["latency_off_ceiling_samples"]
+    assert FeatureSpec.from_dict(data).latency_off_ceiling_samples == 0.0
+    for wrong in (-1.0, float("nan"), float("inf"), True, "2"):
+        with pytest.raises(ValueError, match="latency_off_ceiling_samples"):
+            FeatureSpec(latency_off_ceiling_samples=wrong)
