@@ -32,7 +32,7 @@ from env.sim.cost_model import load_profile
 def replay(server, prior, acceptance: float, policy_name: str, seed: int = 0,
            policy_path: str | None = None, reentry_warmup: bool = False,
            candidates: tuple[int, ...] | None = OFFSWITCH_CANDIDATES,
-           switch_hold: bool = True) -> dict:
+           switch_hold: bool = True, rate: float | None = None) -> dict:
     """One headline replay; throughput, mean TPOT and the share of decisions per depth.
 
     ``seed`` draws the acceptance and the simulator's randomness (the arrivals are the
@@ -40,13 +40,15 @@ def replay(server, prior, acceptance: float, policy_name: str, seed: int = 0,
     ``reentry_warmup`` simulates the plugin's warm-up step on coming back on;
     ``candidates``: the steps the server offers ``ppo`` (default: ``offswitch.py``'s;
     None: every depth of the policy); ``switch_hold``: the plugin's hold between depth
-    switches (``compare.PLUGIN_MIN_SWITCH_STEPS``; False: every decision at once).
+    switches (``compare.PLUGIN_MIN_SWITCH_STEPS``; False: every decision at once);
+    ``rate``: the replay's mean arrival rate, requests/s (None: ``session.headline_rate()``,
+    as ``offswitch.py`` without ``HEADLINE_RATES``).
     """
     # The GPU servers' set-up: 48 running requests, depth 0 a plain decode (off path).
     cell = Cell(model="", server="spec_off", acceptance=acceptance, workload="headline",
                 concurrency=None, seconds=40.0, policy=policy_name, radix_cache=False,
                 max_running=48, source="", throughput_tok_s=0.0, mean_tpot_ms=0.0,
-                candidates=candidates)
+                candidates=candidates, rate=rate)
     overrides = {"reentry_warmup": reentry_warmup}
     if not switch_hold:
         overrides["min_switch_steps"] = 0

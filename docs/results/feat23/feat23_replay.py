@@ -20,7 +20,7 @@ from retrain_replay import RUNS
 from controller.policy_file import ExportedPolicy
 
 HERE = Path(__file__).resolve().parent
-FILES = {"5c3d9060": SHIPPED, "ceil": HERE.parents[2] / "controller/data/default_policy.npz",
+FILES = {"5c3d9060": SHIPPED, "ceil": HERE.parent / "gpu22/policy_65d4fb99.npz",
          "feat23": HERE / "policy_e3ae0086.npz"}
 
 
@@ -32,25 +32,27 @@ def cell(band: dict, price: bool) -> str:
     return f"{text} ({band['pred_ms_off_d3'][0]})" if price else text
 
 
-def main() -> None:
-    policies = {label: ExportedPolicy.load(path) for label, path in FILES.items()}
+def main(files: dict[str, Path] = FILES) -> None:
+    """Replay every serving through ``files`` (label -> policy file; the first one's
+    measured prices head the table) and print the lines and the table."""
+    policies = {label: ExportedPolicy.load(path) for label, path in files.items()}
     lines = []
     for line in replay_servings(RUNS, policies):
         lines.append(line)
         print(json.dumps(line), flush=True)
     print("\n| run | serving | model | measured off ms 8-23 / >=24 | "
-          + " | ".join(f"{label} 8-23 / >=24 (priced off)" for label in FILES) + " |")
-    print("|---|---|---|---|" + "---|" * len(FILES))
+          + " | ".join(f"{label} 8-23 / >=24 (priced off)" for label in files) + " |")
+    print("|---|---|---|---|" + "---|" * len(files))
     by_serving: dict[tuple, dict] = {}
     for line in lines:
         by_serving.setdefault((line["run"], line["serving"], line["model"]), {})[
             line["through"]] = line
     for (run, serving, model), row in by_serving.items():
-        first = row["5c3d9060"]
+        first = row[next(iter(files))]
         measured = " / ".join(str(first[b]["meas_ms_off_d3"][0] or "-")
                               if first[b].get("steps") else "-" for b in ("8-23", ">=24"))
         cells = [f"{cell(row[label]['8-23'], False)} / {cell(row[label]['>=24'], True)}"
-                 for label in FILES]
+                 for label in files]
         print(f"| {run} | {serving} | {model} | {measured} | " + " | ".join(cells) + " |")
 
 
