@@ -220,13 +220,15 @@ def test_the_flag_reaches_the_features_through_the_wire():
         assert bool(builder._held) is held
 
 
-@pytest.mark.parametrize("path", ["controller/data/default_policy.npz",
+@pytest.mark.parametrize("path", ["docs/results/gpu22/policy_65d4fb99.npz",
                                   "docs/results/off_probe/policy_3dd256a8.npz",
                                   "docs/results/drop_warmup/policy_58513820.npz"])
 def test_the_files_before_the_field_compute_as_before_on_a_flagged_stream(path):
-    """The shipped file (no warm-up fields) and the seventeenth session's retrain
-    (``drop_warmup_latency`` and ``warmup_restarts_draft``, no ``warmup_flag``) read a
-    flagged plugin stream exactly as one without flags: their features are unchanged."""
+    """The files shipped up to the twenty-third session (no warm-up fields) and the
+    seventeenth session's retrain (``drop_warmup_latency`` and ``warmup_restarts_draft``, no
+    ``warmup_flag``) read a flagged plugin stream exactly as one without flags: their
+    features are unchanged. (The file shipped since the twenty-fourth reads the flag for its
+    off ceiling's cells, ``latency_off_ceiling_samples``: tests/test_features_off_bounds.py.)"""
     from pathlib import Path
 
     from controller.policy_file import ExportedPolicy
