@@ -26,6 +26,8 @@ PROFILE = load_profile("h200_qwen3_30b_a3b")
 BASE = FeatureSpec(latency_model=3, latency_outlier_ratio=3.0)
 CEILING = dataclasses.replace(BASE, latency_off_ceiling=0.1)
 CLIP = dataclasses.replace(BASE, latency_off_outlier_ratio=1.25)
+CEILING_24 = dataclasses.replace(CEILING, latency_off_ceiling_batch=24.0)
+RISING = dataclasses.replace(CEILING, latency_off_ceiling_samples=2.0)
 BACKENDS = ["numpy", "compiled"]
 #: The file shipped in the twenty-first and twenty-second sessions, before the ceiling.
 BEFORE = "docs/results/gpu21/policy_5c3d9060.npz"
@@ -111,6 +113,24 @@ def _exact(count: int) -> list[StepRecord]:
     return out
 
 
+def _mixed(seed: int, scales: tuple[float, ...], start: int = 0,
+           warmup_share: float = 0.0) -> list[StepRecord]:
+    """``_exact(start)``, then steps to 400 at random batch sizes 1-63, off or depth 3, each
+    at one of ``scales`` x the profile; an off step flagged a re-entry warm-up with
+    probability ``warmup_share``."""
+    rng = np.random.default_rng(seed)
+    records = _exact(start)
+    for i in range(start, 400):
+        batch, depth = int(rng.integers(1, 64)), int(rng.choice([0, 3]))
+        scale = float(rng.choice(scales))
+        record = _record(i, batch, depth,
+                         scale * _profile_ms(batch, depth, KV_PER_REQUEST * batch))
+        if warmup_share and depth == 0 and rng.random() < warmup_share:
+            record = dataclasses.replace(record, warmup=True)
+        records.append(record)
+    return records
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_dear_off_step_enters_at_the_ratio_times_the_profile(backend):
     """A warm-up-like off step at batch 48 (2.8x the profile's off price, under the general
@@ -161,13 +181,7 @@ def test_both_backends_agree(spec, seed, scales, start):
     """The compiled backend bounds the same steps as numpy (a mixed stream), and the bound
     changes the features."""
     pytest.importorskip("numba")
-    rng = np.random.default_rng(seed)
-    records = _exact(start)
-    for i in range(start, 400):
-        batch, depth = int(rng.integers(1, 64)), int(rng.choice([0, 3]))
-        scale = float(rng.choice(scales))
-        records.append(_record(i, batch, depth,
-                               scale * _profile_ms(batch, depth, KV_PER_REQUEST * batch)))
+    records = _mixed(seed, scales, start)
     grids = [_builder(spec, backend, records).observation_grid() for backend in BACKENDS]
     np.testing.assert_allclose(grids[0], grids[1], rtol=1e-5, atol=1e-6)
     assert not np.allclose(grids[0], _builder(BASE, "numpy", records).observation_grid())
@@ -177,6 +191,9 @@ def test_both_backends_agree(spec, seed, scales, start):
     (CEILING, "latency_off_ceiling", 0.1, (-0.1, float("nan"), float("inf"), True, "0.1")),
     (CLIP, "latency_off_outlier_ratio", 1.25,
      (1.0, 0.5, -2.0, float("nan"), float("inf"), True, "2")),
+    (CEILING_24, "latency_off_ceiling_batch", 24.0,
+     (-1.0, float("nan"), float("inf"), True, "24")),
+    (RISING, "latency_off_ceiling_samples", 2.0, (-1.0, float("nan"), float("inf"), True, "2")),
 ])
 def test_an_old_file_reads_the_field_off_and_bad_values_are_refused(spec, field, value, bad):
     data = spec.to_dict()
@@ -221,8 +238,6 @@ def test_the_shipped_file_is_the_ceiled_one_with_only_the_rising_ceiling_on():
 
 # -- latency_off_ceiling_batch ----------------------------------------------------------
 
-CEILING_24 = dataclasses.replace(CEILING, latency_off_ceiling_batch=24.0)
-
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_the_ceiling_from_a_batch_bounds_off_only_there(backend):
@@ -241,27 +256,11 @@ def test_the_ceiling_from_a_batch_bounds_off_only_there(backend):
 def test_the_ceiling_from_a_batch_agrees_across_backends():
     """A mixed stream at batch 1-63: the compiled backend bounds the same batch sizes."""
     pytest.importorskip("numba")
-    rng = np.random.default_rng(11)
-    records = []
-    for i in range(400):
-        batch, depth = int(rng.integers(1, 64)), int(rng.choice([0, 3]))
-        scale = float(rng.choice((0.6, 1.0, 2.5)))
-        records.append(_record(i, batch, depth,
-                               scale * _profile_ms(batch, depth, KV_PER_REQUEST * batch)))
+    records = _mixed(11, (0.6, 1.0, 2.5))
     grids = [_builder(CEILING_24, backend, records).observation_grid() for backend in BACKENDS]
     np.testing.assert_allclose(grids[0], grids[1], rtol=1e-5, atol=1e-6)
     for other in (CEILING, BASE):
         assert not np.allclose(grids[0], _builder(other, "numpy", records).observation_grid())
-
-
-def test_the_ceiling_batch_reads_off_from_an_old_file_and_bad_values_are_refused():
-    data = CEILING_24.to_dict()
-    assert data["latency_off_ceiling_batch"] == 24.0
-    del data["latency_off_ceiling_batch"]
-    assert FeatureSpec.from_dict(data).latency_off_ceiling_batch == 0.0
-    for wrong in (-1.0, float("nan"), float("inf"), True, "24"):
-        with pytest.raises(ValueError, match="latency_off_ceiling_batch"):
-            FeatureSpec(latency_off_ceiling_batch=wrong)
 
 
 def test_the_feat23_candidate_is_the_ceiled_file_with_only_the_ceiling_batch_on():
@@ -275,8 +274,6 @@ def test_the_feat23_candidate_is_the_ceiled_file_with_only_the_ceiling_batch_on(
 
 
 # -- latency_off_ceiling_samples --------------------------------------------------------
-
-RISING = dataclasses.replace(CEILING, latency_off_ceiling_samples=2.0)
 
 
 def _flagged(records: list[StepRecord]) -> list[StepRecord]:
@@ -344,26 +341,7 @@ def test_the_rising_ceiling_agrees_across_backends():
     """A mixed stream at batch 1-63 with flagged warm-ups: both backends raise the
     ceiling at the same batch sizes by the same factors."""
     pytest.importorskip("numba")
-    rng = np.random.default_rng(13)
-    records = []
-    for i in range(400):
-        batch, depth = int(rng.integers(1, 64)), int(rng.choice([0, 3]))
-        scale = float(rng.choice((0.6, 1.0, 2.5)))
-        record = _record(i, batch, depth,
-                         scale * _profile_ms(batch, depth, KV_PER_REQUEST * batch))
-        if depth == 0 and rng.random() < 0.3:
-            record = dataclasses.replace(record, warmup=True)
-        records.append(record)
+    records = _mixed(13, (0.6, 1.0, 2.5), warmup_share=0.3)
     grids = [_builder(RISING, backend, records).observation_grid() for backend in BACKENDS]
     np.testing.assert_allclose(grids[0], grids[1], rtol=1e-5, atol=1e-6)
     assert not np.allclose(grids[0], _builder(CEILING, "numpy", records).observation_grid())
-
-
-def test_the_ceiling_samples_read_off_from_an_old_file_and_bad_values_are_refused():
-    data = RISING.to_dict()
-    assert data["latency_off_ceiling_samples"] == 2.0
-    del data["latency_off_ceiling_samples"]
-    assert FeatureSpec.from_dict(data).latency_off_ceiling_samples == 0.0
-    for wrong in (-1.0, float("nan"), float("inf"), True, "2"):
-        with pytest.raises(ValueError, match="latency_off_ceiling_samples"):
-            FeatureSpec(latency_off_ceiling_samples=wrong)
