@@ -118,7 +118,7 @@ def evaluate(policy: ExportedPolicy, grids: np.ndarray | Sequence[np.ndarray | N
         else:
             failed = None
         observations = grids[0] if n == 1 else np.concatenate(grids)
-    if np.isfinite(observations).all():
+    if fast_tanh.all_finite(observations):
         healthy = [True] * n
     else:  # estimator overflow: that stream only
         healthy = np.isfinite(observations).reshape(n, -1).all(axis=1).tolist()

@@ -242,3 +242,21 @@ def test_decide_rows_is_numpys_argmax_wherever_a_stream_is_sure(dtype) -> None:
         assert sure.sum() > streams // 4  # the check compares something
         want = logits.argmax(axis=1).reshape(streams, rows)
         np.testing.assert_array_equal(index[sure], want[sure])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_all_finite_is_numpys_check(dtype) -> None:
+    """all_finite (the decider's compiled check of the grids) says what
+    ``np.isfinite(x).all()`` says: a NaN, +inf or -inf anywhere (first, last, middle
+    entry), none, in contiguous arrays and strided views."""
+    rng = np.random.default_rng(5)
+    base = rng.standard_normal((6, 9)).astype(dtype)
+    cases = [base, base[:, ::2], base[::2]]
+    for bad in (np.nan, np.inf, -np.inf):
+        for where in ((0, 0), (5, 8), (3, 4)):
+            x = base.copy()
+            x[where] = bad
+            cases += [x, x[:, ::2], x[1:]]
+    for x in cases:
+        assert fast_tanh.all_finite(x) == bool(np.isfinite(x).all())
+    assert sum(not fast_tanh.all_finite(x) for x in cases) > 9  # the bad ones were seen
