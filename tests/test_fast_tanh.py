@@ -115,6 +115,7 @@ def test_decisions_are_the_exact_forwards(seed, scale, hidden, streams, gap, spr
                else rng.random(len(policy.actions)) < 0.6 for _ in range(streams)]
     index, _, _ = evaluate(policy, grids, allowed, None, None, NO_GUARD)
     np.testing.assert_array_equal(index, exact_per_stream(policy, grids, allowed))
+    assert index.dtype == np.intp  # the daemon reads the indices' bytes as intp
 
 
 def test_one_or_two_streams_are_decided_on_the_exact_forward(monkeypatch) -> None:
@@ -127,8 +128,9 @@ def test_one_or_two_streams_are_decided_on_the_exact_forward(monkeypatch) -> Non
     original = ExportedPolicy.approximate_logits
     monkeypatch.setattr(ExportedPolicy, "approximate_logits",
                         lambda self, x: calls.append(len(x)) or original(self, x))
-    evaluate(policy, grids[:1], [None], None, None, NO_GUARD)
+    index, _, _ = evaluate(policy, grids[:1], [None], None, None, NO_GUARD)
     assert calls == []
+    assert index.dtype == np.intp  # the daemon reads the indices' bytes as intp
     evaluate(policy, grids[:2], [None, None], None, None, NO_GUARD)
     assert calls == []
     evaluate(policy, grids, [None] * 3, None, None, NO_GUARD)
