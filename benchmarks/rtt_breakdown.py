@@ -85,7 +85,6 @@ def _stamped_daemon(out_path: str) -> None:
     backend_send, sndmore, noblock = (server_mod._BACKEND_SEND, server_mod._SNDMORE_NOBLOCK,
                                       server_mod._NOBLOCK)
     encode = server_mod.encode_decision
-    yield_cpu = server_mod._YIELD_CPU
 
     def _send(self, decisions):  # ControllerServer._send, stamping each send
         sock, metrics = self._sock, self.metrics
@@ -101,7 +100,6 @@ def _stamped_daemon(out_path: str) -> None:
             send_stamps.append((stream.key[1], decision.apply_from_step - DECISION_LAG, done))
             latencies.append(done / 1e9 - stream.received)
         if latencies:
-            yield_cpu()  # as _send: the core to ZeroMQ's I/O thread, once a poll
             metrics.latency.observe_many(latencies)
             metrics.decisions.inc(len(latencies))
         return len(latencies)

@@ -25,7 +25,6 @@ other failure while handling one frame is logged and counted, not raised.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from bisect import bisect_right
@@ -83,9 +82,6 @@ _COMPRESSED_CACHE = 4096
 #: pyzmq's compiled send: the Python-level ``zmq.Socket.send`` only adds draft-API
 #: arguments (routing_id, group) the daemon never uses: 0.2 vs 0.5 us a call here.
 _BACKEND_SEND = zmq.backend.Socket.send
-#: Gives this thread's core to another runnable thread (none waiting: returns at once).
-#: Called once a poll after its answers are sent: see _send.
-_YIELD_CPU = getattr(os, "sched_yield", lambda: None)
 _NOBLOCK = int(zmq.NOBLOCK)
 _SNDMORE_NOBLOCK = int(zmq.NOBLOCK | zmq.SNDMORE)
 #: Whether another message is queued (see _drain): libzmq's zmq_poll, which asks the
@@ -748,13 +744,6 @@ class ControllerServer:
                 continue
             latencies.append(clock() - stream.received)
         if latencies:
-            # The answers are in ZeroMQ's pipe, its I/O thread woken to write them out.
-            # Yielding here (once a poll) gets them to the servers sooner: 1 client x 1 kHz
-            # round trip p50 325-334 -> 222-277 us, 8 clients 450-635 -> 405-514
-            # (docs/ONLINE.md, twenty-fourth pass); likely the I/O thread was queued on
-            # this core behind this thread's bookkeeping and next wait's setup. With
-            # nothing else runnable here the call returns at once (~1 us).
-            _YIELD_CPU()
             metrics.latency.observe_many(latencies)
             metrics.decisions.inc(len(latencies))
         return len(latencies)

@@ -258,39 +258,6 @@ def test_with_answers_per_poll_every_record_of_a_poll_is_answered_in_order(polic
         server.close()
 
 
-def test_a_poll_yields_its_core_once_after_sending_its_answers(policy_path, monkeypatch):
-    """After a poll's last answer is sent (never before, never per answer) the serving
-    thread yields its core once, to ZeroMQ's I/O thread that writes the answers out; a
-    poll that sent nothing does not yield."""
-    import controller.server as server_module
-
-    calls: list[str] = []
-    send = server_module._BACKEND_SEND
-
-    def recording_send(sock, data, flags):
-        calls.append("send")
-        return send(sock, data, flags)
-
-    monkeypatch.setattr(server_module, "_BACKEND_SEND", recording_send)
-    monkeypatch.setattr(server_module, "_YIELD_CPU", lambda: calls.append("yield"))
-    server = ControllerServer(PolicyHolder(policy_path), ServeOptions(
-        endpoint=f"inproc://yield-{os.getpid()}", answers_per_poll=1))
-    a, b = (Client(server.endpoint, server._context) for _ in range(2))
-    try:
-        a.send(encode_step(record(1, server="a")))
-        b.send(encode_step(record(1, server="b")))  # inproc: both wait for the one poll
-        assert server.poll_once(100) == 2
-        assert calls == ["send"] * 4 + ["yield"]  # identity + frame per answer, then one
-        assert a.recv().apply_from_step == b.recv().apply_from_step == 1 + DECISION_LAG
-        calls.clear()
-        assert server.poll_once(20) == 0 and server._send([]) == 0
-        assert calls == []
-    finally:
-        for client in (a, b):  # before the server ends their shared context
-            client.sock.close(0)
-        server.close()
-
-
 def test_after_a_slow_round_only_each_streams_latest_record_is_answered(policy_path):
     server = ControllerServer(PolicyHolder(policy_path), ServeOptions(
         endpoint=f"inproc://slow-round-{os.getpid()}", overload_busy_s=0.0,
