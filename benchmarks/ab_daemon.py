@@ -21,6 +21,9 @@ its wait. ``--cold``: before each timed poll the process sleeps 1 ms and writes 
 buffer (what the clients, ZeroMQ's threads and an idle core do to the daemon's caches
 between a 1-kHz server's polls; docs/ONLINE.md, thirteenth pass); still thread CPU (a
 cache miss stalls the thread on the CPU; the sleep and the writing are not timed).
+``--cold-mib N`` writes N MiB instead: at 4 a one-stream poll takes about what the real
+daemon's does at one client x 1 kHz (150-240 us; twenty-fourth pass), where 32 MiB
+makes it twice that.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ DAEMON_MODULES = ("controller.server", "controller.policy_file", "controller.rel
 
 def measure(trees: dict[str, Path], streams: int, polls: int, through_socket: bool = False,
             cold: bool = False, policy: Path | None = None,
-            profile: str | None = None) -> dict[str, np.ndarray]:
+            profile: str | None = None, cold_mib: int = 32) -> dict[str, np.ndarray]:
     """Thread CPU (us) of each tree's handle_frame + decide per poll, lock-step (see the
     module's docstring for ``through_socket`` and ``cold``); both trees serve ``policy``
     (default: a random one, which has no off probe) with the cost profile ``profile``
@@ -81,7 +84,7 @@ def measure(trees: dict[str, Path], streams: int, polls: int, through_socket: bo
                 dealer.setsockopt(zmq.LINGER, 0)
                 dealer.connect(server.endpoint)
                 dealers[tag].append(dealer)
-    buffer = np.zeros(32 * 2**20 // 8) if cold else None
+    buffer = np.zeros(cold_mib * 2**20 // 8) if cold else None
     gc.freeze()
     gc.set_threshold(10_000, *gc.get_threshold()[1:])  # as specctl-serve
     spent: dict[str, list[int]] = {tag: [] for tag in trees}
@@ -102,7 +105,7 @@ def measure(trees: dict[str, Path], streams: int, polls: int, through_socket: bo
                             dealer.recv()
                 if cold:
                     time.sleep(0.001)
-                    buffer[::8] += 1.0  # every cache line of 32 MiB
+                    buffer[::8] += 1.0  # every cache line of the buffer
                 started = clock()
                 if through_socket:
                     out = server.decide(server._drain())
@@ -136,6 +139,8 @@ def main() -> None:
                         help="frames through each server's socket: _drain + decide + _send")
     parser.add_argument("--cold", action="store_true",
                         help="1 ms asleep and 32 MiB written before each poll")
+    parser.add_argument("--cold-mib", type=int, default=32,
+                        help="the buffer --cold writes, MiB")
     parser.add_argument("--policy", type=Path,
                         help="the policy file both serve (default: a random one; the shipped "
                              "controller/data/default_policy.npz has the off probe on)")
@@ -149,7 +154,8 @@ def main() -> None:
     threadpool_limits(1, user_api="blas")
     for n in args.streams:
         us = measure({"before": args.before.resolve(), "after": args.after.resolve()},
-                     n, args.polls, args.socket, args.cold, args.policy, args.profile)
+                     n, args.polls, args.socket, args.cold, args.policy, args.profile,
+                     args.cold_mib)
         before, after = np.median(us["before"]), np.median(us["after"])
         what = "drain + decide + send" if args.socket else "handle + decide"
         print(f"{n:4d} streams: {what} per poll p50 before {before:8.1f} us, "

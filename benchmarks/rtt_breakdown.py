@@ -241,7 +241,7 @@ def _clients(endpoint: str, names: list[str], seconds: float, rate_hz: float, ou
 
 
 def run_one(server: str, policy: Path, clients: int, seconds: float, workdir: Path,
-            tag: str) -> dict:
+            tag: str, rate_hz: float = 1000.0) -> dict:
     endpoint = f"ipc://{workdir}/{tag}.sock"
     stamps = workdir / f"{tag}.stamps"
     if server == "serve":
@@ -256,7 +256,7 @@ def run_one(server: str, policy: Path, clients: int, seconds: float, workdir: Pa
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     names = [f"c{i}" for i in range(clients)]
-    proc = ctx.Process(target=_clients, args=(endpoint, names, seconds, 1000.0, queue, pid))
+    proc = ctx.Process(target=_clients, args=(endpoint, names, seconds, rate_hz, queue, pid))
     proc.start()
     sent, received, client_cpu, server_cpu, wall = queue.get(timeout=seconds + 60)
     proc.join()
@@ -331,6 +331,9 @@ def main() -> None:
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--runs", type=int, default=1)
+    # Each client's step rate: above 1 kHz the answerer's polls come closer together
+    # (its caches warmer), which tells the poll's cold cost from its work.
+    parser.add_argument("--rate-hz", type=float, default=1000.0)
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "rtt_breakdown.json")
     args = parser.parse_args()
     results = {"runs": []}
@@ -345,7 +348,8 @@ def main() -> None:
                 for server in ("echo", "serve"):
                     k += 1
                     run[f"{server}_{clients}"] = r = run_one(server, policy, clients,
-                                                             args.seconds, workdir, f"r{k}")
+                                                             args.seconds, workdir, f"r{k}",
+                                                             args.rate_hz)
                     print(f"{server:5s} x{clients}: " + "  ".join(
                         f"{n} {r[n]['p50']:.0f}" for n in ("total", "queued", "in", "read",
                                                           "decide", "send", "out", "cpu",

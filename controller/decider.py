@@ -101,7 +101,8 @@ def evaluate(policy: ExportedPolicy, grids: np.ndarray | Sequence[np.ndarray | N
              probe: ProbeSpec | None = None, guard: GuardSpec | None = None
              ) -> tuple[np.ndarray, list[bool], list[bool]]:
     """:func:`choose` with the chosen actions as their index into ``policy.actions``
-    (shape (streams, grid rows)) and the flags as lists: what the daemon reads per poll.
+    (shape (streams, grid rows), dtype intp: the daemon keys its wire forms on their
+    bytes) and the flags as lists: what the daemon reads per poll.
     ``guard``: the goodput guard (:mod:`env.guard`; None: the policy file's).
     """
     # Few, whole-array numpy calls: at these sizes each call's ~1 us overhead is the cost.
@@ -118,7 +119,7 @@ def evaluate(policy: ExportedPolicy, grids: np.ndarray | Sequence[np.ndarray | N
         else:
             failed = None
         observations = grids[0] if n == 1 else np.concatenate(grids)
-    if np.isfinite(observations).all():
+    if fast_tanh.all_finite(observations):
         healthy = [True] * n
     else:  # estimator overflow: that stream only
         healthy = np.isfinite(observations).reshape(n, -1).all(axis=1).tolist()

@@ -34,14 +34,14 @@ specctl_policy_info{name,path}              gauge      1 for the policy being se
 
 from __future__ import annotations
 
-import threading
+import time
 from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 from itertools import accumulate
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
-from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
@@ -51,10 +51,16 @@ _LATENCY_BUCKETS = (25e-6, 50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 5e-3, 10e-
 
 
 class BatchHistogram(Collector):
-    """A Prometheus histogram observed a poll's values at a time (one lock per poll, and
-    one numpy call for a large poll, instead of ``Histogram.observe`` per decision, whose
-    lock and bucket loop cost more than a tenth of a decision); exposed through the
-    registry like any histogram."""
+    """A Prometheus histogram observed a poll's values at a time (one numpy call for a
+    large poll, instead of ``Histogram.observe`` per decision, whose lock and bucket loop
+    cost more than a tenth of a decision); exposed through the registry like any
+    histogram.
+
+    One writer only (the serving thread), and no lock: a scrape copies the counts (one C
+    call, whole under the GIL) and may see a poll's counts before its sum (the next
+    scrape has both); the lock it had cost a cold one-stream poll a few us
+    (docs/ONLINE.md, twenty-fourth pass).
+    """
 
     def __init__(self, name: str, documentation: str, buckets: Sequence[float],
                  registry: CollectorRegistry) -> None:
@@ -63,38 +69,72 @@ class BatchHistogram(Collector):
         self._bound_list = self._bounds.tolist()
         self._counts = [0] * (len(buckets) + 1)  # the last: above all
         self._sum = 0.0
-        self._lock = threading.Lock()  # observe (the serving thread) vs collect (HTTP)
         registry.register(self)
 
     def observe_many(self, values: Sequence[float]) -> None:
         """Count every value (seconds) of ``values``."""
         counts = self._counts
         if len(values) <= _FEW:  # a poll of few streams: bisect beats numpy's call costs
-            # bisect_left: a value equal to a bound belongs to that bound's bucket (le).
-            index = [bisect_left(self._bound_list, v) for v in values]
-            total = sum(values)
-            with self._lock:
-                for i in index:
-                    counts[i] += 1
-                self._sum += total
+            bounds = self._bound_list
+            for value in values:
+                # bisect_left: a value equal to a bound belongs to that bound's bucket (le).
+                counts[bisect_left(bounds, value)] += 1
+            self._sum += sum(values)
             return
         values = np.asarray(values, dtype=float)
         index = np.searchsorted(self._bounds, values, side="left")
         added = np.bincount(index, minlength=len(counts)).tolist()
-        total = float(values.sum())
-        with self._lock:
-            for i, count in enumerate(added):
-                counts[i] += count
-            self._sum += total
+        for i, count in enumerate(added):
+            counts[i] += count
+        self._sum += float(values.sum())
 
     def collect(self) -> Iterator[HistogramMetricFamily]:
-        with self._lock:
-            cumulative = list(accumulate(self._counts))
-            total = self._sum
+        cumulative = list(accumulate(list(self._counts)))
+        total = self._sum
         buckets = [(floatToGoString(b), c) for b, c in zip(self._bounds.tolist(), cumulative,
                                                         strict=False)]
         buckets.append(("+Inf", cumulative[-1]))
         yield HistogramMetricFamily(self._name, self._doc, buckets=buckets, sum_value=total)
+
+
+class PollCounter(Collector):
+    """A Prometheus counter the serving thread adds to every poll, with a plain integer
+    addition: ``Counter.inc`` is three Python calls and a lock, ~1 us warm and several
+    times that in a 1-kHz server's poll, run with the caches cold (three a poll cost
+    6-13% of a one-stream poll: docs/ONLINE.md, twenty-fourth pass).
+
+    One writer only (the serving thread): a scrape reads ints, whole under the GIL.
+    ``label``: the one label's name; then count with :meth:`add` (by label value), else
+    with :meth:`inc`. Exposed through the registry like any counter.
+    """
+
+    def __init__(self, name: str, documentation: str, registry: CollectorRegistry,
+                 label: str | None = None) -> None:
+        self._name, self._doc, self._label = name, documentation, label
+        self._created = time.time()
+        #: The count (a counter without a label).
+        self.value = 0
+        #: The counts by label value (a counter with a label; ``str()`` at a scrape).
+        self.by_label: dict[object, int] = {}
+        registry.register(self)
+
+    def inc(self, amount: int = 1) -> None:
+        """Add ``amount`` (a counter without a label)."""
+        self.value += amount
+
+    def add(self, value: object, amount: int = 1) -> None:
+        """Add ``amount`` to the count labelled ``value`` (exposed as ``str(value)``)."""
+        self.by_label[value] = self.by_label.get(value, 0) + amount
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        if self._label is None:
+            yield CounterMetricFamily(self._name, self._doc, value=self.value,
+                                      created=self._created)
+            return
+        family = CounterMetricFamily(self._name, self._doc, labels=[self._label])
+        for value, count in list(self.by_label.items()):  # one C call: whole under the GIL
+            family.add_metric([str(value)], count, created=self._created)
+        yield family
 
 
 class Metrics:
@@ -103,12 +143,13 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.decisions = Counter("specctl_decisions", "Decisions sent", registry=r)
+        # The three counted every poll: PollCounter (the others are rare: Counter)
+        self.decisions = PollCounter("specctl_decisions", "Decisions sent", r)
         self.latency = BatchHistogram("specctl_decision_latency_seconds",
                                       "Telemetry received to decision sent",
                                       _LATENCY_BUCKETS, r)
-        self.telemetry = Counter("specctl_telemetry_records", "Telemetry messages accepted",
-                                 registry=r)
+        self.telemetry = PollCounter("specctl_telemetry_records",
+                                     "Telemetry messages accepted", r)
         self.wire_errors = Counter("specctl_wire_errors", "Rejected frames", ["kind"],
                                    registry=r)
         self.frames_shed = Counter("specctl_frames_shed", "Frames shed unread under overload",
@@ -123,8 +164,8 @@ class Metrics:
                                      registry=r)
         self.internal_errors = Counter("specctl_internal_errors", "Frames whose handling failed",
                                        registry=r)
-        self.steps_chosen = Counter("specctl_steps_chosen", "Steps chosen", ["steps"],
-                                    registry=r)
+        self.steps_chosen = PollCounter("specctl_steps_chosen", "Steps chosen", r,
+                                        label="steps")
         self.fallbacks = Counter("specctl_fallback_replies", "Use-your-fallback replies",
                                  ["reason"], registry=r)
         self.reloads = Counter("specctl_policy_reloads", "Policy reloads", ["result"],

@@ -49,6 +49,9 @@ MAX_STEPS = 127
 #: Most rows a layer's bias is kept tiled for (see ExportedPolicy.logits); larger
 #: batches add it by broadcasting.
 _TILED_BIAS_ROWS = 4096
+#: Row counts whose bias views _forward keeps at most (a daemon's polls: a grid's rows
+#: times the streams answered; emptied when full).
+_ROW_BIAS_SHAPES = 64
 
 
 def _relu(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -105,6 +108,8 @@ class ExportedPolicy:
                           for w, b in zip(self.weights, self.biases, strict=True))
         #: Per layer, its bias repeated over rows (grown on demand, powers of two).
         self._tiled: list[np.ndarray | None] = [None] * len(self.biases)
+        #: Per row count, every layer's bias over that many rows (see _forward).
+        self._row_biases: dict[int, list[np.ndarray]] = {}
 
     def _bias_rows(self, layer: int, rows: int) -> np.ndarray:
         """Layer ``layer``'s bias repeated over ``rows`` rows (a view of a kept array).
@@ -172,7 +177,17 @@ class ExportedPolicy:
         # ufunc's dispatch (1.9 vs 3.0 us for a 20-row grid: a local decision's size).
         dot = np.dot
         rows = x.shape[0] if x.ndim == 2 and x.shape[0] <= _TILED_BIAS_ROWS else 0
-        tiled = self._tiled
+        # Every layer's bias over ``rows`` rows, the views themselves kept by row count:
+        # slicing the tiled biases anew was a numpy call per layer (~1.5 us each in a
+        # 1-kHz server's poll, run with the caches cold; docs/ONLINE.md, twenty-fourth
+        # pass). A view outlives a tiled array grown since: the same values.
+        biases = self._row_biases.get(rows) if rows else None
+        if biases is None and rows:
+            if len(self._row_biases) >= _ROW_BIAS_SHAPES:
+                self._row_biases.clear()
+            biases = self._row_biases[rows] = [
+                self._bias_rows(i, rows) if in_place else None
+                for i, in_place in enumerate(self._bias_in_place)]
         for i, (w, b, in_place) in enumerate(zip(self.weights, self.biases,
                                                  self._bias_in_place, strict=True)):
             x = dot(x, w)
@@ -180,12 +195,8 @@ class ExportedPolicy:
                 x = x + b
             elif not rows:
                 x += b
-            elif tiled[i] is not None and tiled[i].shape[0] >= rows:
-                # _bias_rows' hit, inlined: the method call cost about 0.5 of the
-                # 10.5 us a 20-row forward takes (alternating A/B, 2 December)
-                x += tiled[i][:rows]
             else:
-                x += self._bias_rows(i, rows)
+                x += biases[i]
             if i < last:
                 act(x, out=x)
         return x

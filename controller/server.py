@@ -84,8 +84,10 @@ _COMPRESSED_CACHE = 4096
 _BACKEND_SEND = zmq.backend.Socket.send
 _NOBLOCK = int(zmq.NOBLOCK)
 _SNDMORE_NOBLOCK = int(zmq.NOBLOCK | zmq.SNDMORE)
-#: ZMQ_EVENTS and POLLIN as plain ints: whether another message is queued (see _drain).
-_EVENTS = int(zmq.EVENTS)
+#: Whether another message is queued (see _drain): libzmq's zmq_poll, which asks the
+#: socket's ZMQ_EVENTS, without ``Socket.get``'s conversion of the option to its enum
+#: (two Python calls in enum.py, ~0.2 us warm and several in a cold poll).
+_ZMQ_POLL = zmq.backend.zmq_poll
 _POLLIN = int(zmq.POLLIN)
 #: Reads of a poll after which the drain asks the socket whether more is queued (beyond:
 #: it reads until zmq.Again, see _drain).
@@ -238,6 +240,7 @@ class ControllerServer:
         self._with_user_id = options.curve is not None
         self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._sock = sock
+        self._asking = [(sock, _POLLIN)]  # _drain's question to zmq_poll
         self._poller = zmq.Poller()
         self._poller.register(sock, zmq.POLLIN)
         self._next_sweep = time.monotonic() + 10.0
@@ -308,7 +311,7 @@ class ControllerServer:
         clock = time.perf_counter
         started = clock()  # the latency clock of every frame read now (an upper bound)
         deadline = started + options.max_drain_s
-        recv, events = sock.recv, sock.get
+        recv, asking = sock.recv, self._asking
         # The poll said a message is queued. After each of a poll's first two reads the
         # socket is asked whether another is (ZMQ_EVENTS) rather than read until a recv
         # raises zmq.Again: in a poll after an idle millisecond, the caches cold, the raise
@@ -334,7 +337,8 @@ class ControllerServer:
                     while part.more:
                         part = recv(_NOBLOCK, False)
                         extra += 1
-                more = reads >= _ASKED_READS or events(_EVENTS) & _POLLIN
+                # zmq_poll's answer: the sockets ready ([] when none is)
+                more = reads >= _ASKED_READS or _ZMQ_POLL(asking, 0)
             except zmq.Again:
                 break
             if extra:
@@ -579,11 +583,13 @@ class ControllerServer:
         now = time.monotonic()
         out = []
         chosen_counts: dict[int, int] = {}  # counted per poll: one inc per value
-        # Each entry's chosen actions as bytes (one per grid row): the key of its wire
+        # Each entry's chosen actions as bytes (8 per grid row): the key of its wire
         # form, made once per distinct decision (see _wire). A bytes slice hashes and
         # compares in one C call; a tuple of 20 ints element by element, and numpy's
         # ~2 us per call on arrays this small cost more than the work.
-        codes = index.astype(self._code_type, copy=False).tobytes()
+        # (evaluate's indices are intp: their bytes as they are, no narrowing copy, whose
+        # numpy call cost a cold poll ~2.5 us more than the longer key costs to hash)
+        codes = index.tobytes()
         width = len(codes) // len(entries) if entries else 0
         cache, wire_of = self._compressed, self._wire
         if len(cache) > _COMPRESSED_CACHE:
@@ -630,8 +636,9 @@ class ControllerServer:
                     chosen_counts[current] = chosen_counts.get(current, 0) + 1
                     decision = make(stream.seq, apply_from, name, wire[0], wire[1])
                 out.append((stream, decision))
+        add = metrics.steps_chosen.add
         for steps, count in chosen_counts.items():
-            self._count(metrics.steps_chosen, steps, count)
+            add(steps, count)
         return out
 
     def _wire(self, key: bytes, grid) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
@@ -640,7 +647,7 @@ class ControllerServer:
         grid row, from its actions' indices as bytes (see _answer). The same steps recur
         from step to step: each form is made once (emptied on reload)."""
         actions = self._action_list
-        steps = tuple(actions[i] for i in np.frombuffer(key, self._code_type).tolist())
+        steps = tuple(actions[i] for i in np.frombuffer(key, np.intp).tolist())
         wire = self._compressed[key] = (*compress(grid, steps), steps)
         return wire
 
@@ -770,8 +777,6 @@ class ControllerServer:
     def _set_actions(self, policy: ExportedPolicy) -> None:
         self._policy_actions = np.asarray(policy.actions)
         self._action_list = list(policy.actions)
-        # an action's index in one byte where the policy has at most 256 actions
-        self._code_type = np.dtype(np.uint8 if len(policy.actions) <= 256 else np.uint16)
         self._probe, self._guard = (self._served_rule(policy, name) for name in RULES)
 
     def _served_rule(self, policy: ExportedPolicy, name: str):

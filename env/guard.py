@@ -232,6 +232,36 @@ def _off_index(actions: tuple) -> int | None:
     return next((i for i, action in enumerate(actions) if action == 0), None)
 
 
+#: numpy's intp dtype: numpy's own arrays of it hold this one object (identity is one
+#: pointer compare; ``dtype == np.intp`` converts np.intp to a dtype every call); numba's
+#: (controller.fast_tanh.decide_rows') an equal other: compared by value.
+_INTP = np.dtype(np.intp)
+#: The latest :func:`_compiled_settings` answer with its arguments, held (so no other
+#: object can take their ids): (guard, actions, observation dtype, settings).
+_latest_settings: tuple = (None, None, None, None)
+
+
+def _compiled_settings(guard: GuardSpec, actions: np.ndarray, dtype: np.dtype
+                       ) -> tuple[int, np.ndarray] | None:
+    """The compiled guard's (off index, limits) for ``guard`` over ``actions`` and
+    observations of ``dtype``, or None where it does not apply (no action 0, dtypes it
+    does not take). A decider asks with the same three objects poll after poll: the
+    latest answer is kept by identity (``actions``, as everywhere here, is read only),
+    not looked up by value: ``off_index``'s key and ``_limits``' hash of the guard's
+    fields were ~5 us of a one-stream poll after a millisecond idle (docs/ONLINE.md,
+    twenty-fourth pass)."""
+    global _latest_settings
+    latest = _latest_settings
+    if latest[0] is guard and latest[1] is actions and latest[2] is dtype:
+        return latest[3]
+    off = off_index(actions)
+    settings = None
+    if off is not None and dtype in _COMPILED_DTYPES and actions.dtype == np.int64:
+        settings = (off, _limits(guard, dtype))
+    _latest_settings = (guard, actions, dtype, settings)
+    return settings
+
+
 def apply_guard(guard: GuardSpec, columns: GuardColumns, observations: np.ndarray,
                 index: np.ndarray, actions: np.ndarray,
                 allowed: list[np.ndarray | None] | tuple) -> None:
@@ -241,23 +271,23 @@ def apply_guard(guard: GuardSpec, columns: GuardColumns, observations: np.ndarra
     place both deciders and the simulator's policy adapter apply the guard."""
     if not guard.enabled:
         return
-    off = off_index(actions)
-    if off is None:
-        return
     kernel = _compiled()
-    if (kernel is not None and index.ndim == 2 and index.size > 1
-            and observations.dtype in _COMPILED_DTYPES and index.dtype == np.intp
-            and actions.dtype == np.int64 and observations.ndim == 2
+    settings = _compiled_settings(guard, actions, observations.dtype)
+    if (kernel is not None and settings is not None and index.ndim == 2 and index.size > 1
+            and (index.dtype is _INTP or index.dtype == _INTP) and observations.ndim == 2
             and observations.shape[0] == index.size):
         # one compiled call (env.guard_compiled): the same rows overruled
+        off, limits = settings
         flags = _EVERY
         for mask in allowed:
             if mask is not None:
                 flags = np.fromiter((m is None or bool(m[off]) for m in allowed), bool,
                                     len(allowed))
                 break
-        kernel(observations, index, actions, off, flags, columns.packed,
-               _limits(guard, observations.dtype))
+        kernel(observations, index, actions, off, flags, columns.packed, limits)
+        return
+    off = off_index(actions)
+    if off is None:
         return
     if all(mask is None or mask[off] for mask in allowed):
         guard_rows(guard, columns, observations, index, actions, off)

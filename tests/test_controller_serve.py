@@ -458,3 +458,31 @@ def test_the_batch_histogram_counts_like_prometheus_histograms():
     for suffix in ("_count", "_sum"):
         assert ours_registry.get_sample_value("lat_seconds" + suffix) == pytest.approx(
             theirs_registry.get_sample_value("lat_seconds" + suffix))
+
+
+def test_the_poll_counter_counts_like_prometheus_counters():
+    """The daemon's per-poll counters (plain integer additions): the samples a scrape
+    reads must be prometheus_client's own Counter's for the same counts, with a label
+    (its values exposed as strings) and without."""
+    from prometheus_client import CollectorRegistry, Counter
+
+    from controller.metrics import PollCounter
+
+    ours_registry, theirs_registry = CollectorRegistry(), CollectorRegistry()
+    ours_plain = PollCounter("sent", "doc", ours_registry)
+    theirs_plain = Counter("sent", "doc", registry=theirs_registry)
+    ours_steps = PollCounter("chosen", "doc", ours_registry, label="steps")
+    theirs_steps = Counter("chosen", "doc", ["steps"], registry=theirs_registry)
+    for steps, count in ((3, 2), (0, 1), (3, 5), (7, 1)):
+        ours_plain.inc(count)
+        theirs_plain.inc(count)
+        ours_steps.add(steps, count)
+        theirs_steps.labels(str(steps)).inc(count)
+
+    def samples(registry):
+        return sorted((s.name, tuple(sorted(s.labels.items())), s.value)
+                      for family in registry.collect() for s in family.samples
+                      if not s.name.endswith("_created"))
+
+    assert samples(ours_registry) == samples(theirs_registry)
+    assert ours_registry.get_sample_value("chosen_total", {"steps": "3"}) == 7

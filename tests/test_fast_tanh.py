@@ -115,6 +115,7 @@ def test_decisions_are_the_exact_forwards(seed, scale, hidden, streams, gap, spr
                else rng.random(len(policy.actions)) < 0.6 for _ in range(streams)]
     index, _, _ = evaluate(policy, grids, allowed, None, None, NO_GUARD)
     np.testing.assert_array_equal(index, exact_per_stream(policy, grids, allowed))
+    assert index.dtype == np.intp  # the daemon reads the indices' bytes as intp
 
 
 def test_one_or_two_streams_are_decided_on_the_exact_forward(monkeypatch) -> None:
@@ -127,8 +128,9 @@ def test_one_or_two_streams_are_decided_on_the_exact_forward(monkeypatch) -> Non
     original = ExportedPolicy.approximate_logits
     monkeypatch.setattr(ExportedPolicy, "approximate_logits",
                         lambda self, x: calls.append(len(x)) or original(self, x))
-    evaluate(policy, grids[:1], [None], None, None, NO_GUARD)
+    index, _, _ = evaluate(policy, grids[:1], [None], None, None, NO_GUARD)
     assert calls == []
+    assert index.dtype == np.intp  # the daemon reads the indices' bytes as intp
     evaluate(policy, grids[:2], [None, None], None, None, NO_GUARD)
     assert calls == []
     evaluate(policy, grids, [None] * 3, None, None, NO_GUARD)
@@ -242,3 +244,21 @@ def test_decide_rows_is_numpys_argmax_wherever_a_stream_is_sure(dtype) -> None:
         assert sure.sum() > streams // 4  # the check compares something
         want = logits.argmax(axis=1).reshape(streams, rows)
         np.testing.assert_array_equal(index[sure], want[sure])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_all_finite_is_numpys_check(dtype) -> None:
+    """all_finite (the decider's compiled check of the grids) says what
+    ``np.isfinite(x).all()`` says: a NaN, +inf or -inf anywhere (first, last, middle
+    entry), none, in contiguous arrays and strided views."""
+    rng = np.random.default_rng(5)
+    base = rng.standard_normal((6, 9)).astype(dtype)
+    cases = [base, base[:, ::2], base[::2]]
+    for bad in (np.nan, np.inf, -np.inf):
+        for where in ((0, 0), (5, 8), (3, 4)):
+            x = base.copy()
+            x[where] = bad
+            cases += [x, x[:, ::2], x[1:]]
+    for x in cases:
+        assert fast_tanh.all_finite(x) == bool(np.isfinite(x).all())
+    assert sum(not fast_tanh.all_finite(x) for x in cases) > 9  # the bad ones were seen

@@ -216,6 +216,43 @@ def test_the_guard_decides_as_the_whole_array_code_did(data, streams, rows, dtyp
     assert off == (int(np.flatnonzero(actions == 0)[0]) if (actions == 0).any() else None)
 
 
+def test_guards_alternating_on_the_same_arrays_each_decide_as_their_own():
+    """apply_guard keeps the compiled guard's settings of its latest call by identity:
+    calls alternating two guards (margins on either side of the rows' goodput) on the
+    same actions and observations, then actions without off, then the observations in
+    float64, must each overrule what that guard alone does (a cache that left the guard
+    or the actions out of its key hands a call the previous one's limits or off index;
+    the dtype's part is only exercised: its limits differ in the last bits)."""
+    spec = FeatureSpec()
+    columns = guard_columns(spec)
+    keen, lax = GuardSpec(margin=0.0), GuardSpec(margin=0.3)  # 0.9 loses under keen only
+    rows = np.stack([vector(spec, 0.9, 0.9, 0.9)] * 4)
+    actions = np.arange(spec.max_depth + 1)
+    no_off = actions[:0:-1].copy()  # 7 ... 1: a stale off index (0) would show
+    wide = rows.astype(np.float64)
+    for guard, observations, acts in [(keen, rows, actions), (lax, rows, actions),
+                                      (keen, rows, actions), (keen, rows, no_off),
+                                      (keen, wide, actions), (lax, wide, actions),
+                                      (keen, rows, actions)]:
+        for compiled in (True, False):
+            index = np.full((2, 2), int(np.flatnonzero(acts == 1)[0]), dtype=np.intp)
+            expected = index.copy()
+            off = off_index(acts)
+            for i in range(2):
+                reference_guard_rows(guard, columns, observations[2 * i:2 * i + 2],
+                                     expected[i], acts, off)
+            with guard_path(compiled):
+                apply_guard(guard, columns, observations, index, acts, [None, None])
+            assert index.tolist() == expected.tolist(), (guard.margin, acts.size, compiled)
+    # the case above is not vacuous: keen overrules these rows, lax does not
+    index = np.full((2, 2), 1, dtype=np.intp)
+    apply_guard(keen, columns, rows, index, actions, [None, None])
+    assert (index == off_index(actions)).all()
+    index = np.full((2, 2), 1, dtype=np.intp)
+    apply_guard(lax, columns, rows, index, actions, [None, None])
+    assert (index == 1).all()
+
+
 def _profiled_stream(profile, scale: float = 1.0, n: int = 40) -> list[StepRecord]:
     """Alternating off and depth-1 records at batch 48, at ``scale`` times the profile's
     latency, where depth 1's draft is never accepted."""

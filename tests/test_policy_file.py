@@ -370,9 +370,12 @@ def test_logits_equal_the_textbook_forward_bit_for_bit(activation, bias_dtypes):
 
 def test_logits_with_tiled_biases_equal_the_broadcast_forward_at_every_batch_size(
         monkeypatch):
-    """The bias kept tiled over rows (grown as batches grow; beyond the cap broadcast)
-    gives the broadcast addition's values bit for bit, batch after batch."""
+    """The bias kept tiled over rows (grown as batches grow; beyond the cap broadcast),
+    and its views kept per row count (those of a tiled array grown since, and the kept
+    row counts emptied when full), give the broadcast addition's values bit for bit,
+    batch after batch."""
     monkeypatch.setattr(policy_file, "_TILED_BIAS_ROWS", 200)
+    monkeypatch.setattr(policy_file, "_ROW_BIAS_SHAPES", 3)
     policy = ExportedPolicy.random(hidden=(16, 8), seed=4)
     biases = [b + np.float32(0.25) * (i + 1) for i, b in enumerate(policy.biases)]
     policy = ExportedPolicy(policy.weights, biases, policy.actions, policy.feature_spec)
