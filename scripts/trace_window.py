@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -32,15 +33,34 @@ from env.sim.simulator import Simulator
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Parse the arguments and print the window's trace."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+@dataclass
+class Window:
+    """One evaluation window, ready to run: its scenario, simulator, the ``ppo`` adapter and
+    the decision loop over them (``spec``: the adapter's feature spec)."""
+
+    scenario: object
+    sim: Simulator
+    policy: object
+    spec: FeatureSpec
+    loop: DecisionLoop
+    max_depth: int
+
+
+def window_parser(description: str) -> argparse.ArgumentParser:
+    """The arguments every window trace takes: seed, label, --policy, --every, overrides."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("seed", type=int, help="the evaluation seed (specctl-eval seed=N)")
     parser.add_argument("label", help="the start of the scenario's label")
     parser.add_argument("--policy", default="controller/data/default_policy.npz")
     parser.add_argument("--every", type=int, default=1, help="print every N-th decision")
     parser.add_argument("overrides", nargs="*", help="specctl-eval config overrides")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def open_window(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Window:
+    """The first evaluation scenario at ``args.seed`` whose label starts with
+    ``args.label`` (its name printed), with ``args.policy`` as ``ppo``, as specctl-eval
+    runs it (guard and probes)."""
     with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
         cfg = compose(config_name="eval", overrides=[f"seed={args.seed}", *args.overrides])
     env = _eval_env(cfg)
@@ -62,6 +82,17 @@ def main(argv: list[str] | None = None) -> None:
     loop = DecisionLoop(sim, spec, feedback_lag=int(env["feedback_lag"]),
                         horizon_s=scenario.horizon_s, cost_prior=scenario.prior)
     loop.features.set_probe(policy.probe)
+    return Window(scenario, sim, policy, spec, loop, max_depth)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse the arguments and print the window's trace."""
+    parser = window_parser(__doc__.splitlines()[0])
+    args = parser.parse_args(argv)
+    window = open_window(parser, args)
+    scenario, sim, policy, spec, loop = (window.scenario, window.sim, window.policy,
+                                         window.spec, window.loop)
+    max_depth = window.max_depth
     names = spec.names()
     confidence = [names.index(f"cost_confidence_{d}") for d in range(max_depth + 1)]
     goodput = [0] + [names.index(f"relative_goodput_{d}") for d in range(1, max_depth + 1)]

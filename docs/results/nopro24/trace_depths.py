@@ -6,26 +6,14 @@ each depth's relative goodput feature (log, over off), the cost-sample counts an
 network's action probabilities. ``scripts/trace_window.py`` shows one depth per step;
 this shows why a depth was not chosen.
 
-    PYTHONPATH=$PWD python docs/results/nopro24/trace_depths.py 2 \\
+    PYTHONPATH=$PWD:$PWD/scripts python docs/results/nopro24/trace_depths.py 2 \\
         "fixed C=64 h100_llama31_8b prior=none" --every 5 --steps 200
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-from pathlib import Path
-
 import numpy as np
-from hydra import compose, initialize_config_dir
-
-from agents.evaluate import _eval_env, _scenarios
-from agents.policies import make_policy
-from env.features import FeatureSpec
-from env.rollout import DecisionLoop
-from env.sim.simulator import Simulator
-
-CONFIGS = Path(__file__).resolve().parents[3] / "configs"
+from trace_window import open_window, window_parser
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:
@@ -35,37 +23,15 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
 
 def main(argv: list[str] | None = None) -> None:
     """Parse the arguments and print the window's trace."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("seed", type=int, help="the evaluation seed (specctl-eval seed=N)")
-    parser.add_argument("label", help="the start of the scenario's label")
-    parser.add_argument("--policy", default="controller/data/default_policy.npz")
-    parser.add_argument("--every", type=int, default=1, help="print every N-th decision")
+    parser = window_parser(__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=0, help="stop after N decisions (0: all)")
     parser.add_argument("--records", action="store_true",
                         help="also print each decode record folded (depth, mean accepted)")
-    parser.add_argument("overrides", nargs="*", help="specctl-eval config overrides")
     args = parser.parse_args(argv)
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
-        cfg = compose(config_name="eval", overrides=[f"seed={args.seed}", *args.overrides])
-    env = _eval_env(cfg)
-    ev = cfg.eval
-    scenarios = _scenarios(json.dumps(env, sort_keys=True), int(ev.windows), args.seed,
-                           tuple(ev.get("prior_modes") or ("exact",)),
-                           int(ev.get("random_servers") or 0))
-    matches = [s for s in scenarios if s.label.startswith(args.label)]
-    if not matches:
-        parser.error(f"no scenario at seed {args.seed} starts with {args.label!r}")
-    scenario = matches[0]
-    print(f"{scenario.label} ({len(matches)} matching)")
-    sim = Simulator(scenario.profile, scenario.acceptance, scenario.workload, scenario.config,
-                    seed=scenario.seed)
-    max_depth = int(env["max_depth"])
-    policy = make_policy("ppo", profile=scenario.prior, max_depth=max_depth,
-                         policy_path=args.policy, sim_config=scenario.config)
-    spec = policy.feature_spec(FeatureSpec(max_depth=max_depth))
-    loop = DecisionLoop(sim, spec, feedback_lag=int(env["feedback_lag"]),
-                        horizon_s=scenario.horizon_s, cost_prior=scenario.prior)
-    loop.features.set_probe(policy.probe)
+    window = open_window(parser, args)
+    scenario, sim, policy, spec, loop = (window.scenario, window.sim, window.policy,
+                                         window.spec, window.loop)
+    max_depth = window.max_depth
     names = spec.names()
     goodput = [names.index(f"relative_goodput_{d}") for d in range(1, max_depth + 1)]
     actions = np.asarray(policy.exported.actions)
