@@ -45,7 +45,14 @@ SPECS = (SPEC, FeatureSpec(latency_model=2), FeatureSpec(latency_model=3),
          # the warm-up's own hold
          FeatureSpec(latency_drop_before_prefill=True, latency_outlier_ratio=3.0),
          FeatureSpec(latency_model=3, latency_drop_before_prefill=True,
-                     drop_warmup_latency=True, warmup_restarts_draft=True))
+                     drop_warmup_latency=True, warmup_restarts_draft=True),
+         # the off ceiling rising with off's own (unflagged) steps: the shipped file's
+         # estimators, and with the ceiling's batch threshold beside the local correction
+         FeatureSpec(latency_model=3, latency_outlier_ratio=3.0,
+                     latency_drop_before_prefill=True, latency_off_ceiling=0.1,
+                     latency_off_ceiling_samples=2.0),
+         FeatureSpec(latency_off_ceiling=0.2, latency_off_ceiling_batch=24.0,
+                     latency_off_ceiling_samples=0.5, latency_local_samples=1.0))
 
 
 @st.composite
