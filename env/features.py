@@ -118,13 +118,6 @@ def local_bucket(batch_size: int) -> int:
     return bucket
 
 
-@functools.lru_cache(maxsize=64)
-def local_buckets(batch_sizes: tuple[int, ...]) -> tuple[int, ...]:
-    """:func:`local_bucket` of each batch size (cached: a decision asks for the same grid
-    every time, and 20 Python calls cost more than the rest of the off ceiling's lift)."""
-    return tuple(local_bucket(b) for b in batch_sizes)
-
-
 def local_tables(counts: np.ndarray, sums: np.ndarray, times: np.ndarray, clock: float,
                  forget: float, samples: float) -> tuple[np.ndarray, np.ndarray]:
     """The local cost correction per (depth, bucket), each shape (depth + 1,
@@ -1204,36 +1197,19 @@ def _latency_predictions(builders: Sequence[FeatureBuilder], batch_sizes: np.nda
 def _off_ceiling_lift(builders: Sequence[FeatureBuilder], batch_sizes: np.ndarray
                       ) -> np.ndarray:
     """The factor each builder's off ceiling rises by at each batch size (shape (builders,
-    batch sizes), >= 1): toward off's own mean measured / profile ratio near it, beyond
-    the ceiling, by that measurement's weight (FeatureSpec.latency_off_ceiling_samples).
-    ``local_tables``' arithmetic on one row of cells, in plain floats: its ~15 numpy
-    calls per stream had cost more than the rest of a decision's grid."""
+    batch sizes), >= 1): toward off's own mean measured / profile ratio near it (its cells
+    read as :func:`local_tables` reads the local correction's), beyond the ceiling, by
+    that measurement's weight (FeatureSpec.latency_off_ceiling_samples)."""
     spec = builders[0].spec
-    forget, samples, ceiling = (spec.latency_forgetting, spec.latency_off_ceiling_samples,
-                                spec.latency_off_ceiling)
-    buckets = local_buckets(tuple(batch_sizes.tolist()))
+    buckets = [local_bucket(int(b)) for b in batch_sizes.tolist()]
     lift = np.empty((len(builders), len(buckets)))
     for i, builder in enumerate(builders):
-        clock = builder._local_clock
-        counts, sums = [0.0] * LOCAL_BUCKETS, [0.0] * LOCAL_BUCKETS
-        for j, (count, total, time) in enumerate(zip(
-                builder._off_counts, builder._off_sums, builder._off_times, strict=True)):
-            if count:
-                decay = forget ** (clock - time)
-                counts[j], sums[j] = count * decay, total * decay
-        factors = []
-        for j in range(LOCAL_BUCKETS):
-            near_count, near_sum = counts[j], sums[j]
-            if j > 0:
-                near_count += LOCAL_NEIGHBOUR * counts[j - 1]
-                near_sum += LOCAL_NEIGHBOUR * sums[j - 1]
-            if j < LOCAL_BUCKETS - 1:
-                near_count += LOCAL_NEIGHBOUR * counts[j + 1]
-                near_sum += LOCAL_NEIGHBOUR * sums[j + 1]
-            ratio = near_sum / near_count if near_count > 0.0 else 0.0
-            weight = -math.expm1(-near_count / samples)
-            factors.append(math.exp(weight * max(ratio - ceiling, 0.0)))
-        lift[i] = [factors[j] for j in buckets]
+        weight, ratio = local_tables(
+            np.array(builder._off_counts)[None], np.array(builder._off_sums)[None],
+            np.array(builder._off_times)[None], builder._local_clock,
+            spec.latency_forgetting, spec.latency_off_ceiling_samples)
+        beyond = np.maximum(ratio[0, buckets] - spec.latency_off_ceiling, 0.0)
+        lift[i] = np.exp(weight[0, buckets] * beyond)
     return lift
 
 

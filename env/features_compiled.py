@@ -532,23 +532,22 @@ def _fold_probed(state, params, has_prior, batch_size, waiting, kv_tokens, kv_ca
 
 
 @njit(cache=True)
-def _local_tables(state, params, weight, ratio, counts, sums):
-    """``env.features.local_tables`` of one stream's state, into ``weight`` and
-    ``ratio`` (depth + 1, LOCAL_BUCKETS; ``counts`` and ``sums``: scratch, that shape)."""
-    depth = int(params[_P_DEPTH])
-    lo = _local_at(depth)
-    cells = _cells_jit(depth)
-    clock, forget, samples = state[lo], params[_P_FORGET], params[_P_LOCAL]
-    for d in range(depth + 1):
+def _cell_tables(state, first, stride, clock, forget, samples, weight, ratio, counts, sums):
+    """``env.features.local_tables`` of the cells whose counts sit at ``state[first + d *
+    LOCAL_BUCKETS + j]`` (log-error sums ``stride`` later, update times ``2 * stride``
+    later), for rows d < ``weight.shape[0]``, into ``weight`` and ``ratio`` (``counts`` and
+    ``sums``: scratch, that shape)."""
+    rows = weight.shape[0]
+    for d in range(rows):
         for j in range(LOCAL_BUCKETS):
-            cell = lo + 1 + d * LOCAL_BUCKETS + j
+            cell = first + d * LOCAL_BUCKETS + j
             if state[cell] == 0.0:  # never measured (most cells): 0 either way, no pow
                 counts[d, j] = sums[d, j] = 0.0
                 continue
-            decay = forget ** (clock - state[cell + 2 * cells])
+            decay = forget ** (clock - state[cell + 2 * stride])
             counts[d, j] = state[cell] * decay
-            sums[d, j] = state[cell + cells] * decay
-    for d in range(depth + 1):
+            sums[d, j] = state[cell + stride] * decay
+    for d in range(rows):
         for j in range(LOCAL_BUCKETS):
             near_count, near_sum = counts[d, j], sums[d, j]
             if j > 0:
@@ -562,30 +561,27 @@ def _local_tables(state, params, weight, ratio, counts, sums):
 
 
 @njit(cache=True)
-def _off_ceiling_lift(state, params, lift):
-    """``env.features._off_ceiling_lift`` of one stream's state, per batch bucket, into
-    ``lift`` (LOCAL_BUCKETS)."""
+def _local_tables(state, params, weight, ratio, counts, sums):
+    """``env.features.local_tables`` of one stream's local cost correction, into
+    ``weight`` and ``ratio`` (depth + 1, LOCAL_BUCKETS; ``counts`` and ``sums``: scratch,
+    that shape)."""
     depth = int(params[_P_DEPTH])
-    at = _off_cells_at(depth)
-    clock, forget = state[_local_at(depth)], params[_P_FORGET]
-    counts = np.zeros(LOCAL_BUCKETS)
-    sums = np.zeros(LOCAL_BUCKETS)
+    lo = _local_at(depth)
+    _cell_tables(state, lo + 1, _cells_jit(depth), state[lo], params[_P_FORGET],
+                 params[_P_LOCAL], weight, ratio, counts, sums)
+
+
+@njit(cache=True)
+def _off_ceiling_lift(state, params, lift, weight, ratio, counts, sums):
+    """``env.features._off_ceiling_lift`` of one stream's state, per batch bucket, into
+    ``lift`` (LOCAL_BUCKETS; the others: scratch, 1 x LOCAL_BUCKETS)."""
+    depth = int(params[_P_DEPTH])
+    _cell_tables(state, _off_cells_at(depth), LOCAL_BUCKETS, state[_local_at(depth)],
+                 params[_P_FORGET], params[_P_OFF_CEILING_SAMPLES], weight, ratio, counts,
+                 sums)
     for j in range(LOCAL_BUCKETS):
-        if state[at + j] != 0.0:  # never measured: 0 either way, no pow
-            decay = forget ** (clock - state[at + 2 * LOCAL_BUCKETS + j])
-            counts[j] = state[at + j] * decay
-            sums[j] = state[at + LOCAL_BUCKETS + j] * decay
-    for j in range(LOCAL_BUCKETS):
-        near_count, near_sum = counts[j], sums[j]
-        if j > 0:
-            near_count += LOCAL_NEIGHBOUR * counts[j - 1]
-            near_sum += LOCAL_NEIGHBOUR * sums[j - 1]
-        if j < LOCAL_BUCKETS - 1:
-            near_count += LOCAL_NEIGHBOUR * counts[j + 1]
-            near_sum += LOCAL_NEIGHBOUR * sums[j + 1]
-        ratio = near_sum / near_count if near_count > 0.0 else 0.0
-        weight = -math.expm1(-near_count / params[_P_OFF_CEILING_SAMPLES])
-        lift[j] = math.exp(weight * _maximum(ratio - params[_P_OFF_CEILING_LOG], 0.0))
+        beyond = _maximum(ratio[0, j] - params[_P_OFF_CEILING_LOG], 0.0)
+        lift[j] = math.exp(weight[0, j] * beyond)
 
 
 @njit(cache=True)
@@ -614,6 +610,7 @@ def _grids(states, params, has_prior, design, at0, slope, column0, buckets, out,
     ceiling_batch = params[_P_OFF_CEILING_BATCH]
     off_cells = params[_P_OFF_CEILING_SAMPLES] > 0.0
     lift = np.ones(LOCAL_BUCKETS)
+    off_tables = np.zeros((4, 1, LOCAL_BUCKETS))  # _off_ceiling_lift's scratch
     weight = np.zeros((depth + 1, LOCAL_BUCKETS))
     ratio = np.zeros((depth + 1, LOCAL_BUCKETS))
     local_ms = np.empty(depth + 1)
@@ -662,7 +659,8 @@ def _grids(states, params, has_prior, design, at0, slope, column0, buckets, out,
         for d in range(depth + 1):
             log_tokens[d] = math.log1p(expected[n, d])
         if off_ceiling and off_cells:
-            _off_ceiling_lift(state, params, lift)
+            _off_ceiling_lift(state, params, lift, off_tables[0], off_tables[1],
+                              off_tables[2], off_tables[3])
         if local:
             _local_tables(state, params, weight, ratio, local_counts, local_sums)
         for r in range(rows):
