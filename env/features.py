@@ -524,7 +524,6 @@ class FeatureBuilder:
             self.probe_tracker = None
         elif self.probe_tracker is None or self.probe_tracker.spec != probe:
             self.probe_tracker = self.tracker_type(probe)
-            self.probe_tracker.reset(profiled=self.cost_prior is not None)
 
     @property
     def probing(self) -> int:
@@ -592,7 +591,7 @@ class FeatureBuilder:
         #: the steps used and steps since the switch before it (see _restart_at).
         self._restart: tuple[int, int] | None = None
         if self.probe_tracker is not None:
-            self.probe_tracker.reset(profiled=self.cost_prior is not None)
+            self.probe_tracker.reset()
 
     def copy(self) -> FeatureBuilder:
         """An independent copy of the estimators as they are now (sharing the spec, the

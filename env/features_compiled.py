@@ -755,11 +755,11 @@ class CompiledProbeTracker(ProbeTracker):
                                   spec.off_samples], dtype=np.float64)
         super().__init__(spec)
 
-    def reset(self, profiled: bool = True) -> None:
-        """Forget the budgets (a new stream; ``profiled``: see ProbeTracker.reset)."""
+    def reset(self) -> None:
+        """Forget the budgets (a new stream)."""
         self.budget_s = 0.0
         self.cost_s = 0.0
-        self.remaining = self._start_records(profiled)
+        self.remaining = 0
         self.off = np.zeros(_OFF_SIZE)
         self.off[_OFF_BUCKET] = -1.0
 
@@ -887,7 +887,7 @@ class CompiledFeatureBuilder(FeatureBuilder):
         self._before_prefill = None
         self._restart = None
         if self.probe_tracker is not None:
-            self.probe_tracker.reset(profiled=self.cost_prior is not None)
+            self.probe_tracker.reset()
         if not hasattr(self, "_inputs_cache"):  # spec and profile only: kept across resets
             # and shared by the builders of one spec and profile (a daemon's streams): the
             # first grid of each new stream cost ~200 us computing the same arrays again

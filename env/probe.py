@@ -125,15 +125,6 @@ class ProbeSpec(RuleSpec):
     share: float = 0.01
     #: Decode steps after the last measured acceptance from which it counts as stale.
     stale_after: int = 2000
-    #: Where no cost profile is handed: the decisions made before a stream's first
-    #: ``start_records`` decode records are folded probe (rows left off speculate at
-    #: ``depth``), with no budget. Off at a cold start is then a guess with a lasting
-    #: cost: every request that decodes off keeps stale draft KV (the simulator's
-    #: ``stale_accept_loss``), so the acceptance measured afterwards is the stale one
-    #: and the policy stays off where speculation pays (``docs/results/nopro24/``: the
-    #: shipped weights go off on a no-profile stream's first steps; with a profile they
-    #: decide on its prices, which this leaves alone). 0: none (a file without it).
-    start_records: int = 0
     #: The off probe (see the module): share of the time spent speculating, while off's
     #: cost is unmeasured at the batch size, that off steps may take. 0: no off probe.
     off_share: float = 0.0
@@ -159,8 +150,6 @@ class ProbeSpec(RuleSpec):
                    "a number in (0, 1]"),
                   ("stale_after", _int(self.stale_after) and self.stale_after >= 0,
                    "an int >= 0"),
-                  ("start_records", _int(self.start_records) and 0 <= self.start_records
-                   <= 64, "an int in 0..64"),
                   ("off_share", _number(self.off_share) and 0.0 <= self.off_share <= 1.0,
                    "a number in [0, 1]"),
                   ("off_steps", _int(self.off_steps) and 1 <= self.off_steps <= 64,
@@ -231,12 +220,11 @@ class ProbeTracker:
         self.spec = spec
         self.reset()
 
-    def reset(self, profiled: bool = True) -> None:
-        """Forget the budget (a new stream; ``profiled``: whether a cost profile is handed
-        to its features, else :attr:`ProbeSpec.start_records` probe first)."""
+    def reset(self) -> None:
+        """Forget the budget (a new stream)."""
         self.budget_s = 0.0
         self.cost_s = 0.0  # the latest estimate of a probe's extra cost
-        self.remaining = self._start_records(profiled)  # decode records that still probe
+        self.remaining = 0  # decode records whose decisions still probe
         # The off probe's (see the module): its budget, cost and due records; per batch
         # bucket the off measurements (weight at decode step ``off_stamps``: forgotten
         # lazily) and whether off's prediction there was confirmed; the bucket and the
@@ -259,10 +247,6 @@ class ProbeTracker:
         new.off_weights, new.off_stamps = list(self.off_weights), list(self.off_stamps)
         new.off_confirmed, new.decode_steps = list(self.off_confirmed), self.decode_steps
         return new
-
-    def _start_records(self, profiled: bool) -> int:
-        """Decode records a new stream's decisions probe for (ProbeSpec.start_records)."""
-        return 0 if profiled else self.spec.start_records
 
     @property
     def due(self) -> int:
