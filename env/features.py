@@ -98,9 +98,6 @@ def effective_model(latency_model: int, has_profile: bool) -> int:
 #: The features' steps-since-acceptance count before any acceptance was measured (a
 #: stream's first decode record counts from here): see FeatureBuilder.acceptance_age().
 NEVER_MEASURED = 10**6
-#: Both backends' error for a record whose ``stale_rows`` are not increasing positions
-#: within its ``accepted_drafts``.
-STALE_ROWS_ERROR = "stale_rows must hold increasing positions within accepted_drafts"
 #: The accepted drafts of a step that measured none (see FeatureBuilder._warmup).
 _NO_DRAFTS = np.zeros(0, dtype=np.int8)
 _NO_DRAFTS.flags.writeable = False
@@ -330,17 +327,6 @@ class FeatureSpec:
     #: ceiling where it is, however often. 0: the ceiling never rises (the features
     #: before the twenty-fourth session; an absent field).
     latency_off_ceiling_samples: float = 0.0
-    #: Measure acceptance on the requests whose draft KV is fresh only: a speculative
-    #: record's ``StepRecord.stale_rows`` (requests that decoded while speculation was off,
-    #: or were prefilled then) are left out of the acceptance estimate, and a step whose
-    #: every request is stale measures no acceptance. Those requests accept less for the
-    #: rest of their lives (the simulator's ``stale_accept_loss``), so counted they read as
-    #: the traffic's acceptance: a stream that went off at its start saw every request
-    #: stale, priced every depth below off and stayed off where speculation pays 1.4x
-    #: (docs/results/nopro24/). A record without the rows (None) counts every request.
-    #: False: every request counts (the features before the twenty-fifth session; an
-    #: absent field).
-    acceptance_fresh_only: bool = False
     #: Recent cost measurements of a depth at which its confidence is 1 - 1/e.
     cost_confidence_samples: float = 2.0
     #: EMA weight for the load and throughput trackers.
@@ -372,7 +358,7 @@ class FeatureSpec:
                                  "number")
         for name in ("latency_local_cap", "drop_warmup_latency", "warmup_restarts_draft",
                      "warmup_flag", "latency_outlier_relative",
-                     "latency_drop_before_prefill", "acceptance_fresh_only"):
+                     "latency_drop_before_prefill"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"feature spec field {name!r}: "
                                  f"{getattr(self, name)!r} is not true or false")
@@ -519,8 +505,6 @@ class FeatureBuilder:
         #: (FeatureSpec.latency_off_ceiling_samples; a ceiling needs a profile).
         self._off_cells_on = (self.spec.latency_off_ceiling > 0.0 and cost_prior is not None
                               and self.spec.latency_off_ceiling_samples > 0.0)
-        #: Whether a record's stale rows are left out of the acceptance estimate.
-        self._fresh_only = self.spec.acceptance_fresh_only
         self._layout = _layout(self.spec)
         # Depth first, shape (depth + 1, 1, 1): see _latency_predictions(). These and the
         # design cache depend on the spec and the profile only: kept across resets.
@@ -824,22 +808,11 @@ class FeatureBuilder:
                 self._throughput_ema += alpha * (rate - self._throughput_ema)
 
         if steps > 0 and counts and not reentry:
-            reached = len(accepted)  # requests that accepted >= k drafts, k = 0 first
-            stale = record.stale_rows
-            if self._fresh_only and stale is not None and len(stale):
-                # The requests with stale draft KV measure the off period, not the traffic.
-                # The step still counts as measured (its age): a stream whose requests are
-                # all stale would otherwise read as never measuring while it speculates.
-                rows = np.asarray(stale, dtype=np.int64)
-                if rows[0] < 0 or rows[-1] >= len(accepted) or (np.diff(rows) <= 0).any():
-                    raise ValueError(STALE_ROWS_ERROR)
-                fresh = np.delete(accepted, rows)
-                counts = np.bincount(fresh).tolist()
-                reached = len(fresh)
             # A request that accepted a >= steps drafts (a > steps only from a server
             # running deeper than max_depth) succeeded at every position 1..steps.
             decay, trials, successes = spec.accept_decay, self._trials, self._successes
-            for k in range(len(trials) if reached else 0):  # (no fresh request: no decay)
+            reached = len(accepted)  # requests that accepted >= k drafts, k = 0 first
+            for k in range(len(trials)):
                 trials[k] *= decay
                 successes[k] *= decay
                 if k < steps:

@@ -41,7 +41,6 @@ from env.features import (
     LOCAL_BUCKETS,
     LOCAL_NEIGHBOUR,
     NEVER_MEASURED,
-    STALE_ROWS_ERROR,
     FeatureBuilder,
     FeatureSpec,
     _Batch,
@@ -245,8 +244,6 @@ def _solve(state, params, has_prior):
  _C_EAGER, _C_EAGER_TOKEN, _C_STEPS0, _C_STEPS0_REQUEST, _C_STEPS0_KV) = range(20)
 #: No profile vector: the caller computes the prior in Python (see _profile_vector).
 _NO_PROFILE = np.zeros(0)
-#: A record's stale rows where the acceptance estimate leaves none out.
-_NO_ROWS = np.zeros(0, dtype=np.int64)
 
 
 @functools.lru_cache(maxsize=16)
@@ -299,13 +296,11 @@ def _profile_ms(profile, batch_size, depth, kv_tokens):
 
 @njit(cache=True)
 def _fold(state, params, has_prior, is_decode, batch_size, waiting, kv_tokens, kv_capacity,
-          steps_used, accepted, stale, latency_s, prior_ms, profile, warmup):
+          steps_used, accepted, latency_s, prior_ms, profile, warmup):
     """``FeatureBuilder.update`` on the state vector (``prior_ms``: the cost profile's
     latency of this step, ms, when ``has_prior``; computed here instead from ``profile``,
     :func:`_profile_vector`, where that is not empty; ``warmup``: the record is flagged a
-    re-entry warm-up, ``StepRecord.warmup is True``; ``stale``: the record's stale rows
-    the acceptance estimate leaves out, empty where none is or the spec counts every
-    request, ``FeatureSpec.acceptance_fresh_only``)."""
+    re-entry warm-up, ``StepRecord.warmup is True``)."""
     depth = int(params[_P_DEPTH])
     tri, suc, smp, mom, _, _ = _offsets_jit(depth)
     alpha = params[_P_ALPHA]
@@ -440,19 +435,11 @@ def _fold(state, params, has_prior, is_decode, batch_size, waiting, kv_tokens, k
         _solve(state, params, has_prior)
 
     if steps > 0 and n > 0 and not reentry:
-        reached = n
-        previous_row = -1
-        for i in range(stale.shape[0]):  # leave the stale requests out (as np.delete)
-            row = int(stale[i])
-            if row <= previous_row or row >= n:
-                raise ValueError(STALE_ROWS_ERROR)
-            previous_row = row
-            counts[int(accepted[row])] -= 1
-            reached -= 1
         # As FeatureBuilder.update: a request accepting a >= steps drafts succeeded at
         # every position 1..steps.
         decay = params[_P_DECAY]
-        for k in range(depth if reached else 0):  # (no fresh request: no decay)
+        reached = n
+        for k in range(depth):
             state[tri + k] *= decay
             state[suc + k] *= decay
             if k < steps:
@@ -534,13 +521,12 @@ def fold_off(off, settings, forget, has_prior, profile_log_error, steps_used, la
 
 @njit(cache=True)
 def _fold_probed(state, params, has_prior, batch_size, waiting, kv_tokens, kv_capacity,
-                 steps_used, accepted, stale, latency_s, prior_ms, profile, warmup, off,
-                 settings):
+                 steps_used, accepted, latency_s, prior_ms, profile, warmup, off, settings):
     """:func:`_fold` of a decode record, then the off probe's fold of it
     (:func:`fold_off`, in the same call): whether the probe's step
     that needs the features' prediction is due (``ProbeTracker.off_due``)."""
     _fold(state, params, has_prior, True, batch_size, waiting, kv_tokens, kv_capacity,
-          steps_used, accepted, stale, latency_s, prior_ms, profile, warmup)
+          steps_used, accepted, latency_s, prior_ms, profile, warmup)
     return fold_off(off, settings, params[_P_FORGET], has_prior, state[_PRIOR_LOG_ERROR],
                     steps_used, latency_s, max(batch_size, 1))
 
@@ -932,9 +918,6 @@ class CompiledFeatureBuilder(FeatureBuilder):
             prior_ms = 1e3 * self.cost_prior.step_latency_s(
                 max(record.batch_size, 1), steps, record.kv_used_tokens, 0,
                 draft_extend=steps > 0, speculative_path=steps > 0)
-        stale = _NO_ROWS
-        if self._fresh_only and record.stale_rows is not None and len(record.stale_rows):
-            stale = np.asarray(record.stale_rows, dtype=np.int64)
         tracker = self.probe_tracker
         if is_decode and type(tracker) is CompiledProbeTracker and tracker.spec.off_share:
             # The features' and the off probe's fold in one compiled call (the probe's
@@ -942,7 +925,7 @@ class CompiledFeatureBuilder(FeatureBuilder):
             batch = max(record.batch_size, 1)
             if _fold_probed(self._state, self._params, has_prior, record.batch_size,
                             record.waiting_requests, record.kv_used_tokens,
-                            record.kv_capacity_tokens, record.steps_used, accepted, stale,
+                            record.kv_capacity_tokens, record.steps_used, accepted,
                             record.step_latency_s, prior_ms, profile,
                             record.warmup is True, tracker.off, tracker.settings):
                 tracker.off_due(self, batch)
@@ -950,7 +933,7 @@ class CompiledFeatureBuilder(FeatureBuilder):
             return
         _fold(self._state, self._params, has_prior, is_decode, record.batch_size,
               record.waiting_requests, record.kv_used_tokens, record.kv_capacity_tokens,
-              record.steps_used, accepted, stale, record.step_latency_s, prior_ms, profile,
+              record.steps_used, accepted, record.step_latency_s, prior_ms, profile,
               record.warmup is True)
         if is_decode and tracker is not None:
             if type(tracker) is CompiledProbeTracker:  # no off probe (else above): its

@@ -52,17 +52,14 @@ SPECS = (SPEC, FeatureSpec(latency_model=2), FeatureSpec(latency_model=3),
                      latency_drop_before_prefill=True, latency_off_ceiling=0.1,
                      latency_off_ceiling_samples=2.0),
          FeatureSpec(latency_off_ceiling=0.2, latency_off_ceiling_batch=24.0,
-                     latency_off_ceiling_samples=0.5, latency_local_samples=1.0),
-         # acceptance measured on fresh requests only (the stream's stale rows left out)
-         FeatureSpec(latency_model=3, acceptance_fresh_only=True, drop_warmup_latency=True,
-                     warmup_restarts_draft=True, warmup_flag=True))
+                     latency_off_ceiling_samples=0.5, latency_local_samples=1.0))
 
 
 @st.composite
 def records(draw, max_steps: int = 9) -> list[StepRecord]:
     """A telemetry stream: decode steps at random depths (some beyond max_depth), prefills,
     unmeasured latencies, idle and full KV caches; the re-entry warm-up flag unknown, known,
-    or a warm-up on a depth-0 decode step; stale rows unknown, none, some or all."""
+    or a warm-up on a depth-0 decode step."""
     out = []
     # The drafts' values from a drawn seed: hundreds of drawn integers per record would
     # exceed hypothesis's data budget.
@@ -78,12 +75,9 @@ def records(draw, max_steps: int = 9) -> list[StepRecord]:
         latency = draw(st.one_of(st.just(0.0), st.floats(1e-4, 2.0)))
         kv = draw(st.integers(0, 1_000_000))
         warmup = draw(st.sampled_from([None, False, True]))
-        stale_share = draw(st.sampled_from([None, 0.0, 0.5, 1.0]))
-        stale = (None if stale_share is None else
-                 np.flatnonzero(rng.random(len(accepted)) < stale_share).astype(np.int16))
         out.append(StepRecord("s", 0, i, 0.01 * i, batch, draw(st.integers(0, 5000)), batch,
                               kv, 1_000_000, prefill, steps, accepted, latency,
-                              warmup=warmup and not (steps or prefill), stale_rows=stale))
+                              warmup=warmup and not (steps or prefill)))
     return out
 
 

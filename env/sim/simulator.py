@@ -92,7 +92,6 @@ from env.sim.cost_model import prefill_pairs
 from env.traces.schema import StepRecord
 
 _EMPTY_I8 = np.zeros(0, dtype=np.int8)
-_EMPTY_I16 = np.zeros(0, dtype=np.int16)
 
 #: Values of ``SchedulerConfig.zero_step``.
 ZERO_STEP_MODES = ("off", "sglang_steps0")
@@ -611,7 +610,6 @@ class Simulator:
         pos = self._run_pos[:n]
         rem = self._run_rem[:n]
 
-        stale_rows = self._stale_rows(depth)
         if depth:
             accepted = self._accepted(depth)
             self._stale_draft = False
@@ -645,7 +643,6 @@ class Simulator:
             running_requests=self.running_requests, kv_used_tokens=kv_before,
             kv_capacity_tokens=cfg.kv_capacity_tokens, prefill_tokens=0, steps_used=depth,
             accepted_drafts=accepted, step_latency_s=latency, warmup=self._warmup_flag(warmup),
-            stale_rows=stale_rows,
         )
         self.kv_used += committed
         if self._cache_tokens:
@@ -683,15 +680,6 @@ class Simulator:
             finish[rids] += booked
 
     # -- internals ---------------------------------------------------------------
-
-    def _stale_rows(self, depth: int) -> np.ndarray | None:
-        """A decode step's ``StepRecord.stale_rows``, as the plugin with its off path
-        reports them (None on SGLang's own steps=0, which does not know them)."""
-        if self.config.zero_step != "off":
-            return None
-        if not depth:
-            return _EMPTY_I16
-        return np.flatnonzero(self._run_stale[:self._n_run]).astype(np.int16)
 
     def _warmup_flag(self, warmup: bool) -> bool | None:
         """A record's ``StepRecord.warmup``: known on the off path (``zero_step="off"``,
@@ -824,7 +812,6 @@ class Simulator:
             kv_used_tokens=kv_before, kv_capacity_tokens=cfg.kv_capacity_tokens,
             prefill_tokens=prefill_tokens, steps_used=0, accepted_drafts=_EMPTY_I8,
             step_latency_s=latency, prefill_pairs=pairs, warmup=self._warmup_flag(False),
-            stale_rows=self._stale_rows(0),
             # (the simulator books no launch on a prefill: its cost holds the next one's)
             before_prefill=False if self._books_launch else None,
         )

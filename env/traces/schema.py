@@ -63,14 +63,6 @@ class StepRecord:
             Known to the plugin (always False without overlap scheduling) and the
             simulator; None where unknown (an older plugin or trace): the features then
             take the next record's kind for it (``FeatureSpec.latency_drop_before_prefill``).
-        stale_rows: Positions in ``accepted_drafts`` (int16, increasing) of the requests whose
-            draft KV is stale: they decoded while speculation was off (or were prefilled
-            while off, skipping the draft's extend), so their drafts attend to slots the
-            draft never wrote and accept less until they finish. Known to the plugin with
-            its off path and to the simulator (empty where none is, and on a step that did
-            not speculate); None where unknown (an older plugin or trace, SGLang's own
-            steps=0). The features can measure acceptance on the other requests only
-            (``FeatureSpec.acceptance_fresh_only``).
     """
 
     server: str
@@ -90,7 +82,6 @@ class StepRecord:
     prefill_pairs: float | None = field(default=None)
     warmup: bool | None = field(default=None)
     before_prefill: bool | None = field(default=None)
-    stale_rows: np.ndarray | None = field(default=None)
 
     @property
     def is_decode(self) -> bool:
