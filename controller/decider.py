@@ -61,7 +61,7 @@ def allowed_actions(actions: np.ndarray, candidates: Sequence[int] | None) -> np
 def probing_flags(probe: ProbeSpec, builders: Sequence[FeatureBuilder | None]
                   ) -> list[int] | None:
     """Per stream which probe its decision now runs (its features' probe budgets, see
-    :mod:`env.probe`: 0 none, 1 acceptance, 2 off; a builder None: 0); None when the
+    :mod:`env.probe`: 0 none, 1 acceptance, 2 off, 3 cost; a builder None: 0); None when the
     probe is off (nothing to do)."""
     if not probe.enabled:
         return None

@@ -455,7 +455,8 @@ class Observation:
     #: Records fed since the previous observation, oldest first.
     new_records: tuple[StepRecord, ...] = field(default=())
     #: Which probe decisions made on this observation run (the builder's
-    #: :class:`env.probe.ProbeTracker`'s ``due``: 0 none, 1 acceptance, 2 off; 0 without one).
+    #: :class:`env.probe.ProbeTracker`'s ``due``: 0 none, 1 acceptance, 2 off, 3 cost; 0
+    #: without one).
     probing: int = 0
 
 

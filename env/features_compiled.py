@@ -52,7 +52,9 @@ from env.probe import (
     _BUCKETS,
     NOT_PROBING,
     PROBE_ACCEPTANCE,
+    PROBE_COST,
     PROBE_OFF,
+    CostProbe,
     ProbeSpec,
     ProbeTracker,
 )
@@ -760,6 +762,7 @@ class CompiledProbeTracker(ProbeTracker):
         self.budget_s = 0.0
         self.cost_s = 0.0
         self.remaining = 0
+        self.cost_probe = CostProbe(self.spec) if self.spec.cost_depth else None
         self.off = np.zeros(_OFF_SIZE)
         self.off[_OFF_BUCKET] = -1.0
 
@@ -769,6 +772,7 @@ class CompiledProbeTracker(ProbeTracker):
         new.spec, new.settings = self.spec, self.settings  # never changed once built
         new.budget_s, new.cost_s, new.remaining = self.budget_s, self.cost_s, self.remaining
         new.off = self.off.copy()
+        new.cost_probe = None if self.cost_probe is None else self.cost_probe.copy()
         return new
 
     def _fold_off(self, steps_used: int, latency_s: float, features, batch: int) -> None:
@@ -805,7 +809,10 @@ class CompiledProbeTracker(ProbeTracker):
         asks every answered stream: one property call less)."""
         if self.off[_OFF_REMAINING]:
             return PROBE_OFF
-        return PROBE_ACCEPTANCE if self.remaining else NOT_PROBING
+        if self.remaining:
+            return PROBE_ACCEPTANCE
+        cost = self.cost_probe
+        return PROBE_COST if cost is not None and cost.remaining else NOT_PROBING
 
     @property
     def off_remaining(self) -> int:

@@ -1,5 +1,6 @@
 """The acceptance probe: a few cheap speculative steps where acceptance is unmeasured;
-and the off probe: a few off steps where off's cost is unmeasured.
+the off probe: a few off steps where off's cost is unmeasured; and the cost probe: a few
+steps at a depth whose cost is unmeasured.
 
 While a stream runs without speculation, no acceptance is measured: the features keep
 their prior (0.7 for the first draft position) or an estimate made under other
@@ -46,6 +47,24 @@ that close to a handed profile (a mean log ratio): in the simulator an exact pro
 at 0, but on the real H200 traces the shipped profiles sit within 0.05 on 22% of the
 decode steps only (``docs/POLICY.md``, fourteenth session). ``enabled: false`` turns both
 probes off.
+
+**The cost probe** (``cost_depth`` > 0; 0, the default, is none) measures a depth's cost
+where the stream has not run it, for a stream without a cost profile. Without one the
+latency regression extrapolates a depth's cost across batch sizes from where it ran: on
+the H200 MoE (run 86) depth 3 measured at batch 8-48 was priced at 18-22 ms at batch 1-3,
+where it costs 9.4 (off 4.6), and the policy ran off on 98% of those steps where depth 3
+pays (``docs/OFFSWITCH.md``, runs 85-90). Every off step, while fewer than
+``cost_samples`` recent steps at ``cost_depth`` or deeper ran near the batch size (the
+off probe's buckets and forgetting), earns ``cost_share`` of its latency; once that covers
+``steps`` steps at ``cost_depth`` over off (the features' prediction), the decisions made
+on the next ``steps`` decode records replace every row the policy left off with
+``cost_depth`` (the first of them the plugin's re-entry warm-up, the next measured). The
+first step at ``cost_depth`` measured afterwards is compared with the prediction the probe
+started on: within ``off_confirm`` (a log ratio), the depth's prediction at that batch
+bucket is confirmed and the stream does not cost-probe there again (where speculation
+never pays, the probe would otherwise return whenever the measurement is forgotten). A
+stream with a profile never cost-probes: the profile prices every depth at every batch
+size, measurements correct it, and the off probe covers a wrong one.
 
 It reads only the features, so the simulator's evaluation
 (:class:`agents.policies.ExportedPolicyAdapter`), ``specctl-serve`` and the plugin's
@@ -141,6 +160,15 @@ class ProbeSpec(RuleSpec):
     #: the profile error (another server's profile can price the depth run within 7%
     #: and off 4x too high).
     off_trust: float = 0.0
+    #: The cost probe (see the module): while a stream runs off, the depth whose cost it
+    #: measures where no step at this depth or deeper ran near the batch size. 0: none.
+    cost_depth: int = 0
+    #: Share of the time spent off, while that depth's cost is unmeasured at the batch
+    #: size, that the cost probe's steps may cost (over off).
+    cost_share: float = 0.05
+    #: Recent steps at ``cost_depth`` or deeper near the batch size (forgotten as the
+    #: latency regression forgets) below which that cost counts as unmeasured.
+    cost_samples: float = 0.5
 
     def __post_init__(self) -> None:
         checks = (("enabled", isinstance(self.enabled, bool), "true or false"),
@@ -159,14 +187,23 @@ class ProbeSpec(RuleSpec):
                   ("off_confirm", _number(self.off_confirm) and 0.0 <= self.off_confirm
                    < math.inf, "a number >= 0"),
                   ("off_trust", _number(self.off_trust) and 0.0 <= self.off_trust < math.inf,
-                   "a number >= 0"))
+                   "a number >= 0"),
+                  ("cost_depth", _int(self.cost_depth) and 0 <= self.cost_depth <= 127,
+                   "an int in 0..127"),
+                  ("cost_share", _number(self.cost_share) and 0.0 < self.cost_share <= 1.0,
+                   "a number in (0, 1]"),
+                  ("cost_samples", _number(self.cost_samples) and 0.0 < self.cost_samples
+                   < math.inf, "a positive number"))
         for name, ok, expected in checks:
             if not ok:
                 raise ValueError(f"probe.{name}: {getattr(self, name)!r} is not {expected}")
 
-    def action_index(self, actions: np.ndarray, allowed: np.ndarray | None) -> int | None:
+    def action_index(self, actions: np.ndarray, allowed: np.ndarray | None,
+                     depth: int | None = None) -> int | None:
         """Index into ``actions`` of the probe's steps: the smallest allowed speculative
-        action >= ``depth``, else the largest allowed one below it; None if none is."""
+        action >= ``depth`` (default: the acceptance probe's), else the largest allowed one
+        below it; None if none is."""
+        depth = self.depth if depth is None else depth
         usable = actions > 0
         if allowed is not None:
             usable &= allowed
@@ -174,7 +211,7 @@ class ProbeSpec(RuleSpec):
             return None
         candidates = np.flatnonzero(usable)
         steps = actions[candidates]
-        above = steps >= self.depth
+        above = steps >= depth
         if above.any():
             return int(candidates[above][np.argmin(steps[above])])
         return int(candidates[np.argmax(steps)])
@@ -187,8 +224,10 @@ NO_PROBE = ProbeSpec(enabled=False)
 
 
 #: A stream's probe state (:attr:`ProbeTracker.due`): no probe, the acceptance probe
-#: (rows left off speculate), the off probe (rows that speculate run off).
+#: (rows left off speculate), the off probe (rows that speculate run off)...
 NOT_PROBING, PROBE_ACCEPTANCE, PROBE_OFF = 0, 1, 2
+#: ... and the cost probe (rows left off run ``cost_depth``).
+PROBE_COST = 3
 #: Batch buckets of the off probe's coverage: floor(log2(batch)), the last one open.
 _BUCKETS = 16
 
@@ -203,6 +242,7 @@ class ProbeTracker:
 
     __slots__ = (
         "budget_s",
+        "cost_probe",
         "cost_s",
         "decode_steps",
         "off_budget_s",
@@ -222,6 +262,7 @@ class ProbeTracker:
 
     def reset(self) -> None:
         """Forget the budget (a new stream)."""
+        self.cost_probe = CostProbe(self.spec) if self.spec.cost_depth else None
         self.budget_s = 0.0
         self.cost_s = 0.0  # the latest estimate of a probe's extra cost
         self.remaining = 0  # decode records whose decisions still probe
@@ -246,6 +287,7 @@ class ProbeTracker:
         new.off_remaining, new.off_expected = self.off_remaining, self.off_expected
         new.off_weights, new.off_stamps = list(self.off_weights), list(self.off_stamps)
         new.off_confirmed, new.decode_steps = list(self.off_confirmed), self.decode_steps
+        new.cost_probe = None if self.cost_probe is None else self.cost_probe.copy()
         return new
 
     @property
@@ -254,7 +296,10 @@ class ProbeTracker:
         :data:`PROBE_ACCEPTANCE` or :data:`PROBE_OFF`)."""
         if self.off_remaining:
             return PROBE_OFF
-        return PROBE_ACCEPTANCE if self.remaining else NOT_PROBING
+        if self.remaining:
+            return PROBE_ACCEPTANCE
+        cost = self.cost_probe
+        return PROBE_COST if cost is not None and cost.remaining else NOT_PROBING
 
     def off_coverage(self, batch: int, forget: float) -> float:
         """Recent off measurements near ``batch``: its bucket's, and half of each
@@ -276,7 +321,10 @@ class ProbeTracker:
         self.fold_acceptance(steps_used, latency_s, features, batch)
 
     def fold_acceptance(self, steps_used: int, latency_s: float, features, batch: int) -> None:
-        """The acceptance probe's part of :meth:`fold`."""
+        """The acceptance probe's part of :meth:`fold` (and the cost probe's, which
+        runs in Python in either backend)."""
+        if self.cost_probe is not None:
+            self.cost_probe.fold(steps_used, latency_s, features, batch, busy=self.remaining)
         if self.remaining:
             self.remaining -= 1
             return
@@ -346,6 +394,88 @@ class ProbeTracker:
             self.off_expected = (off_bucket(batch), predicted)
 
 
+class CostProbe:
+    """One stream's cost probe (``ProbeSpec.cost_depth``; see the module): per batch
+    bucket the recent steps run at ``cost_depth`` or deeper, and a budget earned off."""
+
+    __slots__ = ("budget_s", "confirmed", "cost_s", "expected", "remaining", "spec", "stamps",
+                 "steps", "weights")
+
+    def __init__(self, spec: ProbeSpec) -> None:
+        self.spec = spec
+        self.budget_s = 0.0
+        self.cost_s = 0.0  # the latest estimate of a probe's extra cost over off
+        self.remaining = 0  # decode records whose decisions still probe
+        self.steps = 0  # decode records folded (the weights' clock)
+        self.weights = [0.0] * _BUCKETS
+        self.stamps = [0] * _BUCKETS
+        # Per bucket whether a probe's measured step confirmed the prediction it started
+        # on (no further probe there), and that bucket and prediction (s) until measured.
+        self.confirmed = [False] * _BUCKETS
+        self.expected: tuple[int, float] | None = None
+
+    def copy(self) -> CostProbe:
+        """An independent copy."""
+        new = CostProbe(self.spec)
+        new.budget_s, new.cost_s, new.remaining = self.budget_s, self.cost_s, self.remaining
+        new.steps, new.weights, new.stamps = self.steps, list(self.weights), list(self.stamps)
+        new.confirmed, new.expected = list(self.confirmed), self.expected
+        return new
+
+    def coverage(self, batch: int, forget: float) -> float:
+        """Recent steps at ``cost_depth`` or deeper near ``batch`` (as
+        :meth:`ProbeTracker.off_coverage` counts off's)."""
+        bucket = off_bucket(batch)
+        total = 0.0
+        for k, share in ((bucket - 1, 0.5), (bucket, 1.0), (bucket + 1, 0.5)):
+            if 0 <= k < _BUCKETS and self.weights[k]:
+                total += share * self.weights[k] * forget ** (self.steps - self.stamps[k])
+        return total
+
+    def fold(self, steps_used: int, latency_s: float, features, batch: int,
+             busy: int = 0) -> None:
+        """One decode record (after ``features`` folded it); ``busy``: the acceptance
+        probe holds the decisions now (its steps speculate too, and are not this
+        probe's). A stream with a cost profile never probes: the profile prices every depth
+        at every batch size and measurements correct it (the off probe covers a wrong one);
+        without one the regression extrapolates a depth's cost from where it ran."""
+        self.steps += 1
+        if latency_s <= 0.0:
+            return
+        spec = self.spec
+        forget = features.spec.latency_forgetting
+        bucket = off_bucket(batch)
+        if steps_used >= spec.cost_depth:  # the cost measured at this batch
+            self.weights[bucket] = 1.0 + self.weights[bucket] * forget ** (
+                self.steps - self.stamps[bucket])
+            self.stamps[bucket] = self.steps
+            self.budget_s = 0.0
+            expected = self.expected
+            if steps_used == spec.cost_depth and expected is not None and expected[0] == bucket:
+                self.expected = None
+                if abs(math.log(latency_s / expected[1])) <= spec.off_confirm:
+                    self.confirmed[bucket] = True
+        if self.remaining:
+            self.remaining -= 1
+            return
+        if steps_used or busy or features.cost_prior is not None:
+            return  # only off time earns the budget, and only without a profile (below)
+        if self.confirmed[bucket] or self.coverage(batch, forget) >= spec.cost_samples:
+            self.budget_s = 0.0  # the cost is measured or confirmed here: nothing to do
+            return
+        self.budget_s += spec.cost_share * latency_s
+        if self.budget_s < self.cost_s:
+            return
+        # The features' own prediction of the probe's steps over off, at this batch.
+        predicted = features.latency_predictions_s(batch)
+        depth_s = float(predicted[min(spec.cost_depth, len(predicted) - 1)])
+        self.cost_s = spec.steps * max(depth_s - float(predicted[0]), 0.0)
+        if self.budget_s >= self.cost_s and depth_s > 0.0:
+            self.budget_s = 0.0
+            self.remaining = spec.steps
+            self.expected = (bucket, depth_s)
+
+
 def probe_rows(index: np.ndarray, actions: np.ndarray, probe_index: int) -> None:
     """In place: every entry of ``index`` (action indices) whose action is 0 becomes
     ``probe_index``."""
@@ -371,6 +501,7 @@ def apply_probe(probe: ProbeSpec, index: np.ndarray, actions: np.ndarray,
             if off.size and (allowed[i] is None or allowed[i][off[0]]):
                 off_probe_rows(index[i], actions, int(off[0]))
         elif due:
-            target = probe.action_index(actions, allowed[i])
+            depth = probe.cost_depth if due == PROBE_COST else None
+            target = probe.action_index(actions, allowed[i], depth)
             if target is not None:
                 probe_rows(index[i], actions, target)

@@ -1,0 +1,135 @@
+"""The cost probe (``ProbeSpec.cost_depth``): while a stream runs off, a depth whose cost
+was not measured near the batch size is run for a few steps once a share of the off time
+covers them, in either feature backend."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from env.features import FeatureBuilder
+from env.probe import NOT_PROBING, PROBE_COST, ProbeSpec, apply_probe
+from env.sim.cost_model import load_profile
+from tests.lockstep import decode_record, probe_states
+
+BACKENDS = ("numpy", "compiled")
+#: Acceptance measured (no acceptance probe for 10^6 steps), the cost probe at depth 3.
+SPEC = ProbeSpec(cost_depth=3, cost_share=0.05, stale_after=10**6)
+
+
+def _measured(n: int = 20, batch: int = 2) -> list:
+    """Depth 1 at ``batch``: acceptance measured, depth 3's cost not."""
+    return [decode_record(i, steps=1, batch=batch, latency_s=0.008) for i in range(n)]
+
+
+def _off(n: int, start: int, batch: int = 2) -> list:
+    return [decode_record(start + i, batch=batch, latency_s=0.005) for i in range(n)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_unmeasured_depth_is_probed_once_the_off_time_covers_it(backend):
+    builder = FeatureBuilder(None, None, backend, probe=SPEC)
+    probe_states(builder, _measured())
+    flags = probe_states(builder, _off(4000, 20))
+    fired = [i for i, f in enumerate(flags) if f == PROBE_COST]
+    assert fired and set(flags) <= {NOT_PROBING, PROBE_COST}
+    assert fired[1] == fired[0] + 1  # SPEC.steps records per probe
+    # not at once: cost_share of the off time first covers the probe's predicted extra cost
+    assert fired[0] >= 10
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_depth_measured_near_the_batch_is_not_probed(backend):
+    builder = FeatureBuilder(None, None, backend, probe=SPEC)
+    deep = [decode_record(i, steps=3, batch=2, latency_s=0.01) for i in range(20)]
+    probe_states(builder, deep)
+    # measured at batch 2: a short off period there probes nothing (within ~140 steps the
+    # coverage is forgotten below cost_samples at the latency forgetting of 0.995) ...
+    assert not any(probe_states(builder, _off(100, 20)))
+    # ... while the same off period at batch 64 (another bucket, never measured) probes
+    builder = FeatureBuilder(None, None, backend, probe=SPEC)
+    probe_states(builder, deep)
+    assert PROBE_COST in probe_states(builder, _off(3000, 20, batch=64))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_stream_with_a_profile_is_not_probed_for_cost(backend):
+    builder = FeatureBuilder(None, load_profile("h200_llama31_8b"), backend, probe=SPEC)
+    probe_states(builder, _measured())
+    assert PROBE_COST not in probe_states(builder, _off(4000, 20))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_without_cost_depth_nothing_is_probed_for_cost(backend):
+    builder = FeatureBuilder(None, None, backend, probe=ProbeSpec(stale_after=10**6))
+    probe_states(builder, _measured())
+    assert PROBE_COST not in probe_states(builder, _off(4000, 20))
+
+
+def test_both_backends_probe_for_cost_on_the_same_records():
+    stream = _measured() + _off(3000, 20) + _measured(5) + _off(3000, 3025, batch=40)
+    traces = [probe_states(FeatureBuilder(None, None, b, probe=SPEC), stream)
+              for b in BACKENDS]
+    assert traces[0] == traces[1] and traces[0].count(PROBE_COST) >= 4
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_cost_probe_copies_with_the_features(backend):
+    stream = _measured() + _off(2000, 20)
+    first = probe_states(FeatureBuilder(None, None, backend, probe=SPEC), stream)
+    builder = FeatureBuilder(None, None, backend, probe=SPEC)
+    second = []
+    for record in stream:  # the daemon's copies must not share the budget
+        builder.update(record)
+        copy = builder.copy()
+        second.append(copy.probing)
+        copy.update(decode_record(10_000, batch=2))
+    assert first == second and PROBE_COST in first
+
+
+def test_cost_probe_rows_run_the_cost_depth():
+    actions = np.array([0, 1, 3, 5])
+    index = np.array([[0, 0, 1, 3]])  # rows left off, depth 1, depth 5
+    apply_probe(SPEC, index, actions, [PROBE_COST], [None])
+    assert index.tolist() == [[2, 2, 1, 3]]  # only the rows left off, at depth 3
+    index = np.array([[0, 2]])
+    apply_probe(SPEC, index, actions, [PROBE_COST], [np.array([True, True, False, True])])
+    assert index.tolist() == [[3, 2]]  # depth 3 not allowed: the next one above
+
+
+@pytest.mark.parametrize("field, value", [("cost_depth", -1), ("cost_share", 0.0),
+                                          ("cost_samples", 0.0)])
+def test_cost_probe_settings_are_checked(field, value):
+    with pytest.raises(ValueError, match=f"probe.{field}"):
+        ProbeSpec(**{field: value})
+
+
+def _serve(builder: FeatureBuilder, n: int, start: int, latency: dict[int, float],
+           batch: int = 2) -> list[int]:
+    """``n`` decode steps where the stream runs off unless a probe is due (then the probe's
+    depth, at ``latency[depth]``), as a server following the probe would; the states."""
+    flags = []
+    for i in range(n):
+        depth = SPEC.cost_depth if builder.probing == PROBE_COST else 0
+        builder.update(decode_record(start + i, steps=depth, batch=batch,
+                                     latency_s=latency[depth]))
+        flags.append(builder.probing)
+    return flags
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_probe_that_confirms_the_prediction_is_the_last_there(backend):
+    builder = FeatureBuilder(None, None, backend, probe=SPEC)
+    probe_states(builder, _measured())
+    # depth 3 costs what the features predict there: the first probe confirms it
+    predicted = builder.latency_predictions_s(2)
+    right = {0: 0.005, SPEC.cost_depth: float(predicted[SPEC.cost_depth])}
+    flags = _serve(builder, 6000, 20, right)
+    first = flags.count(PROBE_COST)
+    assert 0 < first <= 2 * SPEC.steps
+    # one that measures a cost far from the prediction probes again once forgotten
+    builder = FeatureBuilder(None, None, backend, probe=SPEC)
+    probe_states(builder, _measured())
+    wrong = {0: 0.005, SPEC.cost_depth: 3.0 * right[SPEC.cost_depth]}
+    assert _serve(builder, 6000, 20, wrong).count(PROBE_COST) > first
+
