@@ -33,6 +33,8 @@ BACKENDS = ["numpy", "compiled"]
 BEFORE = "docs/results/gpu21/policy_5c3d9060.npz"
 #: The file shipped in the twenty-third session: BEFORE with the (bare) ceiling.
 CEILED = "docs/results/gpu22/policy_65d4fb99.npz"
+#: The file shipped in the twenty-fourth session: CEILED with the rising ceiling.
+RISING_FILE = "docs/results/offceil24/policy_3f47437c.npz"
 AT = np.array([8, 32, 48])
 KV_PER_REQUEST = 900
 
@@ -226,10 +228,11 @@ def test_the_ceiled_file_is_the_one_before_with_only_the_ceiling_on():
     _same_but_spec(ceiled, before)
 
 
-def test_the_shipped_file_is_the_ceiled_one_with_only_the_rising_ceiling_on():
-    """The default policy since the twenty-fourth session (served as ``rising`` in runs
-    81-83): ``65d4fb99`` with ``latency_off_ceiling_samples`` 2, nothing else changed."""
-    shipped = ExportedPolicy.load("controller/data/default_policy.npz")
+def test_the_rising_file_is_the_ceiled_one_with_only_the_rising_ceiling_on():
+    """The default policy of the twenty-fourth session (served as ``rising`` in runs 81-83,
+    ``ppo`` in runs 85-90): ``65d4fb99`` with ``latency_off_ceiling_samples`` 2, nothing
+    else changed."""
+    shipped = ExportedPolicy.load(RISING_FILE)
     ceiled = ExportedPolicy.load(CEILED)
     assert shipped.feature_spec == dataclasses.replace(ceiled.feature_spec,
                                                        latency_off_ceiling_samples=2.0)
