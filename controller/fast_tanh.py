@@ -18,18 +18,30 @@ caller (:func:`controller.decider.evaluate`) recomputes those streams' grids wit
 exact forward. Every other row's top logit leads by more than the approximation can
 move two logits apart: its decision is the exact forward's.
 
+:func:`forward_decide` runs the whole forward and the decision in one compiled call:
+numpy's own ``cblas_sgemm`` called from the kernel for the products (the exact forward's
+first layer bit for bit), the approximate ``tanh``, the arg-max over the allowed actions
+and the unsure marks against :func:`products_tolerance` (which bounds the later layers'
+products' rounding too). A daemon's poll after an idle millisecond runs with its caches
+cold, where each of the exact forward's ten numpy calls costs 3-4x its warm cost.
+
 Optional: without numba (or with ``SPECCTL_FAST_TANH=0`` in the environment) :data:`ENABLED`
-is False and the deciders use the exact forward only.
+is False and the deciders use the exact forward only; without numpy's bundled OpenBLAS
+(:func:`forward_available`) they use the approximate forward through numpy calls.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+from pathlib import Path
 
 import numpy as np
 
 try:
-    from numba import njit
+    from llvmlite import ir
+    from numba import njit, types
+    from numba.extending import intrinsic
 except ImportError:  # numba is optional (see pyproject.toml)
     njit = None
 
@@ -147,6 +159,114 @@ if njit is not None:
                     out[s] = True
                     break
         return out
+
+    @intrinsic
+    def _sgemm(typingctx, address, m, n, k, a, b, c):  # pragma: no cover - compiled
+        """``c = a @ b`` for float32 row-major matrices (``a`` m x k, ``b`` k x n, ``c``
+        m x n, each contiguous from its data pointer) through the ILP64 ``cblas_sgemm``
+        at ``address``, with the arguments numpy's ``np.dot`` passes it (row-major, no
+        transposes, alpha 1, beta 0, leading dimensions k, n, n)."""
+        if not all(isinstance(t, types.Integer) for t in (address, m, n, k)):
+            return None
+        sig = types.void(address, m, n, k, a, b, c)
+
+        def codegen(context, builder, signature, args):
+            i32, i64, f32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
+            pointer = ir.IntType(8).as_pointer()
+            function = ir.FunctionType(ir.VoidType(), [i32, i32, i32, i64, i64, i64, f32,
+                                                       pointer, i64, pointer, i64, f32,
+                                                       pointer, i64])
+            size = [context.cast(builder, v, t, types.int64)
+                    for v, t in zip(args[1:4], signature.args[1:4], strict=True)]
+            data = [builder.bitcast(context.make_array(t)(context, builder, v).data, pointer)
+                    for v, t in zip(args[4:], signature.args[4:], strict=True)]
+            target = builder.inttoptr(
+                context.cast(builder, args[0], signature.args[0], types.int64),
+                function.as_pointer())
+            row_major, no_transpose = ir.Constant(i32, 101), ir.Constant(i32, 111)
+            builder.call(target, [row_major, no_transpose, no_transpose, *size,
+                                  ir.Constant(f32, 1.0), data[0], size[2], data[1], size[1],
+                                  ir.Constant(f32, 0.0), data[2], size[1]])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    @njit(cache=True)
+    def _product_kernel(address, a, b):  # pragma: no cover - compiled
+        out = np.empty((a.shape[0], b.shape[1]), dtype=np.float32)
+        _sgemm(address, a.shape[0], b.shape[1], a.shape[1], a, b, out)
+        return out
+
+    @njit(fastmath={"contract"}, error_model="numpy", cache=True, inline="always")
+    def _layer(address, src, w, b, out, hidden):  # pragma: no cover - compiled
+        # out = act(src @ w + b): numpy's product (the same sgemm call), then numpy's
+        # float32 sum, then the approximate tanh (hidden layers) as bias_tanh_inplace
+        rows, width = out.shape
+        _sgemm(address, rows, width, w.shape[0], src, w, out)
+        if hidden:
+            for i in range(rows):
+                for j in range(width):
+                    out[i, j] = _tanh_one(out[i, j] + b[j])
+        else:
+            for i in range(rows):
+                for j in range(width):
+                    out[i, j] += b[j]
+
+    @njit(fastmath={"contract"}, error_model="numpy", cache=True)
+    def _forward_decide_kernel(address, x, weights, biases, masks, rows, tol
+                               ):  # pragma: no cover - compiled
+        # forward_decide's work, stream by stream (each stream's products the shape of
+        # its own exact forward's: one grid's rows), then each row's allowed arg-max
+        n = x.shape[0]
+        streams = n // rows
+        layers = len(weights)
+        width = 1
+        for layer in range(layers):
+            width = max(width, weights[layer].shape[1])
+        index = np.zeros((streams, rows), dtype=np.intp)
+        unsure = np.zeros(streams, dtype=np.bool_)
+        if not x.flags.c_contiguous:  # sgemm reads it row-major from its data pointer
+            unsure[:] = True
+            return index, unsure, streams
+        one = np.empty(rows * width, dtype=np.float32)
+        other = np.empty(rows * width, dtype=np.float32)
+        count = 0
+        for s in range(streams):
+            w = weights[0]
+            out = one[:rows * w.shape[1]].reshape(rows, w.shape[1])
+            _layer(address, x[s * rows:(s + 1) * rows], w, biases[0], out, layers > 1)
+            for layer in range(1, layers):
+                w = weights[layer]
+                src = out
+                out = (other if layer % 2 else one)[:rows * w.shape[1]].reshape(
+                    rows, w.shape[1])
+                _layer(address, src, w, biases[layer], out, layer < layers - 1)
+            allowed = masks[s if masks.shape[0] > 1 else 0]
+            for i in range(rows):
+                top = -np.inf
+                second = -np.inf
+                best = 0
+                odd = False
+                for a in range(out.shape[1]):
+                    if not allowed[a]:
+                        continue
+                    v = float(out[i, a])
+                    if v != v:
+                        odd = True
+                    elif v > top:
+                        second = top
+                        top = v
+                        best = a
+                    elif v > second:
+                        second = v
+                index[s, i] = best
+                # unsure as in _decide_kernel
+                if odd or top == np.inf or top == -np.inf or not top - second > tol:
+                    unsure[s] = True
+                    count += 1
+                    break
+        return index, unsure, count
+
     @njit(error_model="numpy", cache=True)
     def _all_finite_kernel(x: np.ndarray) -> bool:  # pragma: no cover - compiled
         rows, width = x.shape
@@ -157,7 +277,7 @@ if njit is not None:
         return True
 else:
     _tanh_kernel = _unsure_kernel = _bias_tanh_kernel = _decide_kernel = None
-    _all_finite_kernel = None
+    _all_finite_kernel = _forward_decide_kernel = _product_kernel = None
 
 
 def available() -> bool:
@@ -200,6 +320,123 @@ def decide_rows(logits: np.ndarray, rows: int, tol: float) -> tuple[np.ndarray, 
     stream's rows are left partly unset (0): the caller decides those again."""
     index, unsure = _decide_kernel(logits, rows, float(tol))
     return index.reshape(-1, rows), unsure
+
+
+#: float32's unit roundoff (half its machine epsilon).
+_UNIT = 2.0 ** -24
+
+
+def _numpy_sgemm() -> int:
+    """The address of the ILP64 ``cblas_sgemm`` in the OpenBLAS that numpy's wheels
+    bundle (the one ``np.dot`` calls), or 0: another numpy build (its BLAS not found
+    here, or an LP64 one) leaves :func:`forward_decide` off."""
+    package = Path(np.__file__).parent
+    for folder in (package.parent / "numpy.libs", package / ".libs", package / ".dylibs"):
+        for path in sorted(folder.glob("*openblas64*")) if folder.is_dir() else ():
+            try:
+                library = ctypes.CDLL(str(path))
+            except OSError:
+                continue
+            for name in ("scipy_cblas_sgemm64_", "cblas_sgemm64_"):
+                function = getattr(library, name, None)
+                if function is not None:
+                    return ctypes.cast(function, ctypes.c_void_p).value or 0
+    return 0
+
+
+#: Where forward_decide's kernel calls sgemm (0: not here); checked once (_forward_ok).
+_SGEMM = _numpy_sgemm() if available() else 0
+_forward_ok: bool | None = None
+
+
+def forward_available() -> bool:
+    """Whether :func:`forward_decide` runs here: the kernels on (:data:`ENABLED`),
+    numpy's own ``cblas_sgemm`` found, and its products through the kernel equal to
+    ``np.dot``'s bit for bit on a few shapes (checked at the first call; a numpy whose
+    ``dot`` goes elsewhere fails it)."""
+    global _forward_ok
+    if not ENABLED:  # read at every call: tests turn it off and on
+        return False
+    if _forward_ok is None:
+        _forward_ok = bool(_SGEMM) and _products_are_numpys()
+    return _forward_ok
+
+
+def _products_are_numpys() -> bool:
+    rng = np.random.default_rng(0)
+    for m, k, n in ((20, 48, 64), (20, 64, 64), (20, 64, 8), (40, 128, 128), (3, 5, 2)):
+        a = rng.standard_normal((m, k)).astype(np.float32)
+        b = rng.standard_normal((k, n)).astype(np.float32)
+        if not np.array_equal(_product_kernel(_SGEMM, a, b).view(np.uint32),
+                              np.dot(a, b).view(np.uint32)):
+            return False
+    return True
+
+
+def products_tolerance(weights: list[np.ndarray], biases: list[np.ndarray]) -> float:
+    """How far apart a row's best two logits from :func:`forward_decide` must be for the
+    exact forward (:meth:`ExportedPolicy.logits <controller.policy_file.ExportedPolicy.
+    logits>` on the stream's grid) to rank them the same: :func:`tolerance`'s argument
+    with the later layers' products' rounding bounded too.
+
+    The first layer's product is the exact forward's own, bit for bit (the same
+    ``cblas_sgemm`` with the same arguments and the same grid's rows; :func:`forward_
+    available` checks it), and so is its bias sum. From then on the two forwards' inputs
+    differ (the approximate ``tanh``), so their products round differently: a float32
+    sum of ``n`` products and a bias, in any order (BLAS's blocking, fused multiply-adds),
+    is within ``gamma(n + 1) (sum_k |h_k| |w_kj| + |b_j|)`` of the true value, ``gamma(m)
+    = m u / (1 - m u)``, ``u`` = 2^-24 (Higham, *Accuracy and Stability of Numerical
+    Algorithms*, 2nd ed., eq. 3.5), and ``|h| <= 1`` after either ``tanh``. Per unit
+    ``j`` of layer ``l >= 1``, with ``d`` the bound on the previous activations'
+    difference (``d = TANH_ERROR`` after the first layer):
+
+        e_lj = sum_k |w_kj| d_k + 2 gamma(n_l + 1) (sum_k |w_kj| + |b_j|) + 2 (n_l + 1) 2^-149
+
+    (the inputs' difference through the true product; both roundings; underflow's
+    absolute error), and ``d = e + TANH_ERROR`` after a hidden layer's ``tanh``. Two
+    logits move apart by at most twice the largest ``e`` of the last layer; computed in
+    float64 and raised by a millionth for that arithmetic's rounding. (No sum overflows:
+    its terms are at most ``sum_k |w_kj| + |b_j|``.) It is 7.6x :func:`tolerance` for
+    ``ExportedPolicy.random(seed=1)`` (64-unit layers: 0.0010) and 14x for the shipped
+    policy (128-unit: 0.12); measured differences are ~2e-6 (docs/ONLINE.md, twenty-fifth
+    pass)."""
+    def gamma(m: int) -> float:
+        return m * _UNIT / (1.0 - m * _UNIT)
+
+    change = None  # e of the current layer, per unit
+    for layer, (w, b) in enumerate(zip(weights, biases, strict=True)):
+        if layer == 0:
+            change = np.zeros(np.shape(w)[1])  # the exact forward's own bits
+            continue
+        w = np.abs(np.asarray(w, dtype=np.float64))
+        b = np.abs(np.asarray(b, dtype=np.float64)).reshape(-1)
+        rounding = 2.0 * gamma(w.shape[0] + 1)
+        change = ((change + TANH_ERROR) @ w + rounding * (w.sum(axis=0) + b)
+                  + 2.0 * (w.shape[0] + 1) * 2.0 ** -149)
+    return 2.0 * float(change.max()) * (1.0 + 1e-6)
+
+
+def forward_decide(x: np.ndarray, weights: tuple[np.ndarray, ...],
+                   biases: tuple[np.ndarray, ...], masks: np.ndarray, rows: int,
+                   tol: float) -> tuple[np.ndarray, np.ndarray, int]:
+    """The ``tanh`` MLP and the decision in one compiled call: ``(index, unsure,
+    count)``, the first two as :func:`decide_rows` gives on :meth:`approximate_logits
+    <controller.policy_file.ExportedPolicy.approximate_logits>` (``index`` of shape
+    (streams, ``rows``)), for float32 observations ``x`` (``rows`` per stream; not
+    C-contiguous: every stream unsure), float32 C-contiguous layers (every dimension at
+    least 2: numpy's ``dot`` is then ``cblas_sgemm``), ``masks`` (bool, C-contiguous, a
+    row per stream or one for all; False: the action is not allowed) and ``tol``
+    (:func:`products_tolerance`). Each stream's products are numpy's BLAS calls made from
+    the kernel, its hidden ``tanh`` the approximate one. A stream not marked unsure has
+    in every row the exact forward's arg-max over its allowed actions; a marked one's
+    rows are partly unset: the caller decides them again; ``count`` is how many are
+    marked. Needs :func:`forward_available`.
+
+    One call instead of the exact forward's eight numpy calls (three ``dot``, three bias
+    sums, two ``tanh``) and its arg-max: each of those costs 3-4x more after a
+    millisecond idle (docs/ONLINE.md, twenty-fourth pass), how a 1-kHz daemon's polls
+    run."""
+    return _forward_decide_kernel(_SGEMM, x, weights, biases, masks, rows, tol)
 
 
 def all_finite(x: np.ndarray) -> bool:
@@ -246,3 +483,10 @@ def warm_up() -> None:
         decide_rows(np.zeros((2, 2), dtype=dtype), 1, 0.0)
         all_finite(np.zeros((2, 2), dtype=dtype))
         all_finite(np.zeros((2, 4), dtype=dtype)[:, ::2])  # a strided view: its own build
+    if not forward_available():  # compiles the product check's kernel on the way
+        return
+    for layers in (2, 3):  # one and two hidden layers (numba builds per tuple length)
+        weights = tuple(np.zeros((2, 2), dtype=np.float32) for _ in range(layers))
+        biases = tuple(np.zeros(2, dtype=np.float32) for _ in range(layers))
+        forward_decide(np.zeros((2, 2), dtype=np.float32), weights, biases,
+                       np.ones((1, 2), dtype=bool), 1, 0.0)
