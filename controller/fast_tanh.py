@@ -198,12 +198,19 @@ if njit is not None:
         return out
 
     @njit(fastmath={"contract"}, error_model="numpy", cache=True, inline="always")
-    def _layer(address, src, w, b, out, hidden):  # pragma: no cover - compiled
+    def _layer(address, src, w, b, out, hidden, pre, keep):  # pragma: no cover - compiled
         # out = act(src @ w + b): numpy's product (the same sgemm call), then numpy's
-        # float32 sum, then the approximate tanh (hidden layers) as bias_tanh_inplace
+        # float32 sum, then the approximate tanh (hidden layers) as bias_tanh_inplace;
+        # keep: the sums (pre-activations) kept in pre too, for the refined bound
         rows, width = out.shape
         _sgemm(address, rows, width, w.shape[0], src, w, out)
-        if hidden:
+        if keep:
+            for i in range(rows):
+                for j in range(width):
+                    v = out[i, j] + b[j]
+                    pre[i, j] = v
+                    out[i, j] = _tanh_one(v)
+        elif hidden:
             for i in range(rows):
                 for j in range(width):
                     out[i, j] = _tanh_one(out[i, j] + b[j])
@@ -212,8 +219,42 @@ if njit is not None:
                 for j in range(width):
                     out[i, j] += b[j]
 
+    @njit(error_model="numpy", cache=True, inline="always")
+    def _refined_sure(logits, h, pre, i, allowed, best, refine, change
+                      ):  # pragma: no cover - compiled
+        # forward_decide's second look at a row the tolerance left unsure (see
+        # forward_refinement): whether the best allowed logit's lower bound is above
+        # every other allowed logit's upper bound, each bound the logit -/+ its own error
+        hidden = refine.shape[0] - 1
+        actions = logits.shape[1]
+        g = refine[hidden, actions]
+        for j in range(hidden):
+            e = refine[j, actions]
+            # tanh's slope on [z - e, z + e] is at most sech^2(|z| - e) <= 4 exp(-2(|z| - e))
+            slope = min(1.0, 4.0 * np.exp(-2.0 * max(0.0, abs(float(pre[i, j])) - e)))
+            change[j] = TANH_ERROR + e * slope
+        lower = np.inf
+        upper = -np.inf
+        for a in range(actions):
+            if not allowed[a]:
+                continue
+            carried = 0.0
+            size = 0.0
+            for j in range(hidden):
+                w = refine[j, a]
+                carried += w * change[j]
+                size += abs(float(h[i, j])) * w
+            error = ((1.0 + g) * carried + 2.0 * g * (size + refine[hidden, a])
+                     + 2.0 * (hidden + 1) * 2.0 ** -149) * (1.0 + 1e-6)
+            v = float(logits[i, a])
+            if a == best:
+                lower = v - error
+            else:
+                upper = max(upper, v + error)
+        return upper < lower
+
     @njit(fastmath={"contract"}, error_model="numpy", cache=True)
-    def _forward_decide_kernel(address, x, weights, biases, masks, rows, tol
+    def _forward_decide_kernel(address, x, weights, biases, masks, rows, tol, refine
                                ):  # pragma: no cover - compiled
         # forward_decide's work, stream by stream (each stream's products the shape of
         # its own exact forward's: one grid's rows), then each row's allowed arg-max
@@ -230,17 +271,28 @@ if njit is not None:
             return index, unsure, streams
         one = np.empty(rows * width, dtype=np.float32)
         other = np.empty(rows * width, dtype=np.float32)
+        last = np.empty(rows * width, dtype=np.float32)
+        kept = np.empty(rows * width, dtype=np.float32)
+        change = np.empty(width, dtype=np.float64)
+        hidden = layers - 1
         count = 0
         for s in range(streams):
+            # the hidden layers into one, other, one, ...; the logits into last
             w = weights[0]
-            out = one[:rows * w.shape[1]].reshape(rows, w.shape[1])
-            _layer(address, x[s * rows:(s + 1) * rows], w, biases[0], out, layers > 1)
+            out = (last if hidden == 0 else one)[:rows * w.shape[1]].reshape(rows, w.shape[1])
+            pre = kept[:rows * w.shape[1]].reshape(rows, w.shape[1])
+            _layer(address, x[s * rows:(s + 1) * rows], w, biases[0], out, hidden > 0,
+                   pre, hidden == 1)
+            h = out
             for layer in range(1, layers):
                 w = weights[layer]
-                src = out
-                out = (other if layer % 2 else one)[:rows * w.shape[1]].reshape(
-                    rows, w.shape[1])
-                _layer(address, src, w, biases[layer], out, layer < layers - 1)
+                h = out
+                target = last if layer == hidden else (other if layer % 2 else one)
+                out = target[:rows * w.shape[1]].reshape(rows, w.shape[1])
+                if layer == hidden - 1:
+                    pre = kept[:rows * w.shape[1]].reshape(rows, w.shape[1])
+                _layer(address, h, w, biases[layer], out, layer < hidden, pre,
+                       layer == hidden - 1)
             allowed = masks[s if masks.shape[0] > 1 else 0]
             for i in range(rows):
                 top = -np.inf
@@ -260,8 +312,12 @@ if njit is not None:
                     elif v > second:
                         second = v
                 index[s, i] = best
-                # unsure as in _decide_kernel
-                if odd or top == np.inf or top == -np.inf or not top - second > tol:
+                # unsure as in _decide_kernel, unless the row's own bound says sure
+                if odd or top == np.inf or top == -np.inf or (
+                        not top - second > tol
+                        and (hidden == 0
+                             or not _refined_sure(out, h, pre, i, allowed, best, refine,
+                                                  change))):
                     unsure[s] = True
                     count += 1
                     break
@@ -400,25 +456,67 @@ def products_tolerance(weights: list[np.ndarray], biases: list[np.ndarray]) -> f
     ``ExportedPolicy.random(seed=1)`` (64-unit layers: 0.0010) and 14x for the shipped
     policy (128-unit: 0.12); measured differences are ~2e-6 (docs/ONLINE.md, twenty-fifth
     pass)."""
-    def gamma(m: int) -> float:
-        return m * _UNIT / (1.0 - m * _UNIT)
+    if len(weights) < 2:
+        return 0.0  # no hidden layer: the logits are the exact forward's bits
+    last = _next_error(_hidden_error(weights, biases), weights[-1], biases[-1])
+    return 2.0 * float(last.max()) * (1.0 + 1e-6)
 
-    change = None  # e of the current layer, per unit
-    for layer, (w, b) in enumerate(zip(weights, biases, strict=True)):
-        if layer == 0:
-            change = np.zeros(np.shape(w)[1])  # the exact forward's own bits
-            continue
-        w = np.abs(np.asarray(w, dtype=np.float64))
-        b = np.abs(np.asarray(b, dtype=np.float64)).reshape(-1)
-        rounding = 2.0 * gamma(w.shape[0] + 1)
-        change = ((change + TANH_ERROR) @ w + rounding * (w.sum(axis=0) + b)
-                  + 2.0 * (w.shape[0] + 1) * 2.0 ** -149)
-    return 2.0 * float(change.max()) * (1.0 + 1e-6)
+
+def _gamma(m: int) -> float:
+    return m * _UNIT / (1.0 - m * _UNIT)
+
+
+def _next_error(change: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """products_tolerance's ``e`` of a layer from the one before's (per unit)."""
+    w = np.abs(np.asarray(w, dtype=np.float64))
+    b = np.abs(np.asarray(b, dtype=np.float64)).reshape(-1)
+    return ((change + TANH_ERROR) @ w + 2.0 * _gamma(w.shape[0] + 1) * (w.sum(axis=0) + b)
+            + 2.0 * (w.shape[0] + 1) * 2.0 ** -149)
+
+
+def _hidden_error(weights: list[np.ndarray], biases: list[np.ndarray]) -> np.ndarray:
+    """products_tolerance's ``e`` of the last hidden layer's pre-activations (the first
+    layer's: zero, the exact forward's bits)."""
+    change = np.zeros(np.shape(weights[0])[1])
+    for w, b in zip(weights[1:-1], biases[1:-1], strict=True):
+        change = _next_error(change, w, b)
+    return change
+
+
+def forward_refinement(weights: list[np.ndarray], biases: list[np.ndarray]) -> np.ndarray:
+    """What :func:`forward_decide` needs for a row :func:`products_tolerance` leaves
+    unsure, packed in one float64 array (one argument to unbox, not four): rows
+    ``0..n-1`` (the last hidden layer's ``n`` units) hold the last layer's ``|w_ja|``
+    and, in the last column, ``e_j`` of the unit's pre-activation (products_tolerance's
+    bound); row ``n`` holds ``|b_a|`` and ``gamma(n + 1)``.
+
+    The second look, per row, bounds each logit on its own instead of the worst case over
+    all of them. The compiled pre-activation ``z_j`` is known, and the exact one lies
+    within ``e_j`` of it; ``tanh``'s slope there is at most ``sech^2(max(0, |z_j| -
+    e_j)) <= min(1, 4 exp(-2 max(0, |z_j| - e_j)))``, so the two forwards' activations
+    differ by at most ``d_j = TANH_ERROR + e_j min(1, 4 exp(...))`` (a saturated unit
+    carries almost none of ``e_j``). Logit ``a`` then differs by at most ``(1 + g) sum_j
+    |w_ja| d_j + 2 g (sum_j |h_j| |w_ja| + |b_a|)`` (``g = gamma(n + 1)``, ``h`` the
+    compiled activations: the exact ones are within ``d``; the first term the carried
+    difference and the exact side's extra rounding of it), plus underflow's ``2 (n + 1)
+    2^-149``, raised by a millionth. The row is sure when its best allowed logit minus
+    its bound exceeds every other allowed logit plus its own. On the telemetry ab_daemon
+    feeds it leaves 3.7% of the shipped policy's streams unsure where the tolerance left
+    14% (docs/ONLINE.md, twenty-fifth pass)."""
+    last = np.abs(np.asarray(weights[-1], dtype=np.float64))
+    hidden, actions = last.shape
+    out = np.zeros((hidden + 1, actions + 1))
+    out[:hidden, :actions] = last
+    if len(weights) > 1:
+        out[:hidden, actions] = _hidden_error(weights, biases)
+    out[hidden, :actions] = np.abs(np.asarray(biases[-1], dtype=np.float64)).reshape(-1)
+    out[hidden, actions] = _gamma(hidden + 1)
+    return out
 
 
 def forward_decide(x: np.ndarray, weights: tuple[np.ndarray, ...],
                    biases: tuple[np.ndarray, ...], masks: np.ndarray, rows: int,
-                   tol: float) -> tuple[np.ndarray, np.ndarray, int]:
+                   tol: float, refine: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     """The ``tanh`` MLP and the decision in one compiled call: ``(index, unsure,
     count)``, the first two as :func:`decide_rows` gives on :meth:`approximate_logits
     <controller.policy_file.ExportedPolicy.approximate_logits>` (``index`` of shape
@@ -426,7 +524,8 @@ def forward_decide(x: np.ndarray, weights: tuple[np.ndarray, ...],
     C-contiguous: every stream unsure), float32 C-contiguous layers (every dimension at
     least 2: numpy's ``dot`` is then ``cblas_sgemm``), ``masks`` (bool, C-contiguous, a
     row per stream or one for all; False: the action is not allowed) and ``tol``
-    (:func:`products_tolerance`). Each stream's products are numpy's BLAS calls made from
+    (:func:`products_tolerance`; a row within it gets a second look with ``refine``,
+    :func:`forward_refinement`'s). Each stream's products are numpy's BLAS calls made from
     the kernel, its hidden ``tanh`` the approximate one. A stream not marked unsure has
     in every row the exact forward's arg-max over its allowed actions; a marked one's
     rows are partly unset: the caller decides them again; ``count`` is how many are
@@ -436,7 +535,7 @@ def forward_decide(x: np.ndarray, weights: tuple[np.ndarray, ...],
     sums, two ``tanh``) and its arg-max: each of those costs 3-4x more after a
     millisecond idle (docs/ONLINE.md, twenty-fourth pass), how a 1-kHz daemon's polls
     run."""
-    return _forward_decide_kernel(_SGEMM, x, weights, biases, masks, rows, tol)
+    return _forward_decide_kernel(_SGEMM, x, weights, biases, masks, rows, tol, refine)
 
 
 def all_finite(x: np.ndarray) -> bool:
@@ -489,4 +588,4 @@ def warm_up() -> None:
         weights = tuple(np.zeros((2, 2), dtype=np.float32) for _ in range(layers))
         biases = tuple(np.zeros(2, dtype=np.float32) for _ in range(layers))
         forward_decide(np.zeros((2, 2), dtype=np.float32), weights, biases,
-                       np.ones((1, 2), dtype=bool), 1, 0.0)
+                       np.ones((1, 2), dtype=bool), 1, 0.0, forward_refinement(weights, biases))

@@ -199,7 +199,13 @@ class ExportedPolicy:
         weights, biases = self._layers
         return fast_tanh.forward_decide(
             observations, weights, biases, self._all_allowed if masks is None else masks,
-            rows, self.products_tolerance)
+            rows, self.products_tolerance, self._refinement)
+
+    @functools.cached_property
+    def _refinement(self) -> np.ndarray:
+        """compiled_decisions' second look at a row within its tolerance
+        (:func:`controller.fast_tanh.forward_refinement`)."""
+        return fast_tanh.forward_refinement(self.weights, self.biases)
 
     def _forward(self, observations: np.ndarray, act) -> np.ndarray:
         """The MLP with ``act`` (in place, ``act(x, out=x)``) after each hidden layer."""

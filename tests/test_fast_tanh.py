@@ -157,8 +157,10 @@ def test_without_the_recheck_near_ties_would_differ(monkeypatch) -> None:
         want = exact_per_stream(policy, grids, [None] * 8)
         np.testing.assert_array_equal(
             evaluate(policy, grids, [None] * 8, None, None, NO_GUARD)[0], want)
-        # the cached properties, overridden (the compiled forward reads the second)
+        # the cached properties, overridden (the compiled forward reads the second, then
+        # its second look's bounds: all zero, nothing but underflow's)
         policy.__dict__["tanh_tolerance"] = policy.__dict__["products_tolerance"] = -1.0
+        policy.__dict__["_refinement"] = np.zeros_like(policy._refinement)
         differed += int((evaluate(policy, grids, [None] * 8, None, None, NO_GUARD)[0]
                          != want).sum())
     assert differed > 0
@@ -288,6 +290,12 @@ def test_compiled_products_are_numpys_bit_for_bit(m, k, n, seed, scale) -> None:
     assert same_bits(fast_tanh._product_kernel(fast_tanh._SGEMM, a, b), np.dot(a, b))
 
 
+def never_sure(policy: ExportedPolicy) -> np.ndarray:
+    """A second look (forward_refinement's form) whose bounds are too wide to settle any
+    row: forward_decide's marks are then the tolerance's alone."""
+    return np.full_like(policy._refinement, 1e30)
+
+
 def approximate_decisions(policy: ExportedPolicy, grids: np.ndarray, masks, tol: float):
     """Per stream: decide_rows on approximate_logits of the stream's grid alone (numpy's
     dot, bias_tanh_inplace, numpy's bias sum), the allowed actions' penalty added."""
@@ -321,7 +329,7 @@ def test_compiled_forward_is_the_approximate_forward_per_grid(seed, hidden, stre
     weights, biases = policy._layers
     index, unsure, count = fast_tanh.forward_decide(
         grids.reshape(streams * ROWS, -1), weights, biases,
-        policy._all_allowed if masks is None else masks, ROWS, tol)
+        policy._all_allowed if masks is None else masks, ROWS, tol, never_sure(policy))
     want_index, want_unsure = approximate_decisions(policy, grids, masks, tol)
     np.testing.assert_array_equal(unsure, want_unsure)
     assert count == int(want_unsure.sum())
@@ -399,5 +407,52 @@ def test_compiled_logits_are_the_approximate_logits_to_the_bit(seed, hidden, mas
     gap = float((best_two[:, 1] - best_two[:, 0]).min())
     weights, biases = policy._layers
     for tol, unsure in ((gap, True), (float(np.nextafter(gap, 0.0)), False)):
-        got = fast_tanh.forward_decide(grid, weights, biases, masks, ROWS, tol)
+        got = fast_tanh.forward_decide(grid, weights, biases, masks, ROWS, tol,
+                                       never_sure(policy))
         assert bool(got[1][0]) is unsure, (tol, gap)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(seed=st.integers(0, 2**16), scale=st.sampled_from([0.3, 1.0, 2.0, 4.0]),
+       hidden=st.sampled_from([16, 64, 128]), streams=st.integers(1, 6),
+       gap=st.sampled_from([None, 0.0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2]),
+       spread=st.sampled_from([0.0, 1e-6, 1e-5]), masked=st.booleans())
+def test_the_second_look_alone_keeps_the_exact_decisions(seed, scale, hidden, streams, gap,
+                                                         spread, masked) -> None:
+    """With an infinite tolerance every row gets forward_refinement's per-row bound alone:
+    the decisions stay the exact forward's (near ties drawn as in the parity test)."""
+    rng = np.random.default_rng(seed)
+    if gap is None:
+        base = ExportedPolicy.random(SPEC, hidden=(hidden, hidden), seed=seed)
+        policy = ExportedPolicy(weights=[w * np.float32(scale) for w in base.weights],
+                                biases=base.biases, actions=base.actions, feature_spec=SPEC)
+    else:
+        policy = near_tie_policy(seed, scale, hidden, gap, spread)
+    policy.__dict__["products_tolerance"] = np.inf
+    grids = rng.uniform(-1.5, 1.5, size=(streams, ROWS, SPEC.size)).astype(np.float32)
+    allowed = [None if not masked or rng.random() < 0.3
+               else rng.random(len(policy.actions)) < 0.6 for _ in range(streams)]
+    index, _, _ = evaluate(policy, grids, allowed, None, None, NO_GUARD)
+    np.testing.assert_array_equal(index, exact_per_stream(policy, grids, allowed))
+
+
+def test_the_second_look_settles_rows_the_tolerance_leaves() -> None:
+    """On a policy whose hidden units saturate (weights x3) the per-row bound settles
+    most streams the tolerance alone sends to the exact forward, and still decides them
+    as it does (so the test above compares something)."""
+    base = ExportedPolicy.random(SPEC, hidden=(128, 128), seed=2)
+    policy = ExportedPolicy(weights=[w * np.float32(3.0) for w in base.weights],
+                            biases=base.biases, actions=base.actions, feature_spec=SPEC)
+    grids = np.random.default_rng(2).uniform(-1.5, 1.5, size=(200, ROWS, SPEC.size)).astype(
+        np.float32)
+    x = grids.reshape(-1, SPEC.size)
+    weights, biases = policy._layers
+    _, alone, _ = fast_tanh.forward_decide(x, weights, biases, policy._all_allowed, ROWS,
+                                           policy.products_tolerance, never_sure(policy))
+    index, second, _ = fast_tanh.forward_decide(x, weights, biases, policy._all_allowed,
+                                                ROWS, policy.products_tolerance,
+                                                policy._refinement)
+    assert not (second & ~alone).any()  # never less sure
+    assert alone.sum() >= 20 and second.sum() <= alone.sum() // 2, (alone.sum(), second.sum())
+    want = policy.logits(x).argmax(axis=1).reshape(len(grids), ROWS)
+    np.testing.assert_array_equal(index[~second], want[~second])
