@@ -126,51 +126,40 @@ def evaluate(policy: ExportedPolicy, grids: np.ndarray | Sequence[np.ndarray | N
         observations = np.nan_to_num(observations, nan=0.0, posinf=1.0, neginf=-1.0)
     if failed is not None:
         healthy = [ok and not bad for ok, bad in zip(healthy, failed, strict=True)]
+    # The hidden layers' tanh approximated (controller.fast_tanh), where it applies: each
+    # stream with a row whose best two logits come within the policy's tolerance is
+    # decided again below on the exact forward, so every decision is the exact one's.
+    # Not below three streams (local mode, a daemon's small polls): three compiled calls'
+    # dispatch cost as much as the tanh saves on one or two grids (lock-step A/B: one
+    # +2.5-4%, two +1.5%, three -2%, eight -5%, 64 -10%).
+    logits = policy.approximate_logits(observations) if n >= _APPROXIMATE_FROM else None
+    approximate = logits is not None
+    if not approximate:
+        logits = policy.logits(observations)
     if all(a is None for a in allowed):
         runnable = [True] * n
-        masks = None
+        penalty = None
     else:
         count = len(policy.actions)
         masks = np.stack([np.ones(count, dtype=bool) if a is None else a for a in allowed])
         runnable = masks.any(axis=1).tolist()
-    # The forward and each row's arg-max in one compiled call where it applies
-    # (ExportedPolicy.compiled_decisions: numpy's own BLAS products, stream by stream, and
-    # the approximate tanh; one call instead of ten numpy calls, each 3-4x dearer after a
-    # millisecond idle); else from _APPROXIMATE_FROM streams the hidden layers' tanh
-    # approximated through numpy calls (controller.fast_tanh). Either way each stream
-    # with a row whose best two logits come within the approximation's tolerance is
-    # decided again below on the exact forward, so every decision is the exact one's.
-    # (The approximate tanh through numpy calls did not pay below three streams: three
-    # compiled calls' dispatch cost as much as the tanh saves on one or two grids; lock-
-    # step A/B: one +2.5-4%, two +1.5%, three -2%, eight -5%, 64 -10%.)
-    decided = policy.compiled_decisions(observations, rows, masks)
-    if decided is None:
-        logits = (policy.approximate_logits(observations) if n >= _APPROXIMATE_FROM
-                  else None)
-        approximate = logits is not None
-        if not approximate:
-            logits = policy.logits(observations)
-        if masks is not None:
-            # -inf where the server cannot run the action: never the arg-max
-            penalty = np.where(masks, 0.0, -np.inf)
-            logits = (logits.reshape(n, rows, -1) + penalty[:, None, :]).reshape(n * rows, -1)
-        if approximate:
-            # each row's arg-max with the unsure marks, in one compiled pass (a stream
-            # not marked has a unique finite best in every row: numpy's arg-max; a marked
-            # one is decided again below)
-            index, unsure = decide_rows(logits, rows, policy.tanh_tolerance)
-            decided = index, unsure, unsure.any()
-        else:  # the method, not np.argmax: the same call without numpy's Python wrapper
-            index = logits.argmax(axis=1).reshape(n, rows)
-    if decided is not None:
-        index, unsure, count = decided
-        if count:
+        # -inf where the server cannot run the action: never the arg-max
+        penalty = np.where(masks, 0.0, -np.inf)
+        logits = (logits.reshape(n, rows, -1) + penalty[:, None, :]).reshape(n * rows, -1)
+    if approximate:
+        # each row's arg-max with the unsure marks, in one compiled pass (a stream not
+        # marked has a unique finite best in every row: numpy's arg-max; a marked one is
+        # decided again below)
+        index, unsure = decide_rows(logits, rows, policy.tanh_tolerance)
+        if unsure.any():
             for i in unsure.nonzero()[0].tolist():
                 # the stream's own grid, exact: local mode's forward, row for row
                 exact = policy.logits(observations[i * rows:(i + 1) * rows])
-                if masks is not None:
-                    exact = exact + np.where(masks[i], 0.0, -np.inf)
+                if penalty is not None:
+                    exact = exact + penalty[i]
                 index[i] = exact.argmax(axis=1)
+    else:  # the method, not np.argmax: the same call without numpy's Python-level wrapper
+        index = logits.argmax(axis=1).reshape(n, rows)
     # The goodput guard, then the probe (which may turn a guarded row into a probe): the
     # order the simulator's policy adapter applies them in.
     actions = policy.action_array

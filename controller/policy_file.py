@@ -106,14 +106,6 @@ class ExportedPolicy:
         #: (fast_tanh.bias_tanh_inplace takes float32 activations and biases).
         self._fused = all(w.dtype == np.float32 and b.dtype == np.float32 and b.ndim == 1
                           for w, b in zip(self.weights, self.biases, strict=True))
-        #: The layers as compiled_decisions passes them, where it can: every dimension
-        #: at least 2 (numpy's dot of them is then cblas_sgemm, see fast_tanh), else None.
-        self._layers = ((tuple(np.ascontiguousarray(w) for w in self.weights),
-                         tuple(np.ascontiguousarray(b) for b in self.biases))
-                        if self._fused and all(min(w.shape) >= 2 for w in self.weights)
-                        else None)
-        #: Every action allowed, as compiled_decisions' mask (one row for all streams).
-        self._all_allowed = np.ones((1, len(self.actions)), dtype=bool)
         #: Per layer, its bias repeated over rows (grown on demand, powers of two).
         self._tiled: list[np.ndarray | None] = [None] * len(self.biases)
         #: Per row count, every layer's bias over that many rows (see _forward).
@@ -172,40 +164,6 @@ class ExportedPolicy:
         """How far apart a row's best two :meth:`approximate_logits` must be for
         :meth:`logits` to rank them the same (:func:`controller.fast_tanh.tolerance`)."""
         return fast_tanh.tolerance(self.weights)
-
-    @functools.cached_property
-    def products_tolerance(self) -> float:
-        """How far apart a row's best two logits in :meth:`compiled_decisions` must be
-        for :meth:`logits` to rank them the same (:func:`controller.fast_tanh.
-        products_tolerance`: the approximate tanh's error and the later layers'
-        products' rounding, both bounded)."""
-        return fast_tanh.products_tolerance(self.weights, self.biases)
-
-    def compiled_decisions(self, observations: np.ndarray, rows: int,
-                           masks: np.ndarray | None
-                           ) -> tuple[np.ndarray, np.ndarray, int] | None:
-        """Per stream (``rows`` consecutive observations each), each row's arg-max of
-        :meth:`logits` over the stream's allowed actions (``masks``: bool, a row per
-        stream, or None: all allowed) and the streams to decide again on the exact
-        forward, in one compiled call (:func:`controller.fast_tanh.forward_decide`):
-        ``(index, unsure, count)`` (``count``: how many are unsure); or None where it
-        does not apply (another activation, dtype
-        or layout, a dimension of 1, numba or numpy's OpenBLAS missing, or turned off)."""
-        # (C-contiguity is the kernel's to check: a flags object is a numpy call)
-        if (self._layers is None or self.activation != "tanh" or rows < 2
-                or observations.dtype != np.float32 or observations.ndim != 2
-                or not fast_tanh.forward_available()):
-            return None
-        weights, biases = self._layers
-        return fast_tanh.forward_decide(
-            observations, weights, biases, self._all_allowed if masks is None else masks,
-            rows, self.products_tolerance, self._refinement)
-
-    @functools.cached_property
-    def _refinement(self) -> np.ndarray:
-        """compiled_decisions' second look at a row within its tolerance
-        (:func:`controller.fast_tanh.forward_refinement`)."""
-        return fast_tanh.forward_refinement(self.weights, self.biases)
 
     def _forward(self, observations: np.ndarray, act) -> np.ndarray:
         """The MLP with ``act`` (in place, ``act(x, out=x)``) after each hidden layer."""
