@@ -53,6 +53,19 @@ def probe_states(builder: FeatureBuilder, records: Iterable[StepRecord]) -> list
     return out
 
 
+def copied_probe_states(builder: FeatureBuilder, records: Iterable[StepRecord],
+                        poke: StepRecord) -> list[int]:
+    """The probe state of a copy of the builder after each record, each copy then fed
+    ``poke`` (as the daemon evaluates copies: they must not share the builder's budgets)."""
+    out = []
+    for r in records:
+        builder.update(r)
+        copy = builder.copy()
+        out.append(copy.probing)
+        copy.update(poke)
+    return out
+
+
 def lockstep(loop: DecisionLoop, policy: ExportedPolicy, profile, seed: int = 3,
              run: Callable[[int, int], int] = lambda compared, choice: choice) -> list[int]:
     """Run ``loop`` to its end with ``policy``, asserting at every step whose records

@@ -13,7 +13,7 @@ from controller.policy_file import ExportedPolicy
 from env.features import FeatureBuilder
 from env.probe import NOT_PROBING, PROBE_COST, ProbeSpec, apply_probe
 from env.sim.cost_model import load_profile
-from tests.lockstep import decode_record, probe_states
+from tests.lockstep import copied_probe_states, decode_record, probe_states
 
 BACKENDS = ("numpy", "compiled")
 #: Acceptance measured (no acceptance probe for 10^6 steps), the cost probe at depth 3.
@@ -80,13 +80,8 @@ def test_both_backends_probe_for_cost_on_the_same_records():
 def test_the_cost_probe_copies_with_the_features(backend):
     stream = _measured() + _off(2000, 20)
     first = probe_states(FeatureBuilder(None, None, backend, probe=SPEC), stream)
-    builder = FeatureBuilder(None, None, backend, probe=SPEC)
-    second = []
-    for record in stream:  # the daemon's copies must not share the budget
-        builder.update(record)
-        copy = builder.copy()
-        second.append(copy.probing)
-        copy.update(decode_record(10_000, batch=2))
+    second = copied_probe_states(FeatureBuilder(None, None, backend, probe=SPEC), stream,
+                                 decode_record(10_000, batch=2))
     assert first == second and PROBE_COST in first
 
 

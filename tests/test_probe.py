@@ -27,7 +27,13 @@ from env.sim.cost_model import load_profile
 from env.sim.simulator import SchedulerConfig, Simulator
 from env.traces.schema import StepRecord
 from env.traces.workloads import ClosedLoop
-from tests.lockstep import decode_record, lockstep, probe_states, with_meta
+from tests.lockstep import (
+    copied_probe_states,
+    decode_record,
+    lockstep,
+    probe_states,
+    with_meta,
+)
 
 BACKENDS = ("numpy", "compiled")
 
@@ -81,13 +87,8 @@ def test_the_probe_is_deterministic_and_copies_with_the_features(backend):
     stream = off_stream(1500)
     profile = load_profile("h200_llama31_8b")
     first = probe_states(FeatureBuilder(None, profile, backend, probe=DEFAULT_PROBE), stream)
-    builder = FeatureBuilder(None, profile, backend, probe=DEFAULT_PROBE)
-    second = []
-    for r in stream:  # the daemon's copies must not share the budget
-        builder.update(r)
-        copy = builder.copy()
-        second.append(copy.probing)
-        copy.update(decode_record(10_000))
+    second = copied_probe_states(FeatureBuilder(None, profile, backend, probe=DEFAULT_PROBE),
+                                 stream, decode_record(10_000))
     assert first == second and any(first)
 
 
