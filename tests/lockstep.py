@@ -4,11 +4,13 @@ Shared by the tests of the decision-layer rules (the acceptance and off probes, 
 goodput guard): both must decide the same steps in the simulator (``DecisionLoop`` +
 ``ExportedPolicyAdapter``) and in the plugin's local mode (``StreamDecider`` fed the
 records the loop releases to its features). Also their synthetic decode records, the
-probe state a builder reaches record by record, and a policy file with its meta changed.
+probe state a builder reaches record by record, a policy file with its meta changed, a
+policy that is off unless a probe runs, and the dense H200 server they run on.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 from collections.abc import Callable, Iterable
@@ -19,8 +21,13 @@ from agents.policies import ExportedPolicyAdapter
 from controller.decider import StreamDecider, steps_at
 from controller.policy_file import ExportedPolicy
 from env.features import FeatureBuilder
+from env.probe import DEFAULT_PROBE, ProbeSpec
 from env.rollout import DecisionLoop
+from env.sim.acceptance import SGLangSimulatedAcceptance
+from env.sim.cost_model import load_profile
+from env.sim.simulator import SchedulerConfig, Simulator
 from env.traces.schema import StepRecord
+from env.traces.workloads import ClosedLoop
 
 
 def decode_record(step: int, steps: int = 0, batch: int = 48, latency_s: float = 0.006,
@@ -51,6 +58,20 @@ def probe_states(builder: FeatureBuilder, records: Iterable[StepRecord]) -> list
         builder.update(r)
         out.append(builder.probing)
     return out
+
+
+def off_policy(probe: ProbeSpec = DEFAULT_PROBE) -> ExportedPolicy:
+    """A policy that never speculates on its own (only a probe makes it)."""
+    policy = ExportedPolicy.random(seed=2, hidden=(8,), name="off")
+    policy.biases[-1][0] = 1e3
+    return dataclasses.replace(policy, probe=probe)
+
+
+def sim(concurrency: int = 48, seed: int = 3) -> Simulator:
+    """The dense H200 server at acceptance 3.5, ``concurrency`` clients of 256/256 tokens."""
+    profile = load_profile("h200_llama31_8b")
+    return Simulator(profile, SGLangSimulatedAcceptance(3.5), ClosedLoop(concurrency, 256, 256),
+                     SchedulerConfig(max_running_requests=48), seed=seed)
 
 
 def copied_probe_states(builder: FeatureBuilder, records: Iterable[StepRecord],

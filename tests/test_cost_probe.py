@@ -9,11 +9,23 @@ import dataclasses
 import numpy as np
 import pytest
 
+from controller.decider import StreamDecider
 from controller.policy_file import ExportedPolicy
+from controller.reload import PolicyHolder
+from controller.server import ControllerServer, ServeOptions
+from controller.wire import Hello, decode, encode_hello, pack_telemetry
 from env.features import FeatureBuilder
 from env.probe import NOT_PROBING, PROBE_COST, ProbeSpec, apply_probe
+from env.rollout import DecisionLoop
 from env.sim.cost_model import load_profile
-from tests.lockstep import copied_probe_states, decode_record, probe_states
+from tests.lockstep import (
+    copied_probe_states,
+    decode_record,
+    lockstep,
+    off_policy,
+    probe_states,
+    sim,
+)
 
 BACKENDS = ("numpy", "compiled")
 #: Acceptance measured (no acceptance probe for 10^6 steps), the cost probe at depth 3.
@@ -148,3 +160,32 @@ def test_the_shipped_file_changes_only_streams_without_a_profile():
                             [*before.weights, *before.biases], strict=True):
         np.testing.assert_array_equal(mine, theirs)
     assert shipped.actions == before.actions
+
+
+def test_the_simulator_local_mode_and_the_daemon_cost_probe_the_same_steps(tmp_path):
+    """Without a profile, the env path (DecisionLoop + ExportedPolicyAdapter), a
+    StreamDecider fed the same released records and the daemon decide the same steps, the
+    cost probe's included (a policy that is off unless a probe runs)."""
+    policy = off_policy(dataclasses.replace(SPEC, cost_share=0.2))
+    loop = DecisionLoop(sim(), None, feedback_lag=3, horizon_s=4.0, cost_prior=None)
+    choices = lockstep(loop, policy, None)
+    assert len(choices) > 300 and choices.count(SPEC.cost_depth) >= SPEC.steps
+    path = tmp_path / "policy.npz"
+    policy.save(path)
+    server = ControllerServer(PolicyHolder(path), ServeOptions(endpoint="inproc://cost"))
+    local = StreamDecider(ExportedPolicy.load(path), (0, 1, 3), None)
+    probed = 0
+    try:
+        peer = (b"peer", "")
+        server.handle_frame(peer, encode_hello(Hello("srv", 0, (0, 1, 3))), {})
+        for i in range(1500):
+            frame = pack_telemetry("srv", 0, i, i * 0.006, 8, 0, 8, 50_000, 500_000, 0,
+                                   0, b"", 0, 0.006)
+            pending: dict = {}
+            server.handle_frame(peer, frame, pending)
+            (_, remote), = server.decide(pending)
+            assert local.decide(decode(frame)) == remote, f"step {i}"
+            probed += SPEC.cost_depth in remote.steps
+    finally:
+        server.close()
+    assert probed >= SPEC.steps

@@ -31,7 +31,9 @@ from tests.lockstep import (
     copied_probe_states,
     decode_record,
     lockstep,
+    off_policy,
     probe_states,
+    sim,
     with_meta,
 )
 
@@ -139,19 +141,6 @@ def test_probe_settings_are_checked_and_travel_in_the_policy_file(tmp_path):
     bad = with_meta(tmp_path / "p.npz", probe={**ProbeSpec().to_dict(), "steps": 0})
     with pytest.raises(PolicyFileError, match=r"field 'probe': probe\.steps"):
         ExportedPolicy.loads(bad, "bad.npz")
-
-
-def off_policy(probe: ProbeSpec = DEFAULT_PROBE) -> ExportedPolicy:
-    """A policy that never speculates on its own (only a probe makes it)."""
-    policy = ExportedPolicy.random(seed=2, hidden=(8,), name="off")
-    policy.biases[-1][0] = 1e3
-    return dataclasses.replace(policy, probe=probe)
-
-
-def sim(concurrency: int = 48, seed: int = 3) -> Simulator:
-    profile = load_profile("h200_llama31_8b")
-    return Simulator(profile, SGLangSimulatedAcceptance(3.5), ClosedLoop(concurrency, 256, 256),
-                     SchedulerConfig(max_running_requests=48), seed=seed)
 
 
 def test_the_simulator_and_local_mode_probe_the_same_steps(tmp_path):
