@@ -446,8 +446,13 @@ def phase_sim() -> None:
             replay = {**result, "headline_rate": rate or session.headline_rate()}
             for name in os.environ.get("POLICIES", "static_3,ppo,static_0").split(","):
                 session.serve_policy(served, policies[name])
-                replay[f"headline_{name}"] = headline(rate)
-                session.log(f"sim headline{suffix} {name}: {replay[f'headline_{name}']}")
+                # A name served again in one replay gets its own key (run 90 served m2,
+                # ppo, m2 and kept only the second m2): headline_m2, headline_m2_2, ...
+                key, n = f"headline_{name}", 2
+                while key in replay:
+                    key, n = f"headline_{name}_{n}", n + 1
+                replay[key] = headline(rate)
+                session.log(f"sim headline{suffix} {name}: {replay[key]}")
                 save(f"sim{suffix}", replay)
         if os.environ.get("PREFILL_PROBE") == "1":
             probes = {}
