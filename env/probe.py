@@ -63,6 +63,10 @@ first step at ``cost_depth`` measured afterwards is compared with the prediction
 started on: within ``off_confirm`` (a log ratio), the depth's prediction at that batch
 bucket is confirmed and the stream does not cost-probe there again (where speculation
 never pays, the probe would otherwise return whenever the measurement is forgotten). A
+``cost_doubt`` (0: none) skips a probe where the depth would not pay even at that fraction of
+its predicted latency (its expected tokens per step, from the measured acceptance, times
+off's latency below it): where speculation never pays, each probe at a full batch cost
+5.7x an off step (the MoE at acceptance 1.1, batch 64: 136 ms against 24). A
 stream with a profile never cost-probes: the profile prices every depth at every batch
 size, measurements correct it, and the off probe covers a wrong one.
 
@@ -169,6 +173,11 @@ class ProbeSpec(RuleSpec):
     #: Recent steps at ``cost_depth`` or deeper near the batch size (forgotten as the
     #: latency regression forgets) below which that cost counts as unmeasured.
     cost_samples: float = 0.5
+    #: How far off the features' price of ``cost_depth`` may be: no cost probe where, at
+    #: ``1 / cost_doubt`` of its predicted latency, that depth would still not pay (its
+    #: expected tokens per step, 1 + accepted drafts, times off's latency below it). 0: no
+    #: such check.
+    cost_doubt: float = 0.0
 
     def __post_init__(self) -> None:
         checks = (("enabled", isinstance(self.enabled, bool), "true or false"),
@@ -193,7 +202,9 @@ class ProbeSpec(RuleSpec):
                   ("cost_share", _number(self.cost_share) and 0.0 < self.cost_share <= 1.0,
                    "a number in (0, 1]"),
                   ("cost_samples", _number(self.cost_samples) and 0.0 < self.cost_samples
-                   < math.inf, "a positive number"))
+                   < math.inf, "a positive number"),
+                  ("cost_doubt", _number(self.cost_doubt) and (self.cost_doubt == 0.0
+                   or 1.0 <= self.cost_doubt < math.inf), "0 or a number >= 1"))
         for name, ok, expected in checks:
             if not ok:
                 raise ValueError(f"probe.{name}: {getattr(self, name)!r} is not {expected}")
@@ -468,8 +479,17 @@ class CostProbe:
             return
         # The features' own prediction of the probe's steps over off, at this batch.
         predicted = features.latency_predictions_s(batch)
-        depth_s = float(predicted[min(spec.cost_depth, len(predicted) - 1)])
-        self.cost_s = spec.steps * max(depth_s - float(predicted[0]), 0.0)
+        depth = min(spec.cost_depth, len(predicted) - 1)
+        depth_s, off_s = float(predicted[depth]), float(predicted[0])
+        self.cost_s = spec.steps * max(depth_s - off_s, 0.0)
+        if self.budget_s >= self.cost_s and spec.cost_doubt:
+            # Hopeless at even 1/cost_doubt of the price: the tokens a step at the depth
+            # commits (the measured acceptance) do not cover it. Spend the budget anyway,
+            # so this is asked again only once it is earned again.
+            tokens = 1.0 + float(np.cumprod(features.accept_rates()[:depth]).sum())
+            if tokens * off_s * spec.cost_doubt < depth_s:
+                self.budget_s = 0.0
+                return
         if self.budget_s >= self.cost_s and depth_s > 0.0:
             self.budget_s = 0.0
             self.remaining = spec.steps

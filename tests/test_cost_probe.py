@@ -108,7 +108,7 @@ def test_cost_probe_rows_run_the_cost_depth():
 
 
 @pytest.mark.parametrize("field, value", [("cost_depth", -1), ("cost_share", 0.0),
-                                          ("cost_samples", 0.0)])
+                                          ("cost_samples", 0.0), ("cost_doubt", 0.5)])
 def test_cost_probe_settings_are_checked(field, value):
     with pytest.raises(ValueError, match=f"probe.{field}"):
         ProbeSpec(**{field: value})
@@ -189,3 +189,21 @@ def test_the_simulator_local_mode_and_the_daemon_cost_probe_the_same_steps(tmp_p
     finally:
         server.close()
     assert probed >= SPEC.steps
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_no_cost_probe_where_the_depth_could_not_pay_at_a_fraction_of_its_price(backend):
+    """``cost_doubt``: with nothing accepted, depth 3 commits one token a step and would need
+    to cost under ``cost_doubt`` x off's latency even at that fraction of its price: no
+    probe, where the same stream accepting every draft is probed."""
+    doubtful = dataclasses.replace(SPEC, cost_doubt=2.0)
+
+    def probed(accepted: int, spec: ProbeSpec) -> bool:
+        builder = FeatureBuilder(None, None, backend, probe=spec)
+        probe_states(builder, [decode_record(i, steps=1, batch=2, latency_s=0.012,
+                                             accepted=accepted) for i in range(100)])
+        # depth 1 measured at 2.4x off: depth 3 priced dearer still, while remembered
+        return PROBE_COST in probe_states(builder, _off(300, 100))
+
+    assert probed(0, SPEC) and not probed(0, doubtful)
+    assert probed(1, doubtful)
