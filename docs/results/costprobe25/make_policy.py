@@ -4,7 +4,8 @@ profile: ``FeatureSpec.latency_model`` 2 (model 3 is model 2 with a profile, so 
 streams are unchanged) with ``token_prior_fraction`` 0 (model 2's no-profile prior then
 prices every depth as model 1's did before anything is measured: the stream's first
 decisions unchanged), and the cost probe at depth 3 (``ProbeSpec.cost_depth`` 3,
-``cost_share`` 0.2: no profile only). Writes ``policy_<sha8>.npz`` here and prints its sha.
+``cost_share`` 0.2, ``cost_doubt`` 2: no profile only). Writes ``policy_<sha8>.npz`` here
+and prints its sha (``cost_doubt`` 0 gives ``21229d3c``, the file evaluated first).
 
     PYTHONPATH=$PWD python docs/results/costprobe25/make_policy.py
 """
@@ -25,7 +26,7 @@ def candidate(source: Path = SHIPPED) -> ExportedPolicy:
     """``source`` with the no-profile changes above."""
     policy = ExportedPolicy.load(source)
     spec = dataclasses.replace(policy.feature_spec, latency_model=2, token_prior_fraction=0.0)
-    probe = dataclasses.replace(policy.probe, cost_depth=3, cost_share=0.2)
+    probe = dataclasses.replace(policy.probe, cost_depth=3, cost_share=0.2, cost_doubt=2.0)
     return dataclasses.replace(policy, feature_spec=spec, probe=probe)
 
 
