@@ -248,6 +248,27 @@ def off_bucket(batch: int) -> int:
     return min(max(batch, 1).bit_length() - 1, _BUCKETS - 1)
 
 
+def bucket_coverage(weights: list[float], stamps: list[int], now: int, batch: int,
+                    forget: float) -> float:
+    """Recent measurements near ``batch`` (the probes' coverage): its bucket's weight, and
+    half of each neighbouring bucket's, forgotten by ``forget`` per decode step since its
+    stamp (``now``: the decode step counter)."""
+    bucket = off_bucket(batch)
+    total = 0.0
+    for k, share in ((bucket - 1, 0.5), (bucket, 1.0), (bucket + 1, 0.5)):
+        if 0 <= k < _BUCKETS and weights[k]:
+            total += share * weights[k] * forget ** (now - stamps[k])
+    return total
+
+
+def add_measurement(weights: list[float], stamps: list[int], bucket: int, now: int,
+                    forget: float) -> None:
+    """One measurement in ``bucket`` at decode step ``now``: its weight forgotten since its
+    stamp, plus one."""
+    weights[bucket] = 1.0 + weights[bucket] * forget ** (now - stamps[bucket])
+    stamps[bucket] = now
+
+
 class ProbeTracker:
     """One stream's probe budgets, folded record by record with its features."""
 
@@ -315,13 +336,8 @@ class ProbeTracker:
     def off_coverage(self, batch: int, forget: float) -> float:
         """Recent off measurements near ``batch``: its bucket's, and half of each
         neighbouring bucket's, forgotten by ``forget`` per decode step since."""
-        bucket = off_bucket(batch)
-        now, weights, stamps = self.decode_steps, self.off_weights, self.off_stamps
-        total = 0.0
-        for k, share in ((bucket - 1, 0.5), (bucket, 1.0), (bucket + 1, 0.5)):
-            if 0 <= k < _BUCKETS and weights[k]:
-                total += share * weights[k] * forget ** (now - stamps[k])
-        return total
+        return bucket_coverage(self.off_weights, self.off_stamps, self.decode_steps, batch,
+                               forget)
 
     def fold(self, steps_used: int, latency_s: float, features, batch: int) -> None:
         """One decode record of ``batch`` requests at ``steps_used``, after ``features``
@@ -367,10 +383,8 @@ class ProbeTracker:
         bucket = off_bucket(batch)
         forget = features.spec.latency_forgetting
         if not steps_used:  # off measured at this batch
-            weights, stamps = self.off_weights, self.off_stamps
-            weights[bucket] = 1.0 + weights[bucket] * forget ** (self.decode_steps
-                                                                 - stamps[bucket])
-            stamps[bucket] = self.decode_steps
+            add_measurement(self.off_weights, self.off_stamps, bucket, self.decode_steps,
+                            forget)
             expected = self.off_expected
             if expected is not None and expected[0] == bucket:
                 self.off_expected = None
@@ -433,16 +447,6 @@ class CostProbe:
         new.confirmed, new.expected = list(self.confirmed), self.expected
         return new
 
-    def coverage(self, batch: int, forget: float) -> float:
-        """Recent steps at ``cost_depth`` or deeper near ``batch`` (as
-        :meth:`ProbeTracker.off_coverage` counts off's)."""
-        bucket = off_bucket(batch)
-        total = 0.0
-        for k, share in ((bucket - 1, 0.5), (bucket, 1.0), (bucket + 1, 0.5)):
-            if 0 <= k < _BUCKETS and self.weights[k]:
-                total += share * self.weights[k] * forget ** (self.steps - self.stamps[k])
-        return total
-
     def fold(self, steps_used: int, latency_s: float, features, batch: int,
              busy: int = 0) -> None:
         """One decode record (after ``features`` folded it); ``busy``: the acceptance
@@ -450,6 +454,8 @@ class CostProbe:
         probe's). A stream with a cost profile never probes: the profile prices every depth
         at every batch size and measurements correct it (the off probe covers a wrong one);
         without one the regression extrapolates a depth's cost from where it ran."""
+        if features.cost_prior is not None:
+            return  # see above: nothing to keep either
         self.steps += 1
         if latency_s <= 0.0:
             return
@@ -457,9 +463,7 @@ class CostProbe:
         forget = features.spec.latency_forgetting
         bucket = off_bucket(batch)
         if steps_used >= spec.cost_depth:  # the cost measured at this batch
-            self.weights[bucket] = 1.0 + self.weights[bucket] * forget ** (
-                self.steps - self.stamps[bucket])
-            self.stamps[bucket] = self.steps
+            add_measurement(self.weights, self.stamps, bucket, self.steps, forget)
             self.budget_s = 0.0
             expected = self.expected
             if steps_used == spec.cost_depth and expected is not None and expected[0] == bucket:
@@ -469,9 +473,10 @@ class CostProbe:
         if self.remaining:
             self.remaining -= 1
             return
-        if steps_used or busy or features.cost_prior is not None:
-            return  # only off time earns the budget, and only without a profile (below)
-        if self.confirmed[bucket] or self.coverage(batch, forget) >= spec.cost_samples:
+        if steps_used or busy:
+            return  # only off time earns the budget
+        if (self.confirmed[bucket] or bucket_coverage(self.weights, self.stamps, self.steps,
+                                                      batch, forget) >= spec.cost_samples):
             self.budget_s = 0.0  # the cost is measured or confirmed here: nothing to do
             return
         self.budget_s += spec.cost_share * latency_s
@@ -482,18 +487,18 @@ class CostProbe:
         depth = min(spec.cost_depth, len(predicted) - 1)
         depth_s, off_s = float(predicted[depth]), float(predicted[0])
         self.cost_s = spec.steps * max(depth_s - off_s, 0.0)
-        if self.budget_s >= self.cost_s and spec.cost_doubt:
+        if self.budget_s < self.cost_s or depth_s <= 0.0:
+            return
+        self.budget_s = 0.0
+        if spec.cost_doubt:
             # Hopeless at even 1/cost_doubt of the price: the tokens a step at the depth
-            # commits (the measured acceptance) do not cover it. Spend the budget anyway,
+            # commits (the measured acceptance) do not cover it. The budget is spent anyway,
             # so this is asked again only once it is earned again.
             tokens = 1.0 + float(np.cumprod(features.accept_rates()[:depth]).sum())
             if tokens * off_s * spec.cost_doubt < depth_s:
-                self.budget_s = 0.0
                 return
-        if self.budget_s >= self.cost_s and depth_s > 0.0:
-            self.budget_s = 0.0
-            self.remaining = spec.steps
-            self.expected = (bucket, depth_s)
+        self.remaining = spec.steps
+        self.expected = (bucket, depth_s)
 
 
 def probe_rows(index: np.ndarray, actions: np.ndarray, probe_index: int) -> None:
