@@ -144,25 +144,6 @@ def test_a_probe_that_confirms_the_prediction_is_the_last_there(backend):
     assert _serve(builder, 6000, 20, wrong).count(PROBE_COST) > first
 
 
-def test_the_shipped_file_changes_only_streams_without_a_profile():
-    """The default policy since the twenty-fifth session: the twenty-fourth's ``3f47437c``
-    (the same weights, guard, acceptance and off probes) with model 2 and its level-only
-    prior for a stream without a profile (model 3 is model 2 with one) and the cost probe
-    at depth 3 with its doubt 2, which runs only without a profile."""
-    shipped = ExportedPolicy.load("controller/data/default_policy.npz")
-    before = ExportedPolicy.load("docs/results/offceil24/policy_3f47437c.npz")
-    assert shipped.feature_spec == dataclasses.replace(
-        before.feature_spec, latency_model=2, token_prior_fraction=0.0)
-    assert before.feature_spec.latency_model == 3
-    assert shipped.probe == dataclasses.replace(before.probe, cost_depth=3, cost_share=0.2,
-                                                cost_doubt=2.0)
-    assert shipped.guard == before.guard
-    for mine, theirs in zip([*shipped.weights, *shipped.biases],
-                            [*before.weights, *before.biases], strict=True):
-        np.testing.assert_array_equal(mine, theirs)
-    assert shipped.actions == before.actions
-
-
 def test_the_simulator_local_mode_and_the_daemon_cost_probe_the_same_steps(tmp_path):
     """Without a profile, the env path (DecisionLoop + ExportedPolicyAdapter), a
     StreamDecider fed the same released records and the daemon decide the same steps, the
