@@ -25,7 +25,9 @@ torch.compile compile in the server's processes, timed, into ``$OUT/compiles-<ph
 request at a time with 1 and 2 output tokens per prompt length, on the sim server under
 static 0 and static 3), ``SERVER_ARGS`` (more SGLang flags for every server,
 space-separated, e.g. ``--warmups specctl``; recorded in the run file with the seconds the
-server took to answer).
+server took to answer), ``HOOK_TIMING`` (off and sim, 1: the plugin's own time per step on
+the scheduler thread, ``SPECCTL_HOOK_TIMING``, each scheduler process's summary under
+``$OUT/hooks_<record>/``, rewritten every few seconds, over the server's whole life).
 
 Every server: the same flags (``session.py``'s), ``--disable-radix-cache`` (replayed prompts
 would otherwise hit the prefix cache of earlier runs) and ``--max-running-requests 48``.
@@ -341,6 +343,8 @@ def plugin_env(record: str) -> dict[str, str]:
            "SPECCTL_RECORD_FLUSH_S": "2"}
     if os.environ.get("NO_RECORD") == "1":
         del env["SPECCTL_RECORD"], env["SPECCTL_RECORD_FLUSH_S"]
+    if os.environ.get("HOOK_TIMING") == "1":  # straight under $OUT: a killed call keeps it
+        env["SPECCTL_HOOK_TIMING"] = str(session.fresh(OUT / f"hooks_{record}") / "hooks")
     return env
 
 

@@ -1,0 +1,47 @@
+"""The simulator's prediction for runs 91-95: the shipped file (``c66f698d``: latency
+model 2 and the cost probe for streams without a profile) served with **no profile** on
+the fitted MoE at acceptance 2.5 and 1.1 and on the fitted dense server at 3.0, against
+static 0 (the plugin's off, the simulator's "no speculation") and static 3, on the H200
+headline replay (``replay_policies.replay``, the plugin's warm-up and hold on).
+
+    PYTHONPATH=$PWD:$PWD/scripts/h200:$PWD/docs/results/offceil24 \\
+        python docs/results/gpu26/predict.py [seeds]
+"""
+
+from __future__ import annotations
+
+import sys
+
+from offcheap import MODELS
+from replay_policies import replay
+
+from env.sim.cost_model import load_profile
+
+SHIPPED = "controller/data/default_policy.npz"
+#: (model, acceptance, requests/s, policies): the cells served on the GPU
+CELLS = (("moe", 2.5, 6.0, ("static_0", "static_3", "ppo")),
+         ("moe", 1.1, 6.0, ("static_0", "ppo")),
+         ("dense", 3.0, 8.0, ("static_0", "static_3", "ppo")))
+
+
+def main() -> None:
+    seeds = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+    print(f"no profile handed to ppo; seeds 0-{seeds - 1}\n")
+    print("| model | acceptance | req/s | policy | tok/s | mean TPOT ms | decisions per depth "
+          "(seed 0) |")
+    print("|---|---|---|---|---|---|---|")
+    for model, acceptance, rate, policies in CELLS:
+        server = load_profile(MODELS[model][1])
+        for policy in policies:
+            path = SHIPPED if policy == "ppo" else None
+            results = [replay(server, None, acceptance, policy, seed, path, True, rate=rate)
+                       for seed in range(seeds)]
+            tok = sum(r["throughput_tok_s"] for r in results) / seeds
+            tpot = sum(r["mean_tpot_ms"] for r in results) / seeds
+            share = ", ".join(f"{d}: {s:.0%}" for d, s in results[0]["depth_share"].items())
+            print(f"| {model} | {acceptance} | {rate:g} | {policy} | {tok:,.0f} | {tpot:.2f} "
+                  f"| {share} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
