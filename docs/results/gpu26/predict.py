@@ -5,7 +5,7 @@ static 0 (the plugin's off, the simulator's "no speculation") and static 3, on t
 headline replay (``replay_policies.replay``, the plugin's warm-up and hold on).
 
     PYTHONPATH=$PWD:$PWD/scripts/h200:$PWD/docs/results/offceil24 \\
-        python docs/results/gpu26/predict.py [seeds]
+        python docs/results/gpu26/predict.py [seeds] [after]
 """
 
 from __future__ import annotations
@@ -22,15 +22,19 @@ SHIPPED = "controller/data/default_policy.npz"
 CELLS = (("moe", 2.5, 6.0, ("static_0", "static_3", "ppo")),
          ("moe", 1.1, 6.0, ("static_0", "ppo")),
          ("dense", 3.0, 8.0, ("static_0", "static_3", "ppo")))
+#: Run 97 (dense at 12 requests/s) was added during the lease, without a prediction:
+#: ``predict.py 2 after`` simulates it afterwards (``predict_after.txt``).
+AFTER = (("dense", 3.0, 12.0, ("static_0", "static_3", "ppo")),)
 
 
 def main() -> None:
     seeds = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+    cells = AFTER if sys.argv[2:] == ["after"] else CELLS
     print(f"no profile handed to ppo; seeds 0-{seeds - 1}\n")
     print("| model | acceptance | req/s | policy | tok/s | mean TPOT ms | decisions per depth "
           "(seed 0) |")
     print("|---|---|---|---|---|---|---|")
-    for model, acceptance, rate, policies in CELLS:
+    for model, acceptance, rate, policies in cells:
         server = load_profile(MODELS[model][1])
         for policy in policies:
             path = SHIPPED if policy == "ppo" else None
