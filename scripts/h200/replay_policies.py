@@ -59,6 +59,18 @@ def replay(server, prior, acceptance: float, policy_name: str, seed: int = 0,
     return {**result, "depth_share": {d: n / total for d, n in enumerate(chosen) if n}}
 
 
+def replayed_cells(server, prior, acceptance: float, policy: str, path: str | None,
+                   seeds: int, rate: float) -> str:
+    """The headline replay at seeds 0..seeds-1 as table cells: mean tok/s, mean TPOT ms, and
+    seed 0's share of decisions per depth (the plugin's warm-up on)."""
+    results = [replay(server, prior, acceptance, policy, seed, path, True, rate=rate)
+               for seed in range(seeds)]
+    tok = sum(r["throughput_tok_s"] for r in results) / seeds
+    tpot = sum(r["mean_tpot_ms"] for r in results) / seeds
+    share = ", ".join(f"{d}: {s:.0%}" for d, s in results[0]["depth_share"].items())
+    return f"{tok:,.0f} | {tpot:.2f} | {share}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--server", required=True, help="the server's cost profile (path or name)")

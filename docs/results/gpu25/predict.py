@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 
 from offcheap import MODELS, write_offcheap
-from replay_policies import replay
+from replay_policies import replayed_cells
 
 from env.sim.cost_model import load_profile
 
@@ -34,13 +34,9 @@ def main() -> None:
             runs = [("static_0", None), ("static_3", None)] if prior_name == "exact" else []
             runs += [("ppo", SHIPPED)]
             for policy, path in runs:
-                results = [replay(server, priors[prior_name], acceptance, policy, seed, path,
-                                  True, rate=rate) for seed in range(seeds)]
-                tok = sum(r["throughput_tok_s"] for r in results) / seeds
-                tpot = sum(r["mean_tpot_ms"] for r in results) / seeds
-                share = ", ".join(f"{d}: {s:.0%}" for d, s in results[0]["depth_share"].items())
-                print(f"| {acceptance} | {prior_name} | {policy} | {tok:,.0f} | {tpot:.2f} "
-                      f"| {share} |", flush=True)
+                cells = replayed_cells(server, priors[prior_name], acceptance, policy, path,
+                                       seeds, rate)
+                print(f"| {acceptance} | {prior_name} | {policy} | {cells} |", flush=True)
 
 
 if __name__ == "__main__":

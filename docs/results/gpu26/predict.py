@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 
 from offcheap import MODELS
-from replay_policies import replay
+from replay_policies import replayed_cells
 
 from env.sim.cost_model import load_profile
 
@@ -38,13 +38,8 @@ def main() -> None:
         server = load_profile(MODELS[model][1])
         for policy in policies:
             path = SHIPPED if policy == "ppo" else None
-            results = [replay(server, None, acceptance, policy, seed, path, True, rate=rate)
-                       for seed in range(seeds)]
-            tok = sum(r["throughput_tok_s"] for r in results) / seeds
-            tpot = sum(r["mean_tpot_ms"] for r in results) / seeds
-            share = ", ".join(f"{d}: {s:.0%}" for d, s in results[0]["depth_share"].items())
-            print(f"| {model} | {acceptance} | {rate:g} | {policy} | {tok:,.0f} | {tpot:.2f} "
-                  f"| {share} |", flush=True)
+            cells = replayed_cells(server, None, acceptance, policy, path, seeds, rate)
+            print(f"| {model} | {acceptance} | {rate:g} | {policy} | {cells} |", flush=True)
 
 
 if __name__ == "__main__":
