@@ -79,7 +79,9 @@ _P_DEPTH, _P_ALPHA, _P_DECAY, _P_FORGET, _P_RIDGE = 0, 1, 2, 3, 4
 _P_STRENGTH, _P_PRIOR_FIRST, _P_PER_SAMPLE, _P_SPEC_FRACTION, _P_DRAFT_FRACTION = 5, 6, 7, 8, 9
 _P_HEAD, _P_WIDTH, _P_LOG_THROUGHPUT_AT, _P_MODEL = 10, 11, 12, 13
 _P_OUTLIER_RATIO, _P_OUTLIER_TRUST, _P_OUTLIER_WARMUP = 14, 15, 16
-_P_LOCAL = 17  # latency_local_samples where the correction runs (a profile), else 0
+#: the local correction's sample count: latency_local_samples with a profile,
+#: latency_local_unprofiled without one (its base then the regression: _regression_ms)
+_P_LOCAL = 17
 _P_LOCAL_TOLERANCE, _P_LOCAL_CAP = 18, 19
 _P_OUTLIER_RELATIVE = 20
 _P_OFF_OUTLIER_RATIO = 21  # FeatureSpec.latency_off_outlier_ratio
@@ -143,7 +145,8 @@ def _params(spec: FeatureSpec, has_profile: bool = False) -> np.ndarray:
         spec.draft_step_prior_fraction, layout.head, layout.width, 0.0,
         effective_model(spec.latency_model, has_profile), spec.latency_outlier_ratio,
         spec.latency_outlier_trust, spec.latency_outlier_warmup,
-        spec.latency_local_samples if has_profile else 0.0, spec.latency_local_tolerance,
+        spec.latency_local_samples if has_profile else spec.latency_local_unprofiled,
+        spec.latency_local_tolerance,
         float(spec.latency_local_cap), float(spec.latency_outlier_relative),
         spec.latency_off_outlier_ratio,
         math.exp(spec.latency_off_ceiling) if spec.latency_off_ceiling > 0.0 else 0.0,
@@ -297,6 +300,33 @@ def _profile_ms(profile, batch_size, depth, kv_tokens):
 
 
 @njit(cache=True)
+def _regression_ms(state, params, batch, steps):
+    """``FeatureBuilder._regression_ms``: the regression's floored prediction (ms) of a
+    ``steps``-deep step at ``batch`` (>= 1) from the state's theta, KV tokens and latency
+    level, as :func:`_grids` computes it (a row of features._design's design, no
+    profile)."""
+    depth = int(params[_P_DEPTH])
+    theta = _offsets_jit(depth)[4]
+    b = batch / 64.0
+    s = 1.0 if steps > 0 else 0.0
+    m = float(max(steps - 1, 0))
+    row = np.empty(6)
+    if params[_P_MODEL] == 1.0:
+        row[0], row[1], row[2], row[3], row[4], row[5] = 1.0, b, s, s * b, m, m * b
+    else:  # model 2: off apart, speculation's batch term per verify token
+        o = 1.0 - s
+        row[0], row[1], row[2], row[3] = o, o * b, s, s * ((steps + 1) * b)
+        row[4], row[5] = m, 0.0 * b
+    value = row[0] * state[theta]
+    for j in range(1, 6):
+        value += row[j] * state[theta + j]
+    kv_at = 5 if params[_P_MODEL] == 2.0 and steps == 0 else 6
+    value += state[theta + kv_at] * (state[_KV_TOKENS] / 1e5)
+    base_ms = state[_LATENCY_EMA] if state[_HAS_LATENCY] else 10.0
+    return _maximum(value, _maximum(0.05 * base_ms, 1e-3))
+
+
+@njit(cache=True)
 def _fold(state, params, has_prior, is_decode, batch_size, waiting, kv_tokens, kv_capacity,
           steps_used, accepted, latency_s, prior_ms, profile, warmup):
     """``FeatureBuilder.update`` on the state vector (``prior_ms``: the cost profile's
@@ -393,6 +423,8 @@ def _fold(state, params, has_prior, is_decode, batch_size, waiting, kv_tokens, k
         if params[_P_LOCAL] > 0.0 or off_cells:  # the cells' clock
             state[_local_at(depth)] += 1.0
         if params[_P_LOCAL] > 0.0:  # FeatureBuilder.update's local cost correction
+            if not has_prior:  # its base the regression's prediction, before this step
+                error = math.log(latency_ms / _regression_ms(state, params, batch, steps))
             lo = _local_at(depth)
             cells = _cells_jit(depth)
             clock = state[lo]
@@ -690,7 +722,10 @@ def _grids(states, params, has_prior, design, at0, slope, column0, buckets, out,
                     w = weight[d, j]
                     # (weight 0, an unmeasured cell: numpy's factors are exp(0) = 1 exactly)
                     if w != 0.0:
-                        gap = math.log(profile_ms) + ratio[d, j] - math.log(value)
+                        if has_prior:
+                            gap = math.log(profile_ms) + ratio[d, j] - math.log(value)
+                        else:  # latency_local_unprofiled: the ratio to the regression
+                            gap = ratio[d, j]
                         beyond = _maximum(abs(gap) - tolerance, 0.0)
                         value = value * math.exp(w * math.copysign(beyond, gap))
                     if d == 0:
