@@ -103,7 +103,9 @@ def _offsets(depth: int) -> tuple[int, int, int, int, int, int]:
     theta = moments + 64
     # then the local cost correction: its clock and 3 values per cell (see _cells), then
     # the off ceiling's 3 values per bucket (see _off_cells_at)
+    # then (no profile, latency_local_unprofiled) the local cells' batch and KV sums
     end = theta + 8 + 3 * (depth + 1) * LOCAL_BUCKETS + 3 * LOCAL_BUCKETS
+    end += 2 * (depth + 1) * LOCAL_BUCKETS
     return trials, successes, samples, moments, theta, end
 
 
@@ -128,6 +130,13 @@ def _off_cells_at(depth):
     """Where the off ceiling's cells' counts sit in the state vector (their log-error sums
     and update times follow, LOCAL_BUCKETS each; on the local correction's clock)."""
     return _local_at(depth) + 1 + 3 * _cells_jit(depth)
+
+
+@njit(cache=True)
+def _local_extra_at(depth):
+    """Where the local cells' batch sums sit in the state vector (their KV sums follow, a
+    cell each): kept without a profile only (FeatureSpec.latency_local_unprofiled)."""
+    return _off_cells_at(depth) + 3 * LOCAL_BUCKETS
 
 
 _local_bucket_jit = njit(cache=True)(local_bucket)
@@ -300,30 +309,29 @@ def _profile_ms(profile, batch_size, depth, kv_tokens):
 
 
 @njit(cache=True)
-def _regression_ms(state, params, batch, steps):
-    """``FeatureBuilder._regression_ms``: the regression's floored prediction (ms) of a
-    ``steps``-deep step at ``batch`` (>= 1) from the state's theta, KV tokens and latency
-    level, as :func:`_grids` computes it (a row of features._design's design, no
-    profile)."""
-    depth = int(params[_P_DEPTH])
-    theta = _offsets_jit(depth)[4]
-    b = batch / 64.0
-    s = 1.0 if steps > 0 else 0.0
-    m = float(max(steps - 1, 0))
+def _regression_ms(state, params, depth, batch, kv_tokens):
+    """``features._regression_at``: the regression's floored prediction (ms, no profile)
+    of a ``depth``-deep step at ``batch`` (a float, not necessarily whole) and
+    ``kv_tokens``, from the state's theta and latency level, term by term."""
+    theta = _offsets_jit(int(params[_P_DEPTH]))[4]
+    b = max(batch, 1.0) / 64.0
+    d = float(depth)
+    s = 1.0 if depth > 0 else 0.0
+    m = max(d - 1.0, 0.0)
     row = np.empty(6)
     if params[_P_MODEL] == 1.0:
-        row[0], row[1], row[2], row[3], row[4], row[5] = 1.0, b, s, s * b, m, m * b
+        row[0], row[1], row[2], row[3], row[4], row[5] = 1.0 + 0.0 * b, b, s, s * b, m, m * b
+        kv_term = state[theta + 6] * (kv_tokens / 1e5)
     else:  # model 2: off apart, speculation's batch term per verify token
         o = 1.0 - s
-        row[0], row[1], row[2], row[3] = o, o * b, s, s * ((steps + 1) * b)
+        row[0], row[1], row[2], row[3] = o, o * b, s, s * ((d + 1.0) * b)
         row[4], row[5] = m, 0.0 * b
+        kv_term = state[theta + (5 if depth == 0 else 6)] * (kv_tokens / 1e5)
     value = row[0] * state[theta]
     for j in range(1, 6):
-        value += row[j] * state[theta + j]
-    kv_at = 5 if params[_P_MODEL] == 2.0 and steps == 0 else 6
-    value += state[theta + kv_at] * (state[_KV_TOKENS] / 1e5)
+        value = value + row[j] * state[theta + j]
     base_ms = state[_LATENCY_EMA] if state[_HAS_LATENCY] else 10.0
-    return _maximum(value, _maximum(0.05 * base_ms, 1e-3))
+    return _maximum(value + kv_term, _maximum(0.05 * base_ms, 1e-3))
 
 
 @njit(cache=True)
@@ -423,14 +431,18 @@ def _fold(state, params, has_prior, is_decode, batch_size, waiting, kv_tokens, k
         if params[_P_LOCAL] > 0.0 or off_cells:  # the cells' clock
             state[_local_at(depth)] += 1.0
         if params[_P_LOCAL] > 0.0:  # FeatureBuilder.update's local cost correction
-            if not has_prior:  # its base the regression's prediction, before this step
-                error = math.log(latency_ms / _regression_ms(state, params, batch, steps))
             lo = _local_at(depth)
             cells = _cells_jit(depth)
             clock = state[lo]
-            cell = lo + 1 + steps * LOCAL_BUCKETS + _local_bucket_jit(batch)
+            index = steps * LOCAL_BUCKETS + _local_bucket_jit(batch)
+            cell = lo + 1 + index
             decay = forget ** (clock - state[cell + 2 * cells])
             state[cell] = state[cell] * decay + 1.0
+            if not has_prior:  # the step itself, where it ran (latency_local_unprofiled)
+                error = math.log(latency_ms)
+                extra = _local_extra_at(depth) + index
+                state[extra] = state[extra] * decay + batch
+                state[extra + cells] = state[extra + cells] * decay + kv_tokens
             state[cell + cells] = state[cell + cells] * decay + error
             state[cell + 2 * cells] = clock
         if off_cells and steps == 0 and not warmup:  # FeatureSpec.latency_off_ceiling_samples
@@ -606,6 +618,46 @@ def _local_tables(state, params, weight, ratio, counts, sums):
 
 
 @njit(cache=True)
+def _unprofiled_tables(state, params, weight, ratio, counts, sums):
+    """``env.features._unprofiled_tables`` of one stream without a profile, into ``weight``
+    and ``ratio`` (``counts`` and ``sums``: scratch): each measured cell's mean log latency
+    less the log of the regression's prediction now at its mean batch and KV tokens, then
+    combined with its neighbours as :func:`_cell_tables` combines them."""
+    depth = int(params[_P_DEPTH])
+    lo = _local_at(depth)
+    cells = _cells_jit(depth)
+    extra = _local_extra_at(depth)
+    clock = state[lo]
+    forget = params[_P_FORGET]
+    for d in range(depth + 1):
+        for j in range(LOCAL_BUCKETS):
+            index = d * LOCAL_BUCKETS + j
+            cell = lo + 1 + index
+            if state[cell] == 0.0:  # never measured
+                counts[d, j] = sums[d, j] = 0.0
+                continue
+            decay = forget ** (clock - state[cell + 2 * cells])
+            n = state[cell] * decay
+            mean_batch = (state[extra + index] * decay) / n
+            mean_kv = (state[extra + cells + index] * decay) / n
+            at = _regression_ms(state, params, d, mean_batch, mean_kv)
+            counts[d, j] = n
+            sums[d, j] = n * ((state[cell + cells] * decay) / n - math.log(at))
+    samples = params[_P_LOCAL]
+    for d in range(depth + 1):
+        for j in range(LOCAL_BUCKETS):
+            near_count, near_sum = counts[d, j], sums[d, j]
+            if j > 0:
+                near_count += LOCAL_NEIGHBOUR * counts[d, j - 1]
+                near_sum += LOCAL_NEIGHBOUR * sums[d, j - 1]
+            if j < LOCAL_BUCKETS - 1:
+                near_count += LOCAL_NEIGHBOUR * counts[d, j + 1]
+                near_sum += LOCAL_NEIGHBOUR * sums[d, j + 1]
+            ratio[d, j] = near_sum / near_count if near_count > 0.0 else 0.0
+            weight[d, j] = -math.expm1(-near_count / samples)
+
+
+@njit(cache=True)
 def _off_ceiling_lift(state, params, lift, weight, ratio, counts, sums):
     """``env.features._off_ceiling_lift`` of one stream's state, per batch bucket, into
     ``lift`` (LOCAL_BUCKETS; the others: scratch, 1 x LOCAL_BUCKETS)."""
@@ -695,7 +747,9 @@ def _grids(states, params, has_prior, design, at0, slope, column0, buckets, out,
         if off_ceiling and off_cells:
             _off_ceiling_lift(state, params, lift, off_tables[0], off_tables[1],
                               off_tables[2], off_tables[3])
-        if local:
+        if local and not has_prior:  # FeatureSpec.latency_local_unprofiled
+            _unprofiled_tables(state, params, weight, ratio, local_counts, local_sums)
+        elif local:
             _local_tables(state, params, weight, ratio, local_counts, local_sums)
         for r in range(rows):
             # _latency_predictions(): the regression per depth, floored, non-decreasing
