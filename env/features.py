@@ -241,19 +241,6 @@ class FeatureSpec:
     #: candidate; on, it speculates more (report-only swapped-profile cells up to +0.04,
     #: never-pays windows -1 and -3 at seeds 1 and 3): docs/results/local_cost/.
     latency_local_cap: bool = False
-    #: The local measured-cost correction without a cost profile (0: off, the features
-    #: before the twenty-sixth session; an absent field): as ``latency_local_samples``
-    #: with a profile (this weight's sample count; ``latency_local_tolerance`` and
-    #: ``latency_local_cap`` as there), its base the latency regression's own prediction
-    #: as it is now: per depth and power-of-two batch bucket, the recent mean log
-    #: measured latency less the log of the regression's (floored) prediction at those
-    #: steps' mean batch size and KV tokens, and a depth's prediction at a batch size
-    #: moves by that log ratio (times the weight). Without a profile the regression's
-    #: batch terms carry its errors across batch sizes: on run 92's "ppo_2 r6" (the H200
-    #: MoE at acceptance 2.5, no profile) depth 3 at batch < 8 was predicted 15.2 ms from
-    #: the larger batches' steps, measured 12.9 there (docs/results/local26/). With a
-    #: profile this field does nothing.
-    latency_local_unprofiled: float = 0.0
     #: Leave out the latency of a depth-0 decode step that the next decode step follows
     #: speculating: on the plugin's off switch that step is the re-entry warm-up (SGLang's
     #: own steps=0, a verify forward and the draft extend, 1.3-2.9x an off step on the
@@ -376,7 +363,6 @@ class FeatureSpec:
                 raise ValueError(f"feature spec field {name!r}: "
                                  f"{getattr(self, name)!r} is not true or false")
         for name in ("latency_local_samples", "latency_local_tolerance",
-                     "latency_local_unprofiled",
                      "latency_off_ceiling", "latency_off_ceiling_batch",
                      "latency_off_ceiling_samples"):
             value = getattr(self, name)
@@ -513,13 +499,9 @@ class FeatureBuilder:
         self.cost_prior = cost_prior
         #: The latency regression this builder runs (effective_model: per spec and profile).
         self._model = effective_model(self.spec.latency_model, cost_prior is not None)
-        #: The local measured-cost correction's sample count: with a profile
-        #: latency_local_samples (its base the profile), without one
-        #: latency_local_unprofiled (its base the regression's own prediction); 0: off.
-        self._local_samples = (self.spec.latency_local_samples if cost_prior is not None
-                               else self.spec.latency_local_unprofiled)
-        #: Whether the local measured-cost correction runs.
-        self._local_on = self._local_samples > 0.0
+        #: Whether the local measured-cost correction runs (it needs a profile to carry a
+        #: measured ratio across a bucket's batch sizes).
+        self._local_on = self.spec.latency_local_samples > 0.0 and cost_prior is not None
         #: Whether off's own measurements per batch bucket are kept for the off ceiling
         #: (FeatureSpec.latency_off_ceiling_samples; a ceiling needs a profile).
         self._off_cells_on = (self.spec.latency_off_ceiling > 0.0 and cost_prior is not None
@@ -585,11 +567,6 @@ class FeatureBuilder:
         self._local_sums = [0.0] * cells
         self._local_times = [0.0] * cells
         self._local_clock = 0.0
-        # Without a profile (FeatureSpec.latency_local_unprofiled) the sums hold the log
-        # measured latency (ms), and these the batch sizes and KV tokens, forgotten alike
-        # (the regression is read at their means: see _unprofiled_tables).
-        self._local_batches = [0.0] * cells
-        self._local_kvs = [0.0] * cells
         # The off ceiling's cells (FeatureSpec.latency_off_ceiling_samples): off's own
         # steps per batch bucket, warm-ups left out, kept as the local cells are (on the
         # same clock).
@@ -638,8 +615,6 @@ class FeatureBuilder:
         self._local_counts = list(self._local_counts)
         self._local_sums = list(self._local_sums)
         self._local_times = list(self._local_times)
-        self._local_batches = list(self._local_batches)
-        self._local_kvs = list(self._local_kvs)
         self._off_counts = list(self._off_counts)
         self._off_sums = list(self._off_sums)
         self._off_times = list(self._off_times)
@@ -807,11 +782,6 @@ class FeatureBuilder:
                 cell = steps * LOCAL_BUCKETS + local_bucket(batch)
                 decay = forget ** (self._local_clock - self._local_times[cell])
                 self._local_counts[cell] = self._local_counts[cell] * decay + 1.0
-                if self.cost_prior is None:  # ... or the step itself, where it ran
-                    error = math.log(latency_ms)
-                    self._local_batches[cell] = self._local_batches[cell] * decay + batch
-                    self._local_kvs[cell] = (self._local_kvs[cell] * decay
-                                             + record.kv_used_tokens)
                 self._local_sums[cell] = self._local_sums[cell] * decay + error
                 self._local_times[cell] = self._local_clock
             if self._off_cells_on and steps == 0 and record.warmup is not True:
@@ -1145,37 +1115,6 @@ def _latency_predictions(builders: Sequence[FeatureBuilder], batch_sizes: np.nda
     """Predicted step latency (s), shape (depth + 1, builders, batch sizes), given each
     builder's KV tokens and latency level (ms) (the prior's scale and the floor's)."""
     first = builders[0]
-    floored, profile_ms = _regression_predictions(builders, batch_sizes, kv_tokens, base_ms)
-    if first._local_on:
-        weights = _correct_locally(builders, batch_sizes, floored, profile_ms, kv_tokens,
-                                   base_ms)
-        # A depth measured here is priced as measured, not raised to an unmeasured
-        # shallower depth's guess (the running maximum, blended out by the depth's
-        # weight: an unmeasured depth still never costs less than a shallower one);
-        # then (latency_local_cap), the same way, an unmeasured depth never costs more
-        # than a deeper one measured here (the running minimum from the deepest down).
-        running = floored[0]
-        for depth in range(1, len(floored)):
-            value = floored[depth]
-            up = np.maximum(value, running)
-            running = floored[depth] = up * np.exp(
-                weights[depth] * (np.log(value) - np.log(up)))
-        for depth in range(len(floored) - 2 if first.spec.latency_local_cap else -1, -1, -1):
-            value = floored[depth]
-            down = np.minimum(value, floored[depth + 1])
-            floored[depth] = down * np.exp(weights[depth] * (np.log(value) - np.log(down)))
-        return floored * 1e-3
-    return np.maximum.accumulate(floored, axis=0) * 1e-3
-
-
-def _regression_predictions(builders: Sequence[FeatureBuilder], batch_sizes: np.ndarray,
-                            kv_tokens: np.ndarray, base_ms: np.ndarray
-                            ) -> tuple[np.ndarray, np.ndarray | None]:
-    """The latency regression's predictions (ms), floored (and off's bounded by the off
-    ceiling), before the local correction and the running maximum over depths, shape
-    (depth + 1, builders, batch sizes); and the profile's (ms, that shape; None without
-    a profile)."""
-    first = builders[0]
     layout = first._layout
     stale = [i for i, b in enumerate(builders) if b._theta is None]
     if stale:  # one batched 7 x 7 solve for every stream that saw telemetry
@@ -1216,7 +1155,6 @@ def _regression_predictions(builders: Sequence[FeatureBuilder], batch_sizes: np.
     else:  # off's KV term at depth 0, speculation's at the others
         predicted[:1] += thetas[:, 5:6] * (kv / 1e5)
         predicted[1:] += thetas[:, 6:7] * (kv / 1e5)
-    profile_ms = None
     if prior is not None:
         at0, slope = prior
         profile_ms = at0 + slope * kv
@@ -1235,7 +1173,25 @@ def _regression_predictions(builders: Sequence[FeatureBuilder], batch_sizes: np.
         above = np.maximum(batch_sizes, 1) >= first.spec.latency_off_ceiling_batch
         bounded = trusted & above[None, :]
         floored[0] = np.where(bounded, np.minimum(floored[0], cap), floored[0])
-    return floored, profile_ms
+    if first._local_on:
+        weights = _correct_locally(builders, batch_sizes, floored, profile_ms)
+        # A depth measured here is priced as measured, not raised to an unmeasured
+        # shallower depth's guess (the running maximum, blended out by the depth's
+        # weight: an unmeasured depth still never costs less than a shallower one);
+        # then (latency_local_cap), the same way, an unmeasured depth never costs more
+        # than a deeper one measured here (the running minimum from the deepest down).
+        running = floored[0]
+        for depth in range(1, len(floored)):
+            value = floored[depth]
+            up = np.maximum(value, running)
+            running = floored[depth] = up * np.exp(
+                weights[depth] * (np.log(value) - np.log(up)))
+        for depth in range(len(floored) - 2 if first.spec.latency_local_cap else -1, -1, -1):
+            value = floored[depth]
+            down = np.minimum(value, floored[depth + 1])
+            floored[depth] = down * np.exp(weights[depth] * (np.log(value) - np.log(down)))
+        return floored * 1e-3
+    return np.maximum.accumulate(floored, axis=0) * 1e-3
 
 
 def _off_ceiling_lift(builders: Sequence[FeatureBuilder], batch_sizes: np.ndarray
@@ -1258,90 +1214,28 @@ def _off_ceiling_lift(builders: Sequence[FeatureBuilder], batch_sizes: np.ndarra
 
 
 def _correct_locally(builders: Sequence[FeatureBuilder], batch_sizes: np.ndarray,
-                     predicted: np.ndarray, profile_ms: np.ndarray | None,
-                     kv_tokens: np.ndarray, base_ms: np.ndarray) -> np.ndarray:
+                     predicted: np.ndarray, profile_ms: np.ndarray) -> np.ndarray:
     """In place: each builder's predictions (ms, shape (depth + 1, builders, batch
     sizes)) moved toward the profile's (``profile_ms``, the same shape) times the
     measured ratio of their depth and batch bucket, in log space, by the local weight
     (FeatureSpec.latency_local_samples; weight 0 leaves a prediction as it was).
-    Without a profile (None: FeatureSpec.latency_local_unprofiled) the measured ratio is
-    to the regression's own prediction (:func:`_unprofiled_tables`; ``kv_tokens`` and
-    ``base_ms``: each builder's, as the predictions'), and a prediction moves by it.
     Returns the weights (the predictions' shape)."""
     spec = builders[0].spec
     shape = (spec.max_depth + 1, LOCAL_BUCKETS)
     buckets = [local_bucket(int(b)) for b in batch_sizes.tolist()]
     weights = np.empty_like(predicted)
     for i, builder in enumerate(builders):
-        if profile_ms is None:
-            weight, ratio = _unprofiled_tables(builder, kv_tokens[i], base_ms[i])
-        else:
-            weight, ratio = local_tables(
-                np.array(builder._local_counts).reshape(shape),
-                np.array(builder._local_sums).reshape(shape),
-                np.array(builder._local_times).reshape(shape), builder._local_clock,
-                spec.latency_forgetting, builder._local_samples)
+        weight, ratio = local_tables(
+            np.array(builder._local_counts).reshape(shape),
+            np.array(builder._local_sums).reshape(shape),
+            np.array(builder._local_times).reshape(shape), builder._local_clock,
+            spec.latency_forgetting, spec.latency_local_samples)
         value = predicted[:, i, :]
-        if profile_ms is None:
-            gap = ratio[:, buckets]
-        else:
-            gap = np.log(profile_ms[:, i, :]) + ratio[:, buckets] - np.log(value)
+        gap = np.log(profile_ms[:, i, :]) + ratio[:, buckets] - np.log(value)
         beyond = np.maximum(np.abs(gap) - spec.latency_local_tolerance, 0.0)
         weights[:, i, :] = weight[:, buckets]
         predicted[:, i, :] = value * np.exp(weights[:, i, :] * np.copysign(beyond, gap))
     return weights
-
-
-def _unprofiled_tables(builder: FeatureBuilder, kv_tokens: float, base_ms: float
-                       ) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`local_tables` of a builder without a profile (FeatureSpec.
-    latency_local_unprofiled): each measured cell's ratio is its mean log measured latency
-    less the log of the regression's floored prediction now at its depth and at its
-    steps' mean batch size and KV tokens (forgotten alike), so a measurement is read
-    against the regression as it is now, not as it was when the step ran (a regression
-    that moved since, e.g. with the steps that followed, would count the error twice or
-    not at all). A prediction at a batch size moves by its bucket's ratio (the
-    neighbours' at half weight): the measured price, carried across the bucket by the
-    regression's shape. ``kv_tokens`` and ``base_ms``: the prediction's KV tokens (the
-    regression's theta must be solved) and latency level (the floor's)."""
-    spec = builder.spec
-    shape = (spec.max_depth + 1, LOCAL_BUCKETS)
-    decay = spec.latency_forgetting ** (
-        builder._local_clock - np.array(builder._local_times).reshape(shape))
-    counts = np.array(builder._local_counts).reshape(shape) * decay
-    sums = np.array(builder._local_sums).reshape(shape) * decay
-    batches = np.array(builder._local_batches).reshape(shape) * decay
-    kvs = np.array(builder._local_kvs).reshape(shape) * decay
-    measured = counts > 0.0
-    one = np.where(measured, counts, 1.0)
-    depth = np.arange(shape[0], dtype=float)[:, None] + 0.0 * counts
-    at = _regression_at(builder._model, builder._theta, depth, batches / one, kvs / one,
-                        base_ms)
-    ratio = np.where(measured, sums / one - np.log(at), 0.0)
-    now = np.full(shape, builder._local_clock)
-    return local_tables(counts, counts * ratio, now, builder._local_clock,
-                        spec.latency_forgetting, builder._local_samples)
-
-
-def _regression_at(model: int, theta: np.ndarray, depth: np.ndarray, batch: np.ndarray,
-                   kv_tokens: np.ndarray, base_ms: float) -> np.ndarray:
-    """The regression's floored prediction (ms, no profile) at each (depth, batch size,
-    KV tokens) (equal shapes; the batch size need not be whole), term by term in the
-    compiled backend's order (``features_compiled._regression_ms``)."""
-    b = np.maximum(batch, 1.0) / 64.0
-    s = (depth > 0).astype(float)
-    m = np.maximum(depth - 1.0, 0.0)
-    if model == 1:
-        rows = (1.0 + 0.0 * b, b, s, s * b, m, m * b)
-        kv_term = theta[6] * (kv_tokens / 1e5)
-    else:  # model 2: off apart, speculation's batch term per verify token
-        o = 1.0 - s
-        rows = (o, o * b, s, s * ((depth + 1.0) * b), m, 0.0 * b)
-        kv_term = np.where(depth == 0, theta[5], theta[6]) * (kv_tokens / 1e5)
-    value = rows[0] * theta[0]
-    for j in range(1, 6):
-        value = value + rows[j] * theta[j]
-    return np.maximum(value + kv_term, max(0.05 * base_ms, 1e-3))
 
 
 def _fold_moments(builders: Sequence[FeatureBuilder]) -> np.ndarray:

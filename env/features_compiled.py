@@ -79,9 +79,7 @@ _P_DEPTH, _P_ALPHA, _P_DECAY, _P_FORGET, _P_RIDGE = 0, 1, 2, 3, 4
 _P_STRENGTH, _P_PRIOR_FIRST, _P_PER_SAMPLE, _P_SPEC_FRACTION, _P_DRAFT_FRACTION = 5, 6, 7, 8, 9
 _P_HEAD, _P_WIDTH, _P_LOG_THROUGHPUT_AT, _P_MODEL = 10, 11, 12, 13
 _P_OUTLIER_RATIO, _P_OUTLIER_TRUST, _P_OUTLIER_WARMUP = 14, 15, 16
-#: the local correction's sample count: latency_local_samples with a profile,
-#: latency_local_unprofiled without one (its base then the regression: _regression_ms)
-_P_LOCAL = 17
+_P_LOCAL = 17  # latency_local_samples where the correction runs (a profile), else 0
 _P_LOCAL_TOLERANCE, _P_LOCAL_CAP = 18, 19
 _P_OUTLIER_RELATIVE = 20
 _P_OFF_OUTLIER_RATIO = 21  # FeatureSpec.latency_off_outlier_ratio
@@ -103,9 +101,7 @@ def _offsets(depth: int) -> tuple[int, int, int, int, int, int]:
     theta = moments + 64
     # then the local cost correction: its clock and 3 values per cell (see _cells), then
     # the off ceiling's 3 values per bucket (see _off_cells_at)
-    # then (no profile, latency_local_unprofiled) the local cells' batch and KV sums
     end = theta + 8 + 3 * (depth + 1) * LOCAL_BUCKETS + 3 * LOCAL_BUCKETS
-    end += 2 * (depth + 1) * LOCAL_BUCKETS
     return trials, successes, samples, moments, theta, end
 
 
@@ -132,13 +128,6 @@ def _off_cells_at(depth):
     return _local_at(depth) + 1 + 3 * _cells_jit(depth)
 
 
-@njit(cache=True)
-def _local_extra_at(depth):
-    """Where the local cells' batch sums sit in the state vector (their KV sums follow, a
-    cell each): kept without a profile only (FeatureSpec.latency_local_unprofiled)."""
-    return _off_cells_at(depth) + 3 * LOCAL_BUCKETS
-
-
 _local_bucket_jit = njit(cache=True)(local_bucket)
 
 
@@ -154,8 +143,7 @@ def _params(spec: FeatureSpec, has_profile: bool = False) -> np.ndarray:
         spec.draft_step_prior_fraction, layout.head, layout.width, 0.0,
         effective_model(spec.latency_model, has_profile), spec.latency_outlier_ratio,
         spec.latency_outlier_trust, spec.latency_outlier_warmup,
-        spec.latency_local_samples if has_profile else spec.latency_local_unprofiled,
-        spec.latency_local_tolerance,
+        spec.latency_local_samples if has_profile else 0.0, spec.latency_local_tolerance,
         float(spec.latency_local_cap), float(spec.latency_outlier_relative),
         spec.latency_off_outlier_ratio,
         math.exp(spec.latency_off_ceiling) if spec.latency_off_ceiling > 0.0 else 0.0,
@@ -309,32 +297,6 @@ def _profile_ms(profile, batch_size, depth, kv_tokens):
 
 
 @njit(cache=True)
-def _regression_ms(state, params, depth, batch, kv_tokens):
-    """``features._regression_at``: the regression's floored prediction (ms, no profile)
-    of a ``depth``-deep step at ``batch`` (a float, not necessarily whole) and
-    ``kv_tokens``, from the state's theta and latency level, term by term."""
-    theta = _offsets_jit(int(params[_P_DEPTH]))[4]
-    b = max(batch, 1.0) / 64.0
-    d = float(depth)
-    s = 1.0 if depth > 0 else 0.0
-    m = max(d - 1.0, 0.0)
-    row = np.empty(6)
-    if params[_P_MODEL] == 1.0:
-        row[0], row[1], row[2], row[3], row[4], row[5] = 1.0 + 0.0 * b, b, s, s * b, m, m * b
-        kv_term = state[theta + 6] * (kv_tokens / 1e5)
-    else:  # model 2: off apart, speculation's batch term per verify token
-        o = 1.0 - s
-        row[0], row[1], row[2], row[3] = o, o * b, s, s * ((d + 1.0) * b)
-        row[4], row[5] = m, 0.0 * b
-        kv_term = state[theta + (5 if depth == 0 else 6)] * (kv_tokens / 1e5)
-    value = row[0] * state[theta]
-    for j in range(1, 6):
-        value = value + row[j] * state[theta + j]
-    base_ms = state[_LATENCY_EMA] if state[_HAS_LATENCY] else 10.0
-    return _maximum(value + kv_term, _maximum(0.05 * base_ms, 1e-3))
-
-
-@njit(cache=True)
 def _fold(state, params, has_prior, is_decode, batch_size, waiting, kv_tokens, kv_capacity,
           steps_used, accepted, latency_s, prior_ms, profile, warmup):
     """``FeatureBuilder.update`` on the state vector (``prior_ms``: the cost profile's
@@ -434,15 +396,9 @@ def _fold(state, params, has_prior, is_decode, batch_size, waiting, kv_tokens, k
             lo = _local_at(depth)
             cells = _cells_jit(depth)
             clock = state[lo]
-            index = steps * LOCAL_BUCKETS + _local_bucket_jit(batch)
-            cell = lo + 1 + index
+            cell = lo + 1 + steps * LOCAL_BUCKETS + _local_bucket_jit(batch)
             decay = forget ** (clock - state[cell + 2 * cells])
             state[cell] = state[cell] * decay + 1.0
-            if not has_prior:  # the step itself, where it ran (latency_local_unprofiled)
-                error = math.log(latency_ms)
-                extra = _local_extra_at(depth) + index
-                state[extra] = state[extra] * decay + batch
-                state[extra + cells] = state[extra + cells] * decay + kv_tokens
             state[cell + cells] = state[cell + cells] * decay + error
             state[cell + 2 * cells] = clock
         if off_cells and steps == 0 and not warmup:  # FeatureSpec.latency_off_ceiling_samples
@@ -618,46 +574,6 @@ def _local_tables(state, params, weight, ratio, counts, sums):
 
 
 @njit(cache=True)
-def _unprofiled_tables(state, params, weight, ratio, counts, sums):
-    """``env.features._unprofiled_tables`` of one stream without a profile, into ``weight``
-    and ``ratio`` (``counts`` and ``sums``: scratch): each measured cell's mean log latency
-    less the log of the regression's prediction now at its mean batch and KV tokens, then
-    combined with its neighbours as :func:`_cell_tables` combines them."""
-    depth = int(params[_P_DEPTH])
-    lo = _local_at(depth)
-    cells = _cells_jit(depth)
-    extra = _local_extra_at(depth)
-    clock = state[lo]
-    forget = params[_P_FORGET]
-    for d in range(depth + 1):
-        for j in range(LOCAL_BUCKETS):
-            index = d * LOCAL_BUCKETS + j
-            cell = lo + 1 + index
-            if state[cell] == 0.0:  # never measured
-                counts[d, j] = sums[d, j] = 0.0
-                continue
-            decay = forget ** (clock - state[cell + 2 * cells])
-            n = state[cell] * decay
-            mean_batch = (state[extra + index] * decay) / n
-            mean_kv = (state[extra + cells + index] * decay) / n
-            at = _regression_ms(state, params, d, mean_batch, mean_kv)
-            counts[d, j] = n
-            sums[d, j] = n * ((state[cell + cells] * decay) / n - math.log(at))
-    samples = params[_P_LOCAL]
-    for d in range(depth + 1):
-        for j in range(LOCAL_BUCKETS):
-            near_count, near_sum = counts[d, j], sums[d, j]
-            if j > 0:
-                near_count += LOCAL_NEIGHBOUR * counts[d, j - 1]
-                near_sum += LOCAL_NEIGHBOUR * sums[d, j - 1]
-            if j < LOCAL_BUCKETS - 1:
-                near_count += LOCAL_NEIGHBOUR * counts[d, j + 1]
-                near_sum += LOCAL_NEIGHBOUR * sums[d, j + 1]
-            ratio[d, j] = near_sum / near_count if near_count > 0.0 else 0.0
-            weight[d, j] = -math.expm1(-near_count / samples)
-
-
-@njit(cache=True)
 def _off_ceiling_lift(state, params, lift, weight, ratio, counts, sums):
     """``env.features._off_ceiling_lift`` of one stream's state, per batch bucket, into
     ``lift`` (LOCAL_BUCKETS; the others: scratch, 1 x LOCAL_BUCKETS)."""
@@ -747,9 +663,7 @@ def _grids(states, params, has_prior, design, at0, slope, column0, buckets, out,
         if off_ceiling and off_cells:
             _off_ceiling_lift(state, params, lift, off_tables[0], off_tables[1],
                               off_tables[2], off_tables[3])
-        if local and not has_prior:  # FeatureSpec.latency_local_unprofiled
-            _unprofiled_tables(state, params, weight, ratio, local_counts, local_sums)
-        elif local:
+        if local:
             _local_tables(state, params, weight, ratio, local_counts, local_sums)
         for r in range(rows):
             # _latency_predictions(): the regression per depth, floored, non-decreasing
@@ -776,10 +690,7 @@ def _grids(states, params, has_prior, design, at0, slope, column0, buckets, out,
                     w = weight[d, j]
                     # (weight 0, an unmeasured cell: numpy's factors are exp(0) = 1 exactly)
                     if w != 0.0:
-                        if has_prior:
-                            gap = math.log(profile_ms) + ratio[d, j] - math.log(value)
-                        else:  # latency_local_unprofiled: the ratio to the regression
-                            gap = ratio[d, j]
+                        gap = math.log(profile_ms) + ratio[d, j] - math.log(value)
                         beyond = _maximum(abs(gap) - tolerance, 0.0)
                         value = value * math.exp(w * math.copysign(beyond, gap))
                     if d == 0:

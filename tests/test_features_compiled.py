@@ -52,15 +52,7 @@ SPECS = (SPEC, FeatureSpec(latency_model=2), FeatureSpec(latency_model=3),
                      latency_drop_before_prefill=True, latency_off_ceiling=0.1,
                      latency_off_ceiling_samples=2.0),
          FeatureSpec(latency_off_ceiling=0.2, latency_off_ceiling_batch=24.0,
-                     latency_off_ceiling_samples=0.5, latency_local_samples=1.0),
-         # the local correction without a profile, its base the regression's prediction
-         # (both regressions; beside the profile's own, which it leaves alone)
-         FeatureSpec(latency_model=2, token_prior_fraction=0.0, latency_outlier_ratio=3.0,
-                     latency_drop_before_prefill=True, latency_off_ceiling=0.1,
-                     latency_off_ceiling_samples=2.0, latency_local_unprofiled=2.0),
-         FeatureSpec(latency_local_unprofiled=0.5, latency_local_tolerance=0.2,
-                     latency_local_cap=True),
-         FeatureSpec(latency_model=3, latency_local_unprofiled=1.0, latency_local_samples=0.5))
+                     latency_off_ceiling_samples=0.5, latency_local_samples=1.0))
 
 
 @st.composite
@@ -124,27 +116,6 @@ def test_compiled_observations_equal_numpy_ones(stream, with_profile, batch, eve
     sizes = np.array([1, batch + 1, 4096])
     np.testing.assert_allclose(compiled.latency_predictions_s(sizes),
                                reference.latency_predictions_s(sizes), rtol=1e-9)
-
-
-#: The specs with the local correction's no-profile base (latency_local_unprofiled).
-UNPROFILED = tuple(spec for spec in SPECS if spec.latency_local_unprofiled)
-
-
-@settings(max_examples=40, deadline=None)
-@given(stream=records(), batch=st.integers(0, 2000), spec=st.sampled_from(UNPROFILED))
-def test_the_unprofiled_local_correction_is_the_same_in_both(stream, batch, spec):
-    """Without a profile, where latency_local_unprofiled runs (the draws above reach it in
-    a few of their examples): every observation along the stream, and the predictions."""
-    reference, compiled = _twins(None, spec)
-    for record in stream:
-        reference.update(record)
-        compiled.update(record)
-        _assert_same(reference, compiled, batch)
-    sizes = np.array([1, 3, batch + 1, 4096])
-    np.testing.assert_allclose(compiled.latency_predictions_s(sizes),
-                               reference.latency_predictions_s(sizes), rtol=1e-9)
-    np.testing.assert_allclose(compiled.observation_grid(), reference.observation_grid(),
-                               rtol=0, atol=1e-6)
 
 
 @settings(max_examples=25, deadline=None)
