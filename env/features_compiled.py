@@ -171,7 +171,7 @@ _OFF_STAMPS = _OFF_WEIGHTS + _BUCKETS
 _OFF_CONFIRMED = _OFF_STAMPS + _BUCKETS
 _OFF_SIZE = _OFF_CONFIRMED + _BUCKETS
 # The settings vector (CompiledProbeTracker.settings: ProbeSpec's off fields).
-_OFF_SHARE, _OFF_CONFIRM, _OFF_TRUST, _OFF_SAMPLES = 0, 1, 2, 3
+_OFF_SHARE, _OFF_CONFIRM, _OFF_TRUST, _OFF_SAMPLES, _OFF_UNPROFILED = 0, 1, 2, 3, 4
 
 
 # -- kernels --------------------------------------------------------------------------
@@ -517,7 +517,9 @@ def fold_off(off, settings, forget, has_prior, profile_log_error, steps_used, la
                 and abs(profile_log_error) <= settings[_OFF_TRUST])):
         off[_OFF_BUDGET] = 0.0  # off's cost here is known or trusted: nothing to do
         return False
-    off[_OFF_BUDGET] += settings[_OFF_SHARE] * latency_s
+    share = settings[_OFF_SHARE] if has_prior else (settings[_OFF_SHARE]
+                                                    * settings[_OFF_UNPROFILED])
+    off[_OFF_BUDGET] += share * latency_s  # ProbeSpec.off_share_of
     return not off[_OFF_BUDGET] < off[_OFF_COST]
 
 
@@ -754,7 +756,7 @@ class CompiledProbeTracker(ProbeTracker):
     def __init__(self, spec: ProbeSpec) -> None:
         #: The off fields of ``spec`` (see _OFF_SHARE...), as :func:`fold_off` reads them.
         self.settings = np.array([spec.off_share, spec.off_confirm, spec.off_trust,
-                                  spec.off_samples], dtype=np.float64)
+                                  spec.off_samples, spec.off_unprofiled], dtype=np.float64)
         super().__init__(spec)
 
     def reset(self) -> None:

@@ -45,8 +45,12 @@ otherwise, the measurement corrects the features and the probe may return once i
 forgotten. ``off_trust`` (0: none) holds the off probe back while the measured steps sit
 that close to a handed profile (a mean log ratio): in the simulator an exact profile sits
 at 0, but on the real H200 traces the shipped profiles sit within 0.05 on 22% of the
-decode steps only (``docs/POLICY.md``, fourteenth session). ``enabled: false`` turns both
-probes off.
+decode steps only (``docs/POLICY.md``, fourteenth session). ``off_unprofiled`` (1: the
+same) scales ``off_share`` for a stream without a cost profile: there every off step
+makes the requests running through it decode with stale draft state (the plugin's off
+path), and in the simulator's re-entry draws that lasting loss is what an off probe at
+a full batch can cost (``docs/results/nopro24/``, ``docs/results/nopro26/``).
+``enabled: false`` turns both probes off.
 
 **The cost probe** (``cost_depth`` > 0; 0, the default, is none) measures a depth's cost
 where the stream has not run it, for a stream without a cost profile. Without one the
@@ -164,6 +168,9 @@ class ProbeSpec(RuleSpec):
     #: the profile error (another server's profile can price the depth run within 7%
     #: and off 4x too high).
     off_trust: float = 0.0
+    #: The off probe's share in a stream without a cost profile, as a fraction of
+    #: ``off_share`` (1: the same; 0: no off probe without a profile).
+    off_unprofiled: float = 1.0
     #: The cost probe (see the module): while a stream runs off, the depth whose cost it
     #: measures where no step at this depth or deeper ran near the batch size. 0: none.
     cost_depth: int = 0
@@ -197,6 +204,8 @@ class ProbeSpec(RuleSpec):
                    < math.inf, "a number >= 0"),
                   ("off_trust", _number(self.off_trust) and 0.0 <= self.off_trust < math.inf,
                    "a number >= 0"),
+                  ("off_unprofiled", _number(self.off_unprofiled)
+                   and 0.0 <= self.off_unprofiled <= 1.0, "a number in [0, 1]"),
                   ("cost_depth", _int(self.cost_depth) and 0 <= self.cost_depth <= 127,
                    "an int in 0..127"),
                   ("cost_share", _number(self.cost_share) and 0.0 < self.cost_share <= 1.0,
@@ -208,6 +217,18 @@ class ProbeSpec(RuleSpec):
         for name, ok, expected in checks:
             if not ok:
                 raise ValueError(f"probe.{name}: {getattr(self, name)!r} is not {expected}")
+
+    def to_dict(self) -> dict:
+        """As :meth:`RuleSpec.to_dict`, without ``off_unprofiled`` where it is 1 (a file
+        written with it at 1 is byte for byte what it was before the field)."""
+        data = super().to_dict()
+        if self.off_unprofiled == 1.0:
+            del data["off_unprofiled"]
+        return data
+
+    def off_share_of(self, has_profile: bool) -> float:
+        """The off probe's share in a stream with or without a cost profile."""
+        return self.off_share if has_profile else self.off_share * self.off_unprofiled
 
     def action_index(self, actions: np.ndarray, allowed: np.ndarray | None,
                      depth: int | None = None) -> int | None:
@@ -402,7 +423,7 @@ class ProbeTracker:
                     and abs(features.profile_log_error) <= spec.off_trust)):
             self.off_budget_s = 0.0  # off's cost here is known or trusted: nothing to do
             return
-        self.off_budget_s += spec.off_share * latency_s
+        self.off_budget_s += spec.off_share_of(features.cost_prior is not None) * latency_s
         if self.off_budget_s < self.off_cost_s:
             return
         self.off_due(features, batch)

@@ -30,6 +30,12 @@ LINEAGE = [
     ("controller/data/default_policy.npz", f"{R}/offceil24/policy_3f47437c.npz",
      {"latency_model": 2, "token_prior_fraction": 0.0},
      {"cost_depth": 3, "cost_share": 0.2, "cost_doubt": 2.0}),
+    # the twenty-sixth session's candidates (no profile only): the cost probe's doubt 1.5 ...
+    (f"{R}/nopro26/policy_e3c2b6c6.npz", f"{R}/costprobe25/policy_c66f698d.npz", {},
+     {"cost_doubt": 1.5}),
+    # ... and with it half the off probe's share without a profile
+    (f"{R}/nopro26/policy_baef2897.npz", f"{R}/costprobe25/policy_c66f698d.npz", {},
+     {"cost_doubt": 1.5, "off_unprofiled": 0.5}),
 ]
 
 
