@@ -59,7 +59,8 @@ def test_both_backends_probe_the_same_records_without_a_profile():
 def test_the_default_is_the_old_behaviour_and_the_field_travels_only_when_set():
     assert DEFAULT_PROBE.off_unprofiled == 1.0
     assert "off_unprofiled" not in DEFAULT_PROBE.to_dict()  # old files' bytes unchanged
-    assert ExportedPolicy.load("controller/data/default_policy.npz").probe.off_unprofiled == 1.0
+    before = ExportedPolicy.load("docs/results/costprobe25/policy_c66f698d.npz")
+    assert before.probe.off_unprofiled == 1.0  # a file from before the field reads 1
     spec = dataclasses.replace(OFF_PROBE, off_unprofiled=0.5)
     assert ProbeSpec.from_dict(spec.to_dict()) == spec
     for bad in (-0.1, 1.5, True):

@@ -26,8 +26,8 @@ LINEAGE = [
     # the twenty-fifth session: without a profile, model 2 (`m2`, run 90) ...
     (f"{R}/gpu25/policy_fb63f66c.npz", f"{R}/offceil24/policy_3f47437c.npz",
      {"latency_model": 2}, {}),
-    # ... and the default: model 2 with a level-only prior and the cost probe
-    ("controller/data/default_policy.npz", f"{R}/offceil24/policy_3f47437c.npz",
+    # ... and its default: model 2 with a level-only prior and the cost probe (runs 91-97)
+    (f"{R}/costprobe25/policy_c66f698d.npz", f"{R}/offceil24/policy_3f47437c.npz",
      {"latency_model": 2, "token_prior_fraction": 0.0},
      {"cost_depth": 3, "cost_share": 0.2, "cost_doubt": 2.0}),
     # the twenty-sixth session's candidates (no profile only): the cost probe's doubt 1.5 ...
@@ -35,6 +35,9 @@ LINEAGE = [
      {"cost_doubt": 1.5}),
     # ... and with it half the off probe's share without a profile
     (f"{R}/nopro26/policy_baef2897.npz", f"{R}/costprobe25/policy_c66f698d.npz", {},
+     {"cost_doubt": 1.5, "off_unprofiled": 0.5}),
+    # the default since then: baef2897 (held-out seeds 8-15, nopro26/heldout_rule.md)
+    ("controller/data/default_policy.npz", f"{R}/costprobe25/policy_c66f698d.npz", {},
      {"cost_doubt": 1.5, "off_unprofiled": 0.5}),
 ]
 
