@@ -3,7 +3,7 @@
 candidate(s): per batch band (<8, 8-23, >=24) the predicted and measured off / depth-3
 step (ms, medians), the priced depth-3 / off goodput and the replayed off share.
 
-    R=docs/results; PYTHONPATH=$PWD:$R/swap16:$R/drop_warmup:$R/gpu18:$R/gpu22 \\
+    R=docs/results; PYTHONPATH=$PWD:$R/swap16:$R/drop_warmup:$R/gpu18:$R/gpu22:$R/gpu26 \\
         python docs/results/local26/bands.py [candidate.npz ...] > docs/results/local26/bands.txt
 """
 
@@ -16,19 +16,13 @@ from pathlib import Path
 
 import replay_decisions as rd
 from band_prices import band_summary
-from servings import RAMP, headline_servings
+from servings import headline_servings
+from servings_91_97 import PPO, RUNS
 
 from controller.policy_file import ExportedPolicy
 
 HERE = Path(__file__).resolve().parent
 SHIPPED = HERE.parents[2] / "controller/data/default_policy.npz"
-PPO = ("ppo", "ppo_2")
-RUNS = {
-    92: ("moe_acc2.5", "noprofile_ppo_s3_ppo", [*RAMP, "ppo r6", "static_3 r6", "ppo_2 r6"]),
-    93: ("moe_acc1.1", "noprofile_ppo", [*RAMP, "ppo r6"]),
-    95: ("dense_acc3.0", "noprofile_ppo_s3_ppo", [*RAMP, "ppo r8", "static_3 r8", "ppo_2 r8"]),
-    97: ("dense_acc3.0", "noprofile_r12_ppo_s3", [*RAMP, "ppo r12", "static_3 r12"]),
-}
 BANDS = (("<8", 1, 8), ("8-23", 8, 24), (">=24", 24, 10**9))
 
 

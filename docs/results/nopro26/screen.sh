@@ -14,14 +14,4 @@ WINDOWS=(
   "0|azure_code load=1.5 mod=0 moe_h200_acc2.5 prior=none"
   "0|azure_code load=1.5 mod=0.8 random-0 prior=none"
 )
-echo -n "| file |"; for w in "${WINDOWS[@]}"; do echo -n " s${w%%|*} ${w#*|} |"; done; echo
-echo -n "|---|"; for w in "${WINDOWS[@]}"; do echo -n "---|"; done; echo
-for policy in "$@"; do
-  echo -n "| $(basename "$policy" .npz) |"
-  for w in "${WINDOWS[@]}"; do
-    tok=$(PYTHONPATH=$PWD:$PWD/scripts nice -n 10 python docs/results/nopro24/trace_depths.py "${w%%|*}" \
-          "${w#*|}" --policy "$policy" --every 1000000 2>&1 | tail -1 | awk '{print $2}')
-    echo -n " $tok |"
-  done
-  echo
-done
+source docs/results/nopro24/screen_windows.sh "$@"
