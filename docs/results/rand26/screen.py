@@ -35,6 +35,7 @@ PAYS = [(1, f"{w} load=1.5 mod={m} {p} prior=none")
 RULES = {"shipped": [], "cap1": ["--first-cap", "1"],
          "mf1": ["--measure-first", "1"],
          "mf1+rh": ["--measure-first", "1", "--release-hold"],
+         "mf1+rh+cm": ["--measure-first", "1", "--release-hold", "--count-measurable"],
          "mf1+rh start": ["--measure-first", "1", "--release-hold", "--start-only"],
          "mf1+rh+cap1 start": ["--measure-first", "1", "--release-hold", "--first-cap", "1",
                                "--start-only"]}

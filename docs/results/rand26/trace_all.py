@@ -34,6 +34,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--first-cap", type=int, default=0, metavar="D",
                         help="prototype: in a stream without a cost profile, while no "
                         "speculative step's cost is measured, depth at most D (0: no cap)")
+    parser.add_argument("--count-measurable", action="store_true",
+                        help="prototype: --measure-first counts only speculative steps whose "
+                        "latency the features keep (not one a prefill follows)")
     parser.add_argument("--start-only", action="store_true",
                         help="prototype: the two rules above only until the stream's first "
                         "speculative cost sample (else: whenever none is held)")
@@ -89,7 +92,10 @@ def main(argv: list[str] | None = None) -> None:
         obs, outcome = loop.step(depth)
         if forced_off:
             sim._held_depth = -1  # nor does the off step it forced hold the next decision
-        if scenario.prior is None and outcome.record.steps_used > 0 and not measured:
+        dropped = bool(outcome.record.before_prefill
+                       or sim.step_index > outcome.record.step_index + 1)  # a prefill next
+        if scenario.prior is None and outcome.record.steps_used > 0 and not measured \
+                and not (args.count_measurable and dropped):
             unmeasured += 1  # a speculative step ran whose cost no sample yet shows
         if not args.quiet:
             r = outcome.record
