@@ -50,9 +50,6 @@ from env.features import (
 )
 from env.probe import (
     _BUCKETS,
-    NOT_PROBING,
-    PROBE_ACCEPTANCE,
-    PROBE_COST,
     PROBE_OFF,
     CostProbe,
     ProbeSpec,
@@ -809,12 +806,7 @@ class CompiledProbeTracker(ProbeTracker):
     def due(self) -> int:
         """:attr:`ProbeTracker.due`, the off count read from the vector here (the daemon
         asks every answered stream: one property call less)."""
-        if self.off[_OFF_REMAINING]:
-            return PROBE_OFF
-        if self.remaining:
-            return PROBE_ACCEPTANCE
-        cost = self.cost_probe
-        return PROBE_COST if cost is not None and cost.remaining else NOT_PROBING
+        return PROBE_OFF if self.off[_OFF_REMAINING] else self._due_unless_off()
 
     @property
     def off_remaining(self) -> int:

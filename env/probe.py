@@ -347,8 +347,10 @@ class ProbeTracker:
     def due(self) -> int:
         """Which probe the decisions made now run (:data:`NOT_PROBING`,
         :data:`PROBE_ACCEPTANCE` or :data:`PROBE_OFF`)."""
-        if self.off_remaining:
-            return PROBE_OFF
+        return PROBE_OFF if self.off_remaining else self._due_unless_off()
+
+    def _due_unless_off(self) -> int:
+        """:attr:`due` when no off probe runs (shared with the compiled tracker)."""
         if self.remaining:
             return PROBE_ACCEPTANCE
         cost = self.cost_probe
