@@ -556,6 +556,11 @@ class FeatureBuilder:
         if tracker is not None and tracker.start_open:
             tracker.decided(steps)
 
+    @property
+    def batch_size(self) -> int:
+        """The latest decode step's batch size (0 before one)."""
+        return self._batch_size
+
     def depth_samples(self) -> list[float]:
         """Decode steps recently measured at each depth 0..max_depth (as ``cost_samples``)."""
         return list(self._depth_samples)
