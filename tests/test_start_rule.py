@@ -1,0 +1,235 @@
+"""``ProbeSpec.start_off``: the start rule. In a stream without a cost profile, while no
+speculative depth holds a cost sample, once one speculative step the decider decided has
+run (not the re-entry warm-up after off), every decision is off (``PROBE_START``) until a
+speculative sample arrives or ``start_off`` decisions have passed (then another try); and
+no decision of that phase is held by the plugin's switch hold (``unheld``), in the plugin
+(the DECISION's ``flags``) and in the simulator alike. 0 (the default, every policy file
+without the field) is no rule, byte for byte and decision for decision."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+
+import msgpack
+import numpy as np
+import pytest
+
+from controller.decider import StreamDecider, choose, steps_at
+from controller.policy_file import ExportedPolicy
+from controller.wire import Decision, WireError, decode, encode_decision
+from env.features import FeatureBuilder
+from env.probe import DEFAULT_PROBE, NOT_PROBING, PROBE_START, ProbeSpec
+from env.rollout import DecisionLoop
+from env.sim.acceptance import SGLangSimulatedAcceptance
+from env.sim.cost_model import load_profile
+from env.sim.simulator import SchedulerConfig, Simulator
+from env.traces.workloads import ClosedLoop
+from tests.lockstep import decode_record
+
+BACKENDS = ("numpy", "compiled")
+RULE = ProbeSpec(start_off=6)
+SHIPPED = "docs/results/nopro26/policy_baef2897.npz"
+
+
+def builder(backend: str, spec: ProbeSpec = RULE, profile=None) -> FeatureBuilder:
+    return FeatureBuilder(None, profile, backend, probe=spec)
+
+
+def states(features: FeatureBuilder) -> tuple[int, bool]:
+    return features.probing, features.unheld
+
+
+# -- the field ------------------------------------------------------------------------
+
+
+def test_the_default_is_no_rule_and_the_field_travels_only_when_set(tmp_path):
+    assert DEFAULT_PROBE.start_off == 0
+    assert "start_off" not in DEFAULT_PROBE.to_dict()  # old files' bytes unchanged
+    shipped = ExportedPolicy.load(SHIPPED)
+    assert shipped.probe.start_off == 0
+    again = dataclasses.replace(shipped, probe=dataclasses.replace(shipped.probe, start_off=0))
+    path = again.save_named_by_hash(tmp_path)
+    assert hashlib.sha256(path.read_bytes()).hexdigest().startswith("baef2897")
+    assert ProbeSpec.from_dict(RULE.to_dict()) == RULE and RULE.to_dict()["start_off"] == 6
+    for bad in (-1, 1025, 1.5, True):
+        with pytest.raises(ValueError, match=r"probe\.start_off"):
+            ProbeSpec(start_off=bad)
+
+
+# -- the rule, in each feature backend --------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_after_one_speculative_step_decisions_are_off_and_unheld_until_its_sample(backend):
+    features = builder(backend)
+    assert states(features) == (NOT_PROBING, True)  # open from the start: unheld
+    features.decided(7)  # the first decision speculates (no warm-up at a stream's start)
+    assert states(features) == (PROBE_START, True)
+    features.decided(0)
+    features.update(decode_record(0, 7, 128, 0.66))  # its latency: a depth-7 sample
+    assert states(features) == (NOT_PROBING, False)  # measured: the rule is done
+    features.decided(7)
+    assert states(features) == (NOT_PROBING, False)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_warm_up_after_off_is_not_counted(backend):
+    features = builder(backend)
+    features.decided(0)
+    features.decided(3)  # runs as the re-entry warm-up (depth 0): measures nothing
+    assert features.probing == NOT_PROBING
+    features.decided(3)
+    assert features.probing == PROBE_START
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_without_a_sample_another_try_after_start_off_decisions(backend):
+    features = builder(backend)
+    features.decided(1)
+    seen = []
+    for _ in range(RULE.start_off + 1):
+        seen.append(features.probing)
+        features.decided(0)
+    assert seen == [PROBE_START] * RULE.start_off + [NOT_PROBING]
+    # an off record (its latency kept) and a dropped speculative one measure no depth > 0
+    features.update(decode_record(0, 0, 8, 0.01))
+    features.update(decode_record(1, 1, 8, 0.0))
+    assert features.unheld
+    features.decided(1)  # after the rule's off decisions: the re-entry warm-up
+    assert features.probing == NOT_PROBING
+    features.decided(1)
+    assert features.probing == PROBE_START
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_with_a_profile_or_without_the_field_nothing_changes(backend):
+    profile = load_profile("h200_llama31_8b")
+    for features in (builder(backend, RULE, profile), builder(backend, DEFAULT_PROBE)):
+        for depth in (7, 7, 0, 7):
+            features.decided(depth)
+            assert states(features) == (NOT_PROBING, False)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_copy_keeps_the_rules_state_and_a_reset_opens_it_again(backend):
+    features = builder(backend)
+    features.decided(2)
+    copy = features.copy()
+    assert states(copy) == (PROBE_START, True)
+    copy.update(decode_record(0, 2, 8, 0.02))
+    assert states(copy) == (NOT_PROBING, False) and states(features) == (PROBE_START, True)
+    features.reset()
+    assert states(features) == (NOT_PROBING, True)
+
+
+def test_both_backends_agree_record_by_record():
+    rng = np.random.default_rng(0)
+    traces = []
+    for backend in BACKENDS:
+        features, trace = builder(backend), []
+        rng = np.random.default_rng(0)
+        for step in range(60):
+            features.decided(int(rng.choice([0, 0, 1, 3])))
+            if step > 3:  # the records a lag later; the speculative ones' latency dropped
+                depth = int(rng.choice([0, 1]))
+                latency = 0.0 if depth and step < 40 else 0.01
+                features.update(decode_record(step, depth, 8, latency))
+            trace.append(states(features))
+        traces.append(trace)
+    assert traces[0] == traces[1]
+    assert (PROBE_START, True) in traces[0] and (NOT_PROBING, False) in traces[0]
+
+
+def test_the_deciders_turn_every_speculating_row_off():
+    policy = ExportedPolicy.load(SHIPPED)
+    rows = len(policy.feature_spec.batch_grid)
+    grid = np.zeros((rows, policy.feature_spec.size), dtype=np.float32)
+    steps, _, _ = choose(policy, np.asarray(policy.actions), [grid], [None], [PROBE_START])
+    assert (steps == 0).all()
+
+
+# -- the simulator's hold and the decision loop -----------------------------------------
+
+
+def _sim(min_switch_steps: int = 4) -> Simulator:
+    return Simulator(load_profile("h200_llama31_8b"), SGLangSimulatedAcceptance(3.5),
+                     ClosedLoop(8, 64, 200),
+                     SchedulerConfig(min_switch_steps=min_switch_steps), seed=0)
+
+
+def _ran(sim: Simulator, asks: list[tuple[int, bool]]) -> list[int]:
+    sim.reset(0)
+    sim.advance()
+    out = []
+    for depth, unheld in asks:
+        out.append(sim.decode(depth, unheld=unheld).steps_used)
+        sim.advance()
+    return out
+
+
+def test_the_simulator_neither_holds_an_unheld_switch_nor_holds_after_it():
+    sim = _sim()
+    assert _ran(sim, [(7, False), (0, False), (0, False), (0, False), (0, False)]) == [7] * 4 + [0]
+    assert _ran(sim, [(7, False), (0, True), (0, True), (3, False)])[:3] == [7, 0, 0]
+    # a switch after unheld decisions is not held by them ...
+    ran = _ran(sim, [(7, False), (0, True), (5, False), (0, False)])
+    assert ran[1] == 0 and ran[2] in (0, 5)  # (0 where the re-entry warm-up runs)
+    # ... but the next ordinary switch holds as before
+    assert ran[3] == ran[2]
+
+
+def test_in_the_decision_loop_one_speculative_step_then_off_until_its_sample():
+    """A policy that always asks depth 7, no cost profile: the rule lets one depth-7 step
+    run, then off (not held by the simulator's 4-step hold) until that step's latency
+    reaches the features, then the policy's choice again."""
+    loop = DecisionLoop(_sim(), None, feedback_lag=3, probe=RULE)
+    obs = loop.reset(0)
+    ran, probing = [], []
+    while obs is not None and len(ran) < 12:
+        probing.append(obs.probing)
+        depth = 0 if obs.probing == PROBE_START else 7
+        obs, outcome = loop.step(depth)
+        ran.append(outcome.record.steps_used)
+    assert ran[0] == 7 and probing[0] == NOT_PROBING
+    first_back = probing.index(NOT_PROBING, 1)
+    assert set(probing[1:first_back]) == {PROBE_START} and 3 <= first_back <= RULE.start_off
+    assert ran[1:first_back] == [0] * (first_back - 1)
+    assert 7 in ran[first_back:]
+    assert not loop.features.unheld
+
+
+# -- local mode and the wire ---------------------------------------------------------------
+
+
+def test_local_mode_marks_the_rules_decisions_unheld():
+    policy = ExportedPolicy.load(SHIPPED)
+    policy = dataclasses.replace(policy, probe=dataclasses.replace(policy.probe, start_off=6))
+    local = StreamDecider(policy, None)
+    decisions = [local.decide(decode_record(i, 0, 128, 0.036)) for i in range(3)]
+    assert all(d.unheld for d in decisions)
+    chosen = [steps_at(d.batch_grid, d.steps, 128) for d in decisions]
+    assert chosen[0] > 0  # the priors price speculation cheap at a full batch: then off
+    assert chosen[1:] == [0, 0] and local.builder.probing == PROBE_START
+    shipped = StreamDecider(ExportedPolicy.load(SHIPPED), None)
+    plain = [shipped.decide(decode_record(i, 0, 128, 0.036)) for i in range(3)]
+    assert steps_at(plain[0].batch_grid, plain[0].steps, 128) == chosen[0]
+    assert all(steps_at(d.batch_grid, d.steps, 128) > 0 for d in plain)  # speculates on
+    assert not any(d.unheld for d in plain)
+
+
+def test_an_unheld_decision_travels_as_a_ninth_item_and_others_stay_eight():
+    plain = Decision(3, 9, "p", (1, 64), (3, 0))
+    unheld = Decision(3, 9, "p", (1, 64), (0, 0), unheld=True)
+    assert len(msgpack.unpackb(encode_decision(plain))) == 8
+    assert len(msgpack.unpackb(encode_decision(unheld))) == 9
+    assert decode(encode_decision(unheld)) == unheld
+    assert decode(encode_decision(plain)) == plain
+    items = msgpack.unpackb(encode_decision(plain))
+    assert decode(msgpack.packb([*items, 0])) == plain
+    for bad in (2, 3, -1, True, "1"):
+        with pytest.raises(WireError, match="flags"):
+            decode(msgpack.packb([*items, bad]))
+    fallback = msgpack.unpackb(encode_decision(Decision.fallback(3, 9, "p")))
+    with pytest.raises(WireError, match="flags"):
+        decode(msgpack.packb([*fallback, 1]))
