@@ -233,3 +233,41 @@ def test_an_unheld_decision_travels_as_a_ninth_item_and_others_stay_eight():
     fallback = msgpack.unpackb(encode_decision(Decision.fallback(3, 9, "p")))
     with pytest.raises(WireError, match="flags"):
         decode(msgpack.packb([*fallback, 1]))
+
+
+def test_the_daemon_decides_and_marks_as_local_mode(tmp_path):
+    """``specctl-serve`` under a policy with the rule: the same decisions as local mode fed
+    the same records, the rule's marked ``unheld`` and sent as nine items."""
+    import os
+
+    from controller.reload import PolicyHolder
+    from controller.server import ControllerServer, ServeOptions
+    from controller.wire import encode_step
+    from tests.test_controller_serve import Client
+
+    policy = ExportedPolicy.load(SHIPPED)
+    policy = dataclasses.replace(policy, probe=dataclasses.replace(policy.probe, start_off=6))
+    path = tmp_path / "policy.npz"
+    policy.save(path)
+    server = ControllerServer(PolicyHolder(path), ServeOptions(
+        endpoint=f"inproc://start-rule-{os.getpid()}", answers_per_poll=1))
+    client = Client(server.endpoint, server._context)
+    local = StreamDecider(ExportedPolicy.load(path), None)
+    try:
+        sent = []
+        for step in range(1, 7):
+            record = dataclasses.replace(decode_record(step, 0, 128, 0.036), server="s")
+            client.send(encode_step(record))
+            assert server.poll_once(100) == 1
+            frame = client.sock.recv()
+            got, want = decode(frame), local.decide(record)
+            assert (got.batch_grid, got.steps, got.unheld) == (
+                want.batch_grid, want.steps, want.unheld)
+            assert len(msgpack.unpackb(frame)) == (9 if got.unheld else 8)
+            sent.append(got)
+        assert all(d.unheld for d in sent)
+        assert [steps_at(d.batch_grid, d.steps, 128) > 0 for d in sent[:3]] == [
+            True, False, False]
+    finally:
+        client.sock.close(0)
+        server.close()
