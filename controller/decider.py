@@ -254,5 +254,5 @@ class StreamDecider:
         if unheld:  # the start rule counts what its decisions run (at the latest batch,
             # as the daemon: the answered decode record's)
             batch = record.batch_size if record.prefill_tokens == 0 else self.builder.batch_size
-            self.builder.decided(steps_at(grid, chosen, batch))
+            unheld = self.builder.decided(steps_at(grid, chosen, batch))
         return Decision(self.seq, apply_from, policy.name, *compress(grid, chosen), unheld)

@@ -670,8 +670,8 @@ class ControllerServer:
             current = wire[2][max(bisect_right(grid, entry.batch_size) - 1, 0)]
             self.metrics.steps_chosen.add(current, 1)
             unheld = entry.builder is not None and entry.builder.unheld
-            if unheld:
-                stream.builder.decided(current)
+            if unheld:  # (start_depth: which of the rule's decisions are unheld)
+                unheld = stream.builder.decided(current)
             out.append((stream, new_decision(seq, apply_from, name, wire[0], wire[1], unheld)))
         return out
 

@@ -543,23 +543,21 @@ class FeatureBuilder:
 
     @property
     def unheld(self) -> bool:
-        """Whether the decision made on the features as they are now must not be held by
-        the plugin's switch hold (:attr:`env.probe.ProbeTracker.unheld`: the start rule)."""
+        """Whether the decision made on the features as they are now may be unheld by the
+        plugin's switch hold (:attr:`env.probe.ProbeTracker.unheld`: the start rule is
+        open); :meth:`decided` says whether it is (``ProbeSpec.start_depth``)."""
         tracker = self.probe_tracker
         return tracker is not None and tracker.start_open
 
-    def decided(self, steps: int) -> None:
+    def decided(self, steps: int) -> bool:
         """The decider's decision for the latest batch size (its steps): the start rule
         counts the speculative steps its decisions run (:meth:`env.probe.ProbeTracker.
-        decided`)."""
+        decided`). Returns whether that decision is unheld (false where the rule is not
+        open: call it where :attr:`unheld` is true)."""
         tracker = self.probe_tracker
         if tracker is not None and tracker.start_open:
-            tracker.decided(steps)
-
-    @property
-    def batch_size(self) -> int:
-        """The latest decode step's batch size (0 before one)."""
-        return self._batch_size
+            return tracker.decided(steps)
+        return False
 
     def depth_samples(self) -> list[float]:
         """Decode steps recently measured at each depth 0..max_depth (as ``cost_samples``)."""

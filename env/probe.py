@@ -191,6 +191,12 @@ class ProbeSpec(RuleSpec):
     #: speculative sample arrives, for at most this many decisions (then another try);
     #: and no decision of that phase is held by the plugin's switch hold.
     start_off: int = 0
+    #: With ``start_off``: the shallowest speculative depth whose unmeasured step the
+    #: start rule turns off after (0, the default: every depth, as before the field). A
+    #: decided step shallower than this (a cheap first try, as the cost probe's depth 1)
+    #: runs as without the rule, held by the switch hold, and is not counted; only the
+    #: decisions at this depth or deeper and the off ones the rule forces are unheld.
+    start_depth: int = 0
 
     def __post_init__(self) -> None:
         checks = (("enabled", isinstance(self.enabled, bool), "true or false"),
@@ -221,7 +227,9 @@ class ProbeSpec(RuleSpec):
                   ("cost_doubt", _number(self.cost_doubt) and (self.cost_doubt == 0.0
                    or 1.0 <= self.cost_doubt < math.inf), "0 or a number >= 1"),
                   ("start_off", _int(self.start_off) and 0 <= self.start_off <= 1024,
-                   "an int in 0..1024"))
+                   "an int in 0..1024"),
+                  ("start_depth", _int(self.start_depth) and 0 <= self.start_depth <= 127,
+                   "an int in 0..127"))
         for name, ok, expected in checks:
             if not ok:
                 raise ValueError(f"probe.{name}: {getattr(self, name)!r} is not {expected}")
@@ -235,6 +243,8 @@ class ProbeSpec(RuleSpec):
             del data["off_unprofiled"]
         if self.start_off == 0:
             del data["start_off"]
+        if self.start_depth == 0:
+            del data["start_depth"]
         return data
 
     def off_share_of(self, has_profile: bool) -> float:
@@ -355,20 +365,28 @@ class ProbeTracker:
         can count the speculative steps its decisions run)."""
         return self.start_open
 
-    def decided(self, steps: int) -> None:
+    def decided(self, steps: int) -> bool:
         """The decider's decision for the stream's batch size now (the depth it sends):
         the start rule counts the speculative steps its own decisions run (the telemetry
         shows them only a feedback lag later). A speculative decision after an off one is
-        the plugin's re-entry warm-up, which measures nothing, so it is not counted."""
+        the plugin's re-entry warm-up, which measures nothing, so it is not counted; nor,
+        with ``start_depth``, is one shallower than that. Returns whether the decision is
+        unheld: every one while the rule is open at the default ``start_depth`` 0; with
+        it, the off ones the rule forces and those at ``start_depth`` or deeper (the rest
+        run as without the rule, held by the switch hold)."""
         if not self.start_open:
-            return
+            return False
+        depth = self.spec.start_depth
+        unheld = not depth or steps >= depth
         if self.start_force:
+            unheld = True
             self.start_wait += 1
             if self.start_wait >= self.spec.start_off:  # no sample came: another try
                 self.start_force, self.start_wait = False, 0
-        elif steps > 0 and self.start_last != 0:
+        elif steps >= max(depth, 1) and self.start_last != 0:
             self.start_force, self.start_wait = True, 0
         self.start_last = steps
+        return unheld
 
     def _start_fold(self, features) -> None:
         """The start rule closes for the stream once it has a cost profile or a

@@ -139,9 +139,11 @@ class DecisionLoop:
         asked = min(max(int(depth), 0), sim.config.max_depth)
         # The start rule (ProbeSpec.start_off): a decision the plugin does not hold, and
         # the decider's count of the speculative steps its decisions run.
-        record = sim.decode(asked, unheld=self._unheld) if self._unheld else sim.decode(asked)
-        if self._unheld:
-            self.features.decided(asked)
+        # (``start_depth``: decided says which of the rule's decisions are unheld)
+        if self._unheld and self.features.decided(asked):
+            record = sim.decode(asked, unheld=True)
+        else:
+            record = sim.decode(asked)
         self.decisions += 1
         # The depth decided, which is the depth run except at a warm-up (a step asked for
         # depth > 0 right after off runs SGLang's steps=0 once: ``reentry_warmup``) and
