@@ -271,3 +271,161 @@ def test_the_daemon_decides_and_marks_as_local_mode(tmp_path):
     finally:
         client.sock.close(0)
         server.close()
+
+
+# -- start_depth: the rule only after an unmeasured step at that depth or deeper -----------
+
+DEEP = ProbeSpec(start_off=6, start_depth=3)
+
+
+def test_start_depth_defaults_to_every_depth_and_travels_only_when_set(tmp_path):
+    assert DEFAULT_PROBE.start_depth == 0 and RULE.start_depth == 0
+    assert "start_depth" not in RULE.to_dict()  # 4c5ff8da's bytes unchanged
+    shipped = ExportedPolicy.load(SHIPPED)
+    rule = dataclasses.replace(shipped, probe=dataclasses.replace(shipped.probe, start_off=6,
+                                                                  start_depth=0))
+    path = rule.save_named_by_hash(tmp_path)
+    assert hashlib.sha256(path.read_bytes()).hexdigest().startswith("4c5ff8da")
+    assert ProbeSpec.from_dict(DEEP.to_dict()) == DEEP and DEEP.to_dict()["start_depth"] == 3
+    for bad in (-1, 128, 2.5, True):
+        with pytest.raises(ValueError, match=r"probe\.start_depth"):
+            ProbeSpec(start_off=6, start_depth=bad)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_shallow_step_is_held_and_not_counted_a_deep_one_is(backend):
+    features = builder(backend, DEEP)
+    assert states(features) == (NOT_PROBING, True)  # open: its decisions may be unheld
+    assert features.decided(1) is False and features.decided(2) is False  # held, as today
+    assert features.probing == NOT_PROBING
+    assert features.decided(3) is True  # unheld and counted: off from now
+    assert states(features) == (PROBE_START, True)
+    assert [features.decided(0) for _ in range(DEEP.start_off)] == [True] * DEEP.start_off
+    assert features.probing == NOT_PROBING  # no sample came: another try
+    assert features.decided(0) is False  # an off decision the rule did not force: held
+    assert features.decided(7) is True  # the re-entry warm-up: runs at once, not counted
+    assert features.probing == NOT_PROBING
+    assert features.decided(7) is True and features.probing == PROBE_START
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_at_start_depth_0_every_decision_of_the_open_rule_is_unheld(backend):
+    features = builder(backend)
+    assert features.decided(1) is True and features.probing == PROBE_START
+    assert features.decided(0) is True
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_shallow_steps_sample_closes_the_rule(backend):
+    features = builder(backend, DEEP)
+    features.decided(1)
+    features.update(decode_record(0, 1, 8, 0.012))
+    assert states(features) == (NOT_PROBING, False)
+    assert features.decided(7) is False and features.probing == NOT_PROBING
+
+
+def test_both_backends_agree_under_start_depth():
+    traces = []
+    for backend in BACKENDS:
+        features, trace = builder(backend, DEEP), []
+        rng = np.random.default_rng(1)
+        for step in range(60):
+            trace.append(features.decided(int(rng.choice([0, 0, 1, 2, 3, 7]))))
+            if step > 3:
+                depth = int(rng.choice([0, 2]))
+                latency = 0.0 if depth and step < 40 else 0.01
+                features.update(decode_record(step, depth, 8, latency))
+            trace.append(states(features))
+        traces.append(trace)
+    assert traces[0] == traces[1]
+    assert (PROBE_START, True) in traces[0] and False in traces[0] and True in traces[0]
+
+
+def _loop_ran(probe: ProbeSpec, asks: list[int]) -> tuple[list[int], list[int]]:
+    loop = DecisionLoop(_sim(), None, feedback_lag=3, probe=probe)
+    obs = loop.reset(0)
+    ran, probing = [], []
+    for ask in asks:
+        probing.append(obs.probing)
+        obs, outcome = loop.step(0 if obs.probing == PROBE_START else ask)
+        ran.append(outcome.record.steps_used)
+    return ran, probing
+
+
+def test_in_the_decision_loop_a_shallow_first_step_runs_held_as_without_the_rule():
+    asks = [1, 0, 0, 0, 0, 0, 0, 0]
+    plain, _ = _loop_ran(DEFAULT_PROBE, asks)
+    assert plain[:4] == [1, 1, 1, 1]  # the simulator's 4-step hold
+    assert _loop_ran(DEEP, asks) == (plain, [NOT_PROBING] * len(asks))
+    ran, probing = _loop_ran(RULE, asks)  # start_depth 0: one step, then off at once
+    assert ran[:2] == [1, 0] and probing[1] == PROBE_START
+
+
+def test_in_the_decision_loop_a_deep_step_under_start_depth_is_one_step_then_off():
+    ran, probing = _loop_ran(DEEP, [7] * 12)
+    assert _loop_ran(RULE, [7] * 12) == (ran, probing)
+    assert ran[0] == 7 and probing[1] == PROBE_START and ran[1] == 0
+
+
+def _first_choice() -> int:
+    shipped = StreamDecider(ExportedPolicy.load(SHIPPED), None)
+    decision = shipped.decide(decode_record(0, 0, 128, 0.036))
+    return steps_at(decision.batch_grid, decision.steps, 128)
+
+
+def test_local_mode_under_start_depth():
+    first = _first_choice()
+    assert first > 1
+    shipped = ExportedPolicy.load(SHIPPED)
+    plain = StreamDecider(shipped, None)
+    want = [plain.decide(decode_record(i, 0, 128, 0.036)) for i in range(4)]
+    # deeper than the network's first choice: the decisions of the file without the rule
+    above = dataclasses.replace(shipped, probe=dataclasses.replace(
+        shipped.probe, start_off=6, start_depth=first + 1))
+    local = StreamDecider(above, None)
+    got = [local.decide(decode_record(i, 0, 128, 0.036)) for i in range(4)]
+    assert [(d.batch_grid, d.steps, d.unheld) for d in got] == [
+        (d.batch_grid, d.steps, False) for d in want]
+    # at it: one step, then off, unheld
+    at = dataclasses.replace(above, probe=dataclasses.replace(above.probe, start_depth=first))
+    local = StreamDecider(at, None)
+    got = [local.decide(decode_record(i, 0, 128, 0.036)) for i in range(3)]
+    assert [steps_at(d.batch_grid, d.steps, 128) for d in got] == [first, 0, 0]
+    assert all(d.unheld for d in got)
+
+
+@pytest.mark.parametrize("above", [False, True])
+def test_the_daemon_decides_and_marks_as_local_mode_under_start_depth(tmp_path, above):
+    import os
+
+    from controller.reload import PolicyHolder
+    from controller.server import ControllerServer, ServeOptions
+    from controller.wire import encode_step
+    from tests.test_controller_serve import Client
+
+    first = _first_choice()
+    policy = ExportedPolicy.load(SHIPPED)
+    policy = dataclasses.replace(policy, probe=dataclasses.replace(
+        policy.probe, start_off=6, start_depth=first + above))
+    path = tmp_path / "policy.npz"
+    policy.save(path)
+    server = ControllerServer(PolicyHolder(path), ServeOptions(
+        endpoint=f"inproc://start-depth-{os.getpid()}-{above}", answers_per_poll=1))
+    client = Client(server.endpoint, server._context)
+    local = StreamDecider(ExportedPolicy.load(path), None)
+    try:
+        sent = []
+        for step in range(1, 7):
+            record = dataclasses.replace(decode_record(step, 0, 128, 0.036), server="s")
+            client.send(encode_step(record))
+            assert server.poll_once(100) == 1
+            frame = client.sock.recv()
+            got, want = decode(frame), local.decide(record)
+            assert (got.batch_grid, got.steps, got.unheld) == (
+                want.batch_grid, want.steps, want.unheld)
+            assert len(msgpack.unpackb(frame)) == (9 if got.unheld else 8)
+            sent.append(got)
+        assert any(d.unheld for d in sent) is (not above)
+    finally:
+        client.sock.close(0)
+        server.close()
