@@ -236,8 +236,8 @@ class ProbeSpec(RuleSpec):
 
     def to_dict(self) -> dict:
         """As :meth:`RuleSpec.to_dict`, without ``off_unprofiled`` where it is 1 and without
-        ``start_off`` where it is 0 (a file written with them at those values is byte for
-        byte what it was before the fields)."""
+        ``start_off`` or ``start_depth`` where they are 0 (a file written with them at those
+        values is byte for byte what it was before the fields)."""
         data = super().to_dict()
         if self.off_unprofiled == 1.0:
             del data["off_unprofiled"]
@@ -360,9 +360,10 @@ class ProbeTracker:
 
     @property
     def unheld(self) -> bool:
-        """Whether the decision made now is one the plugin must not hold (nor hold after):
-        every decision while the start rule is open (so that what it decides runs, and it
-        can count the speculative steps its decisions run)."""
+        """Whether the decision made now may be one the plugin must not hold (nor hold
+        after): while the start rule is open (so that what it decides runs, and it can
+        count the speculative steps its decisions run); :meth:`decided` says whether it
+        is (every one at ``start_depth`` 0)."""
         return self.start_open
 
     def decided(self, steps: int) -> bool:
