@@ -249,5 +249,10 @@ class StreamDecider:
             return Decision.fallback(self.seq, apply_from, policy.name)
         if not runnable[0]:
             return Decision.fallback(self.seq, apply_from, policy.name)
-        return Decision(self.seq, apply_from, policy.name,
-                        *compress(policy.feature_spec.batch_grid, steps[0].tolist()))
+        grid, chosen = policy.feature_spec.batch_grid, steps[0].tolist()
+        unheld = self.builder.unheld
+        if unheld:  # the start rule counts what its decisions run (at the latest batch,
+            # as the daemon: the answered decode record's)
+            batch = record.batch_size if record.prefill_tokens == 0 else self.builder.batch_size
+            unheld = self.builder.decided(steps_at(grid, chosen, batch))
+        return Decision(self.seq, apply_from, policy.name, *compress(grid, chosen), unheld)

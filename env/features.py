@@ -456,8 +456,11 @@ class Observation:
     new_records: tuple[StepRecord, ...] = field(default=())
     #: Which probe decisions made on this observation run (the builder's
     #: :class:`env.probe.ProbeTracker`'s ``due``: 0 none, 1 acceptance, 2 off, 3 cost; 0
-    #: without one).
+    #: without one; 4: the start rule's off).
     probing: int = 0
+    #: Whether the decision made on this observation must not be held by the plugin's
+    #: switch hold (the start rule, ``ProbeSpec.start_off``; the builder's ``unheld``).
+    unheld: bool = False
 
 
 class FeatureBuilder:
@@ -525,6 +528,11 @@ class FeatureBuilder:
             self.probe_tracker = None
         elif self.probe_tracker is None or self.probe_tracker.spec != probe:
             self.probe_tracker = self.tracker_type(probe)
+            # the start rule opens in a stream without a profile that measured no
+            # speculative cost yet (a builder being made: reset() opens it)
+            if hasattr(self, "_new_records") and self.cost_prior is None:
+                self.probe_tracker.reset_start(True)
+                self.probe_tracker._start_fold(self)
 
     @property
     def probing(self) -> int:
@@ -532,6 +540,28 @@ class FeatureBuilder:
         (:attr:`env.probe.ProbeTracker.due`; 0, false: none)."""
         tracker = self.probe_tracker
         return 0 if tracker is None else tracker.due
+
+    @property
+    def unheld(self) -> bool:
+        """Whether the decision made on the features as they are now may be unheld by the
+        plugin's switch hold (:attr:`env.probe.ProbeTracker.unheld`: the start rule is
+        open); :meth:`decided` says whether it is (``ProbeSpec.start_depth``)."""
+        tracker = self.probe_tracker
+        return tracker is not None and tracker.start_open
+
+    def decided(self, steps: int) -> bool:
+        """The decider's decision for the latest batch size (its steps): the start rule
+        counts the speculative steps its decisions run (:meth:`env.probe.ProbeTracker.
+        decided`). Returns whether that decision is unheld (false where the rule is not
+        open: call it where :attr:`unheld` is true)."""
+        tracker = self.probe_tracker
+        if tracker is not None and tracker.start_open:
+            return tracker.decided(steps)
+        return False
+
+    def depth_samples(self) -> list[float]:
+        """Decode steps recently measured at each depth 0..max_depth (as ``cost_samples``)."""
+        return list(self._depth_samples)
 
     def reset(self) -> None:
         """Forget all telemetry."""
@@ -592,7 +622,7 @@ class FeatureBuilder:
         #: the steps used and steps since the switch before it (see _restart_at).
         self._restart: tuple[int, int] | None = None
         if self.probe_tracker is not None:
-            self.probe_tracker.reset()
+            self.probe_tracker.reset(self.cost_prior is None)
 
     def copy(self) -> FeatureBuilder:
         """An independent copy of the estimators as they are now (sharing the spec, the
@@ -920,6 +950,7 @@ class FeatureBuilder:
             cost_profile_error=self._prior_log_error,
             new_records=new_records,
             probing=self.probing,
+            unheld=self.unheld,
         )
 
     def observation_grid(self) -> np.ndarray:

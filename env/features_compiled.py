@@ -51,6 +51,7 @@ from env.features import (
 from env.probe import (
     _BUCKETS,
     PROBE_OFF,
+    PROBE_START,
     CostProbe,
     ProbeSpec,
     ProbeTracker,
@@ -756,8 +757,9 @@ class CompiledProbeTracker(ProbeTracker):
                                   spec.off_samples, spec.off_unprofiled], dtype=np.float64)
         super().__init__(spec)
 
-    def reset(self) -> None:
-        """Forget the budgets (a new stream)."""
+    def reset(self, unprofiled: bool = False) -> None:
+        """Forget the budgets (a new stream; ``unprofiled``: it has no cost profile)."""
+        self.reset_start(unprofiled)
         self.budget_s = 0.0
         self.cost_s = 0.0
         self.remaining = 0
@@ -772,6 +774,7 @@ class CompiledProbeTracker(ProbeTracker):
         new.budget_s, new.cost_s, new.remaining = self.budget_s, self.cost_s, self.remaining
         new.off = self.off.copy()
         new.cost_probe = None if self.cost_probe is None else self.cost_probe.copy()
+        new.start_state_of(self)
         return new
 
     def _fold_off(self, steps_used: int, latency_s: float, features, batch: int) -> None:
@@ -806,6 +809,8 @@ class CompiledProbeTracker(ProbeTracker):
     def due(self) -> int:
         """:attr:`ProbeTracker.due`, the off count read from the vector here (the daemon
         asks every answered stream: one property call less)."""
+        if self.start_force:
+            return PROBE_START
         return PROBE_OFF if self.off[_OFF_REMAINING] else self._due_unless_off()
 
     @property
@@ -888,7 +893,7 @@ class CompiledFeatureBuilder(FeatureBuilder):
         self._before_prefill = None
         self._restart = None
         if self.probe_tracker is not None:
-            self.probe_tracker.reset()
+            self.probe_tracker.reset(self.cost_prior is None)
         if not hasattr(self, "_inputs_cache"):  # spec and profile only: kept across resets
             # and shared by the builders of one spec and profile (a daemon's streams): the
             # first grid of each new stream cost ~200 us computing the same arrays again

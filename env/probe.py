@@ -185,6 +185,18 @@ class ProbeSpec(RuleSpec):
     #: expected tokens per step, 1 + accepted drafts, times off's latency below it). 0: no
     #: such check.
     cost_doubt: float = 0.0
+    #: The start rule (see the module; 0, the default, is none): in a stream without a
+    #: cost profile, while no speculative depth holds a cost sample, once one speculative
+    #: step decided has run (not the warm-up after off), every decision is off until a
+    #: speculative sample arrives, for at most this many decisions (then another try);
+    #: and no decision of that phase is held by the plugin's switch hold.
+    start_off: int = 0
+    #: With ``start_off``: the shallowest speculative depth whose unmeasured step the
+    #: start rule turns off after (0, the default: every depth, as before the field). A
+    #: decided step shallower than this (a cheap first try, as the cost probe's depth 1)
+    #: runs as without the rule, held by the switch hold, and is not counted; only the
+    #: decisions at this depth or deeper and the off ones the rule forces are unheld.
+    start_depth: int = 0
 
     def __post_init__(self) -> None:
         checks = (("enabled", isinstance(self.enabled, bool), "true or false"),
@@ -213,17 +225,26 @@ class ProbeSpec(RuleSpec):
                   ("cost_samples", _number(self.cost_samples) and 0.0 < self.cost_samples
                    < math.inf, "a positive number"),
                   ("cost_doubt", _number(self.cost_doubt) and (self.cost_doubt == 0.0
-                   or 1.0 <= self.cost_doubt < math.inf), "0 or a number >= 1"))
+                   or 1.0 <= self.cost_doubt < math.inf), "0 or a number >= 1"),
+                  ("start_off", _int(self.start_off) and 0 <= self.start_off <= 1024,
+                   "an int in 0..1024"),
+                  ("start_depth", _int(self.start_depth) and 0 <= self.start_depth <= 127,
+                   "an int in 0..127"))
         for name, ok, expected in checks:
             if not ok:
                 raise ValueError(f"probe.{name}: {getattr(self, name)!r} is not {expected}")
 
     def to_dict(self) -> dict:
-        """As :meth:`RuleSpec.to_dict`, without ``off_unprofiled`` where it is 1 (a file
-        written with it at 1 is byte for byte what it was before the field)."""
+        """As :meth:`RuleSpec.to_dict`, without ``off_unprofiled`` where it is 1 and without
+        ``start_off`` or ``start_depth`` where they are 0 (a file written with them at those
+        values is byte for byte what it was before the fields)."""
         data = super().to_dict()
         if self.off_unprofiled == 1.0:
             del data["off_unprofiled"]
+        if self.start_off == 0:
+            del data["start_off"]
+        if self.start_depth == 0:
+            del data["start_depth"]
         return data
 
     def off_share_of(self, has_profile: bool) -> float:
@@ -260,6 +281,9 @@ NO_PROBE = ProbeSpec(enabled=False)
 NOT_PROBING, PROBE_ACCEPTANCE, PROBE_OFF = 0, 1, 2
 #: ... and the cost probe (rows left off run ``cost_depth``).
 PROBE_COST = 3
+#: The start rule (``ProbeSpec.start_off``): every row that speculates runs off, and the
+#: plugin does not hold the switch.
+PROBE_START = 4
 #: Batch buckets of the off probe's coverage: floor(log2(batch)), the last one open.
 _BUCKETS = 16
 
@@ -307,14 +331,73 @@ class ProbeTracker:
         "off_weights",
         "remaining",
         "spec",
+        "start_force",
+        "start_last",
+        "start_open",
+        "start_wait",
     )
 
     def __init__(self, spec: ProbeSpec) -> None:
         self.spec = spec
         self.reset()
 
-    def reset(self) -> None:
-        """Forget the budget (a new stream)."""
+    def reset_start(self, unprofiled: bool = False) -> None:
+        """The start rule's state of a new stream (``ProbeSpec.start_off``): open where the
+        rule is on and the stream has no cost profile (``unprofiled``)."""
+        #: The rule acts: no cost profile, and no speculative depth's cost measured yet.
+        self.start_open = bool(self.spec.start_off) and unprofiled
+        #: The depth of the latest decision (:meth:`decided`; -1: none yet).
+        self.start_last = -1
+        #: Decisions the rule turns off now: after a speculative step it let run, until
+        #: a speculative sample arrives or ``start_off`` decisions have passed.
+        self.start_force = False
+        self.start_wait = 0
+
+    def start_state_of(self, other: ProbeTracker) -> None:
+        """Take the start rule's state of ``other`` (a copy)."""
+        self.start_open, self.start_last = other.start_open, other.start_last
+        self.start_force, self.start_wait = other.start_force, other.start_wait
+
+    @property
+    def unheld(self) -> bool:
+        """Whether the decision made now may be one the plugin must not hold (nor hold
+        after): while the start rule is open (so that what it decides runs, and it can
+        count the speculative steps its decisions run); :meth:`decided` says whether it
+        is (every one at ``start_depth`` 0)."""
+        return self.start_open
+
+    def decided(self, steps: int) -> bool:
+        """The decider's decision for the stream's batch size now (the depth it sends):
+        the start rule counts the speculative steps its own decisions run (the telemetry
+        shows them only a feedback lag later). A speculative decision after an off one is
+        the plugin's re-entry warm-up, which measures nothing, so it is not counted; nor,
+        with ``start_depth``, is one shallower than that. Returns whether the decision is
+        unheld: every one while the rule is open at the default ``start_depth`` 0; with
+        it, the off ones the rule forces and those at ``start_depth`` or deeper (the rest
+        run as without the rule, held by the switch hold)."""
+        if not self.start_open:
+            return False
+        depth = self.spec.start_depth
+        unheld = not depth or steps >= depth
+        if self.start_force:
+            unheld = True
+            self.start_wait += 1
+            if self.start_wait >= self.spec.start_off:  # no sample came: another try
+                self.start_force, self.start_wait = False, 0
+        elif steps >= max(depth, 1) and self.start_last != 0:
+            self.start_force, self.start_wait = True, 0
+        self.start_last = steps
+        return unheld
+
+    def _start_fold(self, features) -> None:
+        """The start rule closes for the stream once it has a cost profile or a
+        speculative depth's cost is measured (a sample never drops to 0 again)."""
+        if features.cost_prior is not None or any(features.depth_samples()[1:]):
+            self.start_open = self.start_force = False
+
+    def reset(self, unprofiled: bool = False) -> None:
+        """Forget the budget (a new stream; ``unprofiled``: it has no cost profile)."""
+        self.reset_start(unprofiled)
         self.cost_probe = CostProbe(self.spec) if self.spec.cost_depth else None
         self.budget_s = 0.0
         self.cost_s = 0.0  # the latest estimate of a probe's extra cost
@@ -341,12 +424,16 @@ class ProbeTracker:
         new.off_weights, new.off_stamps = list(self.off_weights), list(self.off_stamps)
         new.off_confirmed, new.decode_steps = list(self.off_confirmed), self.decode_steps
         new.cost_probe = None if self.cost_probe is None else self.cost_probe.copy()
+        new.start_state_of(self)
         return new
 
     @property
     def due(self) -> int:
         """Which probe the decisions made now run (:data:`NOT_PROBING`,
-        :data:`PROBE_ACCEPTANCE` or :data:`PROBE_OFF`)."""
+        :data:`PROBE_ACCEPTANCE`, :data:`PROBE_OFF`, :data:`PROBE_COST` or the start
+        rule's :data:`PROBE_START`, which comes first)."""
+        if self.start_force:
+            return PROBE_START
         return PROBE_OFF if self.off_remaining else self._due_unless_off()
 
     def _due_unless_off(self) -> int:
@@ -372,7 +459,9 @@ class ProbeTracker:
 
     def fold_acceptance(self, steps_used: int, latency_s: float, features, batch: int) -> None:
         """The acceptance probe's part of :meth:`fold` (and the cost probe's, which
-        runs in Python in either backend)."""
+        runs in Python in either backend, as the start rule's)."""
+        if self.start_open:
+            self._start_fold(features)
         if self.cost_probe is not None:
             self.cost_probe.fold(steps_used, latency_s, features, batch, busy=self.remaining)
         if self.remaining:
@@ -544,7 +633,7 @@ def apply_probe(probe: ProbeSpec, index: np.ndarray, actions: np.ndarray,
     lets the stream run off); the one place both deciders and the simulator's policy
     adapter change a decision."""
     for i, due in enumerate(probing):
-        if due == PROBE_OFF:
+        if due in (PROBE_OFF, PROBE_START):
             off = np.flatnonzero(actions == 0)
             if off.size and (allowed[i] is None or allowed[i][off[0]]):
                 off_probe_rows(index[i], actions, int(off[0]))

@@ -83,6 +83,8 @@ class DecisionLoop:
         self.horizon_s = horizon_s
         self.slo_tpot_s = slo_tpot_s
         self._pending: deque[StepRecord] = deque()
+        #: Whether the decision on the latest observation is unheld (Observation.unheld).
+        self._unheld = False
 
     @property
     def end_s(self) -> float:
@@ -101,6 +103,7 @@ class DecisionLoop:
         if not keep_features:
             self.features.reset()
         self._pending.clear()
+        self._unheld = False
         self.tokens = 0.0
         self.elapsed_s = 0.0
         self.slo_violating_tokens = 0.0
@@ -134,7 +137,13 @@ class DecisionLoop:
         sim = self.sim
         t0, tokens0 = sim.time_s, sim.output_tokens_total
         asked = min(max(int(depth), 0), sim.config.max_depth)
-        record = sim.decode(asked)
+        # The start rule (ProbeSpec.start_off): a decision the plugin does not hold, and
+        # the decider's count of the speculative steps its decisions run.
+        # (``start_depth``: decided says which of the rule's decisions are unheld)
+        if self._unheld and self.features.decided(asked):
+            record = sim.decode(asked, unheld=True)
+        else:
+            record = sim.decode(asked)
         self.decisions += 1
         # The depth decided, which is the depth run except at a warm-up (a step asked for
         # depth > 0 right after off runs SGLang's steps=0 once: ``reentry_warmup``) and
@@ -194,7 +203,9 @@ class DecisionLoop:
         pending = self._pending
         while pending and pending[0].step_index <= visible_up_to:
             self.features.update(pending.popleft())
-        return self.features.observation(self.sim.batch_size)
+        obs = self.features.observation(self.sim.batch_size)
+        self._unheld = obs.unheld
+        return obs
 
 
 @dataclass(frozen=True)

@@ -316,7 +316,7 @@ def marker_for(want: Decision | str) -> DecisionMarker:
     if want is TIMED_OUT or want.is_fallback:
         return DecisionMarker(0, FALLBACK, 0, policy="" if want is TIMED_OUT else want.policy)
     return DecisionMarker(0, CONTROLLER, want.apply_from_step, want.batch_grid, want.steps,
-                          want.policy)
+                          want.policy, want.unheld)
 
 
 class ControllerClient:

@@ -35,6 +35,8 @@ class DecisionMarker(NamedTuple):
             ``batch_grid[i]`` up to the next grid value.
         steps: Speculation steps per grid value (empty in fallback mode).
         policy: Name of the policy that decided (for logs).
+        unheld: The switch to ``steps`` is not held by ``min_switch_steps``, nor does it
+            hold a later switch (the DECISION's ``flags``: the start rule).
     """
 
     seq: int
@@ -43,6 +45,7 @@ class DecisionMarker(NamedTuple):
     batch_grid: tuple[int, ...] = ()
     steps: tuple[int, ...] = ()
     policy: str = ""
+    unheld: bool = False
 
     def steps_for(self, batch_size: int) -> int:
         """Steps for a batch of ``batch_size`` (controller mode only)."""
@@ -52,7 +55,7 @@ class DecisionMarker(NamedTuple):
     @property
     def key(self) -> tuple:
         """What the marker decides, without its sequence number and timing."""
-        return (self.mode, self.batch_grid, self.steps)
+        return (self.mode, self.batch_grid, self.steps, self.unheld)
 
 
 class RuleMarker(NamedTuple):

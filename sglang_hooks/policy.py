@@ -37,6 +37,10 @@ Outside exploration, a depth is kept for at least ``min_switch_steps`` steps
 (``SPECCTL_MIN_SWITCH_STEPS``): every switch costs SGLang a buffer rebuild (see
 :mod:`sglang_hooks.switching`). ``on_verify_complete`` never asks for an immediate
 switch (it returns None): every switch happens when the next batch is launched.
+A decision marked ``unheld`` (the DECISION's ``flags``: the start rule,
+``ProbeSpec.start_off``) is the exception: its steps run at once, and it holds no later
+switch (as if switched ``min_switch_steps`` ago); ``Simulator.decode(unheld=True)`` does the
+same.
 
 A warm-up step (:attr:`Runtime.warm_now`: the batch holds a request of the start-up
 warm-up, :mod:`sglang_hooks.warmup`) overrides all of the above: the depth is the next of
@@ -219,7 +223,14 @@ def make_policy_class(base: type, runtime: Runtime) -> type:
                 if steps != want:
                     rt.counters["clamped"] += 1
                 current = self._specctl_current
-                if steps != current:
+                if decision is not None and decision.unheld:
+                    # The start rule's decision: runs at once, and holds no later switch
+                    # (switched, as far as the hold knows, min_switch_steps ago).
+                    if steps != current:
+                        self._specctl_current = steps
+                        rt.counters["switches"] += 1
+                    self._specctl_switched_at = rt.launch_step - local.min_switch_steps
+                elif steps != current:
                     step = rt.launch_step
                     if (not exploring and local.min_switch_steps > 1 and current >= 0
                             and nearest[current] == current

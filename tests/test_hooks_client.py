@@ -252,9 +252,12 @@ def test_out_of_order_and_unknown_step_answers_are_ignored():
 
 def test_markers_say_what_the_decision_says():
     marker = marker_for(Decision(1, 9, "p", (1, 64), (5, 2)))
-    assert marker == (0, CONTROLLER, 9, (1, 64), (5, 2), "p")
+    assert marker == (0, CONTROLLER, 9, (1, 64), (5, 2), "p", False)
+    unheld = marker_for(Decision(1, 9, "p", (1, 64), (0, 0), unheld=True))
+    assert unheld == (0, CONTROLLER, 9, (1, 64), (0, 0), "p", True)
+    assert unheld.key != marker_for(Decision(1, 9, "p", (1, 64), (0, 0))).key
     assert marker.steps_for(100) == 2
-    assert marker_for(Decision.fallback(1, 9, "p")) == (0, FALLBACK, 0, (), (), "p")
+    assert marker_for(Decision.fallback(1, 9, "p")) == (0, FALLBACK, 0, (), (), "p", False)
     assert marker_for(TIMED_OUT).policy == ""
 
 

@@ -928,13 +928,13 @@ def test_a_bad_digest_in_a_hello_is_refused_naming_the_field(digest, got):
 @pytest.mark.parametrize(("message", "text"), [
     (VALID[Kind.HELLO][:7], "HELLO has 7 items, expected 8 to 9"),
     ([*VALID[Kind.HELLO], DIGEST, DIGEST], "HELLO has 10 items, expected 8 to 9"),
-    ([*VALID[Kind.DECISION], DIGEST], "DECISION has 9 items, expected 8"),
+    ([*VALID[Kind.DECISION], 1, DIGEST], "DECISION has 10 items, expected 8 to 9"),
     ([*VALID[Kind.TELEMETRY], False, False, DIGEST], "TELEMETRY has 20 items, expected 17 to 19"),
     ([WIRE_VERSION, int(Kind.POLICY), "p", DIGEST, b"x", DIGEST, 1, 2, 3],
      "POLICY has 9 items, expected 5"),
     ([WIRE_VERSION, int(Kind.POLICY), "p", DIGEST], "POLICY has 4 items, expected 5"),
 ])
-def test_only_a_hello_or_telemetry_may_carry_optional_items(message, text):
+def test_only_a_hello_telemetry_or_decision_may_carry_optional_items(message, text):
     for accept_policy in (False, True):
         with pytest.raises(WireError) as info:
             decode(msgpack.packb(message, use_bin_type=True), accept_policy=accept_policy)

@@ -578,17 +578,23 @@ class Simulator:
                 return records
             due = None
 
-    def decode(self, depth: int) -> StepRecord:
+    def decode(self, depth: int, unheld: bool = False) -> StepRecord:
         """Run the due decode step with ``depth`` draft tokens (0 = no speculation).
 
         Asked for depth > 0 while :attr:`warmup_due`, the step is the warm-up instead
-        (depth 0 in its record; see the module docstring).
+        (depth 0 in its record; see the module docstring). ``unheld``: a decision the
+        plugin neither holds nor holds after (the start rule, ``ProbeSpec.start_off``):
+        the depth runs at once, and a later switch is not held by this one.
         """
         if not self._n_run:
             raise RuntimeError("no decode step is due: call advance() first")
         cfg = self.config
         depth = min(max(int(depth), 0), cfg.max_depth)
-        if cfg.min_switch_steps > 1 and depth != self._held_depth:
+        if unheld:
+            if cfg.min_switch_steps > 1:  # as the plugin: switched long enough ago
+                self._held_depth = depth
+                self._switched_at = self.step_index - cfg.min_switch_steps
+        elif cfg.min_switch_steps > 1 and depth != self._held_depth:
             if (self._held_depth >= 0
                     and self.step_index - self._switched_at < cfg.min_switch_steps):
                 depth = self._held_depth  # the plugin holds the depth it switched to
