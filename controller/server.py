@@ -180,6 +180,14 @@ class _Answer(NamedTuple):
     batch_size: int
 
 
+def _unheld(entry: _Answer, stream: _Stream, steps: int) -> bool:
+    """Whether the start rule (``ProbeSpec.start_off``) leaves the decision of ``steps``
+    for ``entry`` unheld by the plugin's switch hold (the DECISION's ``flags``); the
+    stream's features count it (:meth:`env.features.FeatureBuilder.decided`)."""
+    builder = entry.builder
+    return builder is not None and builder.unheld and stream.builder.decided(steps)
+
+
 class ControllerServer:
     """Binds the ROUTER socket; :meth:`run` serves until the stop event is set.
 
@@ -596,8 +604,7 @@ class ControllerServer:
             cache.clear()
         name, make = policy.name, new_decision
         start = 0
-        if probe.start_off and not shadow:  # the start rule's decisions (rare: see _start)
-            return self._start(entries, index, ok, can, grid, name)
+        start_rule = bool(probe.start_off)  # the start rule's decisions are unheld
         if not shadow and False not in ok and False not in can:  # the common case, lean
             for entry in entries:
                 key = codes[start:start + width]
@@ -610,7 +617,8 @@ class ControllerServer:
                 current = wire[2][max(bisect_right(grid, entry.batch_size) - 1, 0)]
                 chosen_counts[current] = chosen_counts.get(current, 0) + 1
                 out.append((stream, make(seq, entry.record.step_index + DECISION_LAG, name,
-                                         wire[0], wire[1])))
+                                         wire[0], wire[1],
+                                         start_rule and _unheld(entry, stream, current))))
         else:
             for i, entry in enumerate(entries):
                 key = codes[start:start + width]
@@ -636,43 +644,12 @@ class ControllerServer:
                     decision = Decision.fallback(stream.seq, apply_from, name)
                 else:
                     chosen_counts[current] = chosen_counts.get(current, 0) + 1
-                    decision = make(stream.seq, apply_from, name, wire[0], wire[1])
+                    decision = make(stream.seq, apply_from, name, wire[0], wire[1],
+                                    start_rule and _unheld(entry, stream, current))
                 out.append((stream, decision))
         add = metrics.steps_chosen.add
         for steps, count in chosen_counts.items():
             add(steps, count)
-        return out
-
-    def _start(self, entries: list[_Answer], index: np.ndarray, ok: list[bool],
-               can: list[bool], grid, name: str) -> list[tuple[_Stream, Decision]]:
-        """:meth:`_answer`'s decisions under a policy with the start rule
-        (``ProbeSpec.start_off``): as the lean path, and a decision made on features whose
-        start rule is open is unheld (the DECISION's ``flags``) and counted by the stream's
-        features (:meth:`env.features.FeatureBuilder.decided`, at the answered batch)."""
-        out = []
-        start = 0
-        codes = index.tobytes()
-        width = len(codes) // len(entries) if entries else 0
-        now = time.monotonic()
-        for i, entry in enumerate(entries):
-            key = codes[start:start + width]
-            start += width
-            wire = self._compressed.get(key) or self._wire(key, grid)
-            stream = entry.stream
-            stream.last_seen = now
-            seq = stream.seq = stream.seq + 1
-            apply_from = entry.record.step_index + DECISION_LAG
-            if not ok[i] or not can[i]:
-                if ok[i]:
-                    self._count(self.metrics.fallbacks, "no_allowed_action")
-                out.append((stream, Decision.fallback(seq, apply_from, name)))
-                continue
-            current = wire[2][max(bisect_right(grid, entry.batch_size) - 1, 0)]
-            self.metrics.steps_chosen.add(current, 1)
-            unheld = entry.builder is not None and entry.builder.unheld
-            if unheld:  # (start_depth: which of the rule's decisions are unheld)
-                unheld = stream.builder.decided(current)
-            out.append((stream, new_decision(seq, apply_from, name, wire[0], wire[1], unheld)))
         return out
 
     def _wire(self, key: bytes, grid) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:

@@ -518,8 +518,8 @@ class FeatureBuilder:
         self._speculating = (depths > 0).astype(float)
         self._extra_drafts = np.maximum(depths - 1.0, 0.0)
         self.probe_tracker: ProbeTracker | None = None
-        self.set_probe(probe)
         self.reset()
+        self.set_probe(probe)
 
     def set_probe(self, probe: ProbeSpec | None) -> None:
         """Keep the budget of ``probe`` from now on (None or disabled: none): from 0 if it
@@ -528,11 +528,9 @@ class FeatureBuilder:
             self.probe_tracker = None
         elif self.probe_tracker is None or self.probe_tracker.spec != probe:
             self.probe_tracker = self.tracker_type(probe)
-            # the start rule opens in a stream without a profile that measured no
-            # speculative cost yet (a builder being made: reset() opens it)
-            if hasattr(self, "_new_records") and self.cost_prior is None:
+            if self.cost_prior is None:  # the start rule: open unless a cost is measured
                 self.probe_tracker.reset_start(True)
-                self.probe_tracker._start_fold(self)
+                self.probe_tracker.close_start_if_measured(self)
 
     @property
     def probing(self) -> int:

@@ -389,7 +389,7 @@ class ProbeTracker:
         self.start_last = steps
         return unheld
 
-    def _start_fold(self, features) -> None:
+    def close_start_if_measured(self, features) -> None:
         """The start rule closes for the stream once it has a cost profile or a
         speculative depth's cost is measured (a sample never drops to 0 again)."""
         if features.cost_prior is not None or any(features.depth_samples()[1:]):
@@ -461,7 +461,7 @@ class ProbeTracker:
         """The acceptance probe's part of :meth:`fold` (and the cost probe's, which
         runs in Python in either backend, as the start rule's)."""
         if self.start_open:
-            self._start_fold(features)
+            self.close_start_if_measured(features)
         if self.cost_probe is not None:
             self.cost_probe.fold(steps_used, latency_s, features, batch, busy=self.remaining)
         if self.remaining:
