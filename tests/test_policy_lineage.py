@@ -36,9 +36,13 @@ LINEAGE = [
     # ... and with it half the off probe's share without a profile
     (f"{R}/nopro26/policy_baef2897.npz", f"{R}/costprobe25/policy_c66f698d.npz", {},
      {"cost_doubt": 1.5, "off_unprofiled": 0.5}),
-    # the default since then: baef2897 (held-out seeds 8-15, nopro26/heldout_rule.md)
-    ("controller/data/default_policy.npz", f"{R}/costprobe25/policy_c66f698d.npz", {},
-     {"cost_doubt": 1.5, "off_unprofiled": 0.5}),
+    # baef2897 with the start rule after an unmeasured deep first step (start27; 4c5ff8da,
+    # start_depth 0, failed its held-out rule on seeds 8-15)
+    (f"{R}/start27/policy_3ff099d0.npz", f"{R}/nopro26/policy_baef2897.npz", {},
+     {"start_off": 6, "start_depth": 3}),
+    # the default since then: 3ff099d0 (held-out seeds 16-23, start27/heldout_rule_b.md)
+    ("controller/data/default_policy.npz", f"{R}/nopro26/policy_baef2897.npz", {},
+     {"start_off": 6, "start_depth": 3}),
 ]
 
 
