@@ -1150,44 +1150,43 @@ def test_two_gloo_ranks_one_without_the_variables(tmp_path):
     assert a["dispatched"] == b["dispatched"] == []  # nothing but markers was sent
 
 
-def test_dwell_spaces_switches_the_same_on_every_rank():
+def _alternate_on_two_ranks(marker: DecisionMarker, steps: int) -> tuple[object, list[int]]:
+    """Two ranks (``min_switch_steps`` 4) given ``marker`` (grid (1, 2) -> steps (3, 6)) and
+    then ``steps`` decode batches of 1 and 2 requests in turn, so the decision alternates
+    3 / 6: the source rank's runtime and the steps where the launched depth switched,
+    asserted the same on both ranks."""
     ranks = [runtime(SOURCE, min_switch_steps=4), runtime(SECOND, min_switch_steps=4)]
     loops = [build_rank(rt, is_source=rt is ranks[0]) for rt in ranks]
     reqs = [ReqStandIn("a"), ReqStandIn("b")]
-    marker = DecisionMarker(1, "controller", apply_from_step=1, batch_grid=(1, 2), steps=(3, 6))
-    for i in range(200):
-        for loop in loops:  # the batch size alternates: the decision alternates 3 / 6
-            loop.iterate([marker] if i == 0 else [], BatchStandIn(reqs[: 1 + i % 2], DECODE))
-    for loop in loops:
-        loop.drain()
-    a, b = (loop.scheduler.launched for loop in loops)
-    assert a == b
-    switches = [i for (i, s), (_, p) in itertools.pairwise(a) if s != p]
-    assert len(switches) >= 30
-    assert min(y - x for x, y in itertools.pairwise(switches)) >= 4
-    assert ranks[0].counters["switches_held"] > 50
-
-
-def test_an_unheld_decision_is_neither_held_nor_holds_a_later_switch():
-    """The start rule's decisions (DECISION ``flags``: ``unheld``): the alternating decision
-    of the test above switches at every step, on every rank, with nothing held; and an
-    unheld off right after an ordinary switch to depth 6 runs at once."""
-    ranks = [runtime(SOURCE, min_switch_steps=4), runtime(SECOND, min_switch_steps=4)]
-    loops = [build_rank(rt, is_source=rt is ranks[0]) for rt in ranks]
-    reqs = [ReqStandIn("a"), ReqStandIn("b")]
-    marker = DecisionMarker(1, "controller", apply_from_step=1, batch_grid=(1, 2), steps=(3, 6),
-                            unheld=True)
-    for i in range(100):
+    for i in range(steps):
         for loop in loops:
             loop.iterate([marker] if i == 0 else [], BatchStandIn(reqs[: 1 + i % 2], DECODE))
     for loop in loops:
         loop.drain()
     a, b = (loop.scheduler.launched for loop in loops)
     assert a == b
-    switches = [i for (i, s), (_, p) in itertools.pairwise(a) if s != p]
-    assert len(switches) >= 90
-    assert ranks[0].counters["switches_held"] == 0
+    return ranks[0], [i for (i, s), (_, p) in itertools.pairwise(a) if s != p]
 
+
+def test_dwell_spaces_switches_the_same_on_every_rank():
+    marker = DecisionMarker(1, "controller", apply_from_step=1, batch_grid=(1, 2), steps=(3, 6))
+    source, switches = _alternate_on_two_ranks(marker, 200)
+    assert len(switches) >= 30
+    assert min(y - x for x, y in itertools.pairwise(switches)) >= 4
+    assert source.counters["switches_held"] > 50
+
+
+def test_an_unheld_decision_is_neither_held_nor_holds_a_later_switch():
+    """The start rule's decisions (DECISION ``flags``: ``unheld``): the alternating decision
+    of the test above switches at every step, on every rank, with nothing held; and an
+    unheld off right after an ordinary switch to depth 6 runs at once."""
+    marker = DecisionMarker(1, "controller", apply_from_step=1, batch_grid=(1, 2), steps=(3, 6),
+                            unheld=True)
+    source, switches = _alternate_on_two_ranks(marker, 100)
+    assert len(switches) >= 90
+    assert source.counters["switches_held"] == 0
+
+    one = [ReqStandIn("a")]
     rt = runtime(SOURCE, min_switch_steps=4)
     loop = build_rank(rt, is_source=True)
     six = DecisionMarker(1, "controller", apply_from_step=1, batch_grid=(1,), steps=(6,))
@@ -1196,14 +1195,14 @@ def test_an_unheld_decision_is_neither_held_nor_holds_a_later_switch():
     back = DecisionMarker(3, "controller", apply_from_step=1, batch_grid=(1,), steps=(3,))
     for i in range(8):
         markers = {0: [six], 1: [off], 4: [back]}.get(i, [])
-        loop.iterate(markers, BatchStandIn(reqs[:1], DECODE))
+        loop.iterate(markers, BatchStandIn(one, DECODE))
     loop.drain()
     ran = [s for _, s in loop.scheduler.launched]
     held = runtime(SOURCE, min_switch_steps=4)
     held_loop = build_rank(held, is_source=True)
     for i in range(8):
         markers = {0: [six], 1: [off._replace(unheld=False)], 4: [back]}.get(i, [])
-        held_loop.iterate(markers, BatchStandIn(reqs[:1], DECODE))
+        held_loop.iterate(markers, BatchStandIn(one, DECODE))
     held_loop.drain()
     ran_held = [s for _, s in held_loop.scheduler.launched]
     assert ran_held[:4] == [6, 6, 6, 6]  # ordinary: the hold keeps depth 6 for 4 steps

@@ -235,9 +235,11 @@ def test_an_unheld_decision_travels_as_a_ninth_item_and_others_stay_eight():
         decode(msgpack.packb([*fallback, 1]))
 
 
-def test_the_daemon_decides_and_marks_as_local_mode(tmp_path):
-    """``specctl-serve`` under a policy with the rule: the same decisions as local mode fed
-    the same records, the rule's marked ``unheld`` and sent as nine items."""
+def _daemon_against_local(tmp_path, name: str, **probe_changes) -> list[Decision]:
+    """Six decode records at batch 128 without a profile, sent to ``specctl-serve`` under
+    the shipped file's parent with ``probe_changes``: each decision equals local mode's for
+    the same record (steps and ``unheld``) and travels as nine items exactly when unheld.
+    Returns the daemon's decisions."""
     import os
 
     from controller.reload import PolicyHolder
@@ -246,11 +248,12 @@ def test_the_daemon_decides_and_marks_as_local_mode(tmp_path):
     from tests.test_controller_serve import Client
 
     policy = ExportedPolicy.load(SHIPPED)
-    policy = dataclasses.replace(policy, probe=dataclasses.replace(policy.probe, start_off=6))
+    policy = dataclasses.replace(policy, probe=dataclasses.replace(policy.probe,
+                                                                   **probe_changes))
     path = tmp_path / "policy.npz"
     policy.save(path)
     server = ControllerServer(PolicyHolder(path), ServeOptions(
-        endpoint=f"inproc://start-rule-{os.getpid()}", answers_per_poll=1))
+        endpoint=f"inproc://{name}-{os.getpid()}", answers_per_poll=1))
     client = Client(server.endpoint, server._context)
     local = StreamDecider(ExportedPolicy.load(path), None)
     try:
@@ -265,12 +268,19 @@ def test_the_daemon_decides_and_marks_as_local_mode(tmp_path):
                 want.batch_grid, want.steps, want.unheld)
             assert len(msgpack.unpackb(frame)) == (9 if got.unheld else 8)
             sent.append(got)
-        assert all(d.unheld for d in sent)
-        assert [steps_at(d.batch_grid, d.steps, 128) > 0 for d in sent[:3]] == [
-            True, False, False]
+        return sent
     finally:
         client.sock.close(0)
         server.close()
+
+
+def test_the_daemon_decides_and_marks_as_local_mode(tmp_path):
+    """``specctl-serve`` under a policy with the rule: the same decisions as local mode fed
+    the same records, the rule's marked ``unheld`` and sent as nine items."""
+    sent = _daemon_against_local(tmp_path, "start-rule", start_off=6)
+    assert all(d.unheld for d in sent)
+    assert [steps_at(d.batch_grid, d.steps, 128) > 0 for d in sent[:3]] == [
+        True, False, False]
 
 
 # -- start_depth: the rule only after an unmeasured step at that depth or deeper -----------
@@ -396,36 +406,9 @@ def test_local_mode_under_start_depth():
 
 @pytest.mark.parametrize("above", [False, True])
 def test_the_daemon_decides_and_marks_as_local_mode_under_start_depth(tmp_path, above):
-    import os
-
-    from controller.reload import PolicyHolder
-    from controller.server import ControllerServer, ServeOptions
-    from controller.wire import encode_step
-    from tests.test_controller_serve import Client
-
+    """Under ``start_depth`` the daemon decides and marks as local mode: with the first
+    choice at ``start_depth`` the rule's decisions are unheld; with it shallower, none."""
     first = _first_choice()
-    policy = ExportedPolicy.load(SHIPPED)
-    policy = dataclasses.replace(policy, probe=dataclasses.replace(
-        policy.probe, start_off=6, start_depth=first + above))
-    path = tmp_path / "policy.npz"
-    policy.save(path)
-    server = ControllerServer(PolicyHolder(path), ServeOptions(
-        endpoint=f"inproc://start-depth-{os.getpid()}-{above}", answers_per_poll=1))
-    client = Client(server.endpoint, server._context)
-    local = StreamDecider(ExportedPolicy.load(path), None)
-    try:
-        sent = []
-        for step in range(1, 7):
-            record = dataclasses.replace(decode_record(step, 0, 128, 0.036), server="s")
-            client.send(encode_step(record))
-            assert server.poll_once(100) == 1
-            frame = client.sock.recv()
-            got, want = decode(frame), local.decide(record)
-            assert (got.batch_grid, got.steps, got.unheld) == (
-                want.batch_grid, want.steps, want.unheld)
-            assert len(msgpack.unpackb(frame)) == (9 if got.unheld else 8)
-            sent.append(got)
-        assert any(d.unheld for d in sent) is (not above)
-    finally:
-        client.sock.close(0)
-        server.close()
+    sent = _daemon_against_local(tmp_path, f"start-depth-{above}", start_off=6,
+                                 start_depth=first + above)
+    assert any(d.unheld for d in sent) is (not above)
