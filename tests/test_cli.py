@@ -179,3 +179,20 @@ def test_help_is_the_commands_own(tmp_path, capsys, monkeypatch, module, prog):
         assert name in text
     if prog != "specctl-serve":
         assert "goodput_greedy" in text and "azure_conv" in text
+
+
+@pytest.mark.parametrize("config", ["serve", "eval"])
+def test_every_probe_and_guard_field_can_be_overridden(config):
+    """``specctl-serve`` and ``specctl-eval`` take ``probe.<field>=`` and ``guard.<field>=``
+    for every field of the policy file's rules (Hydra refuses a key the config lacks)."""
+    import dataclasses
+
+    from omegaconf import OmegaConf
+
+    from env.guard import GuardSpec
+    from env.probe import ProbeSpec
+
+    cfg = OmegaConf.load(Path(__file__).parents[1] / "configs" / f"{config}.yaml")
+    for block, spec in (("probe", ProbeSpec), ("guard", GuardSpec)):
+        fields = {f.name for f in dataclasses.fields(spec)}
+        assert set(cfg[block]) == fields, (block, fields ^ set(cfg[block]))
