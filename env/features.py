@@ -542,8 +542,9 @@ class FeatureBuilder:
     @property
     def unheld(self) -> bool:
         """Whether the decision made on the features as they are now may be unheld by the
-        plugin's switch hold (:attr:`env.probe.ProbeTracker.unheld`: the start rule is
-        open); :meth:`decided` says whether it is (``ProbeSpec.start_depth``)."""
+        plugin's switch hold (the start rule, ``ProbeSpec.start_off``, is open: so that
+        what it decides runs, and it can count the speculative steps its decisions run);
+        :meth:`decided` says whether it is (``ProbeSpec.start_depth``)."""
         tracker = self.probe_tracker
         return tracker is not None and tracker.start_open
 
@@ -553,9 +554,7 @@ class FeatureBuilder:
         decided`). Returns whether that decision is unheld (false where the rule is not
         open: call it where :attr:`unheld` is true)."""
         tracker = self.probe_tracker
-        if tracker is not None and tracker.start_open:
-            return tracker.decided(steps)
-        return False
+        return tracker is not None and tracker.decided(steps)
 
     def depth_samples(self) -> list[float]:
         """Decode steps recently measured at each depth 0..max_depth (as ``cost_samples``)."""

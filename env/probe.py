@@ -358,14 +358,6 @@ class ProbeTracker:
         self.start_open, self.start_last = other.start_open, other.start_last
         self.start_force, self.start_wait = other.start_force, other.start_wait
 
-    @property
-    def unheld(self) -> bool:
-        """Whether the decision made now may be one the plugin must not hold (nor hold
-        after): while the start rule is open (so that what it decides runs, and it can
-        count the speculative steps its decisions run); :meth:`decided` says whether it
-        is (every one at ``start_depth`` 0)."""
-        return self.start_open
-
     def decided(self, steps: int) -> bool:
         """The decider's decision for the stream's batch size now (the depth it sends):
         the start rule counts the speculative steps its own decisions run (the telemetry

@@ -123,20 +123,28 @@ def test_a_copy_keeps_the_rules_state_and_a_reset_opens_it_again(backend):
     assert states(features) == (NOT_PROBING, True)
 
 
-def test_both_backends_agree_record_by_record():
-    rng = np.random.default_rng(0)
+def _backend_traces(spec: ProbeSpec, seed: int, decisions: list[int],
+                    recorded: list[int]) -> list[list]:
+    """Per backend, 60 random decisions (from ``decisions``; what ``decided`` returned)
+    and, a lag later, random decode records (depths from ``recorded``; the speculative
+    ones' latency dropped until step 40), with the states after each."""
     traces = []
     for backend in BACKENDS:
-        features, trace = builder(backend), []
-        rng = np.random.default_rng(0)
+        features, trace = builder(backend, spec), []
+        rng = np.random.default_rng(seed)
         for step in range(60):
-            features.decided(int(rng.choice([0, 0, 1, 3])))
-            if step > 3:  # the records a lag later; the speculative ones' latency dropped
-                depth = int(rng.choice([0, 1]))
+            trace.append(features.decided(int(rng.choice(decisions))))
+            if step > 3:
+                depth = int(rng.choice(recorded))
                 latency = 0.0 if depth and step < 40 else 0.01
                 features.update(decode_record(step, depth, 8, latency))
             trace.append(states(features))
         traces.append(trace)
+    return traces
+
+
+def test_both_backends_agree_record_by_record():
+    traces = _backend_traces(RULE, 0, [0, 0, 1, 3], [0, 1])
     assert traces[0] == traces[1]
     assert (PROBE_START, True) in traces[0] and (NOT_PROBING, False) in traces[0]
 
@@ -335,18 +343,7 @@ def test_a_shallow_steps_sample_closes_the_rule(backend):
 
 
 def test_both_backends_agree_under_start_depth():
-    traces = []
-    for backend in BACKENDS:
-        features, trace = builder(backend, DEEP), []
-        rng = np.random.default_rng(1)
-        for step in range(60):
-            trace.append(features.decided(int(rng.choice([0, 0, 1, 2, 3, 7]))))
-            if step > 3:
-                depth = int(rng.choice([0, 2]))
-                latency = 0.0 if depth and step < 40 else 0.01
-                features.update(decode_record(step, depth, 8, latency))
-            trace.append(states(features))
-        traces.append(trace)
+    traces = _backend_traces(DEEP, 1, [0, 0, 1, 2, 3, 7], [0, 2])
     assert traces[0] == traces[1]
     assert (PROBE_START, True) in traces[0] and False in traces[0] and True in traces[0]
 
