@@ -6,6 +6,10 @@ left out as empty (counted, never passed).
 
     python docs/results/nopro26/heldout_percell.py /tmp/h26 \\
         > docs/results/nopro26/heldout_percell.md
+
+Other runs: ``heldout_percell.py FOLDER FIRST-LAST SHIPPED BEFORE`` (the results of seed
+``s`` in ``FOLDER/SHIPPED_s<s>`` and ``FOLDER/BEFORE_s<s>``); the twenty-seventh
+session's held-out seeds: ``heldout_percell.py /tmp/s27b 16-23 cand base``.
 """
 
 from __future__ import annotations
@@ -25,15 +29,19 @@ def checks(folder: Path, name: str, seed: int) -> dict:
 
 def main() -> None:
     folder = Path(sys.argv[1])
-    shipped = {s: checks(folder, SHIPPED, s) for s in SEEDS}
-    before = {s: checks(folder, BEFORE, s) for s in SEEDS}
+    seeds, shipped_name, before_name = SEEDS, SHIPPED, BEFORE
+    if len(sys.argv) > 2:
+        lo, hi = (int(x) for x in sys.argv[2].split("-"))
+        seeds, shipped_name, before_name = range(lo, hi + 1), sys.argv[3], sys.argv[4]
+    shipped = {s: checks(folder, shipped_name, s) for s in seeds}
+    before = {s: checks(folder, before_name, s) for s in seeds}
     names = sorted({n for c in shipped.values() for n, cell in c["cells"].items()
                     if cell.get("met") is not None})
-    print("| cell | " + " | ".join(f"seed {s}" for s in SEEDS) + " |")
-    print("|---|" + "---|" * len(SEEDS))
+    print("| cell | " + " | ".join(f"seed {s}" for s in seeds) + " |")
+    print("|---|" + "---|" * len(seeds))
     for name in names:
         row = []
-        for s in SEEDS:
+        for s in seeds:
             cell = shipped[s]["cells"].get(name)
             if cell is None or cell.get("met") is None:
                 row.append("-")
@@ -46,7 +54,7 @@ def main() -> None:
             row.append(text)
         print(f"| {name} | " + " | ".join(row) + " |")
     print("| windows left out as empty | "
-          + " | ".join(str(shipped[s]["left_out_empty_windows"]) for s in SEEDS) + " |")
+          + " | ".join(str(shipped[s]["left_out_empty_windows"]) for s in seeds) + " |")
 
 
 if __name__ == "__main__":
