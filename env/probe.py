@@ -197,6 +197,11 @@ class ProbeSpec(RuleSpec):
     #: runs as without the rule, held by the switch hold, and is not counted; only the
     #: decisions at this depth or deeper and the off ones the rule forces are unheld.
     start_depth: int = 0
+    #: The acceptance probe at a stream's start (0, the default, is none): a new stream's
+    #: decisions probe, as a due acceptance probe does, until this many decode records
+    #: have been folded, so acceptance is measured before any off step leaves the running
+    #: requests with stale draft state.
+    start_probe: int = 0
 
     def __post_init__(self) -> None:
         checks = (("enabled", isinstance(self.enabled, bool), "true or false"),
@@ -229,7 +234,9 @@ class ProbeSpec(RuleSpec):
                   ("start_off", _int(self.start_off) and 0 <= self.start_off <= 1024,
                    "an int in 0..1024"),
                   ("start_depth", _int(self.start_depth) and 0 <= self.start_depth <= 127,
-                   "an int in 0..127"))
+                   "an int in 0..127"),
+                  ("start_probe", _int(self.start_probe) and 0 <= self.start_probe <= 64,
+                   "an int in 0..64"))
         for name, ok, expected in checks:
             if not ok:
                 raise ValueError(f"probe.{name}: {getattr(self, name)!r} is not {expected}")
@@ -245,6 +252,8 @@ class ProbeSpec(RuleSpec):
             del data["start_off"]
         if self.start_depth == 0:
             del data["start_depth"]
+        if self.start_probe == 0:
+            del data["start_probe"]
         return data
 
     def off_share_of(self, has_profile: bool) -> float:
@@ -353,6 +362,13 @@ class ProbeTracker:
         self.start_force = False
         self.start_wait = 0
 
+    def reset_acceptance(self) -> None:
+        """The acceptance probe's state of a new stream: no budget, and the start probe
+        (``ProbeSpec.start_probe``) due."""
+        self.budget_s = 0.0
+        self.cost_s = 0.0  # the latest estimate of a probe's extra cost
+        self.remaining = self.spec.start_probe  # decode records whose decisions still probe
+
     def start_state_of(self, other: ProbeTracker) -> None:
         """Take the start rule's state of ``other`` (a copy)."""
         self.start_open, self.start_last = other.start_open, other.start_last
@@ -391,9 +407,7 @@ class ProbeTracker:
         """Forget the budget (a new stream; ``unprofiled``: it has no cost profile)."""
         self.reset_start(unprofiled)
         self.cost_probe = CostProbe(self.spec) if self.spec.cost_depth else None
-        self.budget_s = 0.0
-        self.cost_s = 0.0  # the latest estimate of a probe's extra cost
-        self.remaining = 0  # decode records whose decisions still probe
+        self.reset_acceptance()
         # The off probe's (see the module): its budget, cost and due records; per batch
         # bucket the off measurements (weight at decode step ``off_stamps``: forgotten
         # lazily) and whether off's prediction there was confirmed; the bucket and the
