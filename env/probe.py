@@ -25,6 +25,15 @@ measured acceptance. So probing costs at most about ``share`` of the time spent 
 (the same rule as ``goodput_greedy``'s hidden probe budget, :class:`agents.policies.
 _GreedyRule`, made visible to every decider).
 
+**The start probe** (``start_probe`` > 0; 0, the default, is none) makes that probe due at
+a stream's start, for its first ``start_probe`` decode records, before any budget: a
+stream that goes off on its first decision (on the prior, at a full batch) leaves every
+running request with stale draft state (the plugin's off path keeps no draft KV for
+tokens decoded while off), so the budgeted probe, ~2 s of off steps later, measures only
+their stale acceptance, and the stream may stay off where speculation from the start
+pays (``docs/results/gpu27/README.md``, ``docs/results/startprobe28/``). Where the policy
+speculates on those records anyway (a first request alone), the probe changes nothing.
+
 **The off probe** (``off_share`` > 0; 0, the default, is none, so a policy file without
 it decides as before) is the mirror image, for off's cost: while a stream speculates, no
 step measures what off costs at its batch size, and where the handed profile is another

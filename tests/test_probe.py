@@ -20,7 +20,14 @@ from controller.reload import PolicyHolder
 from controller.server import ControllerServer, ServeOptions
 from controller.wire import Hello, decode, encode_hello, pack_telemetry
 from env.features import FeatureBuilder
-from env.probe import DEFAULT_PROBE, NO_PROBE, ProbeSpec, apply_probe
+from env.probe import (
+    DEFAULT_PROBE,
+    NO_PROBE,
+    NOT_PROBING,
+    PROBE_ACCEPTANCE,
+    ProbeSpec,
+    apply_probe,
+)
 from env.rollout import DecisionLoop, rollout
 from env.sim.acceptance import SGLangSimulatedAcceptance
 from env.sim.cost_model import load_profile
@@ -94,6 +101,23 @@ def test_the_probe_is_deterministic_and_copies_with_the_features(backend):
     assert first == second and any(first)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_start_probe_runs_from_a_new_streams_first_decision(backend):
+    """``start_probe`` records at a stream's start probe before any off step (the budget
+    would take ~360 off steps at batch 48); a reset stream starts over; 0 is none."""
+    profile = load_profile("h200_llama31_8b")
+    spec = ProbeSpec(start_probe=2)
+    builder = FeatureBuilder(None, profile, backend, probe=spec)
+    assert builder.probing == PROBE_ACCEPTANCE  # before any telemetry
+    assert probe_states(builder, off_stream(3)) == [PROBE_ACCEPTANCE, NOT_PROBING, NOT_PROBING]
+    builder.reset()
+    assert builder.probing == PROBE_ACCEPTANCE
+    assert FeatureBuilder(None, profile, backend, probe=DEFAULT_PROBE).probing == NOT_PROBING
+    copied = copied_probe_states(FeatureBuilder(None, profile, backend, probe=spec),
+                                 off_stream(3), decode_record(100))
+    assert copied == [PROBE_ACCEPTANCE, NOT_PROBING, NOT_PROBING]
+
+
 def test_both_backends_probe_on_the_same_records():
     profile = load_profile("h200_llama31_8b")
     stream = off_stream(1200) + [decode_record(1200 + i, steps=1) for i in range(5)] + off_stream(
@@ -138,6 +162,11 @@ def test_probe_settings_are_checked_and_travel_in_the_policy_file(tmp_path):
     changed.save(tmp_path / "p.npz")
     assert ExportedPolicy.load(tmp_path / "p.npz").probe == ProbeSpec(share=0.02,
                                                                       stale_after=10)
+    # start_probe: checked, left out of a file at 0 (older files keep their bytes)
+    with pytest.raises(ValueError, match=r"probe\.start_probe"):
+        ProbeSpec(start_probe=65)
+    assert "start_probe" not in DEFAULT_PROBE.to_dict()
+    assert ProbeSpec.from_dict(ProbeSpec(start_probe=2).to_dict()).start_probe == 2
     bad = with_meta(tmp_path / "p.npz", probe={**ProbeSpec().to_dict(), "steps": 0})
     with pytest.raises(PolicyFileError, match=r"field 'probe': probe\.steps"):
         ExportedPolicy.loads(bad, "bad.npz")
@@ -187,6 +216,36 @@ def test_the_daemon_probes_as_local_mode(tmp_path):
         server.close()
     assert probed >= 2
     assert counted == probed  # the policy is off on every row: each probing decision shows
+
+
+def test_the_daemon_runs_the_start_probe_as_local_mode(tmp_path):
+    """A new stream's first decisions probe in the daemon as in local mode, and both
+    count them; a second server connecting later starts its own."""
+    path = tmp_path / "policy.npz"
+    off_policy(ProbeSpec(start_probe=2)).save(path)
+    profile = load_profile("h200_llama31_8b")
+    server = ControllerServer(PolicyHolder(path), ServeOptions(endpoint="inproc://start"),
+                              cost_prior=profile)
+    probed = []
+    try:
+        for name in ("a", "b"):
+            local = StreamDecider(ExportedPolicy.load(path), (0, 1, 3), profile)
+            peer = (name.encode(), "")
+            server.handle_frame(peer, encode_hello(Hello(name, 0, (0, 1, 3))), {})
+            for i in range(6):
+                frame = pack_telemetry(name, 0, i, i * 0.006, 48, 16, 48, 50_000, 500_000,
+                                       0, 0, b"", 0, 0.006)
+                pending: dict = {}
+                server.handle_frame(peer, frame, pending)
+                (_, remote), = server.decide(pending)
+                assert local.decide(decode(frame)) == remote, f"server {name}, step {i}"
+                probed.append(any(remote.steps))
+        counted = _probing_decisions(server)
+    finally:
+        server.close()
+    # each stream: the decision on its first record probes, then the policy's own (off)
+    assert probed == [True] + [False] * 5 + [True] + [False] * 5
+    assert counted == 2
 
 
 def test_serving_without_the_probe(tmp_path):
@@ -245,6 +304,29 @@ def test_a_cold_dense_h200_at_64_clients_speculates_with_the_probe(warmup, resta
     # ~360 off steps (2.1 s) until 1% of the time off pays for the probe, then speculation
     assert sum(results["on"].steps_chosen[1:]) > 100
     assert results["on"].throughput_tok_s > results["off"].throughput_tok_s
+
+
+def test_the_start_probe_keeps_a_full_dense_h200_fresh():
+    """The shipped policy on the dense H200 at 64 clients (batch 48), where every request
+    that decodes while off keeps stale draft state (``stale_accept_loss``): without the
+    start probe it goes off on its first decision, on the prior, and the later probe
+    measures only stale acceptance; with it, acceptance is measured first and the stream
+    speculates from the start (``docs/results/startprobe28/``)."""
+    policy = ExportedPolicy.load("controller/data/default_policy.npz")
+    profile = load_profile("h200_llama31_8b")
+    results = {}
+    for start in (0, 2):
+        simulator = Simulator(profile, SGLangSimulatedAcceptance(3.5), ClosedLoop(64, 256, 256),
+                              SchedulerConfig(max_running_requests=48, reentry_warmup=True,
+                                              stale_accept_loss=0.28), seed=5)
+        loop = DecisionLoop(simulator, policy.feature_spec, feedback_lag=3, horizon_s=4.0,
+                            cost_prior=profile)
+        probe = dataclasses.replace(policy.probe, start_probe=start)
+        results[start] = rollout(loop, ExportedPolicyAdapter(policy, probe=probe), seed=5)
+    without, with_start = results[0], results[2]
+    assert without.steps_chosen[0] >= 0.9 * without.decisions
+    assert sum(with_start.steps_chosen[1:]) >= 0.9 * with_start.decisions
+    assert with_start.throughput_tok_s > 1.03 * without.throughput_tok_s
 
 
 def test_specctl_serve_says_which_probe_and_guard_serve(tmp_path):
