@@ -652,7 +652,8 @@ class ExportedPolicyAdapter(Policy):
         # The guard first, then the probe: as controller.decider.evaluate applies them.
         apply_guard(self.guard, self._columns, vector, index, self._actions, [allowed])
         if obs.probing:  # the features' probe budget: see DecisionLoop's ``probe``
-            apply_probe(self.probe, index, self._actions, [obs.probing], [allowed])
+            apply_probe(self.probe, index, self._actions, [obs.probing], [allowed], vector,
+                        self._columns.latency)
         return int(self._actions[index[0, 0]])
 
 

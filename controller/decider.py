@@ -166,7 +166,8 @@ def evaluate(policy: ExportedPolicy, grids: np.ndarray | Sequence[np.ndarray | N
     apply_guard(policy.guard if guard is None else guard, policy.guard_columns,
                 observations, index, actions, allowed)
     if probing is not None and any(probing):
-        apply_probe(probe or policy.probe, index, actions, probing, allowed)
+        apply_probe(probe or policy.probe, index, actions, probing, allowed, observations,
+                    policy.guard_columns.latency)
     return index, healthy, runnable
 
 

@@ -134,6 +134,10 @@ class GuardColumns:
         self.confidence = np.array([names.index(f"cost_confidence_{d}")
                                     for d in range(max_depth + 1)])
         self.profile_error = names.index("cost_profile_error")
+        #: Column of relative_latency_d per depth (depth 0: depth 1's, never read): the
+        #: start probe's (env.probe.could_pay).
+        latency = [names.index(f"relative_latency_{d}") for d in range(1, max_depth + 1)]
+        self.latency = np.array([latency[0], *latency])
         #: Per depth, the four columns a row choosing it is judged by (its goodput, its
         #: cost confidence, off's, the profile error): one gather per call.
         self.judged = np.stack([self.goodput, self.confidence,

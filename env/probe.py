@@ -31,8 +31,13 @@ stream that goes off on its first decision (on the prior, at a full batch) leave
 running request with stale draft state (the plugin's off path keeps no draft KV for
 tokens decoded while off), so the budgeted probe, ~2 s of off steps later, measures only
 their stale acceptance, and the stream may stay off where speculation from the start
-pays (``docs/results/gpu27/README.md``, ``docs/results/startprobe28/``). Where the policy
-speculates on those records anyway (a first request alone), the probe changes nothing.
+pays (``docs/results/gpu27/README.md``, ``docs/results/startprobe28/``). It probes only the
+rows (batch sizes) where some speculative depth could pay at a high acceptance
+(``start_accept`` of every draft position, 0.9: its predicted latency under the tokens a
+step would commit, times off's): on a server where a depth-1 step costs 6x off and depth
+7 7x (``blackwell_tp8`` at 64 requests) there is nothing to learn, and five probing steps
+cost 5% of a window. Where the policy speculates on those records anyway (a first
+request alone), the probe changes nothing.
 
 **The off probe** (``off_share`` > 0; 0, the default, is none, so a policy file without
 it decides as before) is the mirror image, for off's cost: while a stream speculates, no
@@ -211,6 +216,10 @@ class ProbeSpec(RuleSpec):
     #: have been folded, so acceptance is measured before any off step leaves the running
     #: requests with stale draft state.
     start_probe: int = 0
+    #: With ``start_probe``: the start probe probes a row (a batch size) only where some
+    #: speculative depth would pay at this acceptance of every draft position (its
+    #: predicted latency under the tokens a step would commit, times off's).
+    start_accept: float = 0.9
 
     def __post_init__(self) -> None:
         checks = (("enabled", isinstance(self.enabled, bool), "true or false"),
@@ -245,14 +254,17 @@ class ProbeSpec(RuleSpec):
                   ("start_depth", _int(self.start_depth) and 0 <= self.start_depth <= 127,
                    "an int in 0..127"),
                   ("start_probe", _int(self.start_probe) and 0 <= self.start_probe <= 64,
-                   "an int in 0..64"))
+                   "an int in 0..64"),
+                  ("start_accept", _number(self.start_accept)
+                   and 0.0 < self.start_accept <= 1.0, "a number in (0, 1]"))
         for name, ok, expected in checks:
             if not ok:
                 raise ValueError(f"probe.{name}: {getattr(self, name)!r} is not {expected}")
 
     def to_dict(self) -> dict:
-        """As :meth:`RuleSpec.to_dict`, without ``off_unprofiled`` where it is 1 and without
-        ``start_off`` or ``start_depth`` where they are 0 (a file written with them at those
+        """As :meth:`RuleSpec.to_dict`, without ``off_unprofiled`` where it is 1, without
+        ``start_off``, ``start_depth`` or ``start_probe`` where they are 0, and without
+        ``start_accept`` where ``start_probe`` is 0 (a file written with them at those
         values is byte for byte what it was before the fields)."""
         data = super().to_dict()
         if self.off_unprofiled == 1.0:
@@ -261,8 +273,8 @@ class ProbeSpec(RuleSpec):
             del data["start_off"]
         if self.start_depth == 0:
             del data["start_depth"]
-        if self.start_probe == 0:
-            del data["start_probe"]
+        if self.start_probe == 0:  # start_accept means nothing without it
+            del data["start_probe"], data["start_accept"]
         return data
 
     def off_share_of(self, has_profile: bool) -> float:
@@ -302,6 +314,9 @@ PROBE_COST = 3
 #: The start rule (``ProbeSpec.start_off``): every row that speculates runs off, and the
 #: plugin does not hold the switch.
 PROBE_START = 4
+#: The start probe (``ProbeSpec.start_probe``): the acceptance probe, in the rows where
+#: some depth could pay at full acceptance (:func:`could_pay`).
+PROBE_FIRST = 5
 #: Batch buckets of the off probe's coverage: floor(log2(batch)), the last one open.
 _BUCKETS = 16
 
@@ -352,6 +367,7 @@ class ProbeTracker:
         "start_force",
         "start_last",
         "start_open",
+        "start_probing",
         "start_wait",
     )
 
@@ -377,11 +393,14 @@ class ProbeTracker:
         self.budget_s = 0.0
         self.cost_s = 0.0  # the latest estimate of a probe's extra cost
         self.remaining = self.spec.start_probe  # decode records whose decisions still probe
+        #: The decisions probing now are the start probe's (:data:`PROBE_FIRST`).
+        self.start_probing = bool(self.spec.start_probe)
 
     def start_state_of(self, other: ProbeTracker) -> None:
         """Take the start rule's state of ``other`` (a copy)."""
         self.start_open, self.start_last = other.start_open, other.start_last
         self.start_force, self.start_wait = other.start_force, other.start_wait
+        self.start_probing = other.start_probing
 
     def decided(self, steps: int) -> bool:
         """The decider's decision for the stream's batch size now (the depth it sends):
@@ -454,7 +473,7 @@ class ProbeTracker:
     def _due_unless_off(self) -> int:
         """:attr:`due` when no off probe runs (shared with the compiled tracker)."""
         if self.remaining:
-            return PROBE_ACCEPTANCE
+            return PROBE_FIRST if self.start_probing else PROBE_ACCEPTANCE
         cost = self.cost_probe
         return PROBE_COST if cost is not None and cost.remaining else NOT_PROBING
 
@@ -481,6 +500,7 @@ class ProbeTracker:
             self.cost_probe.fold(steps_used, latency_s, features, batch, busy=self.remaining)
         if self.remaining:
             self.remaining -= 1
+            self.start_probing = self.start_probing and self.remaining > 0
             return
         if steps_used or latency_s <= 0.0:
             return
@@ -634,6 +654,19 @@ def probe_rows(index: np.ndarray, actions: np.ndarray, probe_index: int) -> None
     index[actions[index] == 0] = probe_index
 
 
+def could_pay(observations: np.ndarray, latency_columns: np.ndarray, actions: np.ndarray,
+              accept: float) -> np.ndarray:
+    """Per row of ``observations``, whether some speculative action would pay if every
+    draft position were accepted with probability ``accept``: its predicted latency below
+    the tokens a step would commit (``1 + accept + ... + accept ** depth``) times off's
+    (the rows' ``relative_latency_d``, log(latency_d / latency_0) / 3 capped at 1, at the
+    columns ``latency_columns[d]``)."""
+    depths = actions[actions > 0]
+    slower = 3.0 * observations[:, latency_columns[depths]]
+    tokens = depths + 1.0 if accept == 1.0 else (1.0 - accept ** (depths + 1)) / (1.0 - accept)
+    return (slower < np.log(tokens)).any(axis=1)
+
+
 def off_probe_rows(index: np.ndarray, actions: np.ndarray, off_index: int) -> None:
     """In place: every entry of ``index`` (action indices) whose action speculates
     becomes ``off_index`` (the action 0's)."""
@@ -641,12 +674,16 @@ def off_probe_rows(index: np.ndarray, actions: np.ndarray, off_index: int) -> No
 
 
 def apply_probe(probe: ProbeSpec, index: np.ndarray, actions: np.ndarray,
-                probing: Sequence[int], allowed: Sequence[np.ndarray | None]) -> None:
+                probing: Sequence[int], allowed: Sequence[np.ndarray | None],
+                observations: np.ndarray | None = None,
+                latency_columns: np.ndarray | None = None) -> None:
     """In place: the rows (shape (streams, grid rows)) of the streams ``probing`` says
     are due (:attr:`ProbeTracker.due`; True counts as the acceptance probe), probed
     (:func:`probe_rows`, or :func:`off_probe_rows` for the off probe where the server
     lets the stream run off); the one place both deciders and the simulator's policy
-    adapter change a decision."""
+    adapter change a decision. The start probe (:data:`PROBE_FIRST`) reads the streams'
+    ``observations`` (shape (streams x grid rows, size)) at ``latency_columns``
+    (:attr:`env.guard.GuardColumns.latency`), which it needs."""
     for i, due in enumerate(probing):
         if due in (PROBE_OFF, PROBE_START):
             off = np.flatnonzero(actions == 0)
@@ -655,5 +692,16 @@ def apply_probe(probe: ProbeSpec, index: np.ndarray, actions: np.ndarray,
         elif due:
             depth = probe.cost_depth if due == PROBE_COST else None
             target = probe.action_index(actions, allowed[i], depth)
-            if target is not None:
+            if target is None:
+                continue
+            if due != PROBE_FIRST:
                 probe_rows(index[i], actions, target)
+                continue
+            if observations is None or latency_columns is None:
+                raise ValueError("the start probe needs the observations and their "
+                                 "latency columns")
+            rows = index.shape[1]
+            usable = actions if allowed[i] is None else np.where(allowed[i], actions, 0)
+            hopeful = could_pay(observations[i * rows:(i + 1) * rows], latency_columns,
+                                usable, probe.start_accept)
+            index[i][hopeful & (actions[index[i]] == 0)] = target

@@ -24,7 +24,7 @@ from env.probe import (
     DEFAULT_PROBE,
     NO_PROBE,
     NOT_PROBING,
-    PROBE_ACCEPTANCE,
+    PROBE_FIRST,
     ProbeSpec,
     apply_probe,
 )
@@ -108,14 +108,14 @@ def test_the_start_probe_runs_from_a_new_streams_first_decision(backend):
     profile = load_profile("h200_llama31_8b")
     spec = ProbeSpec(start_probe=2)
     builder = FeatureBuilder(None, profile, backend, probe=spec)
-    assert builder.probing == PROBE_ACCEPTANCE  # before any telemetry
-    assert probe_states(builder, off_stream(3)) == [PROBE_ACCEPTANCE, NOT_PROBING, NOT_PROBING]
+    assert builder.probing == PROBE_FIRST  # before any telemetry
+    assert probe_states(builder, off_stream(3)) == [PROBE_FIRST, NOT_PROBING, NOT_PROBING]
     builder.reset()
-    assert builder.probing == PROBE_ACCEPTANCE
+    assert builder.probing == PROBE_FIRST
     assert FeatureBuilder(None, profile, backend, probe=DEFAULT_PROBE).probing == NOT_PROBING
     copied = copied_probe_states(FeatureBuilder(None, profile, backend, probe=spec),
                                  off_stream(3), decode_record(100))
-    assert copied == [PROBE_ACCEPTANCE, NOT_PROBING, NOT_PROBING]
+    assert copied == [PROBE_FIRST, NOT_PROBING, NOT_PROBING]
 
 
 def test_both_backends_probe_on_the_same_records():
