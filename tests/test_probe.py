@@ -19,7 +19,8 @@ from controller.policy_file import ExportedPolicy, PolicyFileError
 from controller.reload import PolicyHolder
 from controller.server import ControllerServer, ServeOptions
 from controller.wire import Hello, decode, encode_hello, pack_telemetry
-from env.features import FeatureBuilder
+from env.features import FeatureBuilder, FeatureSpec
+from env.guard import guard_columns
 from env.probe import (
     DEFAULT_PROBE,
     NO_PROBE,
@@ -27,6 +28,7 @@ from env.probe import (
     PROBE_FIRST,
     ProbeSpec,
     apply_probe,
+    could_pay,
 )
 from env.rollout import DecisionLoop, rollout
 from env.sim.acceptance import SGLangSimulatedAcceptance
@@ -146,6 +148,33 @@ def test_probe_rows_change_only_the_rows_left_off():
     assert ProbeSpec().action_index(actions, np.array([True] + [False] * 4)) is None
 
 
+def test_the_start_probe_probes_only_rows_where_some_depth_could_pay():
+    """A row is probed where a depth's latency ratio over off is below the tokens a step
+    commits at ``start_accept`` per position (depth 3 at 0.9: 3.439), not where it is
+    above; the budgeted acceptance probe (state 1) probes every row left off."""
+    spec = FeatureSpec(max_depth=3)
+    columns = guard_columns(spec)
+    actions = np.array([0, 1, 3])
+    ratios = np.array([[1.5, 3.0, 3.3], [2.5, 3.2, 3.6], [2.1, 2.2, 3.5]])  # depths 1-3
+    observations = np.zeros((3, spec.size), dtype=np.float32)
+    observations[:, columns.latency[1:]] = np.log(ratios) / 3.0
+    # depth 1 pays at 1.9 (row 0), depth 3 at 3.439 (row 2's 3.5 does not); depth 2 is
+    # not an action, so row 1's 3.2 at depth 2 (< 3.71) is never asked
+    assert could_pay(observations, columns.latency, actions, 0.9).tolist() == [True, False,
+                                                                             False]
+    assert could_pay(observations, columns.latency, actions, 1.0).tolist() == [True, True,
+                                                                             True]
+    index = np.zeros((1, 3), dtype=np.intp)
+    apply_probe(ProbeSpec(start_probe=2), index, actions, [PROBE_FIRST], [None],
+                observations, columns.latency)
+    assert index.tolist() == [[1, 0, 0]]
+    index = np.zeros((1, 3), dtype=np.intp)
+    apply_probe(ProbeSpec(start_probe=2), index, actions, [True], [None])
+    assert index.tolist() == [[1, 1, 1]]
+    with pytest.raises(ValueError, match="start probe needs the observations"):
+        apply_probe(ProbeSpec(start_probe=2), index, actions, [PROBE_FIRST], [None])
+
+
 def test_probe_settings_are_checked_and_travel_in_the_policy_file(tmp_path):
     with pytest.raises(ValueError, match=r"probe\.share"):
         ProbeSpec(share=0.0)
@@ -165,7 +194,9 @@ def test_probe_settings_are_checked_and_travel_in_the_policy_file(tmp_path):
     # start_probe: checked, left out of a file at 0 (older files keep their bytes)
     with pytest.raises(ValueError, match=r"probe\.start_probe"):
         ProbeSpec(start_probe=65)
-    assert "start_probe" not in DEFAULT_PROBE.to_dict()
+    with pytest.raises(ValueError, match=r"probe\.start_accept"):
+        ProbeSpec(start_accept=0.0)
+    assert not {"start_probe", "start_accept"} & set(DEFAULT_PROBE.to_dict())
     assert ProbeSpec.from_dict(ProbeSpec(start_probe=2).to_dict()).start_probe == 2
     bad = with_meta(tmp_path / "p.npz", probe={**ProbeSpec().to_dict(), "steps": 0})
     with pytest.raises(PolicyFileError, match=r"field 'probe': probe\.steps"):
@@ -327,6 +358,26 @@ def test_the_start_probe_keeps_a_full_dense_h200_fresh():
     assert without.steps_chosen[0] >= 0.9 * without.decisions
     assert sum(with_start.steps_chosen[1:]) >= 0.9 * with_start.decisions
     assert with_start.throughput_tok_s > 1.03 * without.throughput_tok_s
+
+
+def test_the_start_probe_leaves_a_server_where_nothing_could_pay_off():
+    """On ``blackwell_tp8`` at 64 clients a depth-1 step costs ~6x off and depth 7 ~7x:
+    no depth would pay even at acceptance 0.9, so the start probe runs no step there and
+    the stream serves as without it (the first candidate probed five steps: -5%)."""
+    policy = ExportedPolicy.load("controller/data/default_policy.npz")
+    profile = load_profile("blackwell_tp8")
+    runs = []
+    for start in (0, 2):
+        simulator = Simulator(profile, SGLangSimulatedAcceptance(2.5), ClosedLoop(64, 32, 256),
+                              SchedulerConfig(max_running_requests=64, reentry_warmup=True),
+                              seed=5)
+        loop = DecisionLoop(simulator, policy.feature_spec, feedback_lag=3, horizon_s=8.0,
+                            cost_prior=profile)
+        probe = dataclasses.replace(policy.probe, start_probe=start)
+        runs.append(rollout(loop, ExportedPolicyAdapter(policy, probe=probe), seed=5))
+    assert list(runs[0].steps_chosen) == list(runs[1].steps_chosen)
+    assert runs[1].steps_chosen[0] >= 0.95 * runs[1].decisions > 90
+    assert runs[0].throughput_tok_s == runs[1].throughput_tok_s
 
 
 def test_specctl_serve_says_which_probe_and_guard_serve(tmp_path):
