@@ -213,6 +213,19 @@ def test_the_simulator_and_local_mode_probe_the_same_steps(tmp_path):
     assert len(choices) > 300 and sum(c > 0 for c in choices) >= DEFAULT_PROBE.steps
 
 
+def test_the_simulator_and_local_mode_run_the_same_start_probe():
+    """The shipped policy with the start probe, on the full dense H200: the simulator's
+    adapter and a StreamDecider fed the same records decide the same steps, and the first
+    decisions compared speculate (the probe's rows, read from the observations)."""
+    profile = load_profile("h200_llama31_8b")
+    shipped = ExportedPolicy.load("controller/data/default_policy.npz")
+    policy = dataclasses.replace(shipped, probe=dataclasses.replace(shipped.probe,
+                                                                   start_probe=2))
+    loop = DecisionLoop(sim(64), None, feedback_lag=3, horizon_s=2.0, cost_prior=profile)
+    choices = lockstep(loop, policy, profile)
+    assert len(choices) > 50 and choices[0] > 0
+
+
 def _full_batch_off_step(i: int) -> bytes:
     """Telemetry of step ``i`` of a server at batch 48 with 16 waiting, running off."""
     return pack_telemetry("srv", 0, i, i * 0.006, 48, 16, 48, 50_000, 500_000, 0,
