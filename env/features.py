@@ -531,6 +531,9 @@ class FeatureBuilder:
             if self.cost_prior is None:  # the start rule: open unless a cost is measured
                 self.probe_tracker.reset_start(True)
                 self.probe_tracker.close_start_if_measured(self)
+            # the start probe: with a profile, while no acceptance is measured
+            self.probe_tracker.reset_acceptance(self.cost_prior is not None
+                                                and not self.acceptance_age()[1])
 
     @property
     def probing(self) -> int:

@@ -760,7 +760,7 @@ class CompiledProbeTracker(ProbeTracker):
     def reset(self, unprofiled: bool = False) -> None:
         """Forget the budgets (a new stream; ``unprofiled``: it has no cost profile)."""
         self.reset_start(unprofiled)
-        self.reset_acceptance()
+        self.reset_acceptance(not unprofiled)
         self.cost_probe = CostProbe(self.spec) if self.spec.cost_depth else None
         self.off = np.zeros(_OFF_SIZE)
         self.off[_OFF_BUCKET] = -1.0

@@ -36,8 +36,11 @@ rows (batch sizes) where some speculative depth could pay at a high acceptance
 (``start_accept`` of every draft position, 0.9: its predicted latency under the tokens a
 step would commit, times off's): on a server where a depth-1 step costs 6x off and depth
 7 7x (``blackwell_tp8`` at 64 requests) there is nothing to learn, and five probing steps
-cost 5% of a window. Where the policy speculates on those records anyway (a first
-request alone), the probe changes nothing.
+cost 5% of a window. Only a stream with a cost profile runs it: without one the latency
+predictions it would judge by are priors (its second candidate lost up to 0.14 of the
+oracle in no-profile windows of ``blackwell_tp8`` and random servers), and the start rule
+and the cost probe cover that start. Where the policy speculates on those records anyway
+(a first request alone), the probe changes nothing.
 
 **The off probe** (``off_share`` > 0; 0, the default, is none, so a policy file without
 it decides as before) is the mirror image, for off's cost: while a stream speculates, no
@@ -387,14 +390,16 @@ class ProbeTracker:
         self.start_force = False
         self.start_wait = 0
 
-    def reset_acceptance(self) -> None:
+    def reset_acceptance(self, start: bool = True) -> None:
         """The acceptance probe's state of a new stream: no budget, and the start probe
-        (``ProbeSpec.start_probe``) due."""
+        (``ProbeSpec.start_probe``) due if ``start`` (the stream has a cost profile and
+        has measured no acceptance)."""
         self.budget_s = 0.0
         self.cost_s = 0.0  # the latest estimate of a probe's extra cost
-        self.remaining = self.spec.start_probe  # decode records whose decisions still probe
+        # decode records whose decisions still probe
+        self.remaining = self.spec.start_probe if start else 0
         #: The decisions probing now are the start probe's (:data:`PROBE_FIRST`).
-        self.start_probing = bool(self.spec.start_probe)
+        self.start_probing = bool(self.remaining)
 
     def start_state_of(self, other: ProbeTracker) -> None:
         """Take the start rule's state of ``other`` (a copy)."""
@@ -435,7 +440,7 @@ class ProbeTracker:
         """Forget the budget (a new stream; ``unprofiled``: it has no cost profile)."""
         self.reset_start(unprofiled)
         self.cost_probe = CostProbe(self.spec) if self.spec.cost_depth else None
-        self.reset_acceptance()
+        self.reset_acceptance(not unprofiled)
         # The off probe's (see the module): its budget, cost and due records; per batch
         # bucket the off measurements (weight at decode step ``off_stamps``: forgotten
         # lazily) and whether off's prediction there was confirmed; the bucket and the

@@ -118,6 +118,18 @@ def test_the_start_probe_runs_from_a_new_streams_first_decision(backend):
     copied = copied_probe_states(FeatureBuilder(None, profile, backend, probe=spec),
                                  off_stream(3), decode_record(100))
     assert copied == [PROBE_FIRST, NOT_PROBING, NOT_PROBING]
+    # only with a cost profile, and only while no acceptance is measured
+    unprofiled = FeatureBuilder(None, None, backend, probe=spec)
+    assert unprofiled.probing == NOT_PROBING
+    unprofiled.reset()
+    assert unprofiled.probing == NOT_PROBING
+    measured = FeatureBuilder(None, profile, backend, probe=DEFAULT_PROBE)
+    probe_states(measured, [decode_record(i, steps=3, accepted=3) for i in range(5)])
+    measured.set_probe(spec)  # a reload mid-stream
+    assert measured.probing == NOT_PROBING
+    fresh = FeatureBuilder(None, profile, backend, probe=DEFAULT_PROBE)
+    fresh.set_probe(spec)  # before any record: a new stream
+    assert fresh.probing == PROBE_FIRST
 
 
 def test_both_backends_probe_on_the_same_records():
