@@ -318,7 +318,7 @@ PROBE_COST = 3
 #: plugin does not hold the switch.
 PROBE_START = 4
 #: The start probe (``ProbeSpec.start_probe``): the acceptance probe, in the rows where
-#: some depth could pay at full acceptance (:func:`could_pay`).
+#: some depth would pay at ``start_accept`` per draft position (:func:`could_pay`).
 PROBE_FIRST = 5
 #: Batch buckets of the off probe's coverage: floor(log2(batch)), the last one open.
 _BUCKETS = 16
