@@ -36,16 +36,17 @@ def counts(results: dict) -> list[int]:
     return [checks["cells_met"], *by_target, checks["never_pays"]["at_least_90pct_off"]]
 
 
-def windows(results: dict) -> dict[str, tuple[float, float]]:
-    """Window label -> (ppo / oracle, no speculation / oracle); windows with no oracle
-    throughput (empty) left out."""
+def windows(results: dict) -> dict[str, tuple[float, float, str]]:
+    """Window label -> (ppo / oracle, no speculation / oracle, prior mode); windows with no
+    oracle throughput (empty) left out."""
     out = {}
     for scenario in results["scenarios"]:
         runs = scenario["runs"]
         best = runs["oracle"]["throughput_tok_s"]
         if best:
             out[scenario["scenario"]] = (runs["ppo"]["throughput_tok_s"] / best,
-                                         runs["no_spec"]["throughput_tok_s"] / best)
+                                         runs["no_spec"]["throughput_tok_s"] / best,
+                                         scenario["prior_mode"])
     return out
 
 
@@ -88,7 +89,7 @@ def main() -> None:
         old, new = windows(before), windows(after)
         never = [new[w][0] - old[w][0] for w in old if w in new and old[w][1] >= 0.99]
         all_never += never
-        moved += [(new[w][0] - old[w][0], seed, w) for w in old if w in new]
+        moved += [(new[w][0] - old[w][0], seed, w, old[w][2]) for w in old if w in new]
         cells = " | ".join(f"{a} / {b}" for a, b in zip(*pair, strict=True))
         mean = sum(never) / len(never) if never else 0.0
         print(f"| {seed} | {cells} | {math.exp(sum(logs) / len(logs)):.4f} | "
@@ -98,11 +99,18 @@ def main() -> None:
     print(f"| all | {cells} | {math.exp(sum(all_logs) / len(all_logs)):.4f} | "
           f"{mean:+.4f} ({len(all_never)}) |")
     print(f"\n(before / after; {len(moved)} windows, "
-          f"{sum(1 for d, _, _ in moved if abs(d) > 1e-9)} moved)\nworst windows:")
-    for delta, seed, window in sorted(moved)[:args.worst]:
+          f"{sum(1 for d, *_ in moved if abs(d) > 1e-9)} moved)\n")
+    print("| profile handed | windows | moved | mean change | worst | best |")
+    print("|---|---|---|---|---|---|")
+    for prior in sorted({m[3] for m in moved}):
+        deltas = [d for d, _, _, mode in moved if mode == prior]
+        print(f"| {prior} | {len(deltas)} | {sum(abs(d) > 1e-9 for d in deltas)} | "
+              f"{sum(deltas) / len(deltas):+.4f} | {min(deltas):+.4f} | {max(deltas):+.4f} |")
+    print("\nworst windows:")
+    for delta, seed, window, _ in sorted(moved)[:args.worst]:
         print(f"  {delta:+.4f}  seed {seed}  {window}")
     print("best windows:")
-    for delta, seed, window in sorted(moved, reverse=True)[:args.worst]:
+    for delta, seed, window, _ in sorted(moved, reverse=True)[:args.worst]:
         print(f"  {delta:+.4f}  seed {seed}  {window}")
 
 
