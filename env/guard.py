@@ -101,10 +101,20 @@ class GuardSpec(RuleSpec):
     #: the costs compared near the batch are the measured ones: the fourteenth session's
     #: candidate sets 1.0 (docs/results/local_cost/).
     max_profile_error: float = 0.5
+    #: The hopeless rule (0, the default, is none): in a stream with a cost profile that
+    #: the measurements sit within ``max_profile_error`` of, a row whose chosen depth d is
+    #: priced above ``hopeless * (1 + d)`` times off runs off, whatever the cost
+    #: confidence: a depth-d step commits at most 1 + d tokens, so no acceptance makes it
+    #: pay unless the profile is off by that factor (:func:`overrule_hopeless`).
+    hopeless: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.enabled, bool):
             raise ValueError(f"guard.enabled: {self.enabled!r} is not true or false")
+        hopeless = self.hopeless
+        if isinstance(hopeless, bool) or not isinstance(hopeless, int | float) or not (
+                hopeless == 0.0 or 1.0 <= hopeless < 20.0):
+            raise ValueError(f"guard.hopeless: {hopeless!r} is not 0 or a number in [1, 20)")
         error = self.max_profile_error
         if isinstance(error, bool) or not isinstance(error, int | float) \
                 or not 0.0 <= error <= 1.0:
@@ -114,6 +124,14 @@ class GuardSpec(RuleSpec):
             if isinstance(value, bool) or not isinstance(value, int | float) \
                     or not low < value < 1.0:
                 raise ValueError(f"guard.{name}: {value!r} is not a number in ({low:g}, 1)")
+
+    def to_dict(self) -> dict:
+        """As :meth:`RuleSpec.to_dict`, without ``hopeless`` where it is 0 (a file written
+        with it at 0 is byte for byte what it was before the field)."""
+        data = super().to_dict()
+        if self.hopeless == 0.0:
+            del data["hopeless"]
+        return data
 
 
 
@@ -134,6 +152,7 @@ class GuardColumns:
         self.confidence = np.array([names.index(f"cost_confidence_{d}")
                                     for d in range(max_depth + 1)])
         self.profile_error = names.index("cost_profile_error")
+        self.has_profile = names.index("has_cost_profile")
         #: Column of relative_latency_d per depth (depth 0: depth 1's, never read): the
         #: start probe's (env.probe.could_pay).
         latency = [names.index(f"relative_latency_{d}") for d in range(1, max_depth + 1)]
@@ -289,15 +308,43 @@ def apply_guard(guard: GuardSpec, columns: GuardColumns, observations: np.ndarra
                                     len(allowed))
                 break
         kernel(observations, index, actions, off, flags, columns.packed, limits)
-        return
+    else:
+        off = off_index(actions)
+        if off is None:
+            return
+        if all(mask is None or mask[off] for mask in allowed):
+            guard_rows(guard, columns, observations, index, actions, off)
+        else:
+            rows = index.shape[1]
+            for i, mask in enumerate(allowed):
+                if mask is None or mask[off]:
+                    guard_rows(guard, columns, observations[i * rows:(i + 1) * rows],
+                               index[i], actions, off)
+    if guard.hopeless:
+        overrule_hopeless(guard, columns, observations, index, actions, allowed)
+
+
+def overrule_hopeless(guard: GuardSpec, columns: GuardColumns, observations: np.ndarray,
+                      index: np.ndarray, actions: np.ndarray,
+                      allowed: list[np.ndarray | None] | tuple) -> None:
+    """In place: the hopeless rule (:attr:`GuardSpec.hopeless`) on ``index`` (shape
+    (streams, grid rows); ``observations`` one row per entry), where the server lets the
+    stream run off: an entry whose action d > 0 is priced above ``hopeless * (1 + d)``
+    times off (``3 * relative_latency_d``, capped at log 20) in a row with a cost profile
+    and ``|cost_profile_error| <= max_profile_error`` becomes off."""
     off = off_index(actions)
     if off is None:
         return
-    if all(mask is None or mask[off] for mask in allowed):
-        guard_rows(guard, columns, observations, index, actions, off)
+    chosen = actions[index.reshape(-1)]
+    rows = np.arange(chosen.size)
+    slower = 3.0 * observations[rows, columns.latency[np.maximum(chosen, 1)]]
+    hopeless = ((chosen > 0) & (slower > np.log(guard.hopeless * (1.0 + chosen)))
+                & (observations[:, columns.has_profile] > 0.5)
+                & (np.abs(observations[:, columns.profile_error]) <= guard.max_profile_error))
+    if not hopeless.any():
         return
-    rows = index.shape[1]
+    per_stream = index.shape[1] if index.ndim == 2 else chosen.size
     for i, mask in enumerate(allowed):
-        if mask is None or mask[off]:
-            guard_rows(guard, columns, observations[i * rows:(i + 1) * rows], index[i],
-                       actions, off)
+        if mask is not None and not mask[off]:
+            hopeless[i * per_stream:(i + 1) * per_stream] = False
+    index[hopeless.reshape(index.shape)] = off
