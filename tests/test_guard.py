@@ -22,7 +22,14 @@ from controller.reload import PolicyHolder
 from controller.server import ControllerServer, ServeOptions
 from controller.wire import Decision, encode_step
 from env.features import FeatureBuilder, FeatureSpec
-from env.guard import DEFAULT_GUARD, GuardSpec, apply_guard, guard_columns, guard_rows, off_index
+from env.guard import (
+    DEFAULT_GUARD,
+    GuardSpec,
+    apply_guard,
+    guard_columns,
+    guard_rows,
+    off_index,
+)
 from env.probe import NO_PROBE
 from env.rollout import DecisionLoop
 from env.sim.acceptance import SGLangSimulatedAcceptance
@@ -73,6 +80,53 @@ def test_guard_rows_overrule_only_confident_losing_speculation():
     index = np.array([[1, 1, 1, 1, 1, 3, 0]])
     guard_rows(OFF_GUARD, guard_columns(spec), rows, index, actions, 0)
     assert index.tolist() == [[1, 1, 1, 1, 1, 3, 0]]
+
+
+def hopeless_row(spec: FeatureSpec, depth: int, ratio: float, profile: bool = True,
+                 profile_error: float = 0.0) -> np.ndarray:
+    """An observation row pricing ``depth`` at ``ratio`` times off, its cost unmeasured
+    (confidence 0) and its goodput far below off's: only the hopeless rule may act."""
+    v = vector(spec, 0.1, 0.0, 0.0, depth=depth, profile_error=profile_error)
+    names = spec.names()
+    v[names.index(f"relative_latency_{depth}")] = min(math.log(ratio), 3.0) / 3.0
+    v[names.index("has_cost_profile")] = 1.0 if profile else 0.0
+    return v
+
+
+@pytest.mark.parametrize("streams", [1, 4])
+def test_the_hopeless_rule_overrules_what_no_acceptance_could_pay(streams):
+    """A depth priced above hopeless x (1 + d) times off runs off whatever the confidence,
+    with a profile near the measurements; not below, not without a profile, not with a
+    profile far off, not with the rule at 0, and not where the stream may not run off.
+    The compiled many-row guard (several rows) and the one-row path agree."""
+    spec = FeatureSpec()
+    actions = np.arange(spec.max_depth + 1)
+    rows = [hopeless_row(spec, 6, 8.8),  # 8.8 > 7 tokens: off
+            hopeless_row(spec, 6, 6.5),  # could pay at full acceptance: kept
+            hopeless_row(spec, 1, 2.5),  # 2.5 > 2: off
+            hopeless_row(spec, 1, 2.5, profile=False),  # a prior's price: kept
+            hopeless_row(spec, 1, 2.5, profile_error=0.9),  # profile far off: kept
+            hopeless_row(spec, 7, 30.0)]  # capped at e^3 = 20 > 8: off
+    chosen = [6, 6, 1, 1, 1, 7]
+    expected = [0, 6, 0, 1, 1, 0]
+    observations = np.concatenate([np.stack(rows)] * streams)
+    for guard, want in ((GuardSpec(hopeless=1.0), expected), (DEFAULT_GUARD, chosen),
+                        (GuardSpec(hopeless=2.0), [6, 6, 1, 1, 1, 0])):
+        index = np.array([chosen] * streams, dtype=np.intp)
+        apply_guard(guard, guard_columns(spec), observations, index, actions,
+                    [None] * streams)
+        assert index.tolist() == [want] * streams, guard
+        for row, (obs, choice) in enumerate(zip(rows, chosen, strict=True)):
+            one = np.array([[choice]], dtype=np.intp)
+            apply_guard(guard, guard_columns(spec), obs[None, :], one, actions, [None])
+            assert one[0, 0] == want[row], (guard, row)
+    # a stream whose server cannot run off keeps its choice
+    index = np.array([chosen] * 2, dtype=np.intp)
+    no_off = np.ones(actions.size, dtype=bool)
+    no_off[0] = False
+    apply_guard(GuardSpec(hopeless=1.0), guard_columns(spec),
+                np.concatenate([np.stack(rows)] * 2), index, actions, [no_off, None])
+    assert index.tolist() == [chosen, expected]
 
 
 def test_a_negative_margin_sends_ties_off():
@@ -301,6 +355,11 @@ def test_guard_settings_are_checked_and_travel_in_the_policy_file(tmp_path):
         GuardSpec(max_profile_error=2.0)
     with pytest.raises(ValueError, match=r"guard: unknown fields"):
         DEFAULT_GUARD.override({"depth": 1})
+    for hopeless in (0.5, 20.0, True):
+        with pytest.raises(ValueError, match=r"guard\.hopeless"):
+            GuardSpec(hopeless=hopeless)
+    assert "hopeless" not in DEFAULT_GUARD.to_dict()  # older files keep their bytes
+    assert GuardSpec.from_dict(GuardSpec(hopeless=1.0).to_dict()).hopeless == 1.0
     path = tmp_path / "policy.npz"
     changed = GuardSpec(margin=0.2, max_profile_error=0.3)
     depth1_policy(changed).save(path)
