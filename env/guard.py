@@ -30,6 +30,15 @@ policy file (``guard`` in its meta; absent: :data:`DEFAULT_GUARD`);
 ``specctl-serve guard.enabled=false``, ``SPECCTL_GUARD=0`` (local mode) and
 ``specctl-eval guard.enabled=false`` override them (and the other fields, but for
 local mode's on/off), as the probe's are.
+
+**The hopeless rule** (``hopeless`` > 0; 0, the default, is none) needs no measured cost: a
+depth-d step commits at most 1 + d tokens, so a row whose chosen depth is priced above
+``hopeless * (1 + d)`` times off cannot pay at any acceptance unless the price is wrong by
+that factor. With a profile handed and the measurements near it (``max_profile_error``,
+as above) such a row runs off. On a random server at seed 28 (``specctl-eval``, perturbed
+profile, batch 130) the shipped policy chose depth 6 twice in a 32-decision window where
+it is priced at 8.8x off, before depth 6's cost was ever measured: 0.62 of the oracle
+(``docs/results/hopeless28/``).
 """
 
 from __future__ import annotations
