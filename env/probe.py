@@ -88,8 +88,11 @@ never pays, the probe would otherwise return whenever the measurement is forgott
 its predicted latency (its expected tokens per step, from the measured acceptance, times
 off's latency below it): where speculation never pays, each probe at a full batch cost
 5.7x an off step (the MoE at acceptance 1.1, batch 64: 136 ms against 24). A
-stream with a profile never cost-probes: the profile prices every depth at every batch
-size, measurements correct it, and the off probe covers a wrong one.
+stream with a profile does not cost-probe: the profile prices every depth at every batch
+size, measurements correct it, and the off probe covers a wrong one; with
+``cost_untrusted`` set it does while its measurements sit further than that from the
+profile (the correction, an additive residual fitted where the stream ran, can misprice a
+depth elsewhere by several times: ``docs/results/untrusted28/``).
 
 It reads only the features, so the simulator's evaluation
 (:class:`agents.policies.ExportedPolicyAdapter`), ``specctl-serve`` and the plugin's
@@ -202,6 +205,12 @@ class ProbeSpec(RuleSpec):
     #: expected tokens per step, 1 + accepted drafts, times off's latency below it). 0: no
     #: such check.
     cost_doubt: float = 0.0
+    #: The cost probe in a stream with a cost profile too, while the measured latencies
+    #: sit further than this from the profile's predictions (``|profile_log_error|``, a
+    #: mean log ratio): there the features' correction of the profile, fitted where the
+    #: stream ran, can misprice a depth at another batch size by several times. 0, the
+    #: default: never with a profile.
+    cost_untrusted: float = 0.0
     #: The start rule (see the module; 0, the default, is none): in a stream without a
     #: cost profile, while no speculative depth holds a cost sample, once one speculative
     #: step decided has run (not the warm-up after off), every decision is off until a
@@ -252,6 +261,8 @@ class ProbeSpec(RuleSpec):
                    < math.inf, "a positive number"),
                   ("cost_doubt", _number(self.cost_doubt) and (self.cost_doubt == 0.0
                    or 1.0 <= self.cost_doubt < math.inf), "0 or a number >= 1"),
+                  ("cost_untrusted", _number(self.cost_untrusted)
+                   and 0.0 <= self.cost_untrusted < math.inf, "a number >= 0"),
                   ("start_off", _int(self.start_off) and 0 <= self.start_off <= 1024,
                    "an int in 0..1024"),
                   ("start_depth", _int(self.start_depth) and 0 <= self.start_depth <= 127,
@@ -266,12 +277,15 @@ class ProbeSpec(RuleSpec):
 
     def to_dict(self) -> dict:
         """As :meth:`RuleSpec.to_dict`, without ``off_unprofiled`` where it is 1, without
+        ``cost_untrusted`` where it is 0, without
         ``start_off``, ``start_depth`` or ``start_probe`` where they are 0, and without
         ``start_accept`` where ``start_probe`` is 0 (a file written with them at those
         values is byte for byte what it was before the fields)."""
         data = super().to_dict()
         if self.off_unprofiled == 1.0:
             del data["off_unprofiled"]
+        if self.cost_untrusted == 0.0:
+            del data["cost_untrusted"]
         if self.start_off == 0:
             del data["start_off"]
         if self.start_depth == 0:
@@ -603,10 +617,14 @@ class CostProbe:
              busy: int = 0) -> None:
         """One decode record (after ``features`` folded it); ``busy``: the acceptance
         probe holds the decisions now (its steps speculate too, and are not this
-        probe's). A stream with a cost profile never probes: the profile prices every depth
-        at every batch size and measurements correct it (the off probe covers a wrong one);
-        without one the regression extrapolates a depth's cost from where it ran."""
-        if features.cost_prior is not None:
+        probe's). A stream with a cost profile does not probe (the profile prices every
+        depth at every batch size and measurements correct it; the off probe covers a
+        wrong one) unless ``cost_untrusted`` is set and the measurements sit further than
+        that from the profile; without one the regression extrapolates a depth's cost from
+        where it ran."""
+        if features.cost_prior is not None and not (
+                self.spec.cost_untrusted
+                and abs(features.profile_log_error) > self.spec.cost_untrusted):
             return  # see above: nothing to keep either
         self.steps += 1
         if latency_s <= 0.0:
