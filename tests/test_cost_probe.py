@@ -75,6 +75,31 @@ def test_a_stream_with_a_profile_is_not_probed_for_cost(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_a_profile_far_from_the_measurements_is_probed_for_cost_if_asked(backend):
+    """``cost_untrusted``: with a profile the measurements sit 3x above (log ratio ~1.1),
+    the cost probe runs; not with the setting at 0, nor where they sit near the profile."""
+    profile = load_profile("h200_llama31_8b")
+    untrusted = dataclasses.replace(SPEC, cost_untrusted=0.5)
+
+    def far(records):  # the same steps, three times slower than measured
+        return [dataclasses.replace(r, step_latency_s=3 * r.step_latency_s) for r in records]
+
+    runs = {}
+    for name, spec, scale in (("far", untrusted, far), ("off", SPEC, far),
+                              ("near", untrusted, lambda records: records)):
+        builder = FeatureBuilder(None, profile, backend, probe=spec)
+        probe_states(builder, scale(_measured()))
+        runs[name] = (probe_states(builder, scale(_off(4000, 20))),
+                      builder.profile_log_error)
+    assert runs["far"][1] > 0.5 and abs(runs["near"][1]) < 0.5
+    assert PROBE_COST in runs["far"][0]
+    assert PROBE_COST not in runs["off"][0] and PROBE_COST not in runs["near"][0]
+    with pytest.raises(ValueError, match=r"probe\.cost_untrusted"):
+        ProbeSpec(cost_untrusted=-1.0)
+    assert "cost_untrusted" not in SPEC.to_dict()  # older files keep their bytes
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_without_cost_depth_nothing_is_probed_for_cost(backend):
     builder = FeatureBuilder(None, None, backend, probe=ProbeSpec(stale_after=10**6))
     probe_states(builder, _measured())
