@@ -163,7 +163,7 @@ class GuardColumns:
         self.profile_error = names.index("cost_profile_error")
         self.has_profile = names.index("has_cost_profile")
         #: Column of relative_latency_d per depth (depth 0: depth 1's, never read): the
-        #: start probe's (env.probe.could_pay).
+        #: hopeless rule's and the start probe's (env.probe.could_pay).
         latency = [names.index(f"relative_latency_{d}") for d in range(1, max_depth + 1)]
         self.latency = np.array([latency[0], *latency])
         #: Per depth, the four columns a row choosing it is judged by (its goodput, its

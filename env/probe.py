@@ -416,7 +416,7 @@ class ProbeTracker:
         self.start_probing = bool(self.remaining)
 
     def start_state_of(self, other: ProbeTracker) -> None:
-        """Take the start rule's state of ``other`` (a copy)."""
+        """Take the start rule's and the start probe's state of ``other`` (a copy)."""
         self.start_open, self.start_last = other.start_open, other.start_last
         self.start_force, self.start_wait = other.start_force, other.start_wait
         self.start_probing = other.start_probing
@@ -671,10 +671,12 @@ class CostProbe:
         self.expected = (bucket, depth_s)
 
 
-def probe_rows(index: np.ndarray, actions: np.ndarray, probe_index: int) -> None:
+def probe_rows(index: np.ndarray, actions: np.ndarray, probe_index: int,
+               where: np.ndarray | None = None) -> None:
     """In place: every entry of ``index`` (action indices) whose action is 0 becomes
-    ``probe_index``."""
-    index[actions[index] == 0] = probe_index
+    ``probe_index`` (only where ``where`` is true, if given)."""
+    left_off = actions[index] == 0
+    index[left_off if where is None else left_off & where] = probe_index
 
 
 def could_pay(observations: np.ndarray, latency_columns: np.ndarray, actions: np.ndarray,
@@ -717,14 +719,13 @@ def apply_probe(probe: ProbeSpec, index: np.ndarray, actions: np.ndarray,
             target = probe.action_index(actions, allowed[i], depth)
             if target is None:
                 continue
-            if due != PROBE_FIRST:
-                probe_rows(index[i], actions, target)
-                continue
-            if observations is None or latency_columns is None:
-                raise ValueError("the start probe needs the observations and their "
-                                 "latency columns")
-            rows = index.shape[1]
-            usable = actions if allowed[i] is None else np.where(allowed[i], actions, 0)
-            hopeful = could_pay(observations[i * rows:(i + 1) * rows], latency_columns,
-                                usable, probe.start_accept)
-            index[i][hopeful & (actions[index[i]] == 0)] = target
+            hopeful = None
+            if due == PROBE_FIRST:
+                if observations is None or latency_columns is None:
+                    raise ValueError("the start probe needs the observations and their "
+                                     "latency columns")
+                rows = index.shape[1]
+                usable = actions if allowed[i] is None else np.where(allowed[i], actions, 0)
+                hopeful = could_pay(observations[i * rows:(i + 1) * rows], latency_columns,
+                                    usable, probe.start_accept)
+            probe_rows(index[i], actions, target, hopeful)
