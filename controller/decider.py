@@ -209,6 +209,9 @@ class StreamDecider:
         self.seq = 0
         self.last_step = -1
         self.resets = 0
+        #: The batch of the latest decode record folded (as the daemon's stream keeps it):
+        #: a prefill record's decision is counted at it.
+        self.batch_size = 1
         self.set_policy(policy)
 
     def set_policy(self, policy: ExportedPolicy) -> None:
@@ -236,6 +239,8 @@ class StreamDecider:
         self.seq += 1
         apply_from = record.step_index + DECISION_LAG
         policy = self.policy
+        if record.prefill_tokens == 0:
+            self.batch_size = record.batch_size
         try:
             self.builder.update(record)
             grids = [self.builder.observation_grid()]
@@ -252,8 +257,7 @@ class StreamDecider:
             return Decision.fallback(self.seq, apply_from, policy.name)
         grid, chosen = policy.feature_spec.batch_grid, steps[0].tolist()
         unheld = self.builder.unheld
-        if unheld:  # the start rule counts what its decisions run (at the latest batch,
-            # as the daemon: the answered decode record's)
-            batch = record.batch_size if record.prefill_tokens == 0 else self.builder.batch_size
-            unheld = self.builder.decided(steps_at(grid, chosen, batch))
+        if unheld:  # the start rule counts what its decisions run (at the latest decode
+            # record's batch, as the daemon)
+            unheld = self.builder.decided(steps_at(grid, chosen, self.batch_size))
         return Decision(self.seq, apply_from, policy.name, *compress(grid, chosen), unheld)

@@ -243,11 +243,12 @@ def test_an_unheld_decision_travels_as_a_ninth_item_and_others_stay_eight():
         decode(msgpack.packb([*fallback, 1]))
 
 
-def _daemon_against_local(tmp_path, name: str, **probe_changes) -> list[Decision]:
-    """Six decode records at batch 128 without a profile, sent to ``specctl-serve`` under
-    the shipped file's parent with ``probe_changes``: each decision equals local mode's for
-    the same record (steps and ``unheld``) and travels as nine items exactly when unheld.
-    Returns the daemon's decisions."""
+def _daemon_against_local(tmp_path, name: str, records=None,
+                          **probe_changes) -> list[Decision]:
+    """``records`` (default: six decode records at batch 128) without a profile, sent to
+    ``specctl-serve`` under the shipped file's parent with ``probe_changes``: each decision
+    equals local mode's for the same record (steps and ``unheld``) and travels as nine
+    items exactly when unheld. Returns the daemon's decisions."""
     import os
 
     from controller.reload import PolicyHolder
@@ -266,8 +267,10 @@ def _daemon_against_local(tmp_path, name: str, **probe_changes) -> list[Decision
     local = StreamDecider(ExportedPolicy.load(path), None)
     try:
         sent = []
-        for step in range(1, 7):
-            record = dataclasses.replace(decode_record(step, 0, 128, 0.036), server="s")
+        if records is None:
+            records = [decode_record(step, 0, 128, 0.036) for step in range(1, 7)]
+        for record in records:
+            record = dataclasses.replace(record, server="s")
             client.send(encode_step(record))
             assert server.poll_once(100) == 1
             frame = client.sock.recv()
@@ -289,6 +292,21 @@ def test_the_daemon_decides_and_marks_as_local_mode(tmp_path):
     assert all(d.unheld for d in sent)
     assert [steps_at(d.batch_grid, d.steps, 128) > 0 for d in sent[:3]] == [
         True, False, False]
+
+
+def test_a_prefill_record_under_the_rule_is_counted_at_the_last_decode_batch(tmp_path):
+    """A prefill's TELEMETRY while the rule is open (the first decision ran a depth at
+    batch 128): local mode answers it as the daemon does, counting what it runs at the
+    latest decode record's batch (it raised AttributeError before)."""
+    first = decode_record(1, 0, 128, 0.036)
+    prefill = dataclasses.replace(decode_record(2, 0, 1, 0.030), prefill_tokens=512,
+                                  batch_size=1)
+    records = [first, prefill, *(decode_record(step, 0, 128, 0.036) for step in (3, 4))]
+    sent = _daemon_against_local(tmp_path, "start-rule-prefill", records, start_off=6)
+    assert all(d.unheld for d in sent)
+    # the prefill's answer is off at batch 128: the rule counted the first decision's depth
+    assert [steps_at(d.batch_grid, d.steps, 128) > 0 for d in sent] == [
+        True, False, False, False]
 
 
 # -- start_depth: the rule only after an unmeasured step at that depth or deeper -----------
@@ -406,6 +424,6 @@ def test_the_daemon_decides_and_marks_as_local_mode_under_start_depth(tmp_path, 
     """Under ``start_depth`` the daemon decides and marks as local mode: with the first
     choice at ``start_depth`` the rule's decisions are unheld; with it shallower, none."""
     first = _first_choice()
-    sent = _daemon_against_local(tmp_path, f"start-depth-{above}", start_off=6,
+    sent = _daemon_against_local(tmp_path, f"start-depth-{above}", None, start_off=6,
                                  start_depth=first + above)
     assert any(d.unheld for d in sent) is (not above)
