@@ -42,10 +42,10 @@ NOSPEC = {91: "moe_nospec_replay_r6_run91.json", 94: "dense_nospec_replay_r8_run
           96: "dense_nospec_replay_r12_run96.json"}
 
 
-def hook_summary(run: int) -> dict:
+def hook_summary(run: int, hooks: Path = HERE / "hooks") -> dict:
     """The hooks' time per step (us): as measured, and less the instrument's in-situ
     excess (``sglang_hooks/timing.py``; README's issue 12 table reports both)."""
-    data = json.loads((HERE / f"hooks/run{run}.json").read_text())
+    data = json.loads((hooks / f"run{run}.json").read_text())
     less = data["instrument_in_situ"]["step_us_less_excess"]
     return {"run": run, "hook_steps": data["steps"],
             "p50_p90_p99_us": [round(data[f"p{q}_us"], 1) for q in (50, 90, 99)],
@@ -53,23 +53,39 @@ def hook_summary(run: int) -> dict:
             "excess_per_step_us": round(data["instrument_in_situ"]["excess_per_step_us"], 1)}
 
 
-def main() -> None:
-    shipped = ExportedPolicy.load(SHIPPED)
-    print(json.dumps({"served": hashlib.sha256(SHIPPED.read_bytes()).hexdigest()[:8]}))
-    for run, name in NOSPEC.items():
+def served_policy(model: str, run: int, rate: str) -> Path:
+    """The ``ppo`` file a run served, by the sha256 its run file records, among the kept
+    ``docs/results/*/policy_*.npz`` (the shipped file changes after a run)."""
+    replay = json.loads((OFFSWITCH / f"{model}_replay_{rate}_run{run}.json").read_text())
+    sha = replay["policy_sha256"]
+    for path in [*sorted(HERE.parent.glob("*/policy_*.npz")), SHIPPED]:
+        if hashlib.sha256(path.read_bytes()).hexdigest() == sha:
+            return path
+    raise SystemExit(f"run {run}: the served policy {sha[:8]} is not kept under docs/results")
+
+
+def report(runs: dict, nospec: dict, hooks: Path = HERE / "hooks") -> None:
+    """One JSON line per serving: no speculation's replays (``nospec``: run -> file),
+    then each plugin run's servings (``runs``: run -> (model, trace tag, servings)) with
+    ``ppo``'s telemetry replayed open loop through the file it served, then its hooks."""
+    for run, name in nospec.items():
         replay = json.loads((OFFSWITCH / name).read_text())
         print(json.dumps({"run": run, "serving": "nospec",
                           "mean_tpot_ms": round(replay["headline"]["mean_tpot_ms"], 2),
                           "mean_ttft_ms": round(replay["headline"]["mean_ttft_ms"], 1)}))
-    for run, (model, tag, names) in RUNS.items():
+    for run, (model, tag, names) in runs.items():
+        rate = names[-1].split()[-1]
+        path = served_policy(model, run, rate)
+        served = ExportedPolicy.load(path)
+        print(json.dumps({"run": run, "served": path.name}))
         for policy, steps, row in headline_servings(model, run, tag, names):
             if policy in PPO:  # the constant policies have nothing to replay
-                replayed = rd.replay(steps, shipped, None)
+                replayed = rd.replay(steps, served, None)
                 row["replayed_8-23"] = band_summary(replayed, 8, 24)
                 row["replayed_>=24"] = band_summary(replayed, 24, 10**9)
             print(json.dumps(row))
-        print(json.dumps(hook_summary(run)))
+        print(json.dumps(hook_summary(run, hooks)))
 
 
 if __name__ == "__main__":
-    main()
+    report(RUNS, NOSPEC)
