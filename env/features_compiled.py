@@ -41,6 +41,7 @@ from env.features import (
     LOCAL_BUCKETS,
     LOCAL_NEIGHBOUR,
     NEVER_MEASURED,
+    RESIDUAL_LOG_BOUND,
     FeatureBuilder,
     FeatureSpec,
     _Batch,
@@ -86,7 +87,8 @@ _P_OFF_CEILING_BATCH = 23  # FeatureSpec.latency_off_ceiling_batch
 #: FeatureSpec.latency_off_ceiling_samples where off's cells are kept (a ceiling and a
 #: profile), else 0; and the ceiling itself (a log ratio, as the spec gives it)
 _P_OFF_CEILING_SAMPLES, _P_OFF_CEILING_LOG = 24, 25
-_P_LAYOUT = 26  # then the layout's logs, mul, div (width each), then (latency_model 2)
+_P_RESIDUAL_LOG = 26  # FeatureSpec.latency_residual_log (with a profile: 1.0)
+_P_LAYOUT = 27  # then the layout's logs, mul, div (width each), then (latency_model 2)
 # the no-profile prior's precision (7 x 7) and right-hand side (7): see _prior_at
 
 
@@ -149,6 +151,7 @@ def _params(spec: FeatureSpec, has_profile: bool = False) -> np.ndarray:
         (spec.latency_off_ceiling_samples
          if has_profile and spec.latency_off_ceiling > 0.0 else 0.0),
         spec.latency_off_ceiling,
+        float(spec.latency_residual_log and has_profile),
     ])
     return np.concatenate([head, layout.logs.astype(float), layout.mul, layout.div,
                            layout.prior_matrix.ravel(), layout.prior_rhs])
@@ -377,8 +380,12 @@ def _fold(state, params, has_prior, is_decode, batch_size, waiting, kv_tokens, k
                 if measured >= params[_P_OUTLIER_WARMUP]:
                     latency_ms = off_ratio * prior_ms
                     residual_ms = latency_ms
-            residual_ms -= prior_ms
             error = math.log(latency_ms / max(prior_ms, 1e-6))
+            # the regression's target: the log ratio (latency_residual_log), else ms
+            if params[_P_RESIDUAL_LOG] > 0.0:
+                residual_ms = error
+            else:
+                residual_ms -= prior_ms
             state[_PRIOR_LOG_ERROR] += alpha * (error - state[_PRIOR_LOG_ERROR])
             if relative:
                 state[_EARLY_LOG_ERROR] += error
@@ -611,6 +618,7 @@ def _grids(states, params, has_prior, design, at0, slope, column0, buckets, out,
     ceiling = params[_P_OFF_CEILING]
     ceiling_batch = params[_P_OFF_CEILING_BATCH]
     off_cells = params[_P_OFF_CEILING_SAMPLES] > 0.0
+    residual_log = params[_P_RESIDUAL_LOG] > 0.0
     lift = np.ones(LOCAL_BUCKETS)
     off_tables = np.zeros((4, 1, LOCAL_BUCKETS))  # _off_ceiling_lift's scratch
     weight = np.zeros((depth + 1, LOCAL_BUCKETS))
@@ -679,7 +687,11 @@ def _grids(states, params, has_prior, design, at0, slope, column0, buckets, out,
                 profile_ms = 1.0
                 if has_prior:
                     profile_ms = at0[d, 0, r] + slope[d, 0, r] * kv
-                    value += profile_ms
+                    if residual_log:  # FeatureSpec.latency_residual_log
+                        value = profile_ms * math.exp(_maximum(_minimum(
+                            value, RESIDUAL_LOG_BOUND), -RESIDUAL_LOG_BOUND))
+                    else:
+                        value += profile_ms
                 value = _maximum(value, floor)
                 # (latency_off_ceiling_batch: design[r, 1] is max(b, 1) / 64 at depth 0,
                 # exact in binary, as features._design builds it)
