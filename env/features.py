@@ -331,8 +331,13 @@ class FeatureSpec:
     #: before the twenty-fourth session; an absent field).
     latency_off_ceiling_samples: float = 0.0
     #: Where a cost profile is handed: the regression fits the log of measured / profile
-    #: instead of measured - profile, and a depth is priced at the profile's price times
-    #: exp(the fit) (the exponent bounded to +-``RESIDUAL_LOG_BOUND``). A wrong profile is
+    #: on its level terms only (off, speculating, per extra draft step; no batch or KV
+    #: slope), and a depth is priced at the profile's price times exp(the fit) (bounded
+    #: to +-``RESIDUAL_LOG_BOUND``): the profile's shape over batch size and KV use is
+    #: kept, its scale corrected. With the slopes in, a stream that ran only small batches
+    #: spreads its measured factor onto the batch slope (the ridge's minimum-norm split
+    #: between nearly collinear columns), which at batch 512 priced depth 1 at 0.37x its
+    #: cost in ``tests/test_features_residual_log.py``'s stream. A wrong profile is
     #: then corrected by a factor, not an offset: with another server's profile (the
     #: simulator's swapped cells) depth 1 measured at 9 ms against the profile's 28 at
     #: batch 1 took 19 ms off every batch size, so at batch 64, where that profile says
@@ -839,8 +844,13 @@ class FeatureBuilder:
             # The regression's sufficient statistics in one matrix, [x, y] [x, y]^T with
             # y the residual: X'X is its top-left 7 x 7 block, X'y its last column.
             # Folded (moments * forget + z z^T, record by record) when next read.
-            self._pending.append(_regressor_row(self._model, batch, steps,
-                                                record.kv_used_tokens, residual_ms))
+            if spec.latency_residual_log and self.cost_prior is not None:
+                # levels only (off, speculating, per draft step): the factor is not
+                # extrapolated along batch size or KV use, the profile's shape is kept
+                self._pending.append(_regressor_row(self._model, 0, steps, 0, residual_ms))
+            else:
+                self._pending.append(_regressor_row(self._model, batch, steps,
+                                                    record.kv_used_tokens, residual_ms))
             self._theta = None
             if self._latency_ms_ema is None:
                 self._latency_ms_ema = latency_ms

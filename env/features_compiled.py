@@ -414,14 +414,16 @@ def _fold(state, params, has_prior, is_decode, batch_size, waiting, kv_tokens, k
             state[cell + LOCAL_BUCKETS] = state[cell + LOCAL_BUCKETS] * decay + error
             state[cell + 2 * LOCAL_BUCKETS] = clock
         z = np.empty(8)
-        b = batch / 64.0
+        b, kv = batch / 64.0, kv_tokens / 1e5
+        if params[_P_RESIDUAL_LOG] > 0.0:  # levels only (features.FeatureBuilder.update)
+            b, kv = 0.0, 0.0
         s = 1.0 if steps > 0 else 0.0
         m = float(max(steps - 1, 0))
         if params[_P_MODEL] == 1.0:
             z[0], z[1], z[2], z[3] = 1.0, b, s, s * b
-            z[4], z[5], z[6], z[7] = m, m * b, kv_tokens / 1e5, residual_ms
+            z[4], z[5], z[6], z[7] = m, m * b, kv, residual_ms
         else:  # features._regressor_row's model 2: off apart, verify tokens
-            o, kv = 1.0 - s, kv_tokens / 1e5
+            o = 1.0 - s
             z[0], z[1], z[2], z[3] = o, o * b, s, s * ((steps + 1) * b)
             z[4], z[5], z[6], z[7] = m, o * kv, s * kv, residual_ms
         for i in range(8):
