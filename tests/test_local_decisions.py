@@ -4,6 +4,7 @@ controller; and specctl-serve, as the fleet hub, pushes its policy to such plugi
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 from dataclasses import replace
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 from controller.decider import StreamDecider, allowed_actions, choose
+from controller.default_policy import default_policy_path
 from controller.policy_file import ExportedPolicy, PolicyFileError
 from controller.reload import PolicyHolder
 from controller.server import ControllerServer, ServeOptions
@@ -60,9 +62,16 @@ def telemetry_stream(seed: int, length: int, restart: bool = True) -> list[bytes
 
 
 @pytest.mark.parametrize("profile", [None, "h200_llama31_8b"])
-def test_local_decisions_equal_the_daemons(tmp_path, profile):
+@pytest.mark.parametrize("shipped", [False, True])
+def test_local_decisions_equal_the_daemons(tmp_path, profile, shipped):
+    """A random policy, and the shipped file with its probes and guard (without a profile
+    its start rule marks decisions unheld, and a prefill's answer counts at the last
+    decode batch: local mode once raised there)."""
     path = tmp_path / "policy.npz"
-    ExportedPolicy.random(seed=3, hidden=(32,)).save(path)
+    if shipped:
+        shutil.copy(default_policy_path(), path)
+    else:
+        ExportedPolicy.random(seed=3, hidden=(32,)).save(path)
     cost_prior = load_profile(profile) if profile else None
     server = ControllerServer(PolicyHolder(path), ServeOptions(endpoint="inproc://parity"),
                               cost_prior=cost_prior)
