@@ -107,9 +107,6 @@ LOCAL_BUCKETS = 12
 #: The weight of a neighbouring bucket's measurements (the profile carries them over the
 #: factor of two in batch size).
 LOCAL_NEIGHBOUR = 0.5
-#: FeatureSpec.latency_residual_log: the fitted log factor over the profile is bounded to
-#: +-this (e^6 ~ 400x): a batch slope fitted at small batches cannot overflow at 1,024.
-RESIDUAL_LOG_BOUND = 6.0
 
 
 def local_bucket(batch_size: int) -> int:
@@ -330,21 +327,6 @@ class FeatureSpec:
     #: ceiling where it is, however often. 0: the ceiling never rises (the features
     #: before the twenty-fourth session; an absent field).
     latency_off_ceiling_samples: float = 0.0
-    #: Where a cost profile is handed: the regression fits the log of measured / profile
-    #: on its level terms only (off, speculating, per extra draft step; no batch or KV
-    #: slope), and a depth is priced at the profile's price times exp(the fit) (bounded
-    #: to +-``RESIDUAL_LOG_BOUND``): the profile's shape over batch size and KV use is
-    #: kept, its scale corrected. With the slopes in, a stream that ran only small batches
-    #: spreads its measured factor onto the batch slope (the ridge's minimum-norm split
-    #: between nearly collinear columns), which at batch 512 priced depth 1 at 0.37x its
-    #: cost in ``tests/test_features_residual_log.py``'s stream. A wrong profile is
-    #: then corrected by a factor, not an offset: with another server's profile (the
-    #: simulator's swapped cells) depth 1 measured at 9 ms against the profile's 28 at
-    #: batch 1 took 19 ms off every batch size, so at batch 64, where that profile says
-    #: 375 and the server 43, depth 1 stayed priced at 356 and the stream stayed off
-    #: (docs/results/startprobe28/trace_s29_h100_swapped.txt). False: the residual in ms
-    #: (the features before the twenty-ninth session; an absent field).
-    latency_residual_log: bool = False
     #: Recent cost measurements of a depth at which its confidence is 1 - 1/e.
     cost_confidence_samples: float = 2.0
     #: EMA weight for the load and throughput trackers.
@@ -376,7 +358,7 @@ class FeatureSpec:
                                  "number")
         for name in ("latency_local_cap", "drop_warmup_latency", "warmup_restarts_draft",
                      "warmup_flag", "latency_outlier_relative",
-                     "latency_drop_before_prefill", "latency_residual_log"):
+                     "latency_drop_before_prefill"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"feature spec field {name!r}: "
                                  f"{getattr(self, name)!r} is not true or false")
@@ -392,8 +374,6 @@ class FeatureSpec:
         """JSON-friendly copy, stored in exported policies."""
         data = asdict(self)
         data["batch_grid"] = list(self.batch_grid)
-        if not self.latency_residual_log:  # absent at its default: older files' bytes kept
-            del data["latency_residual_log"]
         return data
 
     def grid_floor(self, batch_size: int) -> int:
@@ -815,9 +795,8 @@ class FeatureBuilder:
                         and abs(self._prior_log_error) < spec.latency_outlier_trust
                         and sum(self._depth_samples) >= spec.latency_outlier_warmup):
                     latency_ms = residual_ms = off_ratio * prior_ms  # see the spec
+                residual_ms -= prior_ms
                 error = math.log(latency_ms / max(prior_ms, 1e-6))
-                # the regression's target: the log ratio (latency_residual_log), else ms
-                residual_ms = error if spec.latency_residual_log else residual_ms - prior_ms
                 self._prior_log_error += alpha * (error - self._prior_log_error)
                 if spec.latency_outlier_relative:
                     self._early_log_error += error
@@ -844,13 +823,8 @@ class FeatureBuilder:
             # The regression's sufficient statistics in one matrix, [x, y] [x, y]^T with
             # y the residual: X'X is its top-left 7 x 7 block, X'y its last column.
             # Folded (moments * forget + z z^T, record by record) when next read.
-            if spec.latency_residual_log and self.cost_prior is not None:
-                # levels only (off, speculating, per draft step): the factor is not
-                # extrapolated along batch size or KV use, the profile's shape is kept
-                self._pending.append(_regressor_row(self._model, 0, steps, 0, residual_ms))
-            else:
-                self._pending.append(_regressor_row(self._model, batch, steps,
-                                                    record.kv_used_tokens, residual_ms))
+            self._pending.append(_regressor_row(self._model, batch, steps,
+                                                record.kv_used_tokens, residual_ms))
             self._theta = None
             if self._latency_ms_ema is None:
                 self._latency_ms_ema = latency_ms
@@ -1215,11 +1189,7 @@ def _latency_predictions(builders: Sequence[FeatureBuilder], batch_sizes: np.nda
     if prior is not None:
         at0, slope = prior
         profile_ms = at0 + slope * kv
-        if first.spec.latency_residual_log:  # the profile times the fitted factor
-            bound = RESIDUAL_LOG_BOUND
-            predicted = profile_ms * np.exp(np.clip(predicted, -bound, bound))
-        else:
-            predicted += profile_ms
+        predicted += profile_ms
     # Physically a deeper draft never costs less; keep the prediction sane.
     floor = np.maximum(0.05 * base_ms, 1e-3)[:, None]
     floored = np.maximum(predicted, floor)

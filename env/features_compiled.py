@@ -41,7 +41,6 @@ from env.features import (
     LOCAL_BUCKETS,
     LOCAL_NEIGHBOUR,
     NEVER_MEASURED,
-    RESIDUAL_LOG_BOUND,
     FeatureBuilder,
     FeatureSpec,
     _Batch,
@@ -87,8 +86,7 @@ _P_OFF_CEILING_BATCH = 23  # FeatureSpec.latency_off_ceiling_batch
 #: FeatureSpec.latency_off_ceiling_samples where off's cells are kept (a ceiling and a
 #: profile), else 0; and the ceiling itself (a log ratio, as the spec gives it)
 _P_OFF_CEILING_SAMPLES, _P_OFF_CEILING_LOG = 24, 25
-_P_RESIDUAL_LOG = 26  # FeatureSpec.latency_residual_log (with a profile: 1.0)
-_P_LAYOUT = 27  # then the layout's logs, mul, div (width each), then (latency_model 2)
+_P_LAYOUT = 26  # then the layout's logs, mul, div (width each), then (latency_model 2)
 # the no-profile prior's precision (7 x 7) and right-hand side (7): see _prior_at
 
 
@@ -151,7 +149,6 @@ def _params(spec: FeatureSpec, has_profile: bool = False) -> np.ndarray:
         (spec.latency_off_ceiling_samples
          if has_profile and spec.latency_off_ceiling > 0.0 else 0.0),
         spec.latency_off_ceiling,
-        float(spec.latency_residual_log and has_profile),
     ])
     return np.concatenate([head, layout.logs.astype(float), layout.mul, layout.div,
                            layout.prior_matrix.ravel(), layout.prior_rhs])
@@ -380,12 +377,8 @@ def _fold(state, params, has_prior, is_decode, batch_size, waiting, kv_tokens, k
                 if measured >= params[_P_OUTLIER_WARMUP]:
                     latency_ms = off_ratio * prior_ms
                     residual_ms = latency_ms
+            residual_ms -= prior_ms
             error = math.log(latency_ms / max(prior_ms, 1e-6))
-            # the regression's target: the log ratio (latency_residual_log), else ms
-            if params[_P_RESIDUAL_LOG] > 0.0:
-                residual_ms = error
-            else:
-                residual_ms -= prior_ms
             state[_PRIOR_LOG_ERROR] += alpha * (error - state[_PRIOR_LOG_ERROR])
             if relative:
                 state[_EARLY_LOG_ERROR] += error
@@ -414,16 +407,14 @@ def _fold(state, params, has_prior, is_decode, batch_size, waiting, kv_tokens, k
             state[cell + LOCAL_BUCKETS] = state[cell + LOCAL_BUCKETS] * decay + error
             state[cell + 2 * LOCAL_BUCKETS] = clock
         z = np.empty(8)
-        b, kv = batch / 64.0, kv_tokens / 1e5
-        if params[_P_RESIDUAL_LOG] > 0.0:  # levels only (features.FeatureBuilder.update)
-            b, kv = 0.0, 0.0
+        b = batch / 64.0
         s = 1.0 if steps > 0 else 0.0
         m = float(max(steps - 1, 0))
         if params[_P_MODEL] == 1.0:
             z[0], z[1], z[2], z[3] = 1.0, b, s, s * b
-            z[4], z[5], z[6], z[7] = m, m * b, kv, residual_ms
+            z[4], z[5], z[6], z[7] = m, m * b, kv_tokens / 1e5, residual_ms
         else:  # features._regressor_row's model 2: off apart, verify tokens
-            o = 1.0 - s
+            o, kv = 1.0 - s, kv_tokens / 1e5
             z[0], z[1], z[2], z[3] = o, o * b, s, s * ((steps + 1) * b)
             z[4], z[5], z[6], z[7] = m, o * kv, s * kv, residual_ms
         for i in range(8):
@@ -620,7 +611,6 @@ def _grids(states, params, has_prior, design, at0, slope, column0, buckets, out,
     ceiling = params[_P_OFF_CEILING]
     ceiling_batch = params[_P_OFF_CEILING_BATCH]
     off_cells = params[_P_OFF_CEILING_SAMPLES] > 0.0
-    residual_log = params[_P_RESIDUAL_LOG] > 0.0
     lift = np.ones(LOCAL_BUCKETS)
     off_tables = np.zeros((4, 1, LOCAL_BUCKETS))  # _off_ceiling_lift's scratch
     weight = np.zeros((depth + 1, LOCAL_BUCKETS))
@@ -689,11 +679,7 @@ def _grids(states, params, has_prior, design, at0, slope, column0, buckets, out,
                 profile_ms = 1.0
                 if has_prior:
                     profile_ms = at0[d, 0, r] + slope[d, 0, r] * kv
-                    if residual_log:  # FeatureSpec.latency_residual_log
-                        value = profile_ms * math.exp(_maximum(_minimum(
-                            value, RESIDUAL_LOG_BOUND), -RESIDUAL_LOG_BOUND))
-                    else:
-                        value += profile_ms
+                    value += profile_ms
                 value = _maximum(value, floor)
                 # (latency_off_ceiling_batch: design[r, 1] is max(b, 1) / 64 at depth 0,
                 # exact in binary, as features._design builds it)

@@ -30,10 +30,6 @@ SPECS = (SPEC, FeatureSpec(latency_model=2), FeatureSpec(latency_model=3),
          FeatureSpec(latency_model=3, latency_outlier_ratio=3.0, latency_outlier_relative=True),
          FeatureSpec(latency_outlier_ratio=1.5, latency_outlier_trust=2.0,
                      latency_outlier_warmup=30.0, latency_outlier_relative=True),
-         # the regression over the profile in log space (with a profile; else ignored)
-         FeatureSpec(latency_model=3, latency_residual_log=True, latency_outlier_ratio=3.0),
-         FeatureSpec(latency_model=2, latency_residual_log=True, latency_off_ceiling=0.1,
-                     latency_off_ceiling_samples=2.0, latency_local_samples=1.0),
          # the local measured-cost correction (with a profile; without one it is off)
          FeatureSpec(latency_model=3, latency_local_samples=1.0, latency_local_cap=True),
          FeatureSpec(latency_local_samples=0.5, latency_outlier_ratio=3.0,
