@@ -231,6 +231,12 @@ class StreamDecider:
             self.builder.set_probe(probe)
         self.probe = probe
 
+    def restart(self) -> None:
+        """Start the stream afresh (its features reset) after a decision failed, as the
+        daemon resets a stream whose features raised."""
+        self.builder.reset()
+        self.resets += 1
+
     def decide(self, record: StepRecord) -> Decision:
         """Fold ``record`` (a decoded TELEMETRY) and answer it, as the daemon would."""
         if record.step_index <= self.last_step:

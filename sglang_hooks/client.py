@@ -600,12 +600,22 @@ class ControllerClient:
             self._context.term()
 
     def _decide_locally(self, frame: bytes) -> None:
+        counters = self.counters
         try:
             decision = self._local.decide(frame)
         except WireError as exc:  # what the daemon would have refused: no answer
-            self.counters[f"local_wire_error_{exc.kind}"] += 1
+            counters[f"local_wire_error_{exc.kind}"] += 1
             return
-        self.counters["local_decisions"] += 1
+        except Exception:  # a bug in the decision: counted and logged once; the stream
+            # starts afresh, as the daemon resets a stream that failed, and this step gets
+            # no answer (it ages to the fallback). Local mode is not lost for good over it.
+            counters["local_decide_failed"] += 1
+            if counters["local_decide_failed"] == 1:
+                log.exception("specctl: a local decision failed (counted; the stream "
+                              "starts afresh)")
+            self._local.restart()
+            return
+        counters["local_decisions"] += 1
         self._age.accept(decision, self._monotonic())
 
     def _install(self, push: PolicyPush) -> None:

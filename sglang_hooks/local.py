@@ -62,6 +62,10 @@ class LocalDecisions:
             self.digest = self.holder.digest
         return self.decider.decide(decode(frame))
 
+    def restart(self) -> None:
+        """Start the stream afresh after :meth:`decide` raised (not on a bad frame)."""
+        self.decider.restart()
+
     def install(self, push: PolicyPush) -> bool:
         """Decide with a policy the hub pushed; False if it is the one deciding already
         (or one refused before).

@@ -224,6 +224,39 @@ def test_the_client_decides_locally_without_a_controller(tmp_path):
         client.close()
 
 
+def test_a_failed_local_decision_restarts_the_stream_not_the_thread(tmp_path, caplog):
+    """A bug in one decision (here: the decider raises once) costs that step its answer
+    and the stream its features; the I/O thread, and local mode, go on deciding."""
+    path = tmp_path / "policy.npz"
+    ExportedPolicy.random(seed=1).save(path)
+    local = LocalDecisions(str(path), CANDIDATES)
+    decide, calls = local.decider.decide, []
+
+    def flaky(record):
+        calls.append(record.step_index)
+        if len(calls) == 3:
+            raise RuntimeError("a bug")
+        return decide(record)
+
+    local.decider.decide = flaky
+    clock = ManualClock()
+    client = ControllerClient(None, Hello("srv", 0, CANDIDATES), 0.1, local=local,
+                              monotonic=clock)
+    try:
+        frames = telemetry_stream(7, 12, restart=False)
+        for frame in frames:
+            client.send_telemetry(frame, decode(frame).step_index, clock())
+        wait_until(lambda: client.counters["local_decisions"] == 11, "11 local decisions")
+        io_round(client)
+        assert client.counters["local_decide_failed"] == 1
+        assert client.counters["client_thread_failed"] == 0
+        assert local.decider.resets == 1
+        assert client.current.apply_from_step == decode(frames[-1]).step_index + DECISION_LAG
+        assert "a local decision failed" in caplog.text
+    finally:
+        client.close()
+
+
 def test_a_changed_policy_file_is_picked_up(tmp_path):
     path = tmp_path / "policy.npz"
     ExportedPolicy.random(seed=1, name="first").save(path)
