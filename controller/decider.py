@@ -232,8 +232,8 @@ class StreamDecider:
         self.probe = probe
 
     def restart(self) -> None:
-        """Start the stream afresh (its features reset) after a decision failed, as the
-        daemon resets a stream whose features raised."""
+        """Start the stream afresh (its features reset) after its observation was not
+        finite or a decision failed, as the daemon resets such a stream."""
         self.builder.reset()
         self.resets += 1
 
@@ -256,8 +256,7 @@ class StreamDecider:
         steps, healthy, runnable = choose(policy, self.actions, grids, [self.allowed], probing,
                                           self.probe, self.guard)
         if not healthy[0]:
-            self.builder.reset()
-            self.resets += 1
+            self.restart()
             return Decision.fallback(self.seq, apply_from, policy.name)
         if not runnable[0]:
             return Decision.fallback(self.seq, apply_from, policy.name)
