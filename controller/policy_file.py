@@ -399,7 +399,6 @@ _SPEC_RANGES = (
     ("latency_forgetting", 0.0, 1.0, True),
     ("ema_alpha", 0.0, 1.0, True),
     ("accept_prior_first", 0.0, 1.0, False),
-    ("accept_stale_weight", 0.0, 1.0, False),
     ("accept_prior_strength", 0.0, 1e9, False),
     ("latency_ridge", 0.0, 1e9, True),
     ("speculation_prior_fraction", 0.0, 1e3, False),

@@ -155,17 +155,6 @@ class FeatureSpec:
     accept_prior_strength: float = 4.0
     #: Prior acceptance rate of the first draft position.
     accept_prior_first: float = 0.7
-    #: Weight, in the acceptance estimate, of a request whose draft KV is stale
-    #: (``StepRecord.stale_drafts``: it decoded or was prefilled while speculation was
-    #: off), a fresh request's being 1. A stale request accepts less until it finishes,
-    #: and only while speculation runs do fresh requests replace it; an estimate read
-    #: off stale requests prices speculation below what it would pay once they have
-    #: turned over, so after an off period a stream that should speculate stays off (the
-    #: stale lock-in, ``docs/results/stale30/``). 0: only fresh requests count (a step of
-    #: stale requests only leaves the estimate and its age as they were); 1: every
-    #: request counts alike (the features before the thirtieth session; an absent
-    #: field). Records that do not say (``stale_drafts`` None) count every request as 1.
-    accept_stale_weight: float = 1.0
     #: Per decode step forgetting factor of the latency regression.
     latency_forgetting: float = 0.995
     #: Ridge precision pulling the latency regression toward its prior.
@@ -373,10 +362,6 @@ class FeatureSpec:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"feature spec field {name!r}: "
                                  f"{getattr(self, name)!r} is not true or false")
-        weight = self.accept_stale_weight
-        if not _is_number(weight) or not 0.0 <= weight <= 1.0:
-            raise ValueError(f"feature spec field 'accept_stale_weight': {weight!r} is not "
-                             "a number in [0, 1]")
         for name in ("latency_local_samples", "latency_local_tolerance",
                      "latency_off_ceiling", "latency_off_ceiling_batch",
                      "latency_off_ceiling_samples"):
@@ -853,18 +838,11 @@ class FeatureBuilder:
             else:
                 self._throughput_ema += alpha * (rate - self._throughput_ema)
 
-        reached = len(accepted)  # requests that accepted >= k drafts, k = 0 first
-        stale = record.stale_drafts
-        if (spec.accept_stale_weight < 1.0 and stale is not None and len(stale) == reached
-                and steps > 0 and stale.any()):
-            # counts and reached weighted: a stale request as accept_stale_weight
-            weights = np.where(stale != 0, spec.accept_stale_weight, 1.0)
-            counts = np.bincount(accepted, weights=weights).tolist()
-            reached = float(weights.sum())
-        if steps > 0 and reached > 0 and not reentry:
+        if steps > 0 and counts and not reentry:
             # A request that accepted a >= steps drafts (a > steps only from a server
             # running deeper than max_depth) succeeded at every position 1..steps.
             decay, trials, successes = spec.accept_decay, self._trials, self._successes
+            reached = len(accepted)  # requests that accepted >= k drafts, k = 0 first
             for k in range(len(trials)):
                 trials[k] *= decay
                 successes[k] *= decay

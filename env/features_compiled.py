@@ -86,8 +86,7 @@ _P_OFF_CEILING_BATCH = 23  # FeatureSpec.latency_off_ceiling_batch
 #: FeatureSpec.latency_off_ceiling_samples where off's cells are kept (a ceiling and a
 #: profile), else 0; and the ceiling itself (a log ratio, as the spec gives it)
 _P_OFF_CEILING_SAMPLES, _P_OFF_CEILING_LOG = 24, 25
-_P_STALE_WEIGHT = 26  # FeatureSpec.accept_stale_weight
-_P_LAYOUT = 27  # then the layout's logs, mul, div (width each), then (latency_model 2)
+_P_LAYOUT = 26  # then the layout's logs, mul, div (width each), then (latency_model 2)
 # the no-profile prior's precision (7 x 7) and right-hand side (7): see _prior_at
 
 
@@ -149,7 +148,7 @@ def _params(spec: FeatureSpec, has_profile: bool = False) -> np.ndarray:
         spec.latency_off_ceiling_batch,
         (spec.latency_off_ceiling_samples
          if has_profile and spec.latency_off_ceiling > 0.0 else 0.0),
-        spec.latency_off_ceiling, spec.accept_stale_weight,
+        spec.latency_off_ceiling,
     ])
     return np.concatenate([head, layout.logs.astype(float), layout.mul, layout.div,
                            layout.prior_matrix.ravel(), layout.prior_rhs])
@@ -297,12 +296,11 @@ def _profile_ms(profile, batch_size, depth, kv_tokens):
 
 @njit(cache=True)
 def _fold(state, params, has_prior, is_decode, batch_size, waiting, kv_tokens, kv_capacity,
-          steps_used, accepted, latency_s, prior_ms, profile, warmup, stale):
+          steps_used, accepted, latency_s, prior_ms, profile, warmup):
     """``FeatureBuilder.update`` on the state vector (``prior_ms``: the cost profile's
     latency of this step, ms, when ``has_prior``; computed here instead from ``profile``,
     :func:`_profile_vector`, where that is not empty; ``warmup``: the record is flagged a
-    re-entry warm-up, ``StepRecord.warmup is True``; ``stale``: its ``stale_drafts``,
-    empty where unknown)."""
+    re-entry warm-up, ``StepRecord.warmup is True``)."""
     depth = int(params[_P_DEPTH])
     tri, suc, smp, mom, _, _ = _offsets_jit(depth)
     alpha = params[_P_ALPHA]
@@ -436,30 +434,17 @@ def _fold(state, params, has_prior, is_decode, batch_size, waiting, kv_tokens, k
             state[_THROUGHPUT_EMA] += alpha * (rate - state[_THROUGHPUT_EMA])
         _solve(state, params, has_prior)
 
-    # As FeatureBuilder.update: requests weighted, a stale one as accept_stale_weight
-    weighted = np.empty(most + 1)
-    reached = float(n)
-    weight = params[_P_STALE_WEIGHT]
-    if weight < 1.0 and steps > 0 and stale.shape[0] == n and n > 0 and stale.any():
-        weighted[:] = 0.0
-        reached = 0.0
-        for i in range(n):
-            w = weight if stale[i] != 0 else 1.0
-            weighted[int(accepted[i])] += w
-            reached += w
-    else:
-        for a in range(most + 1):
-            weighted[a] = counts[a]
-    if steps > 0 and reached > 0.0 and not reentry:
+    if steps > 0 and n > 0 and not reentry:
         # As FeatureBuilder.update: a request accepting a >= steps drafts succeeded at
         # every position 1..steps.
         decay = params[_P_DECAY]
+        reached = n
         for k in range(depth):
             state[tri + k] *= decay
             state[suc + k] *= decay
             if k < steps:
                 state[tri + k] += reached
-                reached -= weighted[k] if k <= most else 0.0
+                reached -= counts[k] if k <= most else 0
                 state[suc + k] += reached
         state[_SINCE_ACCEPT] = 0.0
     else:
@@ -538,13 +523,12 @@ def fold_off(off, settings, forget, has_prior, profile_log_error, steps_used, la
 
 @njit(cache=True)
 def _fold_probed(state, params, has_prior, batch_size, waiting, kv_tokens, kv_capacity,
-                 steps_used, accepted, latency_s, prior_ms, profile, warmup, stale, off,
-                 settings):
+                 steps_used, accepted, latency_s, prior_ms, profile, warmup, off, settings):
     """:func:`_fold` of a decode record, then the off probe's fold of it
     (:func:`fold_off`, in the same call): whether the probe's step
     that needs the features' prediction is due (``ProbeTracker.off_due``)."""
     _fold(state, params, has_prior, True, batch_size, waiting, kv_tokens, kv_capacity,
-          steps_used, accepted, latency_s, prior_ms, profile, warmup, stale)
+          steps_used, accepted, latency_s, prior_ms, profile, warmup)
     return fold_off(off, settings, params[_P_FORGET], has_prior, state[_PRIOR_LOG_ERROR],
                     steps_used, latency_s, max(batch_size, 1))
 
@@ -928,7 +912,6 @@ class CompiledFeatureBuilder(FeatureBuilder):
         accepted = record.accepted_drafts
         if type(accepted) is not np.ndarray or accepted.dtype is not _INT8:
             accepted = _drafts(accepted)
-        stale = _stale_flags(record.stale_drafts)
         is_decode = record.prefill_tokens == 0
         prior_ms = 0.0
         has_prior = self.cost_prior is not None
@@ -948,14 +931,14 @@ class CompiledFeatureBuilder(FeatureBuilder):
                             record.waiting_requests, record.kv_used_tokens,
                             record.kv_capacity_tokens, record.steps_used, accepted,
                             record.step_latency_s, prior_ms, profile,
-                            record.warmup is True, stale, tracker.off, tracker.settings):
+                            record.warmup is True, tracker.off, tracker.settings):
                 tracker.off_due(self, batch)
             tracker.fold_acceptance(record.steps_used, record.step_latency_s, self, batch)
             return
         _fold(self._state, self._params, has_prior, is_decode, record.batch_size,
               record.waiting_requests, record.kv_used_tokens, record.kv_capacity_tokens,
               record.steps_used, accepted, record.step_latency_s, prior_ms, profile,
-              record.warmup is True, stale)
+              record.warmup is True)
         if is_decode and tracker is not None:
             if type(tracker) is CompiledProbeTracker:  # no off probe (else above): its
                 # acceptance part alone, without fold's Python frame
@@ -1066,15 +1049,6 @@ class CompiledFeatureBuilder(FeatureBuilder):
 _NO_PRIOR = np.zeros((1, 1, 1))
 _INT8 = np.dtype(np.int8)
 _NO_DRAFTS = np.zeros(0, dtype=_INT8)
-
-
-def _stale_flags(stale) -> np.ndarray:
-    """``StepRecord.stale_drafts`` as the kernels take it: int8, empty where unknown."""
-    if stale is None or len(stale) == 0:
-        return _NO_DRAFTS
-    if type(stale) is np.ndarray and stale.dtype is _INT8:
-        return stale
-    return np.asarray(stale, dtype=np.int8)
 
 
 def _drafts(accepted) -> np.ndarray:

@@ -649,7 +649,6 @@ class Simulator:
             running_requests=self.running_requests, kv_used_tokens=kv_before,
             kv_capacity_tokens=cfg.kv_capacity_tokens, prefill_tokens=0, steps_used=depth,
             accepted_drafts=accepted, step_latency_s=latency, warmup=self._warmup_flag(warmup),
-            stale_drafts=self._stale_flags(depth, n),
         )
         self.kv_used += committed
         if self._cache_tokens:
@@ -667,16 +666,6 @@ class Simulator:
         if booking:
             self._book_prefill_launch(record, latency)
         return record
-
-    def _stale_flags(self, depth: int, n: int) -> np.ndarray | None:
-        """``StepRecord.stale_drafts`` of a decode step at ``depth`` over ``n`` requests:
-        known as the plugin knows it, where off steps are its off path (``zero_step``
-        "off"); empty where the step did not speculate."""
-        if self.config.zero_step != "off":
-            return None
-        if not depth:
-            return _EMPTY_I8
-        return self._run_stale[:n].copy()
 
     def _book_prefill_launch(self, record: StepRecord, own_s: float) -> None:
         """If the next step is a prefill, book its launch on ``record``, the decode step

@@ -63,14 +63,6 @@ class StepRecord:
             Known to the plugin (always False without overlap scheduling) and the
             simulator; None where unknown (an older plugin or trace): the features then
             take the next record's kind for it (``FeatureSpec.latency_drop_before_prefill``).
-        stale_drafts: Per request of the batch, aligned with ``accepted_drafts`` (int8):
-            1 where the request's draft KV is stale, because it decoded or was prefilled
-            while speculation was off (the plugin's off path keeps no draft KV for those
-            tokens, so its drafts accept less until it finishes), else 0. Empty on a step
-            that did not speculate; None where unknown (an older plugin or trace, or a
-            server whose off steps are SGLang's own steps=0, which keep the draft warm).
-            The acceptance estimate may weigh stale requests down
-            (``FeatureSpec.accept_stale_weight``).
     """
 
     server: str
@@ -90,7 +82,6 @@ class StepRecord:
     prefill_pairs: float | None = field(default=None)
     warmup: bool | None = field(default=None)
     before_prefill: bool | None = field(default=None)
-    stale_drafts: np.ndarray | None = field(default=None)
 
     @property
     def is_decode(self) -> bool:
