@@ -10,8 +10,6 @@ file's rates).
 
 from __future__ import annotations
 
-import sys
-
 import predict
 
 predict.CELLS = (("dense", 3.0, 8.0, ("static_0", "static_3", "ppo")),
