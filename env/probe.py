@@ -289,9 +289,9 @@ class ProbeSpec(RuleSpec):
     def to_dict(self) -> dict:
         """As :meth:`RuleSpec.to_dict`, without ``off_unprofiled`` where it is 1, without
         ``cost_untrusted`` where it is 0, without
-        ``start_off``, ``start_depth`` or ``start_probe`` where they are 0, and without
-        ``start_accept`` where ``start_probe`` is 0 (a file written with them at those
-        values is byte for byte what it was before the fields)."""
+        ``start_off``, ``start_depth``, ``start_probe`` or ``stale_batch_ratio`` where they
+        are 0, and without ``start_accept`` where ``start_probe`` is 0 (a file written with
+        them at those values is byte for byte what it was before the fields)."""
         data = super().to_dict()
         if self.off_unprofiled == 1.0:
             del data["off_unprofiled"]
@@ -303,6 +303,8 @@ class ProbeSpec(RuleSpec):
             del data["start_depth"]
         if self.start_probe == 0:  # start_accept means nothing without it
             del data["start_probe"], data["start_accept"]
+        if self.stale_batch_ratio == 0.0:
+            del data["stale_batch_ratio"]
         return data
 
     def off_share_of(self, has_profile: bool) -> float:
