@@ -770,7 +770,6 @@ class CompiledProbeTracker(ProbeTracker):
         new = object.__new__(CompiledProbeTracker)
         new.spec, new.settings = self.spec, self.settings  # never changed once built
         new.budget_s, new.cost_s, new.remaining = self.budget_s, self.cost_s, self.remaining
-        new.accept_batch = self.accept_batch
         new.off = self.off.copy()
         new.cost_probe = None if self.cost_probe is None else self.cost_probe.copy()
         new.start_state_of(self)

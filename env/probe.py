@@ -172,13 +172,6 @@ class ProbeSpec(RuleSpec):
     share: float = 0.01
     #: Decode steps after the last measured acceptance from which it counts as stale.
     stale_after: int = 2000
-    #: The acceptance counts as stale too once the batch is at least this many times the
-    #: batch of the last step that measured it: the estimate then rests on requests of
-    #: which few still run (seed 60, ``docs/results/batch_stale30/``: eight batch-1 steps
-    #: of one request turned a stream off, and it stayed off at batch 64 for the rest of
-    #: the window, 2,000 steps being longer than the window). 0: by age only (the files
-    #: before the thirtieth session; an absent field).
-    stale_batch_ratio: float = 0.0
     #: The off probe (see the module): share of the time spent speculating, while off's
     #: cost is unmeasured at the batch size, that off steps may take. 0: no off probe.
     off_share: float = 0.0
@@ -248,10 +241,6 @@ class ProbeSpec(RuleSpec):
                    "a number in (0, 1]"),
                   ("stale_after", _int(self.stale_after) and self.stale_after >= 0,
                    "an int >= 0"),
-                  ("stale_batch_ratio", _number(self.stale_batch_ratio)
-                   and (self.stale_batch_ratio == 0.0
-                        or 1.0 < self.stale_batch_ratio < math.inf),
-                   "0 (off) or a number above 1"),
                   ("off_share", _number(self.off_share) and 0.0 <= self.off_share <= 1.0,
                    "a number in [0, 1]"),
                   ("off_steps", _int(self.off_steps) and 1 <= self.off_steps <= 64,
@@ -289,9 +278,9 @@ class ProbeSpec(RuleSpec):
     def to_dict(self) -> dict:
         """As :meth:`RuleSpec.to_dict`, without ``off_unprofiled`` where it is 1, without
         ``cost_untrusted`` where it is 0, without
-        ``start_off``, ``start_depth``, ``start_probe`` or ``stale_batch_ratio`` where they
-        are 0, and without ``start_accept`` where ``start_probe`` is 0 (a file written with
-        them at those values is byte for byte what it was before the fields)."""
+        ``start_off``, ``start_depth`` or ``start_probe`` where they are 0, and without
+        ``start_accept`` where ``start_probe`` is 0 (a file written with them at those
+        values is byte for byte what it was before the fields)."""
         data = super().to_dict()
         if self.off_unprofiled == 1.0:
             del data["off_unprofiled"]
@@ -303,8 +292,6 @@ class ProbeSpec(RuleSpec):
             del data["start_depth"]
         if self.start_probe == 0:  # start_accept means nothing without it
             del data["start_probe"], data["start_accept"]
-        if self.stale_batch_ratio == 0.0:
-            del data["stale_batch_ratio"]
         return data
 
     def off_share_of(self, has_profile: bool) -> float:
@@ -381,7 +368,6 @@ class ProbeTracker:
     """One stream's probe budgets, folded record by record with its features."""
 
     __slots__ = (
-        "accept_batch",
         "budget_s",
         "cost_probe",
         "cost_s",
@@ -424,8 +410,6 @@ class ProbeTracker:
         has measured no acceptance)."""
         self.budget_s = 0.0
         self.cost_s = 0.0  # the latest estimate of a probe's extra cost
-        #: The batch of the latest step that measured acceptance (``stale_batch_ratio``).
-        self.accept_batch = 0
         # decode records whose decisions still probe
         self.remaining = self.spec.start_probe if start else 0
         #: The decisions probing now are the start probe's (:data:`PROBE_FIRST`).
@@ -488,7 +472,6 @@ class ProbeTracker:
         """An independent copy (the daemon evaluates a copy of a stream's features)."""
         new = ProbeTracker(self.spec)
         new.budget_s, new.cost_s, new.remaining = self.budget_s, self.cost_s, self.remaining
-        new.accept_batch = self.accept_batch
         new.off_budget_s, new.off_cost_s = self.off_budget_s, self.off_cost_s
         new.off_remaining, new.off_expected = self.off_remaining, self.off_expected
         new.off_weights, new.off_stamps = list(self.off_weights), list(self.off_stamps)
@@ -534,19 +517,15 @@ class ProbeTracker:
             self.close_start_if_measured(features)
         if self.cost_probe is not None:
             self.cost_probe.fold(steps_used, latency_s, features, batch, busy=self.remaining)
-        spec = self.spec
-        if steps_used and spec.stale_batch_ratio and features.acceptance_age() == (0, True):
-            self.accept_batch = batch  # this step measured acceptance
         if self.remaining:
             self.remaining -= 1
             self.start_probing = self.start_probing and self.remaining > 0
             return
         if steps_used or latency_s <= 0.0:
             return
+        spec = self.spec
         age, measured = features.acceptance_age()
-        if (measured and age < spec.stale_after
-                and not (spec.stale_batch_ratio
-                         and batch >= spec.stale_batch_ratio * self.accept_batch)):
+        if measured and age < spec.stale_after:
             self.budget_s = 0.0  # fresh: nothing to measure
             return
         self.budget_s += spec.share * latency_s

@@ -94,31 +94,6 @@ def test_fresh_acceptance_is_not_probed_stale_is(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_acceptance_measured_at_a_small_batch_goes_stale_when_the_batch_grows(backend):
-    # Seed 60's miss (docs/results/batch_stale30/): acceptance measured on one request at
-    # batch 1, then off at batch 48 for longer than the window. By age alone the probe
-    # waits stale_after steps; with stale_batch_ratio the grown batch makes it stale.
-    def fired(spec: ProbeSpec, measured_batch: int) -> bool:
-        builder = FeatureBuilder(None, load_profile("h200_llama31_8b"), backend, probe=spec)
-        probe_states(builder, [decode_record(i, steps=3, batch=measured_batch, accepted=0)
-                               for i in range(8)])
-        assert builder.acceptance_age() == (0, True)
-        return any(probe_states(builder, off_stream(1500, start=8)))
-
-    by_age = ProbeSpec(stale_after=2000)
-    by_batch = dataclasses.replace(by_age, stale_batch_ratio=4.0)
-    assert not fired(by_age, 1)
-    assert fired(by_batch, 1)
-    assert not fired(by_batch, 16)  # 48 < 4 x 16: near enough the batch it was measured at
-    # a copy (the daemon's) carries the batch the acceptance was measured at
-    builder = FeatureBuilder(None, load_profile("h200_llama31_8b"), backend, probe=by_batch)
-    probe_states(builder, [decode_record(i, steps=3, batch=16, accepted=0) for i in range(8)])
-    copy = builder.copy()
-    assert probe_states(copy, off_stream(1500, start=8)) == probe_states(
-        builder, off_stream(1500, start=8))
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_the_probe_is_deterministic_and_copies_with_the_features(backend):
     stream = off_stream(1500)
     profile = load_profile("h200_llama31_8b")
@@ -233,10 +208,7 @@ def test_probe_settings_are_checked_and_travel_in_the_policy_file(tmp_path):
         ProbeSpec(start_probe=65)
     with pytest.raises(ValueError, match=r"probe\.start_accept"):
         ProbeSpec(start_accept=0.0)
-    assert not {"start_probe", "start_accept", "stale_batch_ratio"} & set(DEFAULT_PROBE.to_dict())
-    with pytest.raises(ValueError, match=r"probe\.stale_batch_ratio"):
-        ProbeSpec(stale_batch_ratio=1.0)
-    assert ProbeSpec.from_dict(ProbeSpec(stale_batch_ratio=4.0).to_dict()).stale_batch_ratio == 4
+    assert not {"start_probe", "start_accept"} & set(DEFAULT_PROBE.to_dict())
     assert ProbeSpec.from_dict(ProbeSpec(start_probe=2).to_dict()).start_probe == 2
     bad = with_meta(tmp_path / "p.npz", probe={**ProbeSpec().to_dict(), "steps": 0})
     with pytest.raises(PolicyFileError, match=r"field 'probe': probe\.steps"):
