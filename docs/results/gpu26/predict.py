@@ -27,9 +27,12 @@ CELLS = (("moe", 2.5, 6.0, ("static_0", "static_3", "ppo")),
 AFTER = (("dense", 3.0, 12.0, ("static_0", "static_3", "ppo")),)
 
 
-def main() -> None:
+def main(cells: tuple | None = None) -> None:
+    """Print the table for ``cells`` (default: :data:`CELLS`, or :data:`AFTER` when the
+    second argument is ``after``); the first argument is the number of seeds."""
     seeds = int(sys.argv[1]) if len(sys.argv) > 1 else 2
-    cells = AFTER if sys.argv[2:] == ["after"] else CELLS
+    if cells is None:
+        cells = AFTER if sys.argv[2:] == ["after"] else CELLS
     print(f"no profile handed to ppo; seeds 0-{seeds - 1}\n")
     print("| model | acceptance | req/s | policy | tok/s | mean TPOT ms | decisions per depth "
           "(seed 0) |")
@@ -38,8 +41,8 @@ def main() -> None:
         server = load_profile(MODELS[model][1])
         for policy in policies:
             path = SHIPPED if policy == "ppo" else None
-            cells = replayed_cells(server, None, acceptance, policy, path, seeds, rate)
-            print(f"| {model} | {acceptance} | {rate:g} | {policy} | {cells} |", flush=True)
+            row = replayed_cells(server, None, acceptance, policy, path, seeds, rate)
+            print(f"| {model} | {acceptance} | {rate:g} | {policy} | {row} |", flush=True)
 
 
 if __name__ == "__main__":

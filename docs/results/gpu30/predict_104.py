@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import predict
 
-predict.CELLS = (("dense", 3.0, 8.0, ("static_0", "static_3", "ppo")),
-                 ("dense", 3.0, 12.0, ("static_0", "static_3", "ppo")))
+#: (model, acceptance, requests/s, policies): the cells served on the GPU
+CELLS = (("dense", 3.0, 8.0, ("static_0", "static_3", "ppo")),
+         ("dense", 3.0, 12.0, ("static_0", "static_3", "ppo")))
 
 if __name__ == "__main__":
-    predict.main()
+    predict.main(CELLS)
